@@ -1,0 +1,1 @@
+//! `shardc-backend-cpu`: CPU kernels for every op of the IR.

@@ -1,0 +1,4 @@
+//! `shardc-passes`: shape rules, the verifier and every graph-to-graph transformation.
+//!
+//! A pass is a function from graph to graph in its own module. This crate knows no runtime, no
+//! backend and no file system.

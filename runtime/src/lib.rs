@@ -1,0 +1,10 @@
+//! `shardc-runtime`: executes compiled graphs.
+//!
+//! Host [`Tensor`]s, the [`Backend`] trait that kernels implement, and the executor with its
+//! liveness-based memory plan. The runtime never compiles: it runs a graph it is given.
+
+pub mod backend;
+pub mod tensor;
+
+pub use backend::{Arg, Backend, KernelContext, KernelError};
+pub use tensor::{Data, Tensor};

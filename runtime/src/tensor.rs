@@ -1,0 +1,223 @@
+//! Host tensors: a shape and a typed buffer.
+
+use half::{bf16, f16};
+use shardc_ir::{num_elements, DType, TensorType};
+
+/// A typed, contiguous, row-major buffer.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Data {
+    /// Float32 elements.
+    F32(Vec<f32>),
+    /// Float64 elements.
+    F64(Vec<f64>),
+    /// Float16 elements.
+    F16(Vec<f16>),
+    /// BFloat16 elements.
+    BF16(Vec<bf16>),
+    /// Int32 elements.
+    I32(Vec<i32>),
+    /// Int64 elements.
+    I64(Vec<i64>),
+    /// Bool elements.
+    Bool(Vec<bool>),
+}
+
+impl Data {
+    /// A zero-filled buffer of `len` elements.
+    pub fn zeros(dtype: DType, len: usize) -> Data {
+        match dtype {
+            DType::Float32 => Data::F32(vec![0.0; len]),
+            DType::Float64 => Data::F64(vec![0.0; len]),
+            DType::Float16 => Data::F16(vec![f16::ZERO; len]),
+            DType::BFloat16 => Data::BF16(vec![bf16::ZERO; len]),
+            DType::Int32 => Data::I32(vec![0; len]),
+            DType::Int64 => Data::I64(vec![0; len]),
+            DType::Bool => Data::Bool(vec![false; len]),
+        }
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        match self {
+            Data::F32(_) => DType::Float32,
+            Data::F64(_) => DType::Float64,
+            Data::F16(_) => DType::Float16,
+            Data::BF16(_) => DType::BFloat16,
+            Data::I32(_) => DType::Int32,
+            Data::I64(_) => DType::Int64,
+            Data::Bool(_) => DType::Bool,
+        }
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            Data::F32(v) => v.len(),
+            Data::F64(v) => v.len(),
+            Data::F16(v) => v.len(),
+            Data::BF16(v) => v.len(),
+            Data::I32(v) => v.len(),
+            Data::I64(v) => v.len(),
+            Data::Bool(v) => v.len(),
+        }
+    }
+
+    /// Whether the buffer is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Element `i` converted to f64.
+    pub fn get_f64(&self, i: usize) -> f64 {
+        match self {
+            Data::F32(v) => v[i] as f64,
+            Data::F64(v) => v[i],
+            Data::F16(v) => v[i].to_f64(),
+            Data::BF16(v) => v[i].to_f64(),
+            Data::I32(v) => v[i] as f64,
+            Data::I64(v) => v[i] as f64,
+            Data::Bool(v) => v[i] as u8 as f64,
+        }
+    }
+}
+
+/// A host tensor: shape and row-major data. `data.len()` always equals the shape's element
+/// count.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tensor {
+    /// The shape.
+    pub shape: Vec<usize>,
+    /// The elements.
+    pub data: Data,
+}
+
+impl Tensor {
+    /// A zero tensor of the given type.
+    pub fn zeros(ty: &TensorType) -> Tensor {
+        Tensor {
+            shape: ty.shape.clone(),
+            data: Data::zeros(ty.dtype, ty.num_elements()),
+        }
+    }
+
+    /// A Float32 tensor; `None` when `values` does not fill `shape`.
+    pub fn from_f32(shape: Vec<usize>, values: Vec<f32>) -> Option<Tensor> {
+        (num_elements(&shape) == values.len()).then_some(Tensor {
+            shape,
+            data: Data::F32(values),
+        })
+    }
+
+    /// A Float64 tensor; `None` when `values` does not fill `shape`.
+    pub fn from_f64(shape: Vec<usize>, values: Vec<f64>) -> Option<Tensor> {
+        (num_elements(&shape) == values.len()).then_some(Tensor {
+            shape,
+            data: Data::F64(values),
+        })
+    }
+
+    /// An Int32 tensor; `None` when `values` does not fill `shape`.
+    pub fn from_i32(shape: Vec<usize>, values: Vec<i32>) -> Option<Tensor> {
+        (num_elements(&shape) == values.len()).then_some(Tensor {
+            shape,
+            data: Data::I32(values),
+        })
+    }
+
+    /// An Int64 tensor; `None` when `values` does not fill `shape`.
+    pub fn from_i64(shape: Vec<usize>, values: Vec<i64>) -> Option<Tensor> {
+        (num_elements(&shape) == values.len()).then_some(Tensor {
+            shape,
+            data: Data::I64(values),
+        })
+    }
+
+    /// A rank-0 Float32 tensor.
+    pub fn scalar_f32(v: f32) -> Tensor {
+        Tensor {
+            shape: Vec::new(),
+            data: Data::F32(vec![v]),
+        }
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.data.dtype()
+    }
+
+    /// The tensor's type.
+    pub fn ty(&self) -> TensorType {
+        TensorType::new(self.dtype(), self.shape.clone())
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.data.len()
+    }
+
+    /// Whether the tensor has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+
+    /// Size in bytes.
+    pub fn size_bytes(&self) -> usize {
+        self.len() * self.dtype().size_bytes()
+    }
+
+    /// The Float32 elements, if this is a Float32 tensor.
+    pub fn as_f32(&self) -> Option<&[f32]> {
+        match &self.data {
+            Data::F32(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// The Float32 elements, mutably.
+    pub fn as_f32_mut(&mut self) -> Option<&mut [f32]> {
+        match &mut self.data {
+            Data::F32(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// The Float64 elements, if this is a Float64 tensor.
+    pub fn as_f64(&self) -> Option<&[f64]> {
+        match &self.data {
+            Data::F64(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// The Float64 elements, mutably.
+    pub fn as_f64_mut(&mut self) -> Option<&mut [f64]> {
+        match &mut self.data {
+            Data::F64(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// All elements converted to f64 (for tests and printing).
+    pub fn to_f64_vec(&self) -> Vec<f64> {
+        (0..self.len()).map(|i| self.data.get_f64(i)).collect()
+    }
+
+    /// The single element of a one-element tensor, as f64.
+    pub fn scalar_value(&self) -> Option<f64> {
+        (self.len() == 1).then(|| self.data.get_f64(0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constructors_check_sizes() {
+        assert!(Tensor::from_f32(vec![2, 3], vec![0.0; 6]).is_some());
+        assert!(Tensor::from_f32(vec![2, 3], vec![0.0; 5]).is_none());
+        let t = Tensor::zeros(&TensorType::new(DType::Int64, vec![4]));
+        assert_eq!(t.size_bytes(), 32);
+        assert_eq!(Tensor::scalar_f32(2.5).scalar_value(), Some(2.5));
+    }
+}

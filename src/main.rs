@@ -1,0 +1,5 @@
+//! The `shardc` binary.
+
+fn main() {
+    std::process::exit(shardc_tools::main());
+}
