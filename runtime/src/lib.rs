@@ -4,6 +4,7 @@
 //! liveness-based memory plan. The runtime never compiles: it runs a graph it is given.
 
 pub mod backend;
+pub mod data;
 pub mod tensor;
 
 pub use backend::{Arg, Backend, KernelContext, KernelError};

@@ -1,0 +1,244 @@
+//! MNIST in the real idx format (`train-images-idx3-ubyte`, `train-labels-idx1-ubyte`), and a
+//! writer of small seeded synthetic sets in that format.
+
+use super::DataError;
+use crate::tensor::Tensor;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::path::Path;
+
+/// File name of the training images inside an MNIST directory.
+pub const TRAIN_IMAGES: &str = "train-images-idx3-ubyte";
+/// File name of the training labels inside an MNIST directory.
+pub const TRAIN_LABELS: &str = "train-labels-idx1-ubyte";
+
+const IMAGES_MAGIC: u32 = 0x0000_0803;
+const LABELS_MAGIC: u32 = 0x0000_0801;
+
+/// An MNIST set in memory: images scaled to [0, 1] as f32 rows of `rows * cols`, labels 0..9.
+#[derive(Clone, Debug)]
+pub struct MnistData {
+    /// Number of examples.
+    pub len: usize,
+    /// Image height.
+    pub rows: usize,
+    /// Image width.
+    pub cols: usize,
+    /// Pixels, `len * rows * cols`, scaled to [0, 1].
+    pub images: Vec<f32>,
+    /// Labels, one per example.
+    pub labels: Vec<i32>,
+}
+
+fn read_file(path: &Path) -> Result<Vec<u8>, DataError> {
+    std::fs::read(path).map_err(|source| DataError::Io {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+fn be_u32(bytes: &[u8], at: usize, path: &Path) -> Result<u32, DataError> {
+    bytes
+        .get(at..at + 4)
+        .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+        .ok_or_else(|| DataError::Format {
+            path: path.display().to_string(),
+            reason: format!("truncated header: {} bytes, need at least {}", bytes.len(), at + 4),
+        })
+}
+
+fn format_err(path: &Path, reason: String) -> DataError {
+    DataError::Format {
+        path: path.display().to_string(),
+        reason,
+    }
+}
+
+impl MnistData {
+    /// Reads `dir/train-images-idx3-ubyte` and `dir/train-labels-idx1-ubyte`.
+    pub fn load_dir(dir: &Path) -> Result<MnistData, DataError> {
+        MnistData::load(&dir.join(TRAIN_IMAGES), &dir.join(TRAIN_LABELS))
+    }
+
+    /// Reads an idx3 image file and an idx1 label file; checks magic numbers, sizes and label
+    /// range, and says which file is wrong and how.
+    pub fn load(images: &Path, labels: &Path) -> Result<MnistData, DataError> {
+        let ib = read_file(images)?;
+        let magic = be_u32(&ib, 0, images)?;
+        if magic != IMAGES_MAGIC {
+            return Err(format_err(
+                images,
+                format!("bad magic number {magic:#010x}, expected {IMAGES_MAGIC:#010x} (idx3 unsigned byte images)"),
+            ));
+        }
+        let n = be_u32(&ib, 4, images)? as usize;
+        let rows = be_u32(&ib, 8, images)? as usize;
+        let cols = be_u32(&ib, 12, images)? as usize;
+        let need = n
+            .checked_mul(rows)
+            .and_then(|x| x.checked_mul(cols))
+            .and_then(|x| x.checked_add(16))
+            .ok_or_else(|| format_err(images, format!("header sizes overflow: {n} x {rows} x {cols}")))?;
+        if ib.len() != need {
+            return Err(format_err(
+                images,
+                format!(
+                    "{} bytes, but the header ({n} images of {rows}x{cols}) needs {need}{}",
+                    ib.len(),
+                    if ib.len() < need { ": file is truncated" } else { "" }
+                ),
+            ));
+        }
+        let lb = read_file(labels)?;
+        let magic = be_u32(&lb, 0, labels)?;
+        if magic != LABELS_MAGIC {
+            return Err(format_err(
+                labels,
+                format!("bad magic number {magic:#010x}, expected {LABELS_MAGIC:#010x} (idx1 unsigned byte labels)"),
+            ));
+        }
+        let nl = be_u32(&lb, 4, labels)? as usize;
+        if nl != n {
+            return Err(format_err(
+                labels,
+                format!("{nl} labels but {} holds {n} images", images.display()),
+            ));
+        }
+        if lb.len() != 8 + nl {
+            return Err(format_err(
+                labels,
+                format!("{} bytes, but the header ({nl} labels) needs {}", lb.len(), 8 + nl),
+            ));
+        }
+        let label_bytes = &lb[8..];
+        if let Some(pos) = label_bytes.iter().position(|&l| l > 9) {
+            return Err(format_err(
+                labels,
+                format!("label {} at index {pos} is outside 0..=9", label_bytes[pos]),
+            ));
+        }
+        Ok(MnistData {
+            len: n,
+            rows,
+            cols,
+            images: ib[16..].iter().map(|&p| p as f32 / 255.0).collect(),
+            labels: label_bytes.iter().map(|&l| l as i32).collect(),
+        })
+    }
+
+    /// Number of full batches of `batch` examples.
+    pub fn num_batches(&self, batch: usize) -> usize {
+        self.len.checked_div(batch).unwrap_or(0)
+    }
+
+    /// Batch `index` (wrapping around the set) as `(images (batch, rows*cols) f32, labels
+    /// (batch) int32)`.
+    pub fn batch(&self, index: usize, batch: usize) -> Result<(Tensor, Tensor), DataError> {
+        let nb = self.num_batches(batch);
+        if nb == 0 {
+            return Err(DataError::Mismatch(format!(
+                "batch size {batch} is larger than the data set ({} examples)",
+                self.len
+            )));
+        }
+        let start = (index % nb) * batch;
+        let px = self.rows * self.cols;
+        let images = self.images[start * px..(start + batch) * px].to_vec();
+        let labels = self.labels[start..start + batch].to_vec();
+        let x = Tensor::from_f32(vec![batch, px], images)
+            .ok_or_else(|| DataError::Mismatch("image batch size".into()))?;
+        let y = Tensor::from_i32(vec![batch], labels)
+            .ok_or_else(|| DataError::Mismatch("label batch size".into()))?;
+        Ok((x, y))
+    }
+}
+
+/// Writes a seeded synthetic MNIST-like set of `n` 28x28 images in idx format into `dir`
+/// (`train-images-idx3-ubyte`, `train-labels-idx1-ubyte`). Each class is a fixed random
+/// prototype plus noise, so a classifier can learn it and its loss falls.
+pub fn write_synthetic_mnist(dir: &Path, n: usize, seed: u64) -> Result<(), DataError> {
+    let io = |path: &Path| {
+        let p = path.display().to_string();
+        move |source| DataError::Io { path: p, source }
+    };
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let (rows, cols) = (28usize, 28usize);
+    let px = rows * cols;
+    let prototypes: Vec<Vec<f32>> = (0..10)
+        .map(|_| (0..px).map(|_| rng.random::<f32>()).collect())
+        .collect();
+    let mut images = Vec::with_capacity(16 + n * px);
+    for v in [IMAGES_MAGIC, n as u32, rows as u32, cols as u32] {
+        images.extend_from_slice(&v.to_be_bytes());
+    }
+    let mut labels = Vec::with_capacity(8 + n);
+    for v in [LABELS_MAGIC, n as u32] {
+        labels.extend_from_slice(&v.to_be_bytes());
+    }
+    for _ in 0..n {
+        let class = rng.random_range(0..10u8);
+        labels.push(class);
+        for &p in &prototypes[class as usize] {
+            let v = 0.7 * p + 0.3 * rng.random::<f32>();
+            images.push((v * 255.0).round().clamp(0.0, 255.0) as u8);
+        }
+    }
+    for (name, bytes) in [(TRAIN_IMAGES, images), (TRAIN_LABELS, labels)] {
+        let path = dir.join(name);
+        let tmp = dir.join(format!("{name}.tmp"));
+        std::fs::write(&tmp, bytes).map_err(io(&tmp))?;
+        std::fs::rename(&tmp, &path).map_err(io(&path))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmpdir(tag: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("shardc-mnist-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn synthetic_set_round_trips_through_idx() {
+        let d = tmpdir("rt");
+        write_synthetic_mnist(&d, 64, 7).unwrap();
+        let m = MnistData::load_dir(&d).unwrap();
+        assert_eq!((m.len, m.rows, m.cols), (64, 28, 28));
+        assert!(m.labels.iter().all(|&l| (0..10).contains(&l)));
+        let (x, y) = m.batch(1, 32).unwrap();
+        assert_eq!(x.shape, vec![32, 784]);
+        assert_eq!(y.shape, vec![32]);
+        // Same seed, same bytes.
+        let d2 = tmpdir("rt2");
+        write_synthetic_mnist(&d2, 64, 7).unwrap();
+        assert_eq!(
+            std::fs::read(d.join(TRAIN_IMAGES)).unwrap(),
+            std::fs::read(d2.join(TRAIN_IMAGES)).unwrap()
+        );
+        let _ = std::fs::remove_dir_all(&d);
+        let _ = std::fs::remove_dir_all(&d2);
+    }
+
+    #[test]
+    fn truncated_and_bad_files_are_refused_with_the_file_name() {
+        let d = tmpdir("bad");
+        write_synthetic_mnist(&d, 8, 1).unwrap();
+        let img = d.join(TRAIN_IMAGES);
+        let bytes = std::fs::read(&img).unwrap();
+        std::fs::write(&img, &bytes[..bytes.len() - 10]).unwrap();
+        let e = MnistData::load_dir(&d).unwrap_err().to_string();
+        assert!(e.contains(TRAIN_IMAGES) && e.contains("truncated"), "{e}");
+        std::fs::write(&img, [0u8, 0, 8, 1, 0, 0]).unwrap();
+        let e = MnistData::load_dir(&d).unwrap_err().to_string();
+        assert!(e.contains("bad magic number"), "{e}");
+        std::fs::remove_file(&img).unwrap();
+        let e = MnistData::load_dir(&d).unwrap_err().to_string();
+        assert!(e.contains(TRAIN_IMAGES), "{e}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
