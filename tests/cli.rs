@@ -1,0 +1,87 @@
+//! The `shardc` binary end to end: compile a model file, train it, check the loss lines.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn shardc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_shardc"))
+        .args(args)
+        .output()
+        .expect("the shardc binary runs")
+}
+
+fn tmp(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("shardc-cli-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn model() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("models/quickstart.ir")
+        .display()
+        .to_string()
+}
+
+/// Parses `epoch: E step: S, loss is L` lines.
+fn losses(stdout: &str) -> Vec<f64> {
+    stdout
+        .lines()
+        .filter_map(|l| l.split(", loss is ").nth(1))
+        .map(|v| v.trim().parse::<f64>().expect("a loss value"))
+        .collect()
+}
+
+#[test]
+fn compile_then_run_trains_the_quickstart_net() {
+    let out = tmp("train");
+    let art = out.join("art");
+    let a = art.to_str().unwrap();
+    let c = shardc(&[
+        "compile",
+        &model(),
+        "-o",
+        a,
+        "--optimizer",
+        "momentum",
+        "--learning-rate",
+        "0.2",
+        "--momentum",
+        "0.1",
+    ]);
+    assert!(c.status.success(), "{}", String::from_utf8_lossy(&c.stderr));
+    assert!(art.join("manifest.json").exists());
+    let r = shardc(&["run", a, "--steps", "12", "--stats"]);
+    let stdout = String::from_utf8_lossy(&r.stdout);
+    assert!(r.status.success(), "{}\n{}", stdout, String::from_utf8_lossy(&r.stderr));
+    assert!(stdout.contains("epoch: 1 step: 1, loss is "), "{stdout}");
+    let l = losses(&stdout);
+    assert_eq!(l.len(), 12);
+    assert!(l.iter().all(|x| x.is_finite()));
+    assert!(l[11] < l[0], "loss did not fall: {l:?}");
+    assert!(stdout.contains("peak"), "--stats prints the memory plan: {stdout}");
+    // Same seed, same numbers.
+    let r2 = shardc(&["run", a, "--steps", "12"]);
+    assert_eq!(losses(&String::from_utf8_lossy(&r2.stdout)), l);
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn bad_inputs_get_clear_errors_and_status() {
+    let out = tmp("bad");
+    std::fs::create_dir_all(&out).unwrap();
+    let bad = out.join("bad.ir");
+    std::fs::write(&bad, "#IR entry : @Net\n%para1_x : <Tensor[Float32], (4, 4)>\nsubgraph @Net(%para1_x) {\n  %1(out) = ReLU(%para9_y)\n  Return(%1)\n}\n").unwrap();
+    let c = shardc(&["compile", bad.to_str().unwrap(), "-o", out.join("o").to_str().unwrap()]);
+    assert_eq!(c.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&c.stderr);
+    assert!(err.contains("bad.ir:4:"), "{err}");
+    let missing = shardc(&["run", out.join("nothing").to_str().unwrap()]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("nothing"));
+    let usage = shardc(&["compile"]);
+    assert_eq!(usage.status.code(), Some(2));
+    let help = shardc(&["run", "--help"]);
+    assert!(help.status.success());
+    let _ = std::fs::remove_dir_all(&out);
+}

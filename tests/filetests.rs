@@ -1,0 +1,259 @@
+//! Golden IR tests, in the spirit of Cranelift's filetests and MLIR's lit tests.
+//!
+//! Each `tests/filetests/**/*.ir` file starts with directive lines beginning with `;`, then a
+//! graph in the text IR:
+//!
+//! ```text
+//! ; test: train momentum lr=0.2 momentum=0.1
+//! ; CHECK: ApplyMomentum
+//! ; CHECK-NEXT: ...
+//! ; CHECK-NOT: AllReduce
+//! ; error: expected message fragment
+//! ```
+//!
+//! `test:` names what to run on the parsed graph:
+//! - `parse`: print the parsed graph back (the parser's own dump);
+//! - `infer`: fill the types by the shape rules, then print;
+//! - `verify`: infer, then verify: prints `ok` or the error;
+//! - `autodiff`: the gradient graph of the loss w.r.t. every trainable weight;
+//! - `train OPT [lr=..] [momentum=..]`: the whole training step (`momentum`, `sgd`, `adam`);
+//!
+//! The output is compared with `NAME.expected` beside the file when that exists (exact text),
+//! and with the `CHECK` lines in order (`CHECK`, `CHECK-NEXT`, `CHECK-NOT`), FileCheck-style.
+//! A test with `; error: TEXT` expects the pipeline to fail with a message containing TEXT.
+//! `SHARDC_BLESS=1 cargo nextest run --test filetests` rewrites the `.expected` files (and
+//! creates them for tests with neither expectations nor checks) and prints what changed.
+
+use shardc::ir::text::{parse_graph, print_graph};
+use shardc::passes::autodiff::{self, Optimizer};
+use shardc::passes::{infer, verify};
+use std::path::{Path, PathBuf};
+
+fn collect(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(rd) = std::fs::read_dir(dir) else { return };
+    let mut entries: Vec<PathBuf> = rd.filter_map(|e| e.ok().map(|e| e.path())).collect();
+    entries.sort();
+    for p in entries {
+        if p.is_dir() {
+            collect(&p, out);
+        } else if p.extension().is_some_and(|e| e == "ir") {
+            out.push(p);
+        }
+    }
+}
+
+fn parse_optimizer(words: &[&str]) -> Result<Optimizer, String> {
+    let mut lr = 0.01;
+    let mut momentum = 0.9;
+    for w in words.iter().skip(1) {
+        let (k, v) = w.split_once('=').ok_or(format!("bad option {w}"))?;
+        let v: f64 = v.parse().map_err(|_| format!("bad number in {w}"))?;
+        match k {
+            "lr" => lr = v,
+            "momentum" => momentum = v,
+            _ => return Err(format!("unknown option {k}")),
+        }
+    }
+    Ok(match words.first().copied() {
+        Some("momentum") | None => Optimizer::Momentum {
+            learning_rate: lr,
+            momentum,
+            use_nesterov: false,
+        },
+        Some("sgd") => Optimizer::Sgd {
+            learning_rate: lr,
+            momentum,
+            dampening: 0.0,
+            weight_decay: 0.0,
+            nesterov: false,
+        },
+        Some("adam") => Optimizer::Adam {
+            learning_rate: lr,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+        },
+        Some(o) => return Err(format!("unknown optimizer {o}")),
+    })
+}
+
+/// Runs the test's command; `Err` carries the error text of a failing pass.
+fn run_command(command: &str, src: &str, file: &str) -> Result<String, String> {
+    let mut g = parse_graph(src, file).map_err(|e| e.to_string())?;
+    let words: Vec<&str> = command.split_whitespace().collect();
+    let (&what, rest) = words.split_first().ok_or("empty test: line")?;
+    if what == "parse" {
+        return Ok(print_graph(&g));
+    }
+    infer::infer_graph(&mut g).map_err(|e| e.to_string())?;
+    match what {
+        "infer" => Ok(print_graph(&g)),
+        "verify" => verify::verify(&g).map(|_| "ok\n".to_string()).map_err(|e| e.to_string()),
+        "autodiff" => {
+            verify::verify(&g).map_err(|e| e.to_string())?;
+            let (grad, _) = autodiff::gradients(&g).map_err(|e| e.to_string())?;
+            verify::verify(&grad).map_err(|e| e.to_string())?;
+            Ok(print_graph(&grad))
+        }
+        "train" => {
+            verify::verify(&g).map_err(|e| e.to_string())?;
+            let opt = parse_optimizer(rest)?;
+            let t = autodiff::training_graph(&g, &opt).map_err(|e| e.to_string())?;
+            verify::verify(&t).map_err(|e| e.to_string())?;
+            Ok(print_graph(&t))
+        }
+        other => Err(format!("unknown test command '{other}'")),
+    }
+}
+
+/// FileCheck-style matching of `checks` against `output`.
+fn file_check(checks: &[(String, String)], output: &str) -> Result<(), String> {
+    let lines: Vec<&str> = output.lines().collect();
+    let mut pos = 0usize; // next line to search from
+    let mut last: Option<usize> = None;
+    let mut nots: Vec<&str> = Vec::new();
+    for (kind, pat) in checks {
+        match kind.as_str() {
+            "CHECK-NOT" => nots.push(pat),
+            "CHECK" | "CHECK-NEXT" => {
+                let found = if kind == "CHECK-NEXT" {
+                    let want = last.map_or(0, |l| l + 1);
+                    (lines.get(want).is_some_and(|l| l.contains(pat.as_str()))).then_some(want)
+                } else {
+                    (pos..lines.len()).find(|&i| lines[i].contains(pat.as_str()))
+                };
+                let Some(i) = found else {
+                    return Err(format!("{kind}: '{pat}' not found after line {pos}"));
+                };
+                for n in nots.drain(..) {
+                    if let Some(j) = (pos..i).find(|&j| lines[j].contains(n)) {
+                        return Err(format!("CHECK-NOT: '{n}' found at line {}: {}", j + 1, lines[j]));
+                    }
+                }
+                last = Some(i);
+                pos = i + 1;
+            }
+            other => return Err(format!("unknown directive {other}")),
+        }
+    }
+    for n in nots {
+        if let Some(j) = (pos..lines.len()).find(|&j| lines[j].contains(n)) {
+            return Err(format!("CHECK-NOT: '{n}' found at line {}: {}", j + 1, lines[j]));
+        }
+    }
+    Ok(())
+}
+
+fn diff(expected: &str, got: &str) -> String {
+    let e: Vec<&str> = expected.lines().collect();
+    let g: Vec<&str> = got.lines().collect();
+    let mut out = String::new();
+    for i in 0..e.len().max(g.len()) {
+        match (e.get(i), g.get(i)) {
+            (Some(a), Some(b)) if a == b => {}
+            (a, b) => {
+                if let Some(a) = a {
+                    out.push_str(&format!("-{:4}: {a}\n", i + 1));
+                }
+                if let Some(b) = b {
+                    out.push_str(&format!("+{:4}: {b}\n", i + 1));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn run_file(path: &Path, bless: bool) -> Result<(), String> {
+    let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
+    let mut command = None;
+    let mut checks = Vec::new();
+    let mut error = None;
+    let mut body = String::new();
+    for line in text.lines() {
+        if let Some(d) = line.strip_prefix(';') {
+            let d = d.trim();
+            let (k, v) = d.split_once(':').unwrap_or((d, ""));
+            let v = v.trim().to_string();
+            match k.trim() {
+                "test" => command = Some(v),
+                "error" => error = Some(v),
+                k if k.starts_with("CHECK") => checks.push((k.to_string(), v)),
+                other => return Err(format!("unknown directive '; {other}:'")),
+            }
+            body.push('\n'); // keep line numbers of the IR part
+        } else {
+            body.push_str(line);
+            body.push('\n');
+        }
+    }
+    let command = command.ok_or("missing '; test:' line")?;
+    let file = path.file_name().map(|f| f.to_string_lossy().to_string()).unwrap_or_default();
+    let result = run_command(&command, &body, &file);
+    match (error, result) {
+        (Some(want), Err(got)) => {
+            if got.contains(&want) {
+                Ok(())
+            } else {
+                Err(format!("expected an error containing '{want}', got: {got}"))
+            }
+        }
+        (Some(want), Ok(_)) => Err(format!("expected an error containing '{want}', but it succeeded")),
+        (None, Err(e)) => Err(format!("failed: {e}")),
+        (None, Ok(out)) => {
+            file_check(&checks, &out)?;
+            let exp_path = path.with_extension("expected");
+            match std::fs::read_to_string(&exp_path) {
+                Ok(exp) if exp == out => Ok(()),
+                Ok(exp) if bless => {
+                    eprintln!("blessed {}:\n{}", exp_path.display(), diff(&exp, &out));
+                    std::fs::write(&exp_path, &out).map_err(|e| e.to_string())
+                }
+                Ok(exp) => Err(format!(
+                    "output differs from {} (SHARDC_BLESS=1 to accept):\n{}",
+                    exp_path.display(),
+                    diff(&exp, &out)
+                )),
+                Err(_) if bless || checks.is_empty() => {
+                    if !bless {
+                        return Err(format!(
+                            "no {} and no CHECK lines: run with SHARDC_BLESS=1 to create it",
+                            exp_path.display()
+                        ));
+                    }
+                    eprintln!("created {}", exp_path.display());
+                    std::fs::write(&exp_path, &out).map_err(|e| e.to_string())
+                }
+                Err(_) => Ok(()),
+            }
+        }
+    }
+}
+
+#[test]
+fn golden_ir_files() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/filetests");
+    let mut files = Vec::new();
+    collect(&root, &mut files);
+    assert!(!files.is_empty(), "no filetests under {}", root.display());
+    let bless = std::env::var("SHARDC_BLESS").is_ok_and(|v| v == "1");
+    let mut failures = Vec::new();
+    for f in &files {
+        if let Err(e) = run_file(f, bless) {
+            failures.push(format!("{}: {e}", f.display()));
+        }
+    }
+    eprintln!("{} filetests, {} failed", files.len(), failures.len());
+    assert!(failures.is_empty(), "\n{}", failures.join("\n\n"));
+}
+
+#[test]
+fn file_check_semantics() {
+    let out = "a\nb\nc\n";
+    let c = |k: &str, v: &str| (k.to_string(), v.to_string());
+    assert!(file_check(&[c("CHECK", "a"), c("CHECK-NEXT", "b")], out).is_ok());
+    assert!(file_check(&[c("CHECK", "a"), c("CHECK-NEXT", "c")], out).is_err());
+    assert!(file_check(&[c("CHECK", "b"), c("CHECK", "a")], out).is_err());
+    assert!(file_check(&[c("CHECK", "a"), c("CHECK-NOT", "b"), c("CHECK", "c")], out).is_err());
+    assert!(file_check(&[c("CHECK-NOT", "z")], out).is_ok());
+}

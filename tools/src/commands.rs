@@ -1,0 +1,260 @@
+//! `shardc compile`, `shardc run` and `shardc print`.
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use shardc_backend_cpu::CpuBackend;
+use shardc_compiler::pipeline::{self, CompileOptions};
+use shardc_ir::artifact::{Artifact, IoEntry, Manifest, RankEntry};
+use shardc_ir::{text, Graph, ParamKind};
+use shardc_passes::autodiff::Optimizer;
+use shardc_runtime::data::{MnistData, SyntheticData};
+use shardc_runtime::executor::Executor;
+use shardc_runtime::Tensor;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Optimizer choice on the command line.
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum OptimizerKind {
+    /// MindSpore's Momentum (ApplyMomentum).
+    Momentum,
+    /// Stochastic gradient descent (MindSpore's SGD op).
+    Sgd,
+    /// Adam.
+    Adam,
+}
+
+/// Arguments of `shardc compile`.
+#[derive(Args, Debug)]
+pub struct CompileArgs {
+    /// The model: a text IR file (the grammar of the dumps).
+    pub model: PathBuf,
+    /// Output artifact directory.
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// Optimizer of the training step.
+    #[arg(long, value_enum, default_value_t = OptimizerKind::Momentum)]
+    pub optimizer: OptimizerKind,
+    /// Learning rate.
+    #[arg(long, default_value_t = 0.01)]
+    pub learning_rate: f64,
+    /// Momentum (Momentum and SGD).
+    #[arg(long, default_value_t = 0.9)]
+    pub momentum: f64,
+    /// Write every pipeline stage as `NN_name_NNNN.ir` into this directory.
+    #[arg(long)]
+    pub save_graphs_path: Option<PathBuf>,
+}
+
+/// Arguments of `shardc run`.
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// The artifact directory written by `shardc compile`.
+    pub artifact: PathBuf,
+    /// Number of training steps.
+    #[arg(long, default_value_t = 10)]
+    pub steps: u64,
+    /// Steps per epoch (for the `epoch: E step: S` lines); default: the data pool size.
+    #[arg(long)]
+    pub steps_per_epoch: Option<u64>,
+    /// Seed of the synthetic data.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Number of distinct synthetic batches, cycled.
+    #[arg(long, default_value_t = 8)]
+    pub data_pool: usize,
+    /// Train on MNIST idx files in this directory (`train-images-idx3-ubyte`,
+    /// `train-labels-idx1-ubyte`) instead of synthetic data. The model's first input must be
+    /// `(batch, 784)` Float32 and its second `(batch)` Int32.
+    #[arg(long)]
+    pub mnist: Option<PathBuf>,
+    /// Kernel threads (0 = all cores).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+    /// Print the memory plan and per-op timings at the end.
+    #[arg(long)]
+    pub stats: bool,
+}
+
+/// Arguments of `shardc print`.
+#[derive(Args, Debug)]
+pub struct PrintArgs {
+    /// A text IR file, or an artifact directory.
+    pub path: PathBuf,
+    /// For an artifact: which rank's graph.
+    #[arg(long, default_value_t = 0)]
+    pub rank: u32,
+}
+
+fn optimizer_of(a: &CompileArgs) -> Optimizer {
+    match a.optimizer {
+        OptimizerKind::Momentum => Optimizer::Momentum {
+            learning_rate: a.learning_rate,
+            momentum: a.momentum,
+            use_nesterov: false,
+        },
+        OptimizerKind::Sgd => Optimizer::Sgd {
+            learning_rate: a.learning_rate,
+            momentum: a.momentum,
+            dampening: 0.0,
+            weight_decay: 0.0,
+            nesterov: false,
+        },
+        OptimizerKind::Adam => Optimizer::Adam {
+            learning_rate: a.learning_rate,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+        },
+    }
+}
+
+/// Reads and parses a text IR model.
+pub fn load_model(path: &Path) -> Result<Graph> {
+    let src = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let graph = text::parse_graph(&src, &path.display().to_string())?;
+    Ok(graph)
+}
+
+/// The manifest entries of a graph's data inputs.
+fn io_entries(g: &Graph) -> Vec<IoEntry> {
+    g.params
+        .iter()
+        .filter(|p| p.kind == ParamKind::Input)
+        .map(|p| IoEntry {
+            name: p.name.clone(),
+            dtype: p.ty.dtype.name().to_string(),
+            shape: p.ty.shape.clone(),
+        })
+        .collect()
+}
+
+/// `shardc compile`.
+pub fn compile(a: &CompileArgs) -> Result<()> {
+    let graph = load_model(&a.model)?;
+    let opt = optimizer_of(a);
+    let opts = CompileOptions {
+        optimizer: Some(opt.clone()),
+        dump_dir: a.save_graphs_path.clone(),
+    };
+    let compiled = pipeline::compile(graph, &opts)?;
+    let g = compiled.graph;
+    let manifest = Manifest {
+        format_version: 1,
+        shardc_version: env!("CARGO_PKG_VERSION").to_string(),
+        model: g.name.clone(),
+        device_num: 1,
+        parallel_mode: "stand_alone".into(),
+        ranks: vec![RankEntry {
+            rank: 0,
+            graph: "rank_0.graph".into(),
+        }],
+        inputs: io_entries(&g),
+        outputs: vec!["loss".into()],
+        optimizer: Some(serde_json::to_value(format!("{opt:?}"))?),
+        extra: serde_json::Map::new(),
+    };
+    let nodes = g.nodes.len();
+    Artifact {
+        manifest,
+        graphs: vec![g],
+    }
+    .write(&a.output)?;
+    println!(
+        "compiled {} -> {} ({} nodes in the training step)",
+        a.model.display(),
+        a.output.display(),
+        nodes
+    );
+    Ok(())
+}
+
+/// `shardc run`.
+pub fn run(a: &RunArgs) -> Result<()> {
+    let art = Artifact::read(&a.artifact)?;
+    let Some(graph) = art.graphs.into_iter().next() else {
+        bail!("{}: the artifact holds no graph", a.artifact.display());
+    };
+    let threads = if a.threads == 0 {
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+    } else {
+        a.threads
+    };
+    let inputs: Vec<(String, Vec<usize>)> = graph
+        .params
+        .iter()
+        .filter(|p| p.kind == ParamKind::Input)
+        .map(|p| (p.name.clone(), p.ty.shape.clone()))
+        .collect();
+    let mut exec = Executor::new(graph, Arc::new(CpuBackend::with_threads(threads)))?;
+    enum Source {
+        Synthetic(SyntheticData),
+        Mnist(MnistData, usize),
+    }
+    let (source, pool) = match &a.mnist {
+        Some(dir) => {
+            let data = MnistData::load_dir(dir)?;
+            let batch = match inputs.as_slice() {
+                [(_, xs), (_, ys)] if xs.len() == 2 && xs[1] == data.rows * data.cols && ys.len() == 1 && ys[0] == xs[0] => xs[0],
+                _ => bail!(
+                    "--mnist needs a model whose inputs are (batch, {}) images and (batch) labels; this one has {:?}",
+                    data.rows * data.cols,
+                    inputs
+                ),
+            };
+            let nb = data.num_batches(batch) as u64;
+            (Source::Mnist(data, batch), nb)
+        }
+        None => (
+            Source::Synthetic(SyntheticData::new(exec.graph(), a.seed, a.data_pool)?),
+            a.data_pool as u64,
+        ),
+    };
+    let per_epoch = a.steps_per_epoch.unwrap_or(pool).max(1);
+    let names: Vec<&str> = inputs.iter().map(|(n, _)| n.as_str()).collect();
+    for step in 0..a.steps {
+        let feeds: Vec<(&str, Tensor)> = match &source {
+            Source::Synthetic(s) => s.feeds(step),
+            Source::Mnist(m, batch) => {
+                let (x, y) = m.batch(step as usize, *batch)?;
+                vec![(names[0], x), (names[1], y)]
+            }
+        };
+        let outputs = exec.step(&feeds)?;
+        let loss = outputs
+            .first()
+            .and_then(Tensor::scalar_value)
+            .context("the graph's first output is not a scalar loss")?;
+        println!(
+            "epoch: {} step: {}, loss is {}",
+            step / per_epoch + 1,
+            step % per_epoch + 1,
+            loss as f32
+        );
+    }
+    if a.stats {
+        println!("{}", exec.memory_plan().summary());
+        println!("{}", exec.stats());
+    }
+    Ok(())
+}
+
+/// `shardc print`.
+pub fn print(a: &PrintArgs) -> Result<()> {
+    let graph = if a.path.is_dir() {
+        let art = Artifact::read(&a.path)?;
+        let idx = art
+            .manifest
+            .ranks
+            .iter()
+            .position(|r| r.rank == a.rank)
+            .with_context(|| format!("{}: no rank {} in the artifact", a.path.display(), a.rank))?;
+        art.graphs.into_iter().nth(idx).context("rank graph missing")?
+    } else {
+        let mut g = load_model(&a.path)?;
+        shardc_passes::infer::infer_graph(&mut g)?;
+        g
+    };
+    print!("{}", text::print_graph(&graph));
+    Ok(())
+}
