@@ -1,0 +1,487 @@
+//! GEMM (through the `gemm` crate) and the MatMul / BatchMatMul kernels.
+
+use crate::real::Real;
+use crate::util::{Ctx, KResult, Par};
+use rayon::prelude::*;
+use shardc_runtime::{Arg, Tensor};
+
+/// A read-only operand of [`sgemm`] / [`dgemm`]: a matrix stored row-major in `data` with
+/// leading dimension `ld` (the distance between the starts of two stored rows), used as is
+/// or transposed.
+///
+/// For `C = op(A) op(B)` with `op(A)` of shape `m × k`: when `transpose` is false, `A` is
+/// stored as `m` rows of `k` (so `ld >= k`); when it is true, `A` is stored as `k` rows of
+/// `m` (`ld >= m`) and used transposed, without any copy.
+#[derive(Clone, Copy, Debug)]
+pub struct MatRef<'a, T> {
+    /// The stored elements.
+    pub data: &'a [T],
+    /// Distance between consecutive stored rows, in elements.
+    pub ld: usize,
+    /// Whether the stored matrix is the transpose of the operand.
+    pub transpose: bool,
+}
+
+impl<'a, T> MatRef<'a, T> {
+    /// An operand used as stored (row-major, leading dimension `ld`).
+    pub fn new(data: &'a [T], ld: usize) -> Self {
+        MatRef {
+            data,
+            ld,
+            transpose: false,
+        }
+    }
+
+    /// An operand used transposed (stored row-major with leading dimension `ld`).
+    pub fn transposed(data: &'a [T], ld: usize) -> Self {
+        MatRef {
+            data,
+            ld,
+            transpose: true,
+        }
+    }
+
+    /// Row and column strides of the operand `op(X)` of shape `rows × cols`, after checking
+    /// that it fits in `data`.
+    fn strides(
+        &self,
+        name: &'static str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(usize, usize), GemmError> {
+        let (stored_rows, stored_cols) = if self.transpose {
+            (cols, rows)
+        } else {
+            (rows, cols)
+        };
+        if self.ld < stored_cols {
+            return Err(GemmError::LeadingDim {
+                operand: name,
+                ld: self.ld,
+                cols: stored_cols,
+            });
+        }
+        let needed = if stored_rows == 0 || stored_cols == 0 {
+            0
+        } else {
+            (stored_rows - 1) * self.ld + stored_cols
+        };
+        if needed > self.data.len() {
+            return Err(GemmError::TooShort {
+                operand: name,
+                needed,
+                len: self.data.len(),
+            });
+        }
+        Ok(if self.transpose {
+            (1, self.ld)
+        } else {
+            (self.ld, 1)
+        })
+    }
+}
+
+/// Why a GEMM call was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum GemmError {
+    /// A buffer is shorter than its matrix.
+    #[error("gemm operand {operand}: {needed} elements needed, the buffer has {len}")]
+    TooShort {
+        /// `a`, `b` or `c`.
+        operand: &'static str,
+        /// Elements the matrix spans.
+        needed: usize,
+        /// Elements in the buffer.
+        len: usize,
+    },
+    /// A leading dimension shorter than a stored row.
+    #[error(
+        "gemm operand {operand}: leading dimension {ld} is less than the {cols} columns stored"
+    )]
+    LeadingDim {
+        /// `a` or `b`.
+        operand: &'static str,
+        /// The leading dimension given.
+        ld: usize,
+        /// The stored row length.
+        cols: usize,
+    },
+}
+
+/// Single-precision GEMM: `c = op(a) · op(b)`, with `op(a)` of shape `m × k`, `op(b)` of
+/// shape `k × n`, and `c` an `m × n` row-major buffer (leading dimension `n`, exactly
+/// `m * n` elements used, overwritten).
+///
+/// `threads`: 1 runs serially on the calling thread; `t > 1` splits the product into `t`
+/// tasks on the current rayon pool (the global pool, or the pool whose `install` the call is
+/// made in); 0 uses as many tasks as the current pool has threads. Small products run
+/// serially whatever `threads` says. Results do not depend on `threads`.
+///
+/// Uses the `gemm` crate's kernels (AVX-512 with its `x86-v4` feature).
+pub fn sgemm(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: MatRef<'_, f32>,
+    b: MatRef<'_, f32>,
+    c: &mut [f32],
+    threads: usize,
+) -> Result<(), GemmError> {
+    gemm_mat(m, n, k, a, b, c, threads)
+}
+
+/// Double-precision GEMM, as [`sgemm`].
+pub fn dgemm(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: MatRef<'_, f64>,
+    b: MatRef<'_, f64>,
+    c: &mut [f64],
+    threads: usize,
+) -> Result<(), GemmError> {
+    gemm_mat(m, n, k, a, b, c, threads)
+}
+
+fn gemm_mat<T: Real>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: MatRef<'_, T>,
+    b: MatRef<'_, T>,
+    c: &mut [T],
+    threads: usize,
+) -> Result<(), GemmError> {
+    let (a_rs, a_cs) = a.strides("a", m, k)?;
+    let (b_rs, b_cs) = b.strides("b", k, n)?;
+    if c.len() < m * n {
+        return Err(GemmError::TooShort {
+            operand: "c",
+            needed: m * n,
+            len: c.len(),
+        });
+    }
+    let par = match threads {
+        1 => gemm::Parallelism::None,
+        0 => gemm::Parallelism::Rayon(rayon::current_num_threads()),
+        t => gemm::Parallelism::Rayon(t),
+    };
+    gemm_strided(
+        m,
+        n,
+        k,
+        Dst {
+            data: &mut c[..m * n],
+            rs: n,
+            cs: 1,
+            accumulate: false,
+        },
+        Src {
+            data: a.data,
+            rs: a_rs,
+            cs: a_cs,
+        },
+        Src {
+            data: b.data,
+            rs: b_rs,
+            cs: b_cs,
+        },
+        par,
+    )
+    .map_err(|e| e.0)
+}
+
+/// A strided read-only matrix inside a buffer (element `(i, j)` at `i * rs + j * cs`).
+#[derive(Clone, Copy)]
+pub(crate) struct Src<'a, T> {
+    pub data: &'a [T],
+    pub rs: usize,
+    pub cs: usize,
+}
+
+/// A strided destination matrix; `accumulate` adds the product to what is there.
+pub(crate) struct Dst<'a, T> {
+    pub data: &'a mut [T],
+    pub rs: usize,
+    pub cs: usize,
+    pub accumulate: bool,
+}
+
+/// A bounds failure of [`gemm_strided`].
+#[derive(Debug)]
+pub(crate) struct StridedError(pub GemmError);
+
+fn span(rows: usize, cols: usize, rs: usize, cs: usize) -> usize {
+    if rows == 0 || cols == 0 {
+        0
+    } else {
+        (rows - 1) * rs + (cols - 1) * cs + 1
+    }
+}
+
+/// `dst (m × n) (+)= a (m × k) · b (k × n)` for arbitrary non-negative strides, after
+/// checking every operand against its buffer (the gemm crate works on raw pointers).
+pub(crate) fn gemm_strided<T: Real>(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: Dst<'_, T>,
+    a: Src<'_, T>,
+    b: Src<'_, T>,
+    par: gemm::Parallelism,
+) -> Result<(), StridedError> {
+    let check = |name, need: usize, len: usize| {
+        if need > len {
+            Err(StridedError(GemmError::TooShort {
+                operand: name,
+                needed: need,
+                len,
+            }))
+        } else {
+            Ok(())
+        }
+    };
+    check("c", span(m, n, dst.rs, dst.cs), dst.data.len())?;
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    if k == 0 {
+        if !dst.accumulate {
+            for i in 0..m {
+                for j in 0..n {
+                    dst.data[i * dst.rs + j * dst.cs] = T::ZERO;
+                }
+            }
+        }
+        return Ok(());
+    }
+    check("a", span(m, k, a.rs, a.cs), a.data.len())?;
+    check("b", span(k, n, b.rs, b.cs), b.data.len())?;
+    // SAFETY: every element the product reads or writes lies inside the checked spans of the
+    // three slices; `dst` is borrowed mutably, so it cannot alias `a` or `b`. `T` is f32 or
+    // f64 (the only `Real` types), which the gemm crate supports.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.data.as_mut_ptr(),
+            dst.cs as isize,
+            dst.rs as isize,
+            dst.accumulate,
+            a.data.as_ptr(),
+            a.cs as isize,
+            a.rs as isize,
+            b.data.as_ptr(),
+            b.cs as isize,
+            b.rs as isize,
+            T::ONE,
+            T::ONE,
+            false,
+            false,
+            false,
+            par,
+        );
+    }
+    Ok(())
+}
+
+/// Runs [`gemm_strided`], turning a bounds failure into a kernel error.
+pub(crate) fn gemm_checked<T: Real>(
+    ctx: &Ctx<'_>,
+    (m, n, k): (usize, usize, usize),
+    dst: Dst<'_, T>,
+    a: Src<'_, T>,
+    b: Src<'_, T>,
+    par: gemm::Parallelism,
+) -> KResult {
+    gemm_strided(m, n, k, dst, a, b, par).map_err(|e| ctx.err(format!("internal gemm: {}", e.0)))
+}
+
+/// The operand `op(X)` of a matmul: rows, cols, and strides, from a stored matrix of shape
+/// `(r, c)` (row-major, contiguous) and the transpose flag.
+fn operand_view(r: usize, c: usize, transpose: bool) -> (usize, usize, usize, usize) {
+    if transpose {
+        (c, r, 1, c)
+    } else {
+        (r, c, c, 1)
+    }
+}
+
+/// `MatMul(a, b)` with `transpose_a` / `transpose_b`.
+pub(crate) fn matmul<T: Real>(
+    ctx: &Ctx<'_>,
+    inputs: &[Arg<'_>],
+    outputs: &mut [Tensor],
+) -> KResult {
+    let (sa, a) = ctx.data::<T>(inputs, 0)?;
+    let (sb, b) = ctx.data::<T>(inputs, 1)?;
+    let ta = ctx.node.attrs.bool_or("transpose_a", false);
+    let tb = ctx.node.attrs.bool_or("transpose_b", false);
+    ctx.ensure(sa.len() == 2 && sb.len() == 2, || {
+        format!("MatMul needs rank-2 operands, got shapes {sa:?} and {sb:?}")
+    })?;
+    let (m, k, a_rs, a_cs) = operand_view(sa[0], sa[1], ta);
+    let (k2, n, b_rs, b_cs) = operand_view(sb[0], sb[1], tb);
+    ctx.ensure(k == k2, || {
+        format!(
+            "inner dimensions differ: a {sa:?} (transpose_a {ta}) and b {sb:?} (transpose_b {tb})"
+        )
+    })?;
+    let out_shape = ctx.out_shape(outputs, 0)?;
+    ctx.check_shape("the result", &out_shape, &[m, n])?;
+    let c = ctx.out::<T>(outputs, 0)?;
+    let par = if ctx.par.parallel(m * n * k) {
+        ctx.par.gemm()
+    } else {
+        gemm::Parallelism::None
+    };
+    gemm_checked(
+        ctx,
+        (m, n, k),
+        Dst {
+            data: c,
+            rs: n,
+            cs: 1,
+            accumulate: false,
+        },
+        Src {
+            data: a,
+            rs: a_rs,
+            cs: a_cs,
+        },
+        Src {
+            data: b,
+            rs: b_rs,
+            cs: b_cs,
+        },
+        par,
+    )
+}
+
+/// Offsets of every batch of a broadcast operand, for the result's batch dims.
+pub(crate) fn batch_offsets(
+    ctx: &Ctx<'_>,
+    what: &str,
+    batch: &[usize],
+    out_batch: &[usize],
+    matrix: usize,
+) -> KResult<Vec<usize>> {
+    ctx.ensure(batch.len() <= out_batch.len(), || {
+        format!("{what} has batch dims {batch:?}, more than the result's {out_batch:?}")
+    })?;
+    let lead = out_batch.len() - batch.len();
+    // Stride of each result batch dim in the operand (0 where broadcast).
+    let mut strides = vec![0usize; out_batch.len()];
+    let mut s = matrix;
+    for i in (0..batch.len()).rev() {
+        let o = out_batch[lead + i];
+        if batch[i] == o {
+            strides[lead + i] = s;
+        } else if batch[i] != 1 {
+            return Err(ctx.err(format!(
+                "{what}: batch dims {batch:?} do not broadcast to {out_batch:?}"
+            )));
+        }
+        s *= batch[i];
+    }
+    let total: usize = out_batch.iter().product();
+    let mut offs = Vec::with_capacity(total);
+    let mut idx = vec![0usize; out_batch.len()];
+    for _ in 0..total {
+        offs.push(idx.iter().zip(&strides).map(|(i, s)| i * s).sum());
+        for d in (0..idx.len()).rev() {
+            idx[d] += 1;
+            if idx[d] < out_batch[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+    Ok(offs)
+}
+
+/// `BatchMatMul(a, b)`: leading dims broadcast; parallel over batches.
+pub(crate) fn batch_matmul<T: Real>(
+    ctx: &Ctx<'_>,
+    inputs: &[Arg<'_>],
+    outputs: &mut [Tensor],
+) -> KResult {
+    let (sa, a) = ctx.data::<T>(inputs, 0)?;
+    let (sb, b) = ctx.data::<T>(inputs, 1)?;
+    let ta = ctx.node.attrs.bool_or("transpose_a", false);
+    let tb = ctx.node.attrs.bool_or("transpose_b", false);
+    ctx.ensure(sa.len() >= 2 && sb.len() >= 2, || {
+        format!("BatchMatMul needs operands of rank >= 2, got shapes {sa:?} and {sb:?}")
+    })?;
+    let (ra, rb) = (sa.len(), sb.len());
+    let (m, k, a_rs, a_cs) = operand_view(sa[ra - 2], sa[ra - 1], ta);
+    let (k2, n, b_rs, b_cs) = operand_view(sb[rb - 2], sb[rb - 1], tb);
+    ctx.ensure(k == k2, || {
+        format!(
+            "inner dimensions differ: a {sa:?} (transpose_a {ta}) and b {sb:?} (transpose_b {tb})"
+        )
+    })?;
+    let out_shape = ctx.out_shape(outputs, 0)?;
+    let ro = out_shape.len();
+    ctx.ensure(
+        ro >= 2 && out_shape[ro - 2] == m && out_shape[ro - 1] == n,
+        || format!("result shape {out_shape:?} does not end in ({m}, {n})"),
+    )?;
+    let out_batch = &out_shape[..ro - 2];
+    let a_offs = batch_offsets(ctx, "a", &sa[..ra - 2], out_batch, m * k)?;
+    let b_offs = batch_offsets(ctx, "b", &sb[..rb - 2], out_batch, k * n)?;
+    let c = ctx.out::<T>(outputs, 0)?;
+    let batches = a_offs.len();
+    let mn = m * n;
+    if mn == 0 {
+        return Ok(());
+    }
+    let run_one = |bi: usize, dst: &mut [T], par: gemm::Parallelism| {
+        gemm_checked(
+            ctx,
+            (m, n, k),
+            Dst {
+                data: dst,
+                rs: n,
+                cs: 1,
+                accumulate: false,
+            },
+            Src {
+                data: &a[a_offs[bi]..],
+                rs: a_rs,
+                cs: a_cs,
+            },
+            Src {
+                data: &b[b_offs[bi]..],
+                rs: b_rs,
+                cs: b_cs,
+            },
+            par,
+        )
+    };
+    let work = batches * mn * k.max(1);
+    if batches > 1 && ctx.par.parallel(work) {
+        c.par_chunks_mut(mn)
+            .enumerate()
+            .try_for_each(|(bi, dst)| run_one(bi, dst, gemm::Parallelism::None))
+    } else {
+        let par = if ctx.par.parallel(work) {
+            ctx.par.gemm()
+        } else {
+            gemm::Parallelism::None
+        };
+        c.chunks_mut(mn)
+            .enumerate()
+            .try_for_each(|(bi, dst)| run_one(bi, dst, par))
+    }
+}
+
+/// The serial / parallel gemm setting for one product of `work` multiply-adds.
+pub(crate) fn gemm_par(par: Par, work: usize) -> gemm::Parallelism {
+    if par.parallel(work) {
+        par.gemm()
+    } else {
+        gemm::Parallelism::None
+    }
+}

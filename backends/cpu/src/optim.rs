@@ -1,0 +1,183 @@
+//! Optimizer updates (functional: they return the new values).
+
+use crate::real::Real;
+use crate::util::{for_chunks2, for_chunks3, Ctx, KResult, ELEMWISE_CHUNK};
+use shardc_runtime::{Arg, Tensor};
+
+/// Operand `i`, a tensor of `shape` (`what` names it).
+fn same<'t, T: Real>(
+    ctx: &Ctx<'_>,
+    inputs: &[Arg<'t>],
+    i: usize,
+    what: &str,
+    shape: &[usize],
+) -> KResult<&'t [T]> {
+    let (s, v) = ctx.data::<T>(inputs, i)?;
+    ctx.check_shape(what, s, shape)?;
+    Ok(v)
+}
+
+/// Checks that every output has `shape` and returns their buffers.
+fn outs<'o, T: Real>(
+    ctx: &Ctx<'_>,
+    outputs: &'o mut [Tensor],
+    names: &[&str],
+    shape: &[usize],
+) -> KResult<Vec<&'o mut [T]>> {
+    let outs = ctx.outs::<T>(outputs, names.len())?;
+    outs.into_iter()
+        .zip(names)
+        .map(|((s, v), name)| {
+            ctx.check_shape(name, s, shape)?;
+            Ok(v)
+        })
+        .collect()
+}
+
+fn take<'o, T>(v: &mut Vec<&'o mut [T]>) -> &'o mut [T] {
+    v.remove(0)
+}
+
+/// `ApplyMomentum(variable, accumulation, learning_rate, gradient, momentum)` ->
+/// `(var', acc')`.
+pub(crate) fn apply_momentum<T: Real>(
+    ctx: &Ctx<'_>,
+    inputs: &[Arg<'_>],
+    outputs: &mut [Tensor],
+) -> KResult {
+    let (shape, var) = ctx.data::<T>(inputs, 0)?;
+    let acc = same::<T>(ctx, inputs, 1, "accumulation", shape)?;
+    let lr = T::from_f64(ctx.scalar(inputs, 2)?);
+    let grad = same::<T>(ctx, inputs, 3, "gradient", shape)?;
+    let mom = T::from_f64(ctx.scalar(inputs, 4)?);
+    let nesterov = ctx.node.attrs.bool_or("use_nesterov", false);
+    let mut o = outs::<T>(ctx, outputs, &["var'", "acc'"], shape)?;
+    let var_out = take(&mut o);
+    let acc_out = take(&mut o);
+    let n = var.len();
+    for_chunks2(
+        ctx.par,
+        var_out,
+        ELEMWISE_CHUNK,
+        acc_out,
+        ELEMWISE_CHUNK,
+        n,
+        |ci, vc, ac| {
+            let base = ci * ELEMWISE_CHUNK;
+            for (j, (v, a)) in vc.iter_mut().zip(ac.iter_mut()).enumerate() {
+                let i = base + j;
+                let new_acc = acc[i] * mom + grad[i];
+                *a = new_acc;
+                *v = if nesterov {
+                    var[i] - lr * (grad[i] + mom * new_acc)
+                } else {
+                    var[i] - lr * new_acc
+                };
+            }
+        },
+    );
+    Ok(())
+}
+
+/// `SGD(parameters, gradient, learning_rate, accum, momentum, stat)` ->
+/// `(parameters', accum', stat')`, as MindSpore's SGD kernel:
+///
+/// ```text
+/// g = grad + weight_decay * param            (when weight_decay > 0)
+/// if momentum > 0:
+///     if stat > 0: accum = g; stat = 0
+///     else:        accum = momentum * accum + (1 - dampening) * g
+///     g = nesterov ? g + momentum * accum : accum
+/// param = param - lr * g
+/// ```
+pub(crate) fn sgd<T: Real>(ctx: &Ctx<'_>, inputs: &[Arg<'_>], outputs: &mut [Tensor]) -> KResult {
+    let (shape, param) = ctx.data::<T>(inputs, 0)?;
+    let grad = same::<T>(ctx, inputs, 1, "gradient", shape)?;
+    let lr = T::from_f64(ctx.scalar(inputs, 2)?);
+    let accum = same::<T>(ctx, inputs, 3, "accum", shape)?;
+    let mom = T::from_f64(ctx.scalar(inputs, 4)?);
+    let stat = same::<T>(ctx, inputs, 5, "stat", shape)?;
+    let dampening = T::from_f64(ctx.node.attrs.float_or("dampening", 0.0));
+    let wd = T::from_f64(ctx.node.attrs.float_or("weight_decay", 0.0));
+    let nesterov = ctx.node.attrs.bool_or("nesterov", false);
+    let mut o = outs::<T>(ctx, outputs, &["parameters'", "accum'", "stat'"], shape)?;
+    let p_out = take(&mut o);
+    let a_out = take(&mut o);
+    let s_out = take(&mut o);
+    for_chunks3(
+        ctx.par,
+        (p_out, a_out, s_out),
+        ELEMWISE_CHUNK,
+        |ci, pc, ac, sc| {
+            let base = ci * ELEMWISE_CHUNK;
+            for j in 0..pc.len() {
+                let i = base + j;
+                let mut g = grad[i];
+                if wd > T::ZERO {
+                    g += param[i] * wd;
+                }
+                let (mut a, mut s) = (accum[i], stat[i]);
+                if mom > T::ZERO {
+                    if s > T::ZERO {
+                        a = g;
+                        s = T::ZERO;
+                    } else {
+                        a = a * mom + (T::ONE - dampening) * g;
+                    }
+                    g = if nesterov { g + a * mom } else { a };
+                }
+                pc[j] = param[i] - lr * g;
+                ac[j] = a;
+                sc[j] = s;
+            }
+        },
+    );
+    Ok(())
+}
+
+/// `Adam(var, m, v, beta1_power, beta2_power, lr, beta1, beta2, epsilon, gradient)` ->
+/// `(var', m', v')`.
+pub(crate) fn adam<T: Real>(ctx: &Ctx<'_>, inputs: &[Arg<'_>], outputs: &mut [Tensor]) -> KResult {
+    let (shape, var) = ctx.data::<T>(inputs, 0)?;
+    let m = same::<T>(ctx, inputs, 1, "m", shape)?;
+    let v = same::<T>(ctx, inputs, 2, "v", shape)?;
+    let b1p = ctx.scalar(inputs, 3)?;
+    let b2p = ctx.scalar(inputs, 4)?;
+    let lr = ctx.scalar(inputs, 5)?;
+    let b1 = T::from_f64(ctx.scalar(inputs, 6)?);
+    let b2 = T::from_f64(ctx.scalar(inputs, 7)?);
+    let eps = T::from_f64(ctx.scalar(inputs, 8)?);
+    let grad = same::<T>(ctx, inputs, 9, "gradient", shape)?;
+    ctx.ensure(b1p != 1.0, || {
+        "beta1_power is 1: the bias correction divides by zero".into()
+    })?;
+    let lr_t = T::from_f64(lr * (1.0 - b2p).sqrt() / (1.0 - b1p));
+    let nesterov = ctx.node.attrs.bool_or("use_nesterov", false);
+    let mut o = outs::<T>(ctx, outputs, &["var'", "m'", "v'"], shape)?;
+    let var_out = take(&mut o);
+    let m_out = take(&mut o);
+    let v_out = take(&mut o);
+    for_chunks3(
+        ctx.par,
+        (var_out, m_out, v_out),
+        ELEMWISE_CHUNK,
+        |ci, xc, mc, vc| {
+            let base = ci * ELEMWISE_CHUNK;
+            for j in 0..xc.len() {
+                let i = base + j;
+                let g = grad[i];
+                let nm = b1 * m[i] + (T::ONE - b1) * g;
+                let nv = b2 * v[i] + (T::ONE - b2) * g * g;
+                let num = if nesterov {
+                    nm * b1 + (T::ONE - b1) * g
+                } else {
+                    nm
+                };
+                xc[j] = var[i] - lr_t * num / (nv.sqrt() + eps);
+                mc[j] = nm;
+                vc[j] = nv;
+            }
+        },
+    );
+    Ok(())
+}
