@@ -113,7 +113,7 @@ fn col2im<T: Real>(g: &Conv2dGeometry, col: &[T], c0: usize, dx: &mut [T]) {
 }
 
 fn geometry(ctx: &Ctx<'_>, x: &[usize], w: &[usize]) -> KResult<Conv2dGeometry> {
-    conv2d_geometry(ctx.node, x, w).map_err(|e| ctx.err(e))
+    conv2d_geometry(ctx.node, x, w).map_err(|e| ctx.err(e.to_string()))
 }
 
 fn shape_operand(ctx: &Ctx<'_>, inputs: &[Arg<'_>], i: usize, what: &str) -> KResult<Vec<usize>> {

@@ -13,6 +13,17 @@
 
 use shardc_ir::{Attr, Node};
 
+/// Why a node's convolution or pooling geometry is invalid.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct GeometryError(pub String);
+
+impl From<String> for GeometryError {
+    fn from(s: String) -> Self {
+        GeometryError(s)
+    }
+}
+
 /// The geometry of one Conv2D (NCHW).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Conv2dGeometry {
@@ -274,7 +285,11 @@ pub fn conv2d_geometry(
 }
 
 /// The geometry of a MaxPool / AvgPool node (and their gradients) with input `x_shape`.
-pub fn pool2d_geometry(node: &Node, x_shape: &[usize]) -> Result<Pool2dGeometry, String> {
+pub fn pool2d_geometry(node: &Node, x_shape: &[usize]) -> Result<Pool2dGeometry, GeometryError> {
+    pool2d_geometry_inner(node, x_shape).map_err(GeometryError)
+}
+
+fn pool2d_geometry_inner(node: &Node, x_shape: &[usize]) -> Result<Pool2dGeometry, String> {
     check_format(node)?;
     let [n, c, h, w] = rank4("the input", x_shape)?;
     if node.attrs.get("kernel_size").is_none() {

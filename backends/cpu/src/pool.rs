@@ -31,7 +31,7 @@ fn is_max(ctx: &Ctx<'_>) -> bool {
 }
 
 fn geometry(ctx: &Ctx<'_>, x: &[usize]) -> KResult<Pool2dGeometry> {
-    pool2d_geometry(ctx.node, x).map_err(|e| ctx.err(e))
+    pool2d_geometry(ctx.node, x).map_err(|e| ctx.err(e.to_string()))
 }
 
 /// `MaxPool(x)` / `AvgPool(x)` (padding excluded from the average).

@@ -29,7 +29,7 @@ impl Par {
         self.threads > 1 && work >= PAR_MIN
     }
 
-    /// The gemm crate's parallelism setting for a product of `work` multiply-adds.
+    /// The gemm crate's parallelism setting when a product may use every thread.
     pub fn gemm(&self) -> gemm::Parallelism {
         if self.threads > 1 {
             gemm::Parallelism::Rayon(self.threads)
@@ -205,7 +205,7 @@ impl<'a> Ctx<'a> {
     pub fn axis(&self, axis: i64, rank: usize) -> KResult<usize> {
         let r = rank as i64;
         let a = if axis < 0 { axis + r } else { axis };
-        if a < 0 || a >= r.max(1) {
+        if a < 0 || a >= r {
             return Err(self.err(format!("axis {axis} is out of range for rank {rank}")));
         }
         Ok(a as usize)
