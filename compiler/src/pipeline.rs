@@ -1,0 +1,224 @@
+//! The compilation pipeline: the one place that lists the passes, in order.
+//!
+//! | index | name          | what                                                        |
+//! |-------|---------------|-------------------------------------------------------------|
+//! | 00    | `infer_types` | fills every node's type by the shape rules, then verifies   |
+//! | 01    | `autodiff`    | forward + backward + optimizer update (only with an optimizer) |
+//!
+//! The input graph is always verified after its types are inferred (it may come from a file a
+//! user wrote). After every later pass the result is verified again in debug builds (and so in
+//! tests). Each stage that ran is recorded as a [`PassRecord`]; with
+//! [`CompileOptions::dump_dir`] set, each is also written there as `NN_name_NNNN.ir` (`NN` the
+//! stage's index in the list above, `NNNN` a zero-padded counter of dumps in this process), in
+//! the text form of [`shardc_ir::text::print_graph`]. Writing files is the compiler crate's
+//! job: the passes know no file system.
+
+use crate::builder::BuildError;
+use crate::optim;
+use shardc_ir::Graph;
+use shardc_passes::autodiff::{self, Optimizer};
+use shardc_passes::{infer, verify};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use thiserror::Error;
+
+/// What to compile into.
+#[derive(Clone, Debug, Default)]
+pub struct CompileOptions {
+    /// Build the training step with this optimizer; `None` keeps the forward graph.
+    pub optimizer: Option<Optimizer>,
+    /// Write every stage as `NN_name_NNNN.ir` into this directory (MindSpore's
+    /// `save_graphs_path`).
+    pub dump_dir: Option<PathBuf>,
+}
+
+/// One stage of the pipeline as it ran.
+#[derive(Clone, Debug)]
+pub struct PassRecord {
+    /// The stage's index in the pass list (the `NN` of its dump).
+    pub index: usize,
+    /// The stage's name.
+    pub name: &'static str,
+    /// The graph after the stage.
+    pub graph: Graph,
+}
+
+/// The result of [`compile`].
+#[derive(Clone, Debug)]
+pub struct Compiled {
+    /// The final graph.
+    pub graph: Graph,
+    /// Every stage that ran, in order.
+    pub stages: Vec<PassRecord>,
+}
+
+/// An error of the pipeline, naming the stage.
+#[derive(Debug, Error)]
+pub enum CompileError {
+    /// Building a graph failed.
+    #[error(transparent)]
+    Build(#[from] BuildError),
+    /// The shape rules rejected a node.
+    #[error("infer_types: op `{instance}` ({op}, node %{index}): {source}")]
+    Infer {
+        /// The node's instance name.
+        instance: String,
+        /// Its op.
+        op: shardc_ir::OpKind,
+        /// Its number as printed (`%3`).
+        index: usize,
+        /// Why the shape rules rejected it.
+        #[source]
+        source: Box<infer::InferError>,
+    },
+    /// A graph failed verification after a stage.
+    #[error("{stage}: graph `{graph}` failed verification: {source}")]
+    Verify {
+        /// The stage after which it failed.
+        stage: &'static str,
+        /// The graph's name.
+        graph: String,
+        /// The verifier's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The optimizer's numbers are unusable.
+    #[error("optimizer {optimizer}: {reason}")]
+    InvalidOptimizer {
+        /// The optimizer, as debug-printed.
+        optimizer: String,
+        /// Why.
+        reason: String,
+    },
+    /// Autodiff failed.
+    #[error("autodiff: {0}")]
+    Autodiff(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// A dump could not be written.
+    #[error("writing {path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A pass: its dump name, whether the options enable it, and the transformation.
+struct Pass {
+    name: &'static str,
+    enabled: fn(&CompileOptions) -> bool,
+    run: fn(Graph, &CompileOptions) -> Result<Graph, CompileError>,
+}
+
+/// THE pass list, in order.
+const PASSES: &[Pass] = &[
+    Pass {
+        name: "infer_types",
+        enabled: |_| true,
+        run: run_infer_types,
+    },
+    Pass {
+        name: "autodiff",
+        enabled: |o| o.optimizer.is_some(),
+        run: run_autodiff,
+    },
+];
+
+/// The names of the pipeline's passes, in order (index = the `NN` of their dumps).
+pub fn pass_names() -> Vec<&'static str> {
+    PASSES.iter().map(|p| p.name).collect()
+}
+
+fn run_infer_types(mut g: Graph, _: &CompileOptions) -> Result<Graph, CompileError> {
+    for i in 0..g.nodes.len() {
+        let node = &g.nodes[i];
+        let ty = infer::infer_node(&g, node).map_err(|source| CompileError::Infer {
+            instance: node.instance.clone(),
+            op: node.op,
+            index: i + 1,
+            source: Box::new(source),
+        })?;
+        g.nodes[i].ty = ty;
+    }
+    check(&g, "infer_types")?;
+    Ok(g)
+}
+
+fn run_autodiff(g: Graph, opts: &CompileOptions) -> Result<Graph, CompileError> {
+    match &opts.optimizer {
+        Some(opt) => training_step_unverified(&g, opt),
+        None => Ok(g),
+    }
+}
+
+/// Verifies `g`, naming `stage` on failure.
+fn check(g: &Graph, stage: &'static str) -> Result<(), CompileError> {
+    verify::verify(g).map_err(|source| CompileError::Verify {
+        stage,
+        graph: g.name.clone(),
+        source: Box::new(source),
+    })
+}
+
+fn training_step_unverified(forward: &Graph, opt: &Optimizer) -> Result<Graph, CompileError> {
+    optim::validate(opt).map_err(|reason| CompileError::InvalidOptimizer {
+        optimizer: format!("{opt:?}"),
+        reason,
+    })?;
+    autodiff::training_graph(forward, opt).map_err(|e| CompileError::Autodiff(Box::new(e)))
+}
+
+/// The verified training step of a verified forward graph.
+pub(crate) fn training_step(forward: &Graph, opt: &Optimizer) -> Result<Graph, CompileError> {
+    let g = training_step_unverified(forward, opt)?;
+    check(&g, "autodiff")?;
+    Ok(g)
+}
+
+/// Counter of dumps written by this process (the `NNNN` of dump names).
+static DUMP_COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+/// Writes `g` as `dir/NN_name_NNNN.ir`; returns the path.
+pub fn write_dump(
+    dir: &Path,
+    index: usize,
+    name: &str,
+    g: &Graph,
+) -> Result<PathBuf, CompileError> {
+    std::fs::create_dir_all(dir).map_err(|source| CompileError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let n = DUMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+    let path = dir.join(format!("{index:02}_{name}_{n:04}.ir"));
+    std::fs::write(&path, shardc_ir::text::print_graph(g)).map_err(|source| CompileError::Io {
+        path: path.clone(),
+        source,
+    })?;
+    Ok(path)
+}
+
+/// Runs the pipeline on `graph` (types may be missing, as in a parsed file).
+pub fn compile(graph: Graph, opts: &CompileOptions) -> Result<Compiled, CompileError> {
+    let mut g = graph;
+    let mut stages = Vec::new();
+    for (index, pass) in PASSES.iter().enumerate() {
+        if !(pass.enabled)(opts) {
+            continue;
+        }
+        g = (pass.run)(g, opts)?;
+        if cfg!(debug_assertions) {
+            check(&g, pass.name)?;
+        }
+        if let Some(dir) = &opts.dump_dir {
+            write_dump(dir, index, pass.name, &g)?;
+        }
+        stages.push(PassRecord {
+            index,
+            name: pass.name,
+            graph: g.clone(),
+        });
+    }
+    Ok(Compiled { graph: g, stages })
+}
