@@ -1,0 +1,199 @@
+//! Shape rules of the collectives: `AllReduce`, `AllGather`, `ReduceScatter`, `AlltoAll`,
+//! `Broadcast`, `Send`, `Receive`.
+//!
+//! The group of a collective is its `rank_list` attribute (a tuple of distinct ranks >= 0);
+//! where a group size is needed and `rank_list` is absent, an integer `rank_size` is accepted.
+//! `Send` returns its input's type (the value it sent, so that later nodes can be ordered
+//! after it); `Receive` takes no operand and returns `<Tensor[dtype], shape>` from its
+//! attributes.
+
+use super::{attr_text, elementwise::parse_dtype, ints_text, normalize_axis, sh, Cx, InferError};
+use shardc_ir::{Attr, DType, OpKind, TensorType, Type};
+
+pub(super) fn infer(cx: &Cx<'_>) -> Result<Type, InferError> {
+    use OpKind::*;
+    match cx.op() {
+        AllReduce => {
+            let x = reducible(cx)?;
+            group(cx, false)?;
+            Ok(Type::Tensor(x.clone()))
+        }
+        AllGather => {
+            let x = first_axis(cx)?;
+            let n = group(cx, true)?.unwrap_or(1);
+            let mut shape = x.shape.clone();
+            shape[0] *= n;
+            Ok(Type::Tensor(TensorType::new(x.dtype, shape)))
+        }
+        ReduceScatter => {
+            reducible(cx)?;
+            let x = first_axis(cx)?;
+            let n = group(cx, true)?.unwrap_or(1);
+            if x.shape[0] % n != 0 {
+                return Err(cx.err(format!(
+                    "the group of {n} ranks does not divide dim 0 of {} of shape {}",
+                    cx.name(0),
+                    sh(&x.shape)
+                )));
+            }
+            let mut shape = x.shape.clone();
+            shape[0] /= n;
+            Ok(Type::Tensor(TensorType::new(x.dtype, shape)))
+        }
+        AllToAll => all_to_all(cx),
+        Broadcast => {
+            let x = cx.tensor(0)?;
+            group(cx, false)?;
+            rank_attr(cx, "root_rank", Some(0))?;
+            Ok(Type::Tensor(x.clone()))
+        }
+        Send => {
+            let x = cx.tensor(0)?;
+            rank_attr(cx, "dest_rank", None)?;
+            cx.attr_int("sr_tag", 0)?;
+            Ok(Type::Tensor(x.clone()))
+        }
+        Receive => receive(cx),
+        _ => Err(cx.misrouted()),
+    }
+}
+
+/// The input of a reducing collective: not Bool; checks the `op` attribute.
+fn reducible<'a>(cx: &Cx<'a>) -> Result<&'a TensorType, InferError> {
+    let x = cx.tensor(0)?;
+    if x.dtype == DType::Bool {
+        return Err(cx.err(format!(
+            "{} must have a numeric element type, got {x}",
+            cx.name(0)
+        )));
+    }
+    let op = cx.attr_str("op", "sum")?;
+    if !matches!(op, "sum" | "max" | "min" | "prod") {
+        return Err(cx.err(format!(
+            "attribute `op` {op} is not a reduction (expected sum, max, min or prod)"
+        )));
+    }
+    Ok(x)
+}
+
+/// The input of a collective along axis 0: rank >= 1.
+fn first_axis<'a>(cx: &Cx<'a>) -> Result<&'a TensorType, InferError> {
+    cx.expect_min_rank(0, 1, "(it is split or gathered along axis 0)")
+}
+
+/// A rank attribute (>= 0); `default` None makes it required.
+fn rank_attr(cx: &Cx<'_>, key: &str, default: Option<i64>) -> Result<i64, InferError> {
+    let r = match default {
+        Some(d) => cx.attr_int(key, d)?,
+        None => cx.attr_int_req(key)?,
+    };
+    if r < 0 {
+        return Err(cx.err(format!("attribute `{key}` must be >= 0, got {r}")));
+    }
+    Ok(r)
+}
+
+/// The group size from `rank_list` (or `rank_size`), validated; `required` makes a missing
+/// group an error. Also checks `fusion` (>= 0) when present.
+fn group(cx: &Cx<'_>, required: bool) -> Result<Option<usize>, InferError> {
+    let fusion = cx.attr_int("fusion", 0)?;
+    if fusion < 0 {
+        return Err(cx.err(format!("attribute `fusion` must be >= 0, got {fusion}")));
+    }
+    if let Some(list) = cx.attr_ints("rank_list")? {
+        if list.is_empty() {
+            return Err(cx.err("attribute `rank_list` is empty"));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for &r in &list {
+            if r < 0 || !seen.insert(r) {
+                return Err(cx.err(format!(
+                    "attribute `rank_list` {} must hold distinct ranks >= 0",
+                    ints_text(&list)
+                )));
+            }
+        }
+        return Ok(Some(list.len()));
+    }
+    match cx.node.attrs.get("rank_size") {
+        Some(Attr::Int(n)) if *n >= 1 => Ok(Some(*n as usize)),
+        Some(other) => Err(cx.err(format!(
+            "attribute `rank_size` must be an integer >= 1, got {}",
+            attr_text(other)
+        ))),
+        None if required => Err(cx.err("attribute `rank_list` is missing")),
+        None => Ok(None),
+    }
+}
+
+fn all_to_all(cx: &Cx<'_>) -> Result<Type, InferError> {
+    let x = cx.tensor(0)?;
+    let rank = x.rank();
+    let axis = |key: &str| -> Result<usize, InferError> {
+        let a = cx.attr_int_req(key)?;
+        normalize_axis(a, rank).ok_or_else(|| {
+            cx.err(format!(
+                "attribute `{key}` {a} is out of range for {} of shape {}",
+                cx.name(0),
+                sh(&x.shape)
+            ))
+        })
+    };
+    let split_dim = axis("split_dim")?;
+    let concat_dim = axis("concat_dim")?;
+    let group = group(cx, false)?;
+    let count = match (cx.node.attrs.get("split_count"), group) {
+        (None, Some(n)) => n,
+        (None, None) => return Err(cx.err("attribute `split_count` is missing")),
+        (Some(_), g) => {
+            let c = cx.attr_int_req("split_count")?;
+            let c = usize::try_from(c)
+                .ok()
+                .filter(|&c| c >= 1)
+                .ok_or_else(|| cx.err(format!("attribute `split_count` must be >= 1, got {c}")))?;
+            if let Some(n) = g.filter(|&n| n != c) {
+                return Err(cx.err(format!(
+                    "attribute `split_count` {c} differs from the group size {n} of `rank_list`"
+                )));
+            }
+            c
+        }
+    };
+    if x.shape[split_dim] % count != 0 {
+        return Err(cx.err(format!(
+            "split_count {count} does not divide dim {split_dim} of {} of shape {}",
+            cx.name(0),
+            sh(&x.shape)
+        )));
+    }
+    let mut shape = x.shape.clone();
+    shape[split_dim] /= count;
+    shape[concat_dim] *= count;
+    Ok(Type::Tensor(TensorType::new(x.dtype, shape)))
+}
+
+fn receive(cx: &Cx<'_>) -> Result<Type, InferError> {
+    rank_attr(cx, "src_rank", None)?;
+    cx.attr_int("sr_tag", 0)?;
+    let shape = cx
+        .attr_ints("shape")?
+        .ok_or_else(|| cx.err("attribute `shape` is missing"))?;
+    let dims = super::to_sizes(&shape).ok_or_else(|| {
+        cx.err(format!(
+            "attribute `shape` {} must hold sizes >= 0",
+            ints_text(&shape)
+        ))
+    })?;
+    let dtype = match cx.node.attrs.get("dtype") {
+        None => return Err(cx.err("attribute `dtype` is missing")),
+        Some(Attr::Str(s)) => parse_dtype(s)
+            .ok_or_else(|| cx.err(format!("attribute `dtype` {s} is not an element type")))?,
+        Some(other) => {
+            return Err(cx.err(format!(
+                "attribute `dtype` must be an element type name, got {}",
+                attr_text(other)
+            )))
+        }
+    };
+    Ok(Type::Tensor(TensorType::new(dtype, dims)))
+}
