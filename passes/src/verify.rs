@@ -119,9 +119,8 @@ pub fn verify(graph: &Graph) -> Result<(), VerifyError> {
                     if let Type::Tuple(ts) = &src.ty {
                         if node.op != OpKind::TupleGetItem {
                             return Err(fail(format!(
-                                "{} reads %{} ({}), whose result is a {}-element tuple; only TupleGetItem may read a tuple",
+                                "{} reads {}, whose result is a {}-element tuple; only TupleGetItem may read a tuple",
                                 name(j),
-                                k + 1,
                                 node_location(k, src),
                                 ts.len()
                             )));
@@ -272,4 +271,324 @@ fn check_in_strategy(graph: &Graph, node: &Node, s: &Strategy) -> Result<(), Str
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::infer::infer_node;
+    use shardc_ir::{Attr, Const, DType, Init, Param, ParamKind, TensorType};
+
+    fn param(g: &mut Graph, name: &str, shape: &[usize], weight: bool) -> Operand {
+        let kind = if weight {
+            ParamKind::Weight {
+                init: Init::Zeros,
+                requires_grad: true,
+            }
+        } else {
+            ParamKind::Input
+        };
+        g.add_param(Param {
+            name: name.into(),
+            ty: TensorType::new(DType::Float32, shape.to_vec()),
+            kind,
+        })
+        .into()
+    }
+
+    fn push(g: &mut Graph, op: OpKind, instance: &str, inputs: Vec<Operand>) -> Operand {
+        push_with(g, op, instance, inputs, &[])
+    }
+
+    fn push_with(
+        g: &mut Graph,
+        op: OpKind,
+        instance: &str,
+        inputs: Vec<Operand>,
+        attrs: &[(&str, Attr)],
+    ) -> Operand {
+        let mut n = Node::new(op, inputs);
+        n.instance = instance.into();
+        for (k, v) in attrs {
+            n.attrs.set(*k, v.clone());
+        }
+        n.ty = match infer_node(g, &n) {
+            Ok(t) => t,
+            Err(e) => panic!("{e}"),
+        };
+        g.push_node(n).into()
+    }
+
+    /// The tutorial's net: x (16, 32) @ w (32, 16), ReLU, @ w2 (16, 16), mean.
+    fn quickstart() -> Graph {
+        let mut g = Graph::new("Net");
+        let x = param(&mut g, "x", &[16, 32], false);
+        let w = param(&mut g, "w", &[32, 16], true);
+        let w2 = param(&mut g, "w2", &[16, 16], true);
+        let m = push(&mut g, OpKind::MatMul, "matmul", vec![x, w]);
+        let r = push(&mut g, OpKind::ReLU, "relu", vec![m]);
+        let m2 = push(&mut g, OpKind::MatMul, "matmul2", vec![r, w2]);
+        let loss = push(
+            &mut g,
+            OpKind::ReduceMean,
+            "reduce_mean",
+            vec![m2, Operand::Const(Const::Ints(vec![0, 1]))],
+        );
+        g.outputs.push(loss);
+        g.nodes[0].in_strategy = Some(Strategy(vec![vec![2, 4], vec![4, 1]]));
+        g.nodes[3].in_strategy = Some(Strategy(vec![vec![2, 1]]));
+        g
+    }
+
+    fn err(g: &Graph) -> VerifyError {
+        match verify(g) {
+            Ok(()) => panic!("expected a verify error"),
+            Err(e) => e,
+        }
+    }
+
+    #[test]
+    fn accepts_a_well_formed_graph() {
+        verify(&quickstart()).unwrap();
+    }
+
+    #[test]
+    fn accepts_an_optimizer_step_with_assigns() {
+        let mut g = quickstart();
+        let w = Operand::Param(ParamId(1));
+        let acc = param(&mut g, "moments.w", &[32, 16], true);
+        let grad = param(&mut g, "grad_w", &[32, 16], false);
+        let upd = push(
+            &mut g,
+            OpKind::ApplyMomentum,
+            "apply_momentum",
+            vec![
+                w.clone(),
+                acc.clone(),
+                Operand::Const(Const::Float(0.1)),
+                grad,
+                Operand::Const(Const::Float(0.9)),
+            ],
+        );
+        let idx = |i| Operand::Const(Const::Int(i));
+        let nw = push(
+            &mut g,
+            OpKind::TupleGetItem,
+            "get0",
+            vec![upd.clone(), idx(0)],
+        );
+        let na = push(&mut g, OpKind::TupleGetItem, "get1", vec![upd, idx(1)]);
+        push(&mut g, OpKind::Assign, "assign_w", vec![w, nw]);
+        push(&mut g, OpKind::Assign, "assign_acc", vec![acc, na]);
+        verify(&g).unwrap();
+    }
+
+    #[test]
+    fn forward_and_self_references() {
+        let mut g = quickstart();
+        g.nodes[1].inputs[0] = Operand::Node(NodeId(2));
+        let e = err(&g);
+        assert_eq!(
+            e.to_string(),
+            "verify: %2 ReLU 'relu': input 0 (x) refers to %3, a node that comes later (forward reference)"
+        );
+        assert_eq!(e.node, Some(NodeId(1)));
+        g.nodes[1].inputs[0] = Operand::Node(NodeId(1));
+        assert!(err(&g).reason.contains("uses the node's own result"));
+        g.nodes[1].inputs[0] = Operand::Node(NodeId(40));
+        assert!(err(&g)
+            .reason
+            .contains("refers to %41, a node that does not exist"));
+    }
+
+    #[test]
+    fn stored_type_mismatch() {
+        let mut g = quickstart();
+        g.nodes[2].ty = Type::Tensor(TensorType::new(DType::Float32, vec![16, 8]));
+        let e = err(&g);
+        assert_eq!(
+            e.to_string(),
+            "verify: %3 MatMul 'matmul2': the stored result type says <Tensor[Float32], (16, 8)> but the shape rules give <Tensor[Float32], (16, 16)> (operands: input 0 (a) = %2 <Tensor[Float32], (16, 16)>, input 1 (b) = %para3_w2 <Tensor[Float32], (16, 16)>)"
+        );
+        // A parameter whose shape changed under the graph: the shape rule itself fails.
+        let mut g = quickstart();
+        g.params[2].ty.shape = vec![8, 16];
+        let e = err(&g);
+        assert!(
+            e.to_string()
+                .starts_with("verify: %3 MatMul 'matmul2': contracted dimensions differ"),
+            "{e}"
+        );
+        assert!(e.reason.contains("input 1 (b) has shape (8, 16)"), "{e}");
+    }
+
+    #[test]
+    fn double_assign_and_read_after_assign() {
+        let mut g = quickstart();
+        let w2 = Operand::Param(ParamId(2));
+        let r = Operand::Node(NodeId(1));
+        push(
+            &mut g,
+            OpKind::Assign,
+            "assign1",
+            vec![w2.clone(), r.clone()],
+        );
+        verify(&g).unwrap();
+        // Reading after the assignment.
+        let mut g2 = g.clone();
+        push(&mut g2, OpKind::ReLU, "relu_late", vec![w2.clone()]);
+        let e = err(&g2);
+        assert_eq!(
+            e.to_string(),
+            "verify: %6 ReLU 'relu_late': input 0 (x) reads %para3_w2 after it was assigned (by %5 Assign 'assign1')"
+        );
+        // Assigning twice.
+        push(&mut g, OpKind::Assign, "assign2", vec![w2, r]);
+        let e = err(&g);
+        assert!(e.reason.contains("assigns %para3_w2 a second time"), "{e}");
+        assert!(e.reason.contains("(by %5 Assign 'assign1')"), "{e}");
+    }
+
+    #[test]
+    fn assign_to_a_data_input_is_rejected() {
+        let mut g = quickstart();
+        let mut n = Node::new(
+            OpKind::Assign,
+            vec![Operand::Param(ParamId(0)), Operand::Param(ParamId(0))],
+        );
+        n.ty = Type::Tensor(TensorType::new(DType::Float32, vec![16, 32]));
+        g.push_node(n);
+        let e = err(&g);
+        assert!(
+            e.reason
+                .contains("must be a weight parameter, got the data input %para1_x"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn bad_tuple_get_item() {
+        let mut g = Graph::new("t");
+        let x = param(&mut g, "x", &[4, 6], false);
+        let s = push_with(
+            &mut g,
+            OpKind::Split,
+            "split",
+            vec![x.clone()],
+            &[("output_num", Attr::Int(2)), ("axis", Attr::Int(1))],
+        );
+        let a = push(
+            &mut g,
+            OpKind::TupleGetItem,
+            "get",
+            vec![s.clone(), Operand::Const(Const::Int(1))],
+        );
+        g.outputs = vec![a.clone(), s.clone()];
+        verify(&g).unwrap();
+        // TupleGetItem of a tensor.
+        let mut g1 = g.clone();
+        let mut n = Node::new(
+            OpKind::TupleGetItem,
+            vec![a.clone(), Operand::Const(Const::Int(0))],
+        );
+        n.ty = Type::Tensor(TensorType::new(DType::Float32, vec![4, 3]));
+        g1.push_node(n);
+        let e = err(&g1);
+        assert_eq!(
+            e.to_string(),
+            "verify: %3 TupleGetItem: input 0 (t) must be a tuple, got the tensor <Tensor[Float32], (4, 3)>"
+        );
+        // A tuple read by something other than TupleGetItem.
+        let mut g2 = g.clone();
+        let mut n = Node::new(OpKind::ReLU, vec![s.clone()]);
+        n.instance = "relu".into();
+        n.ty = Type::Tensor(TensorType::new(DType::Float32, vec![4, 3]));
+        g2.push_node(n);
+        let e = err(&g2);
+        assert!(
+            e.reason.contains("input 0 (x) reads %1 Split 'split', whose result is a 2-element tuple; only TupleGetItem may read a tuple"),
+            "{e}"
+        );
+        // Index out of range.
+        let mut g3 = g.clone();
+        let mut n = Node::new(OpKind::TupleGetItem, vec![s, Operand::Const(Const::Int(2))]);
+        n.ty = Type::Tensor(TensorType::new(DType::Float32, vec![4, 3]));
+        g3.push_node(n);
+        assert!(err(&g3)
+            .reason
+            .contains("2 is out of range for a tuple of 2"));
+    }
+
+    #[test]
+    fn duplicate_instances_and_params() {
+        let mut g = quickstart();
+        g.nodes[2].instance = "matmul".into();
+        let e = err(&g);
+        assert_eq!(
+            e.to_string(),
+            "verify: %3 MatMul 'matmul': instance name 'matmul' is already used by %1 MatMul 'matmul'"
+        );
+        // Empty instance names may repeat.
+        let mut g = quickstart();
+        g.nodes[1].instance.clear();
+        g.nodes[2].instance.clear();
+        verify(&g).unwrap();
+        let mut g = quickstart();
+        g.params[2].name = "w".into();
+        let e = err(&g);
+        assert_eq!(
+            e.to_string(),
+            "verify: parameter %para3_w: the name `w` is also used by parameter %para2_w"
+        );
+    }
+
+    #[test]
+    fn strategies() {
+        let mut g = quickstart();
+        g.nodes[0].in_strategy = Some(Strategy(vec![vec![2, 4]]));
+        assert!(err(&g)
+            .reason
+            .contains("in_strategy ((2, 4)) has 1 entries but the node has 2 tensor operand(s)"));
+        g.nodes[0].in_strategy = Some(Strategy(vec![vec![2, 4], vec![4]]));
+        assert!(err(&g)
+            .reason
+            .contains("the entry for input 1 (b) has 1 split count(s) but %para2_w has rank 2"));
+        g.nodes[0].in_strategy = Some(Strategy(vec![vec![2, 0], vec![4, 1]]));
+        assert!(err(&g).reason.contains("has the split count 0"));
+        // Constants do not get an entry; non-dividing splits are not this pass's business.
+        g.nodes[0].in_strategy = Some(Strategy(vec![vec![3, 5], vec![5, 1]]));
+        g.nodes[3].in_strategy = Some(Strategy(vec![vec![1, 1], vec![1]]));
+        assert!(err(&g)
+            .reason
+            .contains("has 2 entries but the node has 1 tensor operand(s)"));
+        g.nodes[3].in_strategy = None;
+        verify(&g).unwrap();
+        g.nodes[1].out_strategy = Some(Strategy(vec![vec![0, 1]]));
+        assert!(err(&g)
+            .reason
+            .contains("out_strategy ((0, 1)) has the split count 0"));
+    }
+
+    #[test]
+    fn bad_outputs_and_arity() {
+        let mut g = quickstart();
+        g.outputs.push(Operand::Node(NodeId(9)));
+        assert_eq!(
+            err(&g).to_string(),
+            "verify: output 1: refers to %10, which does not exist"
+        );
+        g.outputs[1] = Operand::Const(Const::Float(1.0));
+        assert!(err(&g).reason.contains("is the constant <Float32>"));
+        let mut g = quickstart();
+        g.nodes[1].inputs.push(Operand::Param(ParamId(0)));
+        assert_eq!(
+            err(&g).to_string(),
+            "verify: %2 ReLU 'relu': expects 1 operand(s) (x), got 2"
+        );
+        let mut g = quickstart();
+        g.nodes[3].inputs[1] = Operand::Const(Const::Float(0.0));
+        assert!(err(&g)
+            .reason
+            .contains("input 1 (axes) must be a constant tuple of integers, got the constant 0.0"));
+    }
 }

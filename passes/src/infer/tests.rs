@@ -751,11 +751,11 @@ fn comm_rules() {
         f32(&[8, 6])
     );
     assert_eq!(
-        infer(&g, OpKind::AllGather, vec![x.clone()], &[group.clone()]).unwrap(),
+        infer(&g, OpKind::AllGather, vec![x.clone()], std::slice::from_ref(&group)).unwrap(),
         f32(&[32, 6])
     );
     assert_eq!(
-        infer(&g, OpKind::ReduceScatter, vec![x.clone()], &[group.clone()]).unwrap(),
+        infer(&g, OpKind::ReduceScatter, vec![x.clone()], std::slice::from_ref(&group)).unwrap(),
         f32(&[2, 6])
     );
     assert_eq!(
