@@ -206,17 +206,19 @@ fn dim(
     dil: usize,
     explicit: (usize, usize),
 ) -> Result<(usize, usize, usize), InferError> {
-    let eff = (k.max(1) - 1) * dil + 1;
+    let eff = (k.max(1) - 1).saturating_mul(dil).saturating_add(1);
     let (before, after) = match mode {
         PadMode::Valid => (0, 0),
         PadMode::Pad => explicit,
         PadMode::Same => {
             let out = input.div_ceil(stride);
-            let total = ((out.max(1) - 1) * stride + eff).saturating_sub(input);
+            let total = ((out.max(1) - 1) * stride)
+                .saturating_add(eff)
+                .saturating_sub(input);
             (total / 2, total - total / 2)
         }
     };
-    let padded = input + before + after;
+    let padded = input.saturating_add(before).saturating_add(after);
     if padded < eff || k == 0 {
         return Err(InferError::new(
             node,

@@ -7,6 +7,28 @@
 //! Every error names the op, its instance, the operand (by position and name, as in
 //! `input 1 (b)`), the shapes involved and the reason.
 //!
+//! Where the contracts leave a choice, these rules decide:
+//!
+//! - arithmetic, activations, contractions, reductions, norms, pools, losses, optimizer
+//!   updates and gradient kernels need a float element type; `Cast`, `Equal`, the movement
+//!   ops and the collectives take any (`AllReduce` / `ReduceScatter` any but Bool);
+//! - a `Float` / `Int` constant operand of a binary op is a rank-0 tensor of the other
+//!   operand's element type (two constants are an error: nothing gives the type);
+//! - `ReduceSum` / `ReduceMean` / `ReduceMax` may omit `axes` (all axes, MindSpore's default);
+//! - `MatMul` / `BatchMatMul` read `transpose_a` / `transpose_b` or MindSpore's older
+//!   `transpose_x1` / `transpose_x2` (both are printed in dumps; they must agree);
+//! - `OneHot`'s result is Float32, or the element type of `on_value` when that is a tensor;
+//! - scalar hyper-parameters (learning rates, momenta, betas, `on_value`) are number
+//!   constants or one-element tensors of the result's element type;
+//! - `StridedSlice` has Python semantics (negative bounds count from the end, bounds clamp,
+//!   strides positive, missing trailing dims are whole);
+//! - `BroadcastTo` accepts `-1` for "keep this input dim";
+//! - collectives take their group from `rank_list` (or an integer `rank_size`); `AllGather`
+//!   and `ReduceScatter` need one, `AlltoAll` takes `split_count` or the group size;
+//! - `Send` returns its input's type (so later nodes can depend on it); `Receive` takes no
+//!   operand and returns `<Tensor[dtype], shape>` from its `shape` and `dtype` attributes;
+//! - `Assign` returns the parameter's type.
+//!
 //! Small helpers shared with autodiff and the kernels live here too: [`normalize_axis`],
 //! [`broadcast_shapes`], [`reduce_axes`], [`softmax_axis`], the [`signature`] of every op and
 //! the convolution / pooling [`geometry`].

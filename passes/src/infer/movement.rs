@@ -251,7 +251,7 @@ pub(crate) fn slice_shape(
         };
         let (b, e) = (clamp(begin[d]), clamp(end[d]));
         out[d] = if e > b {
-            ((e - b + st - 1) / st) as usize
+            ((e - b - 1) / st + 1) as usize
         } else {
             0
         };

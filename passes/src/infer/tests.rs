@@ -751,11 +751,23 @@ fn comm_rules() {
         f32(&[8, 6])
     );
     assert_eq!(
-        infer(&g, OpKind::AllGather, vec![x.clone()], std::slice::from_ref(&group)).unwrap(),
+        infer(
+            &g,
+            OpKind::AllGather,
+            vec![x.clone()],
+            std::slice::from_ref(&group)
+        )
+        .unwrap(),
         f32(&[32, 6])
     );
     assert_eq!(
-        infer(&g, OpKind::ReduceScatter, vec![x.clone()], std::slice::from_ref(&group)).unwrap(),
+        infer(
+            &g,
+            OpKind::ReduceScatter,
+            vec![x.clone()],
+            std::slice::from_ref(&group)
+        )
+        .unwrap(),
         f32(&[2, 6])
     );
     assert_eq!(
@@ -973,6 +985,115 @@ fn error_table() {
                     .to_string()
                     .starts_with(&format!("{op} '{}': ", e.instance)));
             }
+        }
+    }
+}
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn conv_node(stride: usize, dil: usize, mode: &str, pads: [i64; 4]) -> Node {
+        let mut attrs = vec![
+            ("stride", Attr::Int(stride as i64)),
+            ("dilation", Attr::Int(dil as i64)),
+            ("pad_mode", word(mode)),
+        ];
+        if mode == "pad" {
+            attrs.push(("pad", Attr::ints(&pads)));
+        }
+        node(OpKind::Conv2D, vec![], &attrs)
+    }
+
+    proptest! {
+        /// Every output position's window fits the padded input, and one more would not.
+        #[test]
+        fn conv_geometry_is_tight(
+            h in 1usize..40, w in 1usize..40, kh in 1usize..6, kw in 1usize..6,
+            stride in 1usize..4, dil in 1usize..3, mode in 0usize..3,
+            pads in proptest::array::uniform4(0i64..3),
+        ) {
+            let mode = ["valid", "same", "pad"][mode];
+            let n = conv_node(stride, dil, mode, pads);
+            if let Ok(g) = conv2d_geometry(&n, &[1, 2, h, w], &[3, 2, kh, kw]) {
+                for (inp, k, before, after, out) in [
+                    (h, kh, g.pad_top, g.pad_bottom, g.out_h),
+                    (w, kw, g.pad_left, g.pad_right, g.out_w),
+                ] {
+                    let eff = (k - 1) * dil + 1;
+                    let padded = inp + before + after;
+                    prop_assert!(out >= 1);
+                    prop_assert!((out - 1) * stride + eff <= padded);
+                    prop_assert!(out * stride + eff > padded);
+                    if mode == "same" {
+                        prop_assert_eq!(out, inp.div_ceil(stride));
+                        prop_assert!(before <= after && after <= before + 1);
+                    }
+                }
+            } else {
+                // Only a window larger than the padded input is an error here.
+                prop_assert!(mode != "same");
+            }
+        }
+
+        #[test]
+        fn broadcast_is_commutative(
+            a in proptest::collection::vec(1usize..4, 0..4),
+            b in proptest::collection::vec(1usize..4, 0..4),
+        ) {
+            let ab = broadcast_shapes(&a, &b);
+            prop_assert_eq!(&ab, &broadcast_shapes(&b, &a));
+            if let Some(s) = ab {
+                prop_assert_eq!(s.len(), a.len().max(b.len()));
+                // Broadcasting each operand to the result changes nothing more.
+                prop_assert_eq!(broadcast_shapes(&a, &s), Some(s.clone()));
+                prop_assert_eq!(broadcast_shapes(&b, &s), Some(s.clone()));
+            }
+        }
+
+        /// Shape inference never panics, whatever the operands and attributes.
+        #[test]
+        fn never_panics(
+            op in 0usize..OpKind::ALL.len(),
+            picks in proptest::collection::vec(0usize..14, 0..11),
+            attr_picks in proptest::collection::vec((0usize..22, 0usize..8), 0..6),
+            exact_arity in proptest::bool::ANY,
+        ) {
+            let mut g = Graph::new("t");
+            let pool = [
+                input(&mut g, "a", DType::Float32, &[4, 6]),
+                input(&mut g, "b", DType::Float32, &[2, 3, 8, 8]),
+                input(&mut g, "c", DType::Int32, &[4]),
+                input(&mut g, "d", DType::Float16, &[]),
+                input(&mut g, "e", DType::Float32, &[0, 3]),
+                weight(&mut g, "w", &[6, 3, 3, 3]),
+            ];
+            let s = push(&mut g, OpKind::Dropout, vec![pool[0].clone()], &[]);
+            let consts = [
+                int(-1), int(7), float(0.5), ints(&[]), ints(&[0, -1]), ints(&[-1, 3, i64::MAX]),
+                Operand::Const(Const::Bool(true)),
+            ];
+            let mut operands: Vec<Operand> = pool.to_vec();
+            operands.push(s);
+            operands.extend(consts);
+            operands.push(Operand::Node(NodeId(99)));
+            let keys = [
+                "axis", "keep_dims", "transpose_a", "kernel_size", "strides", "stride", "pad_mode",
+                "pad", "rank_list", "output_num", "split_dim", "dst_type", "group", "dilation",
+                "split_count", "concat_dim", "shape", "dtype", "begin_norm_axis",
+                "begin_params_axis", "src_rank", "keep_prob",
+            ];
+            let values = [
+                Attr::Int(-1), Attr::Int(i64::MAX), Attr::Int(0), Attr::Bool(true), word("same"),
+                Attr::ints(&[1, 1, 2, 2]), Attr::ints(&[0, 0]), Attr::Float(f64::NAN),
+            ];
+            let arity = if exact_arity { signature(OpKind::ALL[op]).operands.len() } else { picks.len() };
+            let inputs = (0..arity)
+                .map(|j| operands[picks.get(j).copied().unwrap_or(j) % operands.len()].clone())
+                .collect();
+            let attrs: Vec<(&str, Attr)> =
+                attr_picks.iter().map(|&(k, v)| (keys[k], values[v].clone())).collect();
+            let _ = infer(&g, OpKind::ALL[op], inputs, &attrs);
         }
     }
 }
