@@ -194,19 +194,22 @@ pub fn pad_mode(node: &Node, allow_pad: bool) -> Result<PadMode, InferError> {
     }
 }
 
-/// One spatial dimension: `(pad_before, pad_after, out)`.
-#[allow(clippy::too_many_arguments)]
-fn dim(
-    node: &Node,
-    what: &str,
+/// One spatial dimension of a convolution or pool: `(pad_before, pad_after, out)` for an
+/// input of size `input`, a window of `kernel` with `stride` and `dilation` (both >= 1), in
+/// `mode` (`explicit` is the `pad` mode's `(before, after)`). `None` when the (dilated)
+/// window is larger than the padded input, or `kernel` or `stride` is 0.
+pub fn output_size(
     mode: PadMode,
     input: usize,
-    k: usize,
+    kernel: usize,
     stride: usize,
-    dil: usize,
+    dilation: usize,
     explicit: (usize, usize),
-) -> Result<(usize, usize, usize), InferError> {
-    let eff = (k.max(1) - 1).saturating_mul(dil).saturating_add(1);
+) -> Option<(usize, usize, usize)> {
+    if kernel == 0 || stride == 0 {
+        return None;
+    }
+    let eff = (kernel - 1).saturating_mul(dilation).saturating_add(1);
     let (before, after) = match mode {
         PadMode::Valid => (0, 0),
         PadMode::Pad => explicit,
@@ -219,15 +222,42 @@ fn dim(
         }
     };
     let padded = input.saturating_add(before).saturating_add(after);
-    if padded < eff || k == 0 {
-        return Err(InferError::new(
+    (padded >= eff).then(|| (before, after, (padded - eff) / stride + 1))
+}
+
+/// [`output_size`] with an error naming the node.
+#[allow(clippy::too_many_arguments)]
+fn dim(
+    node: &Node,
+    what: &str,
+    mode: PadMode,
+    input: usize,
+    k: usize,
+    stride: usize,
+    dil: usize,
+    explicit: (usize, usize),
+) -> Result<(usize, usize, usize), InferError> {
+    output_size(mode, input, k, stride, dil, explicit).ok_or_else(|| {
+        let eff = (k.max(1) - 1).saturating_mul(dil).saturating_add(1);
+        let padded = input.saturating_add(explicit.0).saturating_add(explicit.1);
+        let padded = if mode == PadMode::Pad { padded } else { input };
+        InferError::new(
             node,
             format!(
                 "the {what} window ({eff} with dilation) is larger than the padded input ({padded})"
             ),
-        ));
-    }
-    Ok((before, after, (padded - eff) / stride + 1))
+        )
+    })
+}
+
+/// The output `(height, width)` of a Conv2D-like node with input shape `x` and weight shape
+/// `w`: [`conv2d_geometry`]'s `(out_h, out_w)`.
+pub fn conv2d_output_hw(
+    node: &Node,
+    x: &[usize],
+    w: &[usize],
+) -> Result<(usize, usize), InferError> {
+    conv2d_geometry(node, x, w).map(|g| (g.out_h, g.out_w))
 }
 
 fn rank4(node: &Node, what: &str, shape: &[usize]) -> Result<[usize; 4], InferError> {
@@ -296,6 +326,9 @@ pub fn conv2d_geometry(
     let [n, c_in, h, wd] = rank4(node, "the input", x)?;
     let [c_out, c_per_group, kh, kw] = rank4(node, "the weight", w)?;
     let err = |m: String| InferError::new(node, m);
+    if kh == 0 || kw == 0 {
+        return Err(err(format!("the weight {} has an empty kernel", sh(w))));
+    }
     let group = match node.attrs.get("group") {
         None => 1,
         Some(a) => a.as_int().ok_or_else(|| {

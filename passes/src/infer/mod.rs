@@ -51,7 +51,9 @@ mod reduction;
 #[cfg(test)]
 mod tests;
 
-pub use geometry::{conv2d_geometry, pool2d_geometry, Conv2dGeometry, Pool2dGeometry};
+pub use geometry::{
+    conv2d_geometry, conv2d_output_hw, pool2d_geometry, Conv2dGeometry, Pool2dGeometry,
+};
 
 /// Why the result type of a node cannot be inferred: a user mistake in its operands or
 /// attributes. Names the op, its instance name and the reason.
