@@ -519,6 +519,9 @@ impl<'a> Cx<'a> {
             } else {
                 format!("{} to {}", sig.required, sig.operands.len())
             };
+            if names.is_empty() {
+                return Err(self.err(format!("expects no operands, got {n}")));
+            }
             return Err(self.err(format!(
                 "expects {expected} operand(s) ({}), got {n}",
                 names.join(", ")

@@ -960,7 +960,7 @@ fn error_table() {
         (OpKind::AllToAll, vec![x.clone()], vec![("split_dim", Attr::Int(1)), ("concat_dim", Attr::Int(0)), ("split_count", Attr::Int(4))], "split_count 4 does not divide dim 1 of input 0 (x) of shape (4, 6)"),
         (OpKind::Send, vec![x.clone()], vec![], "attribute `dest_rank` is missing"),
         (OpKind::Receive, vec![], vec![("src_rank", Attr::Int(0)), ("shape", Attr::ints(&[2]))], "attribute `dtype` is missing"),
-        (OpKind::Receive, vec![x.clone()], vec![], "expects 0 operand(s) (), got 1"),
+        (OpKind::Receive, vec![x.clone()], vec![], "expects no operands, got 1"),
         (OpKind::TupleGetItem, vec![x.clone(), int(0)], vec![], "input 0 (t) must be the result of a node, got the parameter %para1_x"),
         (OpKind::TupleGetItem, vec![split.clone(), float(0.0)], vec![], "input 1 (index) must be a constant integer, got the constant 0.0"),
         (OpKind::Assign, vec![w.clone(), x.clone()], vec![], "input 1 (value) is <Tensor[Float32], (4, 6)> but the parameter %para5_w is <Tensor[Float32], (6, 5)>; they must be equal"),
