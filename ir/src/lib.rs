@@ -9,6 +9,7 @@
 //! transformation live in `shardc-passes`.
 
 pub mod attr;
+pub mod geometry;
 pub mod graph;
 pub mod op;
 pub mod types;

@@ -1,6 +1,6 @@
 //! Conv2D and its two gradients: im2col / col2im + gemm, NCHW, parallel over the batch.
 
-use crate::geometry::{conv2d_geometry, Conv2dGeometry};
+use shardc_ir::geometry::{conv2d_geometry, Conv2dGeometry};
 use crate::matmul::{gemm_checked, gemm_par, Dst, Src};
 use crate::real::Real;
 use crate::util::{for_chunks, Ctx, KResult};
@@ -21,7 +21,21 @@ fn valid_range(off: isize, s: usize, w: usize, n: usize) -> (usize, usize) {
     (lo, hi)
 }
 
-impl Conv2dGeometry {
+/// Derived sizes of a convolution used by the im2col kernels.
+trait ConvDims {
+    /// Channels per group.
+    fn cg(&self) -> usize;
+    /// Output channels per group.
+    fn og(&self) -> usize;
+    /// Rows of the im2col matrix of one group: `cg * kh * kw`.
+    fn kdim(&self) -> usize;
+    /// Output pixels per image.
+    fn p(&self) -> usize;
+    /// Whether im2col is the identity (1x1 kernel, stride 1, no padding).
+    fn pointwise(&self) -> bool;
+}
+
+impl ConvDims for Conv2dGeometry {
     /// Channels per group.
     fn cg(&self) -> usize {
         self.c_in / self.group
@@ -113,7 +127,7 @@ fn col2im<T: Real>(g: &Conv2dGeometry, col: &[T], c0: usize, dx: &mut [T]) {
 }
 
 fn geometry(ctx: &Ctx<'_>, x: &[usize], w: &[usize]) -> KResult<Conv2dGeometry> {
-    conv2d_geometry(ctx.node, x, w).map_err(|e| ctx.err(e.to_string()))
+    conv2d_geometry(ctx.node, x, w).map_err(|e| ctx.err(e.reason))
 }
 
 fn shape_operand(ctx: &Ctx<'_>, inputs: &[Arg<'_>], i: usize, what: &str) -> KResult<Vec<usize>> {

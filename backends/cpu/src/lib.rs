@@ -14,7 +14,6 @@
 
 mod conv;
 mod elementwise;
-pub mod geometry;
 mod loss;
 mod matmul;
 mod movement;

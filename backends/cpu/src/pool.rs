@@ -1,6 +1,6 @@
 //! MaxPool / AvgPool and their gradients (NCHW, valid / same padding), parallel over planes.
 
-use crate::geometry::{pool2d_geometry, Pool2dGeometry};
+use shardc_ir::geometry::{pool2d_geometry, Pool2dGeometry};
 use crate::real::Real;
 use crate::util::{for_chunks, Ctx, KResult};
 use shardc_runtime::{Arg, Tensor};
@@ -31,7 +31,7 @@ fn is_max(ctx: &Ctx<'_>) -> bool {
 }
 
 fn geometry(ctx: &Ctx<'_>, x: &[usize]) -> KResult<Pool2dGeometry> {
-    pool2d_geometry(ctx.node, x).map_err(|e| ctx.err(e.to_string()))
+    pool2d_geometry(ctx.node, x).map_err(|e| ctx.err(e.reason))
 }
 
 /// `MaxPool(x)` / `AvgPool(x)` (padding excluded from the average).

@@ -40,7 +40,17 @@ use shardc_ir::{
 mod comm;
 mod contraction;
 mod elementwise;
-pub mod geometry;
+pub use shardc_ir::geometry;
+
+impl From<geometry::GeometryError> for InferError {
+    fn from(e: geometry::GeometryError) -> Self {
+        InferError {
+            op: e.op,
+            instance: e.instance,
+            reason: e.reason,
+        }
+    }
+}
 mod gradient;
 mod loss;
 mod movement;

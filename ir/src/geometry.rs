@@ -13,8 +13,51 @@
 //! `stride` and `dilation` (and the pools' `kernel_size` and `strides`) are an Int, a 2-tuple
 //! `(h, w)` or a 4-tuple `(1, 1, h, w)`.
 
-use super::{attr_text, sh, InferError};
-use shardc_ir::{Attr, Node};
+use crate::{Attr, Node, OpKind, ShapeDisplay};
+
+/// A convolution or pooling node whose attributes or shapes give no valid geometry.
+#[derive(Debug, thiserror::Error, Clone, PartialEq)]
+#[error("{op} '{instance}': {reason}")]
+pub struct GeometryError {
+    /// The op.
+    pub op: OpKind,
+    /// The node's instance name (may be empty).
+    pub instance: String,
+    /// What is wrong.
+    pub reason: String,
+}
+
+impl GeometryError {
+    /// An error about `node`.
+    pub fn new(node: &Node, reason: impl Into<String>) -> Self {
+        GeometryError {
+            op: node.op,
+            instance: node.instance.clone(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// An attribute value as the text form prints it (for messages).
+fn attr_text(a: &Attr) -> String {
+    fn join(xs: &[Attr]) -> String {
+        xs.iter().map(attr_text).collect::<Vec<_>>().join(", ")
+    }
+    match a {
+        Attr::None => "None".into(),
+        Attr::Bool(b) => b.to_string(),
+        Attr::Int(i) => i.to_string(),
+        Attr::Float(f) => format!("{f:?}"),
+        Attr::Str(s) => s.clone(),
+        Attr::Tuple(xs) => format!("({})", join(xs)),
+        Attr::List(xs) => format!("[{}]", join(xs)),
+    }
+}
+
+/// A shape as MindSpore prints it: `(8, 16)`.
+fn sh(s: &[usize]) -> ShapeDisplay<'_> {
+    ShapeDisplay(s)
+}
 
 /// The geometry of one Conv2D (NCHW), also used by its two gradients.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -131,14 +174,14 @@ pub enum PadMode {
 }
 
 /// Reads an Int / 2-tuple / 4-tuple `(1, 1, h, w)` attribute as `(h, w)`, both >= 1.
-fn pair(node: &Node, key: &str, default: Option<usize>) -> Result<(usize, usize), InferError> {
+fn pair(node: &Node, key: &str, default: Option<usize>) -> Result<(usize, usize), GeometryError> {
     let Some(attr) = node.attrs.get(key) else {
         return default
             .map(|d| (d, d))
-            .ok_or_else(|| InferError::new(node, format!("attribute `{key}` is missing")));
+            .ok_or_else(|| GeometryError::new(node, format!("attribute `{key}` is missing")));
     };
     let bad = || {
-        InferError::new(
+        GeometryError::new(
             node,
             format!(
                 "attribute `{key}` must be an integer, (h, w) or (1, 1, h, w), got {}",
@@ -154,7 +197,7 @@ fn pair(node: &Node, key: &str, default: Option<usize>) -> Result<(usize, usize)
         _ => return Err(bad()),
     };
     if h < 1 || w < 1 {
-        return Err(InferError::new(
+        return Err(GeometryError::new(
             node,
             format!(
                 "attribute `{key}` must be positive, got {}",
@@ -166,12 +209,12 @@ fn pair(node: &Node, key: &str, default: Option<usize>) -> Result<(usize, usize)
 }
 
 /// The `pad_mode` attribute of a node (default `valid`); `pad` is allowed for convolutions only.
-pub fn pad_mode(node: &Node, allow_pad: bool) -> Result<PadMode, InferError> {
+pub fn pad_mode(node: &Node, allow_pad: bool) -> Result<PadMode, GeometryError> {
     let s = match node.attrs.get("pad_mode") {
         None => "valid".to_string(),
         Some(Attr::Str(s)) => s.to_ascii_lowercase(),
         Some(other) => {
-            return Err(InferError::new(
+            return Err(GeometryError::new(
                 node,
                 format!(
                     "attribute `pad_mode` must be a word, got {}",
@@ -184,7 +227,7 @@ pub fn pad_mode(node: &Node, allow_pad: bool) -> Result<PadMode, InferError> {
         "valid" => Ok(PadMode::Valid),
         "same" => Ok(PadMode::Same),
         "pad" if allow_pad => Ok(PadMode::Pad),
-        _ => Err(InferError::new(
+        _ => Err(GeometryError::new(
             node,
             format!(
                 "pad_mode `{s}` is not supported (expected valid, same{})",
@@ -236,12 +279,12 @@ fn dim(
     stride: usize,
     dil: usize,
     explicit: (usize, usize),
-) -> Result<(usize, usize, usize), InferError> {
+) -> Result<(usize, usize, usize), GeometryError> {
     output_size(mode, input, k, stride, dil, explicit).ok_or_else(|| {
         let eff = (k.max(1) - 1).saturating_mul(dil).saturating_add(1);
         let padded = input.saturating_add(explicit.0).saturating_add(explicit.1);
         let padded = if mode == PadMode::Pad { padded } else { input };
-        InferError::new(
+        GeometryError::new(
             node,
             format!(
                 "the {what} window ({eff} with dilation) is larger than the padded input ({padded})"
@@ -256,24 +299,24 @@ pub fn conv2d_output_hw(
     node: &Node,
     x: &[usize],
     w: &[usize],
-) -> Result<(usize, usize), InferError> {
+) -> Result<(usize, usize), GeometryError> {
     conv2d_geometry(node, x, w).map(|g| (g.out_h, g.out_w))
 }
 
-fn rank4(node: &Node, what: &str, shape: &[usize]) -> Result<[usize; 4], InferError> {
+fn rank4(node: &Node, what: &str, shape: &[usize]) -> Result<[usize; 4], GeometryError> {
     <[usize; 4]>::try_from(shape).map_err(|_| {
-        InferError::new(
+        GeometryError::new(
             node,
             format!("{what} must have rank 4 (NCHW), got shape {}", sh(shape)),
         )
     })
 }
 
-fn check_format(node: &Node) -> Result<(), InferError> {
+fn check_format(node: &Node) -> Result<(), GeometryError> {
     match node.attrs.get("data_format") {
         None => Ok(()),
         Some(Attr::Str(f)) if f == "NCHW" => Ok(()),
-        Some(other) => Err(InferError::new(
+        Some(other) => Err(GeometryError::new(
             node,
             format!(
                 "data_format `{}` is not supported (only NCHW)",
@@ -284,12 +327,12 @@ fn check_format(node: &Node) -> Result<(), InferError> {
 }
 
 /// The explicit `pad` attribute as `[top, bottom, left, right]` (an Int pads all four sides).
-fn explicit_pad(node: &Node) -> Result<[usize; 4], InferError> {
+fn explicit_pad(node: &Node) -> Result<[usize; 4], GeometryError> {
     let Some(a) = node.attrs.get("pad") else {
         return Ok([0; 4]);
     };
     let bad = || {
-        InferError::new(
+        GeometryError::new(
             node,
             format!(
                 "attribute `pad` must be an integer >= 0 or (top, bottom, left, right), got {}",
@@ -321,11 +364,11 @@ pub fn conv2d_geometry(
     node: &Node,
     x: &[usize],
     w: &[usize],
-) -> Result<Conv2dGeometry, InferError> {
+) -> Result<Conv2dGeometry, GeometryError> {
     check_format(node)?;
     let [n, c_in, h, wd] = rank4(node, "the input", x)?;
     let [c_out, c_per_group, kh, kw] = rank4(node, "the weight", w)?;
-    let err = |m: String| InferError::new(node, m);
+    let err = |m: String| GeometryError::new(node, m);
     if kh == 0 || kw == 0 {
         return Err(err(format!("the weight {} has an empty kernel", sh(w))));
     }
@@ -435,7 +478,7 @@ pub fn conv2d_geometry(
 /// The geometry of a MaxPool / AvgPool node (and their gradients) with input shape `x`
 /// `(N, C, H, W)`. `kernel_size` is required; `strides` defaults to 1; `pad_mode` is `valid`
 /// (default) or `same`.
-pub fn pool2d_geometry(node: &Node, x: &[usize]) -> Result<Pool2dGeometry, InferError> {
+pub fn pool2d_geometry(node: &Node, x: &[usize]) -> Result<Pool2dGeometry, GeometryError> {
     check_format(node)?;
     let [n, c, h, w] = rank4(node, "the input", x)?;
     let (kh, kw) = pair(node, "kernel_size", None)?;
@@ -464,8 +507,7 @@ pub fn pool2d_geometry(node: &Node, x: &[usize]) -> Result<Pool2dGeometry, Infer
 #[cfg(test)]
 mod tests {
     use super::*;
-    use shardc_ir::OpKind;
-
+    
     fn node(op: OpKind, attrs: &[(&str, Attr)]) -> Node {
         let mut n = Node::new(op, vec![]);
         for (k, v) in attrs {
