@@ -3,5 +3,6 @@
 //! A pass is a function from graph to graph in its own module. This crate knows no runtime, no
 //! backend and no file system.
 
+pub mod autodiff;
 pub mod infer;
 pub mod verify;
