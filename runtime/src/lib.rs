@@ -5,7 +5,14 @@
 
 pub mod backend;
 pub mod data;
+pub mod error;
+pub mod executor;
+pub mod init;
+pub mod memory;
 pub mod tensor;
 
 pub use backend::{Arg, Backend, KernelContext, KernelError};
+pub use error::RuntimeError;
+pub use executor::{ExecStats, Executor};
+pub use memory::MemoryPlan;
 pub use tensor::{Data, Tensor};
