@@ -117,7 +117,12 @@ fn assign_counter_across_steps() {
         assert_eq!(exec.param("w").unwrap().to_f64_vec(), vec![10.0; 3]);
         let ones = Tensor::from_f32(vec![3], vec![1.0; 3]).unwrap();
         for step in 0..4 {
+            let before = exec.param("w").unwrap().as_f32().unwrap().as_ptr();
             let out = exec.step(&[("x", ones.clone())]).unwrap();
+            let after = exec.param("w").unwrap().as_f32().unwrap().as_ptr();
+            // Moved (the storage changes) when the new value has no later use, copied (the
+            // storage stays) when it is also returned.
+            assert_eq!(before == after, return_value, "step {step}");
             let w_before = 10.0 + step as f64;
             // The loss reads w before the Assign.
             assert_eq!(out[0].scalar_value(), Some(3.0 * w_before));
@@ -233,6 +238,7 @@ fn long_chain_reuses_buffers() {
     let want = x.to_f64_vec().iter().filter(|&&v| v == 1.0).count() as f64;
     assert_eq!(out[0].scalar_value(), Some(want));
     let summary = plan.summary();
+    eprintln!("{summary}\n{}", exec.stats());
     assert!(
         summary.contains("live peak") && summary.contains("@Chain"),
         "{summary}"
