@@ -43,7 +43,11 @@ fn be_u32(bytes: &[u8], at: usize, path: &Path) -> Result<u32, DataError> {
         .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
         .ok_or_else(|| DataError::Format {
             path: path.display().to_string(),
-            reason: format!("truncated header: {} bytes, need at least {}", bytes.len(), at + 4),
+            reason: format!(
+                "truncated header: {} bytes, need at least {}",
+                bytes.len(),
+                at + 4
+            ),
         })
 }
 
@@ -78,14 +82,23 @@ impl MnistData {
             .checked_mul(rows)
             .and_then(|x| x.checked_mul(cols))
             .and_then(|x| x.checked_add(16))
-            .ok_or_else(|| format_err(images, format!("header sizes overflow: {n} x {rows} x {cols}")))?;
+            .ok_or_else(|| {
+                format_err(
+                    images,
+                    format!("header sizes overflow: {n} x {rows} x {cols}"),
+                )
+            })?;
         if ib.len() != need {
             return Err(format_err(
                 images,
                 format!(
                     "{} bytes, but the header ({n} images of {rows}x{cols}) needs {need}{}",
                     ib.len(),
-                    if ib.len() < need { ": file is truncated" } else { "" }
+                    if ib.len() < need {
+                        ": file is truncated"
+                    } else {
+                        ""
+                    }
                 ),
             ));
         }
@@ -107,7 +120,11 @@ impl MnistData {
         if lb.len() != 8 + nl {
             return Err(format_err(
                 labels,
-                format!("{} bytes, but the header ({nl} labels) needs {}", lb.len(), 8 + nl),
+                format!(
+                    "{} bytes, but the header ({nl} labels) needs {}",
+                    lb.len(),
+                    8 + nl
+                ),
             ));
         }
         let label_bytes = &lb[8..];

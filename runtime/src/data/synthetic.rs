@@ -34,20 +34,37 @@ fn int_range(graph: &Graph, pid: ParamId) -> i64 {
             }
             match (node.op, i) {
                 (OpKind::SparseSoftmaxCrossEntropyWithLogits, 1) => {
-                    if let Some(t) = node.inputs.first().and_then(|o| graph.operand_tensor_type(o)) {
+                    if let Some(t) = node
+                        .inputs
+                        .first()
+                        .and_then(|o| graph.operand_tensor_type(o))
+                    {
                         if let Some(&c) = t.shape.last() {
                             tighten(c as i64);
                         }
                     }
                 }
                 (OpKind::OneHot, 0) => {
-                    if let Some(d) = node.inputs.get(1).and_then(Operand::as_const).and_then(|c| c.as_int()) {
+                    if let Some(d) = node
+                        .inputs
+                        .get(1)
+                        .and_then(Operand::as_const)
+                        .and_then(|c| c.as_int())
+                    {
                         tighten(d);
                     }
                 }
                 (OpKind::Gather, 1) => {
-                    let table = node.inputs.first().and_then(|o| graph.operand_tensor_type(o));
-                    let axis = node.inputs.get(2).and_then(Operand::as_const).and_then(|c| c.as_int()).unwrap_or(0);
+                    let table = node
+                        .inputs
+                        .first()
+                        .and_then(|o| graph.operand_tensor_type(o));
+                    let axis = node
+                        .inputs
+                        .get(2)
+                        .and_then(Operand::as_const)
+                        .and_then(|c| c.as_int())
+                        .unwrap_or(0);
                     if let Some(t) = table {
                         let r = t.rank() as i64;
                         let a = if axis < 0 { axis + r } else { axis };
@@ -115,7 +132,11 @@ impl SyntheticData {
     /// The feeds of `step` (batches cycle through the pool), as `(input name, tensor)`.
     pub fn feeds(&self, step: u64) -> Vec<(&str, Tensor)> {
         let b = &self.batches[(step as usize) % self.batches.len()];
-        self.names.iter().map(String::as_str).zip(b.iter().cloned()).collect()
+        self.names
+            .iter()
+            .map(String::as_str)
+            .zip(b.iter().cloned())
+            .collect()
     }
 }
 
@@ -140,12 +161,18 @@ mod tests {
         let w = g.add_param(Param {
             name: "w".into(),
             ty: TensorType::new(DType::Float32, vec![3, 3]),
-            kind: ParamKind::Weight { init: Init::Zeros, requires_grad: true },
+            kind: ParamKind::Weight {
+                init: Init::Zeros,
+                requires_grad: true,
+            },
         });
         let mut mm = Node::new(OpKind::MatMul, vec![x.into(), w.into()]);
         mm.ty = Type::Tensor(TensorType::new(DType::Float32, vec![4, 3]));
         let mm = g.push_node(mm);
-        let mut ce = Node::new(OpKind::SparseSoftmaxCrossEntropyWithLogits, vec![mm.into(), y.into()]);
+        let mut ce = Node::new(
+            OpKind::SparseSoftmaxCrossEntropyWithLogits,
+            vec![mm.into(), y.into()],
+        );
         ce.ty = Type::Tensor(TensorType::scalar(DType::Float32));
         g.push_node(ce);
         let _ = Const::Int(0);
