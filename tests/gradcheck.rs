@@ -756,6 +756,15 @@ fn linear_gradient_kernels() {
         Attrs::new(),
     );
     n.finish(y).check("StridedSliceGrad");
+    let mut n = Net::new(192);
+    let dy = n.w("dy", &[3, 4]);
+    let mask = n.frozen(
+        "mask",
+        &[3, 4],
+        (0..12).map(|k| f64::from(k % 3 != 0) * 2.0).collect(),
+    );
+    let y = n.op(OpKind::DropoutGrad, vec![dy, mask], Attrs::new());
+    n.finish(y).check("DropoutGrad");
 }
 
 // ---------------------------------------------------------------------------------------------

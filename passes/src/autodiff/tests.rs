@@ -390,3 +390,105 @@ fn state_name_clash_is_an_error() {
     .unwrap_err();
     assert!(e.to_string().contains("moments.w"), "{e}");
 }
+
+#[test]
+fn collectives_have_their_adjoint_collectives() {
+    let group = || {
+        Attrs::new()
+            .with("rank_list", Attr::ints(&[0, 1]))
+            .with("group", Attr::Str("2-0".into()))
+    };
+    let cases = [
+        (
+            OpKind::AllReduce,
+            group().with("op", Attr::Str("sum".into())),
+            OpKind::AllReduce,
+        ),
+        (OpKind::AllGather, group(), OpKind::ReduceScatter),
+        (
+            OpKind::ReduceScatter,
+            group().with("op", Attr::Str("sum".into())),
+            OpKind::AllGather,
+        ),
+        (
+            OpKind::AllToAll,
+            group()
+                .with("split_dim", Attr::Int(0))
+                .with("concat_dim", Attr::Int(1)),
+            OpKind::AllToAll,
+        ),
+    ];
+    for (op, attrs, grad_op) in cases {
+        let mut g = Graph::new("Net");
+        let w = weight(&mut g, "w", &[4, 6], true);
+        let c = push(&mut g, op, vec![w], attrs, "comm");
+        let l = push(&mut g, OpKind::ReduceSum, vec![c], Attrs::new(), "sum");
+        g.outputs.push(l);
+        let (t, grads) = gradients(&g).unwrap_or_else(|e| panic!("{op}: {e}"));
+        verify(&t).unwrap_or_else(|e| panic!("{op}: {e}"));
+        let gc = t
+            .node_by_instance("grad_comm")
+            .expect("the collective's gradient");
+        assert_eq!(t.node(gc).op, grad_op, "{op}");
+        assert_eq!(
+            t.node(gc).attrs.get("rank_list"),
+            Some(&Attr::ints(&[0, 1]))
+        );
+        assert_eq!(
+            t.operand_tensor_type(&grads[0].1),
+            Some(&g.params[0].ty),
+            "{op}"
+        );
+        if op == OpKind::AllToAll {
+            assert_eq!(t.node(gc).attrs.get("split_dim"), Some(&Attr::Int(1)));
+            assert_eq!(t.node(gc).attrs.get("concat_dim"), Some(&Attr::Int(0)));
+        }
+    }
+    // AllReduce(max) has no gradient rule.
+    let mut g = Graph::new("Net");
+    let w = weight(&mut g, "w", &[4], true);
+    let c = push(
+        &mut g,
+        OpKind::AllReduce,
+        vec![w],
+        group().with("op", Attr::Str("max".into())),
+        "allreduce_max",
+    );
+    let l = push(&mut g, OpKind::ReduceSum, vec![c], Attrs::new(), "sum");
+    g.outputs.push(l);
+    let e = gradients(&g).unwrap_err();
+    assert!(e.to_string().contains("allreduce_max"), "{e}");
+    assert!(e.to_string().contains("op: max"), "{e}");
+}
+
+#[test]
+fn a_loss_through_a_statistic_output_is_an_error() {
+    let mut g = Graph::new("Net");
+    let x = weight(&mut g, "x", &[2, 3, 2, 2], true);
+    let s = weight(&mut g, "s", &[3], true);
+    let b = weight(&mut g, "b", &[3], true);
+    let m = weight(&mut g, "m", &[3], false);
+    let v = weight(&mut g, "v", &[3], false);
+    let bn = push(
+        &mut g,
+        OpKind::BatchNorm,
+        vec![x, s, b, m, v],
+        Attrs::new(),
+        "bn",
+    );
+    let mean = push(
+        &mut g,
+        OpKind::TupleGetItem,
+        vec![bn, Operand::Const(Const::Int(1))],
+        Attrs::new(),
+        "bn_mean",
+    );
+    let l = push(&mut g, OpKind::ReduceSum, vec![mean], Attrs::new(), "sum");
+    g.outputs.push(l);
+    let e = gradients(&g).unwrap_err();
+    assert!(
+        matches!(&e, AutodiffError::NoGradient { op: OpKind::BatchNorm, instance, .. } if instance == "bn"),
+        "{e}"
+    );
+    assert!(e.to_string().contains("result 1"), "{e}");
+}
