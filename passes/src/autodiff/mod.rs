@@ -96,6 +96,9 @@ pub enum AutodiffError {
 /// copy of `forward`, returning it and the gradient operand of every weight with
 /// `requires_grad` that the loss depends on (in parameter order). Weights the loss does not
 /// depend on get no entry. The graph's outputs are unchanged.
+///
+/// `forward` should pass the verifier; a malformed node on the differentiated path gives an
+/// error naming it, never a panic.
 pub fn gradients(forward: &Graph) -> Result<(Graph, Vec<(ParamId, Operand)>), AutodiffError> {
     let loss = forward
         .outputs
@@ -302,12 +305,14 @@ impl Activity {
         }
         // Only float tensors carry gradients (a tuple operand is TupleGetItem's).
         match operand {
-            Operand::Node(n) => g.nodes[n.index()]
-                .ty
-                .tensors()
-                .iter()
-                .any(|t| t.dtype.is_float()),
-            Operand::Param(p) => g.params[p.index()].ty.dtype.is_float(),
+            Operand::Node(n) => g
+                .nodes
+                .get(n.index())
+                .is_some_and(|n| n.ty.tensors().iter().any(|t| t.dtype.is_float())),
+            Operand::Param(p) => g
+                .params
+                .get(p.index())
+                .is_some_and(|p| p.ty.dtype.is_float()),
             Operand::Const(_) => false,
         }
     }

@@ -44,6 +44,14 @@ pub(super) fn gradient(
     needs: &[bool],
 ) -> Result<Vec<Option<Operand>>, AutodiffError> {
     let node = em.g.nodes[id.index()].clone();
+    // Optional operands (the axes of a reduction) are read with their defaults.
+    let wanted = signature(node.op).required;
+    if node.inputs.len() < wanted {
+        return Err(em.bad_node(format!(
+            "expects {wanted} operand(s), got {}",
+            node.inputs.len()
+        )));
+    }
     let mut r = Rule {
         em,
         id,
@@ -717,7 +725,10 @@ impl Rule<'_> {
         let mut out = Vec::with_capacity(self.node.inputs.len());
         let mut offset = 0usize;
         for i in 0..self.node.inputs.len() {
-            let size = self.ty(i)?.shape[a];
+            let size = self.ty(i)?.shape.get(a).copied().ok_or_else(|| {
+                self.em
+                    .bad_node(format!("input {i} has no axis {a} to concatenate along"))
+            })?;
             if self.need(i) {
                 let mut begin = vec![0usize; shape.len()];
                 let mut end = shape.clone();

@@ -492,3 +492,101 @@ fn a_loss_through_a_statistic_output_is_an_error() {
     );
     assert!(e.to_string().contains("result 1"), "{e}");
 }
+
+mod random_chains {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Builds a chain from `steps` on a (2, 3, 4) weight; each step picks an op by number and
+    /// may add a weight of a broadcastable shape. Ends with a mean over all axes.
+    fn chain(steps: &[(u8, bool)]) -> Graph {
+        let mut g = Graph::new("Chain");
+        let mut cur = weight(&mut g, "w0", &[2, 3, 4], true);
+        for (k, &(pick, keep)) in steps.iter().enumerate() {
+            let shape = g.operand_tensor_type(&cur).unwrap().shape.clone();
+            let rank = shape.len();
+            let inst = format!("op{k}");
+            cur = match pick % 9 {
+                0 => push(&mut g, OpKind::Tanh, vec![cur], Attrs::new(), &inst),
+                1 => push(&mut g, OpKind::Square, vec![cur], Attrs::new(), &inst),
+                2 | 3 => {
+                    // A weight broadcast along the first axis (or a full-shape one).
+                    let ws: Vec<usize> = if keep && rank > 0 {
+                        std::iter::once(1)
+                            .chain(shape[1..].iter().copied())
+                            .collect()
+                    } else {
+                        shape[rank.saturating_sub(1)..].to_vec()
+                    };
+                    let w = weight(&mut g, &format!("w{}", k + 1), &ws, true);
+                    let op = if pick % 9 == 2 {
+                        OpKind::Add
+                    } else {
+                        OpKind::Mul
+                    };
+                    push(&mut g, op, vec![cur, w], Attrs::new(), &inst)
+                }
+                4 if rank > 1 => push(
+                    &mut g,
+                    OpKind::ReduceSum,
+                    vec![cur, Operand::Const(Const::Ints(vec![0]))],
+                    Attrs::new().with("keep_dims", Attr::Bool(keep)),
+                    &inst,
+                ),
+                5 if rank > 1 => {
+                    let perm: Vec<i64> = (0..rank as i64).rev().collect();
+                    push(
+                        &mut g,
+                        OpKind::Transpose,
+                        vec![cur, Operand::Const(Const::Ints(perm))],
+                        Attrs::new(),
+                        &inst,
+                    )
+                }
+                6 if rank > 0 => push(
+                    &mut g,
+                    OpKind::Reshape,
+                    vec![cur, Operand::Const(Const::Ints(vec![-1]))],
+                    Attrs::new(),
+                    &inst,
+                ),
+                7 if rank > 0 => push(&mut g, OpKind::Softmax, vec![cur], Attrs::new(), &inst),
+                8 if rank == 2 => {
+                    let w = weight(&mut g, &format!("w{}", k + 1), &[shape[1], 3], true);
+                    push(&mut g, OpKind::MatMul, vec![cur, w], Attrs::new(), &inst)
+                }
+                _ => push(&mut g, OpKind::ReLU, vec![cur], Attrs::new(), &inst),
+            };
+        }
+        let l = push(
+            &mut g,
+            OpKind::ReduceMean,
+            vec![cur, Operand::Const(Const::Ints(vec![]))],
+            Attrs::new(),
+            "loss",
+        );
+        g.outputs.push(l);
+        g
+    }
+
+    proptest! {
+        #[test]
+        fn every_chain_differentiates_into_a_verified_graph(
+            steps in proptest::collection::vec((any::<u8>(), any::<bool>()), 0..10)
+        ) {
+            let g = chain(&steps);
+            verify(&g).unwrap();
+            let (t, grads) = gradients(&g).unwrap();
+            verify(&t).unwrap();
+            let trainable = g.params.iter().filter(|p| p.requires_grad()).count();
+            prop_assert_eq!(grads.len(), trainable);
+            for (p, gr) in &grads {
+                prop_assert_eq!(t.operand_tensor_type(gr), Some(&g.param(*p).ty));
+            }
+            let train = training_graph(&g, &Optimizer::Adam {
+                learning_rate: 0.1, beta1: 0.9, beta2: 0.99, eps: 1e-8,
+            }).unwrap();
+            verify(&train).unwrap();
+        }
+    }
+}
