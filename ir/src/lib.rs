@@ -8,10 +8,13 @@
 //! This crate imports nothing else of shardc's. Shape rules, verification and every graph
 //! transformation live in `shardc-passes`.
 
+pub mod artifact;
 pub mod attr;
+pub mod binary;
 pub mod geometry;
 pub mod graph;
 pub mod op;
+pub mod text;
 pub mod types;
 
 pub use attr::{Attr, Attrs, Const, Strategy};
