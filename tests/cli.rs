@@ -53,13 +53,21 @@ fn compile_then_run_trains_the_quickstart_net() {
     assert!(art.join("manifest.json").exists());
     let r = shardc(&["run", a, "--steps", "12", "--stats"]);
     let stdout = String::from_utf8_lossy(&r.stdout);
-    assert!(r.status.success(), "{}\n{}", stdout, String::from_utf8_lossy(&r.stderr));
+    assert!(
+        r.status.success(),
+        "{}\n{}",
+        stdout,
+        String::from_utf8_lossy(&r.stderr)
+    );
     assert!(stdout.contains("epoch: 1 step: 1, loss is "), "{stdout}");
     let l = losses(&stdout);
     assert_eq!(l.len(), 12);
     assert!(l.iter().all(|x| x.is_finite()));
     assert!(l[11] < l[0], "loss did not fall: {l:?}");
-    assert!(stdout.contains("peak"), "--stats prints the memory plan: {stdout}");
+    assert!(
+        stdout.contains("peak"),
+        "--stats prints the memory plan: {stdout}"
+    );
     // Same seed, same numbers.
     let r2 = shardc(&["run", a, "--steps", "12"]);
     assert_eq!(losses(&String::from_utf8_lossy(&r2.stdout)), l);
@@ -72,7 +80,12 @@ fn bad_inputs_get_clear_errors_and_status() {
     std::fs::create_dir_all(&out).unwrap();
     let bad = out.join("bad.ir");
     std::fs::write(&bad, "#IR entry : @Net\n%para1_x : <Tensor[Float32], (4, 4)>\nsubgraph @Net(%para1_x) {\n  %1(out) = ReLU(%para9_y)\n  Return(%1)\n}\n").unwrap();
-    let c = shardc(&["compile", bad.to_str().unwrap(), "-o", out.join("o").to_str().unwrap()]);
+    let c = shardc(&[
+        "compile",
+        bad.to_str().unwrap(),
+        "-o",
+        out.join("o").to_str().unwrap(),
+    ]);
     assert_eq!(c.status.code(), Some(1));
     let err = String::from_utf8_lossy(&c.stderr);
     assert!(err.contains("bad.ir:4:"), "{err}");

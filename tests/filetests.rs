@@ -30,7 +30,9 @@ use shardc::passes::{infer, verify};
 use std::path::{Path, PathBuf};
 
 fn collect(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(rd) = std::fs::read_dir(dir) else { return };
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
     let mut entries: Vec<PathBuf> = rd.filter_map(|e| e.ok().map(|e| e.path())).collect();
     entries.sort();
     for p in entries {
@@ -88,7 +90,9 @@ fn run_command(command: &str, src: &str, file: &str) -> Result<String, String> {
     infer::infer_graph(&mut g).map_err(|e| e.to_string())?;
     match what {
         "infer" => Ok(print_graph(&g)),
-        "verify" => verify::verify(&g).map(|_| "ok\n".to_string()).map_err(|e| e.to_string()),
+        "verify" => verify::verify(&g)
+            .map(|_| "ok\n".to_string())
+            .map_err(|e| e.to_string()),
         "autodiff" => {
             verify::verify(&g).map_err(|e| e.to_string())?;
             let (grad, _) = autodiff::gradients(&g).map_err(|e| e.to_string())?;
@@ -127,7 +131,11 @@ fn file_check(checks: &[(String, String)], output: &str) -> Result<(), String> {
                 };
                 for n in nots.drain(..) {
                     if let Some(j) = (pos..i).find(|&j| lines[j].contains(n)) {
-                        return Err(format!("CHECK-NOT: '{n}' found at line {}: {}", j + 1, lines[j]));
+                        return Err(format!(
+                            "CHECK-NOT: '{n}' found at line {}: {}",
+                            j + 1,
+                            lines[j]
+                        ));
                     }
                 }
                 last = Some(i);
@@ -138,7 +146,11 @@ fn file_check(checks: &[(String, String)], output: &str) -> Result<(), String> {
     }
     for n in nots {
         if let Some(j) = (pos..lines.len()).find(|&j| lines[j].contains(n)) {
-            return Err(format!("CHECK-NOT: '{n}' found at line {}: {}", j + 1, lines[j]));
+            return Err(format!(
+                "CHECK-NOT: '{n}' found at line {}: {}",
+                j + 1,
+                lines[j]
+            ));
         }
     }
     Ok(())
@@ -188,7 +200,10 @@ fn run_file(path: &Path, bless: bool) -> Result<(), String> {
         }
     }
     let command = command.ok_or("missing '; test:' line")?;
-    let file = path.file_name().map(|f| f.to_string_lossy().to_string()).unwrap_or_default();
+    let file = path
+        .file_name()
+        .map(|f| f.to_string_lossy().to_string())
+        .unwrap_or_default();
     let result = run_command(&command, &body, &file);
     match (error, result) {
         (Some(want), Err(got)) => {
@@ -198,7 +213,9 @@ fn run_file(path: &Path, bless: bool) -> Result<(), String> {
                 Err(format!("expected an error containing '{want}', got: {got}"))
             }
         }
-        (Some(want), Ok(_)) => Err(format!("expected an error containing '{want}', but it succeeded")),
+        (Some(want), Ok(_)) => Err(format!(
+            "expected an error containing '{want}', but it succeeded"
+        )),
         (None, Err(e)) => Err(format!("failed: {e}")),
         (None, Ok(out)) => {
             file_check(&checks, &out)?;
@@ -254,6 +271,10 @@ fn file_check_semantics() {
     assert!(file_check(&[c("CHECK", "a"), c("CHECK-NEXT", "b")], out).is_ok());
     assert!(file_check(&[c("CHECK", "a"), c("CHECK-NEXT", "c")], out).is_err());
     assert!(file_check(&[c("CHECK", "b"), c("CHECK", "a")], out).is_err());
-    assert!(file_check(&[c("CHECK", "a"), c("CHECK-NOT", "b"), c("CHECK", "c")], out).is_err());
+    assert!(file_check(
+        &[c("CHECK", "a"), c("CHECK-NOT", "b"), c("CHECK", "c")],
+        out
+    )
+    .is_err());
     assert!(file_check(&[c("CHECK-NOT", "z")], out).is_ok());
 }

@@ -11,7 +11,7 @@ pub trait OptimizerSpec {
 
 impl OptimizerSpec for Optimizer {
     fn to_spec(&self) -> Optimizer {
-        self.clone()
+        *self
     }
 }
 

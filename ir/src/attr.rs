@@ -251,7 +251,9 @@ mod tests {
 
     #[test]
     fn attrs_keep_order_and_replace() {
-        let mut a = Attrs::new().with("b", Attr::Int(1)).with("a", Attr::Bool(true));
+        let mut a = Attrs::new()
+            .with("b", Attr::Int(1))
+            .with("a", Attr::Bool(true));
         a.set("b", Attr::Int(2));
         let keys: Vec<_> = a.iter().map(|(k, _)| k).collect();
         assert_eq!(keys, ["b", "a"]);

@@ -507,7 +507,7 @@ pub fn pool2d_geometry(node: &Node, x: &[usize]) -> Result<Pool2dGeometry, Geome
 #[cfg(test)]
 mod tests {
     use super::*;
-    
+
     fn node(op: OpKind, attrs: &[(&str, Attr)]) -> Node {
         let mut n = Node::new(op, vec![]);
         for (k, v) in attrs {

@@ -231,6 +231,9 @@ mod tests {
         let t = TensorType::new(DType::Float32, vec![8, 16]);
         assert_eq!(t.to_string(), "<Tensor[Float32], (8, 16)>");
         assert_eq!(t.size_bytes(), 8 * 16 * 4);
-        assert_eq!(TensorType::scalar(DType::Int64).to_string(), "<Tensor[Int64], ()>");
+        assert_eq!(
+            TensorType::scalar(DType::Int64).to_string(),
+            "<Tensor[Int64], ()>"
+        );
     }
 }

@@ -515,6 +515,7 @@ impl Reference {
             .and_then(|()| stdin.flush())
             .context("sending a command to reference.py (did it exit? see its messages above)")?;
         let mut lines = Vec::new();
+        let mut error = None;
         loop {
             let mut buf = String::new();
             let read = self
@@ -526,12 +527,15 @@ impl Reference {
             }
             let text = buf.trim_end();
             if text == "ref=done" {
-                return Ok(lines);
+                // Every answer ends here, an error's too: the next query starts clean.
+                return match error {
+                    Some(msg) => Err(anyhow!("reference.py failed on `{command}`: {msg}")),
+                    None => Ok(lines),
+                };
             }
             if let Some(msg) = text.strip_prefix("ref=error message=") {
-                bail!("reference.py failed on `{command}`: {msg}");
-            }
-            if text.starts_with("ref=") {
+                error = Some(msg.to_string());
+            } else if text.starts_with("ref=") {
                 lines.push(RefLine::parse(text));
             } else if !text.is_empty() {
                 eprintln!("reference.py: {text}");
@@ -620,7 +624,8 @@ fn start_reference(args: &BenchArgs) -> Result<Option<Reference>> {
         }
     }
     let max_threads = args.threads.iter().copied().max().unwrap_or(1);
-    let mut child = Command::new(&python)
+    let mut command = Command::new(&python);
+    command
         .arg(dir.join("reference.py"))
         .arg("serve")
         .arg("--threads")
@@ -628,27 +633,35 @@ fn start_reference(args: &BenchArgs) -> Result<Option<Reference>> {
         // Set on some machines; they make OpenBLAS pick slower kernels (reference.py removes
         // them as well, for direct use).
         .env_remove("OPENBLAS_CORETYPE")
-        .env_remove("OPENBLAS_L2_SIZE")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .with_context(|| {
-            format!(
-                "starting {} {}",
-                python.display(),
-                dir.join("reference.py").display()
-            )
-        })?;
-    let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
-        let _ = child.kill();
-        bail!("reference.py started without its pipes");
-    };
-    Ok(Some(Reference {
-        child,
-        stdin: Some(stdin),
-        stdout: BufReader::new(stdout),
-    }))
+        .env_remove("OPENBLAS_L2_SIZE");
+    let what = format!(
+        "{} {}",
+        python.display(),
+        dir.join("reference.py").display()
+    );
+    Reference::spawn(command, &what).map(Some)
+}
+
+impl Reference {
+    /// Starts `command` (a `reference.py serve` process) with piped input and output.
+    fn spawn(mut command: Command, what: &str) -> Result<Reference> {
+        let mut child = command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("starting {what}"))?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("{what} started without its pipes");
+        };
+        Ok(Reference {
+            child,
+            stdin: Some(stdin),
+            stdout: BufReader::new(stdout),
+        })
+    }
 }
 
 #[cfg(test)]
@@ -731,6 +744,67 @@ mod tests {
         assert!(rate.is_finite() && rate > 0.0);
         let rate = shardc_gemm(64, 2, true).expect("sgemm runs on a pool");
         assert!(rate.is_finite() && rate > 0.0);
+    }
+
+    /// A stand-in for `reference.py serve`: answers `gemm` with one torch line, anything
+    /// else with an error, and exits on `quit` without answering.
+    fn fake_reference() -> Reference {
+        let script = r#"
+while IFS= read -r line; do
+  case "$line" in
+    gemm*) echo "note: not a result line"; echo "ref=torch gemm f32 n=8 threads=1 gflops=12.5 ms=0.1 runs=5";;
+    quit) exit 3;;
+    *) echo "ref=error message=unknown command: $line";;
+  esac
+  echo ref=done
+done
+"#;
+        let mut command = Command::new("sh");
+        command.arg("-c").arg(script);
+        Reference::spawn(command, "a fake reference").expect("sh starts")
+    }
+
+    #[test]
+    fn the_serve_protocol_collects_lines_and_reports_errors() {
+        let mut r = fake_reference();
+        let lines = r.query("gemm --sizes 8 --threads 1").expect("an answer");
+        assert_eq!(lines.len(), 1);
+        assert_eq!(lines[0].number("gflops").expect("gflops"), 12.5);
+        let err = r.query("train --model x").expect_err("an error line");
+        assert!(
+            err.to_string().contains("unknown command: train --model x"),
+            "{err}"
+        );
+        // Still usable after an error; a clean end of input is a clean exit.
+        assert_eq!(r.query("gemm").expect("an answer").len(), 1);
+        r.finish().expect("exit status 0");
+
+        let mut r = fake_reference();
+        let err = r
+            .query("quit")
+            .expect_err("the process exits without answering");
+        assert!(
+            err.to_string().contains("exited while answering `quit`"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn every_model_compiles_and_the_quickstart_step_trains() {
+        for model in TrainModel::ALL {
+            let g = model
+                .training_graph(model.batch(2))
+                .unwrap_or_else(|e| panic!("{}: {e:#}", model.name()));
+            assert!(!g.nodes.is_empty());
+        }
+        let g = TrainModel::Quickstart
+            .training_graph(16)
+            .expect("the quickstart step compiles");
+        for threads in [1, 2] {
+            let (ms, loss) = shardc_train(&g, threads, 1, 3).expect("the quickstart step runs");
+            assert!(ms > 0.0 && ms.is_finite(), "{ms}");
+            assert!(loss.is_finite() && loss > 0.0, "{loss}");
+        }
     }
 
     #[test]

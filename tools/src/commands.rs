@@ -111,7 +111,8 @@ fn optimizer_of(a: &CompileArgs) -> Optimizer {
 
 /// Reads and parses a text IR model.
 pub fn load_model(path: &Path) -> Result<Graph> {
-    let src = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let src =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     let graph = text::parse_graph(&src, &path.display().to_string())?;
     Ok(graph)
 }
@@ -134,7 +135,7 @@ pub fn compile(a: &CompileArgs) -> Result<()> {
     let graph = load_model(&a.model)?;
     let opt = optimizer_of(a);
     let opts = CompileOptions {
-        optimizer: Some(opt.clone()),
+        optimizer: Some(opt),
         dump_dir: a.save_graphs_path.clone(),
     };
     let compiled = pipeline::compile(graph, &opts)?;
@@ -176,7 +177,9 @@ pub fn run(a: &RunArgs) -> Result<()> {
         bail!("{}: the artifact holds no graph", a.artifact.display());
     };
     let threads = if a.threads == 0 {
-        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
     } else {
         a.threads
     };
@@ -249,7 +252,10 @@ pub fn print(a: &PrintArgs) -> Result<()> {
             .iter()
             .position(|r| r.rank == a.rank)
             .with_context(|| format!("{}: no rank {} in the artifact", a.path.display(), a.rank))?;
-        art.graphs.into_iter().nth(idx).context("rank graph missing")?
+        art.graphs
+            .into_iter()
+            .nth(idx)
+            .context("rank graph missing")?
     } else {
         let mut g = load_model(&a.path)?;
         shardc_passes::infer::infer_graph(&mut g)?;

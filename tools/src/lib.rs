@@ -1,6 +1,60 @@
 //! `shardc-tools`: the `shardc` command line.
+//!
+//! Subcommands: `compile` (a `.ir` model to an artifact directory), `run` (train an artifact on
+//! seeded data or MNIST), `print` (show a model or an artifact as text IR), `bench` (the
+//! benchmarks against numpy and PyTorch).
 
-/// Runs the command line and returns the process exit status.
+mod bench;
+mod commands;
+
+use clap::{Parser, Subcommand};
+
+/// shardc: an auto-parallel graph compiler and runtime.
+#[derive(Parser, Debug)]
+#[command(name = "shardc", version, about, long_about = None, propagate_version = true)]
+pub struct Cli {
+    /// Log filter (as RUST_LOG), e.g. `info` or `shardc=debug`.
+    #[arg(long, global = true, default_value = "warn")]
+    pub log: String,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Compile a model (.ir text) into an artifact directory (bincode graph + JSON manifest).
+    Compile(commands::CompileArgs),
+    /// Train a compiled artifact for some steps, printing the loss of each step.
+    Run(commands::RunArgs),
+    /// Print a model file or an artifact as text IR.
+    Print(commands::PrintArgs),
+    /// Benchmarks: shardc against numpy and PyTorch on this machine.
+    Bench(bench::BenchArgs),
+}
+
+/// Runs the command line and returns the process exit status (0 success, 1 failure, 2 usage).
 pub fn main() -> i32 {
-    0
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = e.exit_code();
+            let _ = e.print();
+            return code;
+        }
+    };
+    let result = match &cli.command {
+        Command::Compile(a) => commands::compile(a),
+        Command::Run(a) => commands::run(a),
+        Command::Print(a) => commands::print(a),
+        Command::Bench(a) => bench::run_bench(a),
+    };
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            1
+        }
+    }
 }

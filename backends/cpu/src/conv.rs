@@ -1,10 +1,10 @@
 //! Conv2D and its two gradients: im2col / col2im + gemm, NCHW, parallel over the batch.
 
-use shardc_ir::geometry::{conv2d_geometry, Conv2dGeometry};
 use crate::matmul::{gemm_checked, gemm_par, Dst, Src};
 use crate::real::Real;
 use crate::util::{for_chunks, Ctx, KResult};
 use rayon::prelude::*;
+use shardc_ir::geometry::{conv2d_geometry, Conv2dGeometry};
 use shardc_runtime::{Arg, Tensor};
 
 /// Images per partial sum of the filter gradient (fixed, so results do not depend on threads).

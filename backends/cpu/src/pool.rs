@@ -1,8 +1,8 @@
 //! MaxPool / AvgPool and their gradients (NCHW, valid / same padding), parallel over planes.
 
-use shardc_ir::geometry::{pool2d_geometry, Pool2dGeometry};
 use crate::real::Real;
 use crate::util::{for_chunks, Ctx, KResult};
+use shardc_ir::geometry::{pool2d_geometry, Pool2dGeometry};
 use shardc_runtime::{Arg, Tensor};
 
 /// The valid input rows and columns of output pixel `(oh, ow)`'s window.
