@@ -335,8 +335,6 @@ pub(crate) struct Emitter {
     op: OpKind,
     /// Its instance name (or `%N`).
     instance: String,
-    /// The debug name of emitted values (`grad`, `out` for the optimizer update).
-    value_name: &'static str,
 }
 
 impl Emitter {
@@ -365,7 +363,6 @@ impl Emitter {
             base: "grad".into(),
             op: OpKind::OnesLike,
             instance: String::new(),
-            value_name: "grad",
         }
     }
 
@@ -383,7 +380,6 @@ impl Emitter {
             format!("Gradients/{}", node.scope)
         };
         self.base = format!("grad_{instance}");
-        self.value_name = "grad";
         self.op = node.op;
         self.instance = if node.instance.is_empty() {
             format!("%{}", id.index() + 1)
@@ -396,7 +392,6 @@ impl Emitter {
     fn set_root_context(&mut self, name: &str) {
         self.scope = "Gradients".into();
         self.base = format!("grad_{name}");
-        self.value_name = "grad";
         self.instance = name.into();
     }
 
@@ -406,7 +401,6 @@ impl Emitter {
         self.base = base.into();
         self.op = op;
         self.instance = base.into();
-        self.value_name = "out";
     }
 
     /// A fresh instance name `base + suffix` (with `_2`, `_3`, ... when taken).
@@ -434,7 +428,7 @@ impl Emitter {
         node.attrs = attrs;
         node.instance = self.unique(suffix);
         node.scope = self.scope.clone();
-        node.name = self.value_name.into();
+        node.name = "grad".into();
         node.ty = infer_node(&self.g, &node).map_err(|source| AutodiffError::Emit {
             op: self.op,
             instance: self.instance.clone(),
