@@ -150,8 +150,9 @@ fn mindspore_excerpts_parse_with_load_as_an_alias() {
 %para1_x : <Tensor[Float32], (8, 8)>
 %para2_w : <Ref[Tensor(F32)], (8, 16), ref_key=:w>  :  has_default
 %para4_w2 : <Ref[Tensor(F32)], (4, 16), ref_key=:w2>  :  has_default
+%para12_u : <UMonad>
 
-subgraph @1_construct_wrapper.337(%para1_x, %para2_w, %para4_w2) {
+subgraph @1_construct_wrapper.337(%para1_x, %para2_w, %para4_w2, %para12_u) {
 %11([CNode]471) = Load(%para2_w, U)
     : (<Ref[Tensor(F32)], (8, 16), ref_key=:w>, <UMonad>) -> (<Tensor[Float32], (8, 16)>)
     # scope: (Default/network-WithLossCell)
@@ -276,6 +277,8 @@ fn errors_name_file_line_column_expected_and_found() {
         ("init: normal(sigma=0.01, seed=1)", "init: normal(sigma=0.01, seed=x)", "model.ir:2:100: expected a seed (a non-negative integer), found 'x'"),
         ("init: normal(sigma=0.01, seed=1)", "init: gaussian(sigma=0.01)", "model.ir:2:76: expected an initializer (normal, uniform, zeros, ones, constant, xavier_uniform, he_normal), found 'gaussian'"),
         ("subgraph @Net(%para1_x, %para2_w)", "subgraph @Net(%para2_w, %para1_x)", "model.ir:4:15: expected %para1_x (the declared parameters, in order), found '%para2_w'"),
+        ("subgraph @Net(%para1_x, %para2_w)", "subgraph @Net(%para1_x)", "model.ir:4:23: expected %para2_w (the declared parameters, in order), found ')'"),
+        ("%para1_x : <Tensor[Float32], (16, 32)>", "%para1_x : <Tensr[Float32], (16, 32)>", "model.ir:1:13: expected Tensor or Ref, found 'Tensr'"),
         ("  Return(%1)\n}\n", "  Return(%1)\n", "model.ir:7:1: expected '}', found end of file"),
         ("  Return(%1)\n}\n", "  Return(%1)\n}\nextra\n", "model.ir:8:1: expected end of file, found 'extra'"),
         ("subgraph", "subgraf", "model.ir:4:1: expected a parameter line or 'subgraph', found 'subgraf'"),

@@ -55,7 +55,9 @@
 //!   skips.
 //! - **MindSpore plumbing**: `%5(x) = Load(%para4_w2, U)` (or `Load($(@g:para4_w2), %para12_u)`)
 //!   is an alias: later references to `%5` mean its first operand. Its other operands are not
-//!   resolved, and its type line and comments are dropped.
+//!   resolved, and its type line and comments are dropped. Monad parameters
+//!   (`%para12_u : <UMonad>`, `<IOMonad>`) are read and ignored, in the subgraph's parameter
+//!   list too.
 //! - **Ids**: `%N` in a file may be any distinct numbers; nodes are numbered in order of
 //!   appearance. Parameters listed in `subgraph @Net(...)` must be the declared ones, in order.
 

@@ -45,6 +45,7 @@ pub fn parse_graph(src: &str, file: &str) -> Result<Graph, ParseError> {
         params: Vec::new(),
         param_keys: HashMap::new(),
         declared: Vec::new(),
+        monads: HashSet::new(),
         nodes: Vec::new(),
         ids: HashMap::new(),
     }
@@ -70,6 +71,8 @@ enum Attach {
 enum ParamType {
     Input(TensorType),
     Ref(TensorType, String, usize),
+    /// MindSpore's `<UMonad>` / `<IOMonad>` plumbing parameters: read and ignored.
+    Monad,
 }
 
 /// One `key: value` entry of an attribute map.
@@ -90,6 +93,8 @@ struct Parser<'a> {
     param_keys: HashMap<(String, String), ParamId>,
     /// The keys in order of declaration.
     declared: Vec<(String, String)>,
+    /// Monad parameters (`%para12_u : <UMonad>`), ignored wherever they appear.
+    monads: HashSet<(String, String)>,
     nodes: Vec<Node>,
     /// `%N` in the file to what it means (a node, or for a `Load`, its first operand).
     ids: HashMap<u64, Operand>,
@@ -330,33 +335,39 @@ impl<'a> Parser<'a> {
 
     /// The parameter list of `subgraph @Net(...)`: the declared parameters, in order.
     fn subgraph_params(&mut self) -> R<()> {
+        let expected = |key: &(String, String)| {
+            format!(
+                "%para{}_{} (the declared parameters, in order)",
+                key.0,
+                super::name_text(&key.1)
+            )
+        };
         let mut k = 0;
+        let mut first = true;
         loop {
             self.skip_ws();
             let start = self.pos;
-            let expected = self
-                .declared
-                .get(k)
-                .map(|(n, name)| format!("%para{n}_{name} (the declared parameters, in order)"));
             if self.eat(b')') {
-                return match expected {
-                    Some(e) => Err(self.err_at(start, e)),
+                return match self.declared.get(k) {
+                    Some(key) => Err(self.err_at(start, expected(key))),
                     None => Ok(()),
                 };
             }
-            if k > 0 {
+            if !first {
                 self.expect(b',')?;
                 self.skip_ws();
             }
+            first = false;
             let start = self.pos;
-            let Some(expected) = expected else {
-                return Err(self.err("')' (no more declared parameters)"));
-            };
             let key = self.param_token()?;
-            if self.declared.get(k) != Some(&key) {
-                return Err(self.err_at(start, expected));
+            if self.monads.contains(&key) {
+                continue;
             }
-            k += 1;
+            match self.declared.get(k) {
+                Some(d) if *d == key => k += 1,
+                Some(d) => return Err(self.err_at(start, expected(d))),
+                None => return Err(self.err_at(start, "')' (no more declared parameters)")),
+            }
         }
     }
 
@@ -400,13 +411,18 @@ impl<'a> Parser<'a> {
     fn param_decl(&mut self) -> R<()> {
         let start = self.pos;
         let key = self.param_token()?;
-        if self.param_keys.contains_key(&key) {
+        if self.param_keys.contains_key(&key) || self.monads.contains(&key) {
             return Err(self.err_at(start, "a new parameter name"));
         }
         self.skip_ws();
         self.expect(b':')?;
         self.skip_ws();
         let (ty, kind) = match self.param_type()? {
+            ParamType::Monad => {
+                self.expect_eol()?;
+                self.monads.insert(key);
+                return Ok(());
+            }
             ParamType::Input(ty) => (ty, ParamKind::Input),
             ParamType::Ref(ty, ref_key, key_pos) => {
                 if ref_key != key.1 {
@@ -484,6 +500,10 @@ impl<'a> Parser<'a> {
             "Ref" => {
                 let (ty, key, key_pos) = self.ref_rest()?;
                 Ok(ParamType::Ref(ty, key, key_pos))
+            }
+            "UMonad" | "IOMonad" => {
+                self.expect(b'>')?;
+                Ok(ParamType::Monad)
             }
             _ => Err(self.err_at(start, "Tensor or Ref")),
         }
