@@ -10,4 +10,4 @@ echo "== shardc compile + run: the same net from models/quickstart.ir =="
 out=$(mktemp -d)
 ./target/release/shardc compile models/quickstart.ir -o "$out/quickstart" \
   --optimizer momentum --learning-rate 0.2 --momentum 0.1
-./target/release/shardc run "$out/quickstart" --steps 10 --stats
+./target/release/shardc run "$out/quickstart" --steps 40 --stats

@@ -1,7 +1,9 @@
 //! Seeded random batches for every data input of a graph, as the tutorials' fake data sets.
 //!
 //! A fixed pool of batches is generated once and cycled, so a model can fit it and its loss
-//! falls. Float inputs are standard normal; integer inputs are drawn from the range their
+//! falls. Float inputs are standard normal, except regression targets: a float input of shape
+//! `(batch, m)` after a first float input `(batch, n)` is a fixed random linear function of it
+//! (`x @ T / sqrt(n)` plus 10 % noise), so an MSE loss has something to learn; integer inputs are drawn from the range their
 //! consumer accepts (the class count of a sparse cross-entropy, the depth of a OneHot, the rows
 //! of a Gather table), or {0, 1} when no consumer says.
 
@@ -80,6 +82,47 @@ fn int_range(graph: &Graph, pid: ParamId) -> i64 {
     bound.unwrap_or(2)
 }
 
+/// Replaces regression targets in `batch` by a fixed linear function of the first input.
+fn teach(inputs: &[(ParamId, &shardc_ir::Param)], batch: &mut [Tensor], rng: &mut ChaCha8Rng) {
+    let Some(x) = batch.first().cloned() else {
+        return;
+    };
+    let (&[b, n], Some(xs)) = (x.shape.as_slice(), x.as_f32()) else {
+        return;
+    };
+    for (i, (pid, p)) in inputs.iter().enumerate().skip(1) {
+        let (&[bb, m], DType::Float32) = (p.ty.shape.as_slice(), p.ty.dtype) else {
+            continue;
+        };
+        if bb != b {
+            continue;
+        }
+        // The teacher matrix depends only on the input's position, not on the batch.
+        let mut trng = ChaCha8Rng::seed_from_u64(0x7eac_4e00 ^ u64::from(pid.0));
+        let t: Vec<f32> = (0..n * m)
+            .map(|_| StandardNormal.sample(&mut trng))
+            .collect();
+        let scale = 1.0 / (n as f32).sqrt();
+        let mut y = vec![0f32; b * m];
+        for r in 0..b {
+            for k in 0..n {
+                let xv = xs[r * n + k] * scale;
+                for c in 0..m {
+                    y[r * m + c] += xv * t[k * m + c];
+                }
+            }
+        }
+        for v in &mut y {
+            let noise: f32 = StandardNormal.sample(rng);
+            *v += 0.1 * noise;
+        }
+        batch[i] = Tensor {
+            shape: vec![b, m],
+            data: Data::F32(y),
+        };
+    }
+}
+
 impl SyntheticData {
     /// Generates `pool` batches for every data input of `graph` from `seed`.
     pub fn new(graph: &Graph, seed: u64, pool: usize) -> Result<SyntheticData, DataError> {
@@ -121,6 +164,7 @@ impl SyntheticData {
                     data,
                 });
             }
+            teach(&inputs, &mut batch, &mut rng);
             batches.push(batch);
         }
         Ok(SyntheticData {
