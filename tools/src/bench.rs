@@ -158,6 +158,9 @@ pub struct BenchArgs {
     /// with --quick).
     #[arg(long, value_parser = parse_positive)]
     pub steps: Option<usize>,
+    /// After each training case, print where shardc's time went (per op kind, on stderr).
+    #[arg(long)]
+    pub stats: bool,
     /// Measure shardc only, without numpy and PyTorch.
     #[arg(long)]
     pub no_reference: bool,
@@ -180,6 +183,7 @@ impl Default for BenchArgs {
             models: Vec::new(),
             batch: 32,
             steps: None,
+            stats: false,
             no_reference: false,
             no_setup: false,
             bench_dir: None,
@@ -356,8 +360,15 @@ fn gemm_line(
 
 // --- training steps ---------------------------------------------------------------------------
 
-/// Median step time of `graph` on `threads` threads and the loss of the last step.
-fn shardc_train(graph: &Graph, threads: usize, warmup: usize, steps: usize) -> Result<(f64, f64)> {
+/// Median step time of `graph` on `threads` threads and the loss of the last step; with
+/// `stats`, prints the executor's per-op statistics on stderr.
+fn shardc_train(
+    graph: &Graph,
+    threads: usize,
+    warmup: usize,
+    steps: usize,
+    stats: bool,
+) -> Result<(f64, f64)> {
     let data = SyntheticData::new(graph, 1, 4)?;
     let mut exec = Executor::new(graph.clone(), Arc::new(CpuBackend::with_threads(threads)))?;
     let mut samples = Vec::with_capacity(steps);
@@ -380,6 +391,9 @@ fn shardc_train(graph: &Graph, threads: usize, warmup: usize, steps: usize) -> R
             "the loss is {loss} after {} steps: the measured steps are not a sound training run",
             warmup + steps
         );
+    }
+    if stats {
+        eprintln!("{}\n{}", exec.memory_plan().summary(), exec.stats());
     }
     Ok((median(&mut samples).as_secs_f64() * 1e3, loss))
 }
@@ -404,7 +418,7 @@ fn bench_train(args: &BenchArgs, mut reference: Option<&mut Reference>) -> Resul
                 "measuring train {} batch={batch} threads={threads} ({warmup} warm-up + {steps} steps) ...",
                 model.name()
             );
-            let (ours, _) = shardc_train(&graph, threads, warmup, steps)?;
+            let (ours, _) = shardc_train(&graph, threads, warmup, steps, args.stats)?;
             let mut torch = None;
             if let Some(r) = reference.as_deref_mut() {
                 let cmd = format!(
@@ -801,7 +815,8 @@ done
             .training_graph(16)
             .expect("the quickstart step compiles");
         for threads in [1, 2] {
-            let (ms, loss) = shardc_train(&g, threads, 1, 3).expect("the quickstart step runs");
+            let (ms, loss) =
+                shardc_train(&g, threads, 1, 3, false).expect("the quickstart step runs");
             assert!(ms > 0.0 && ms.is_finite(), "{ms}");
             assert!(loss.is_finite() && loss > 0.0, "{loss}");
         }
