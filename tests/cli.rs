@@ -51,7 +51,7 @@ fn compile_then_run_trains_the_quickstart_net() {
     ]);
     assert!(c.status.success(), "{}", String::from_utf8_lossy(&c.stderr));
     assert!(art.join("manifest.json").exists());
-    let r = shardc(&["run", a, "--steps", "12", "--stats"]);
+    let r = shardc(&["run", a, "--steps", "200", "--stats"]);
     let stdout = String::from_utf8_lossy(&r.stdout);
     assert!(
         r.status.success(),
@@ -61,15 +61,18 @@ fn compile_then_run_trains_the_quickstart_net() {
     );
     assert!(stdout.contains("epoch: 1 step: 1, loss is "), "{stdout}");
     let l = losses(&stdout);
-    assert_eq!(l.len(), 12);
+    assert_eq!(l.len(), 200);
     assert!(l.iter().all(|x| x.is_finite()));
-    assert!(l[11] < l[0], "loss did not fall: {l:?}");
+    // The data pool cycles 8 batches: compare the mean loss of the first and last epochs.
+    let first: f64 = l[..8].iter().sum::<f64>() / 8.0;
+    let last: f64 = l[192..].iter().sum::<f64>() / 8.0;
+    assert!(last < 0.8 * first, "loss did not fall: first epoch {first}, last {last}");
     assert!(
         stdout.contains("peak"),
         "--stats prints the memory plan: {stdout}"
     );
     // Same seed, same numbers.
-    let r2 = shardc(&["run", a, "--steps", "12"]);
+    let r2 = shardc(&["run", a, "--steps", "200"]);
     assert_eq!(losses(&String::from_utf8_lossy(&r2.stdout)), l);
     let _ = std::fs::remove_dir_all(&out);
 }
