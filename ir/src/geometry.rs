@@ -38,22 +38,6 @@ impl GeometryError {
     }
 }
 
-/// An attribute value as the text form prints it (for messages).
-fn attr_text(a: &Attr) -> String {
-    fn join(xs: &[Attr]) -> String {
-        xs.iter().map(attr_text).collect::<Vec<_>>().join(", ")
-    }
-    match a {
-        Attr::None => "None".into(),
-        Attr::Bool(b) => b.to_string(),
-        Attr::Int(i) => i.to_string(),
-        Attr::Float(f) => format!("{f:?}"),
-        Attr::Str(s) => s.clone(),
-        Attr::Tuple(xs) => format!("({})", join(xs)),
-        Attr::List(xs) => format!("[{}]", join(xs)),
-    }
-}
-
 /// A shape as MindSpore prints it: `(8, 16)`.
 fn sh(s: &[usize]) -> ShapeDisplay<'_> {
     ShapeDisplay(s)
@@ -185,7 +169,7 @@ fn pair(node: &Node, key: &str, default: Option<usize>) -> Result<(usize, usize)
             node,
             format!(
                 "attribute `{key}` must be an integer, (h, w) or (1, 1, h, w), got {}",
-                attr_text(attr)
+                attr.to_string()
             ),
         )
     };
@@ -201,7 +185,7 @@ fn pair(node: &Node, key: &str, default: Option<usize>) -> Result<(usize, usize)
             node,
             format!(
                 "attribute `{key}` must be positive, got {}",
-                attr_text(attr)
+                attr.to_string()
             ),
         ));
     }
@@ -218,7 +202,7 @@ pub fn pad_mode(node: &Node, allow_pad: bool) -> Result<PadMode, GeometryError> 
                 node,
                 format!(
                     "attribute `pad_mode` must be a word, got {}",
-                    attr_text(other)
+                    other.to_string()
                 ),
             ))
         }
@@ -320,7 +304,7 @@ fn check_format(node: &Node) -> Result<(), GeometryError> {
             node,
             format!(
                 "data_format `{}` is not supported (only NCHW)",
-                attr_text(other)
+                other.to_string()
             ),
         )),
     }
@@ -336,7 +320,7 @@ fn explicit_pad(node: &Node) -> Result<[usize; 4], GeometryError> {
             node,
             format!(
                 "attribute `pad` must be an integer >= 0 or (top, bottom, left, right), got {}",
-                attr_text(a)
+                a.to_string()
             ),
         )
     };
@@ -377,7 +361,7 @@ pub fn conv2d_geometry(
         Some(a) => a.as_int().ok_or_else(|| {
             err(format!(
                 "attribute `group` must be an integer, got {}",
-                attr_text(a)
+                a.to_string()
             ))
         })?,
     };
@@ -404,7 +388,7 @@ pub fn conv2d_geometry(
         let oc = a.as_int().ok_or_else(|| {
             err(format!(
                 "attribute `out_channel` must be an integer, got {}",
-                attr_text(a)
+                a.to_string()
             ))
         })?;
         if oc != c_out as i64 {

@@ -208,6 +208,15 @@ fn print_attr_entries(out: &mut String, attrs: &Attrs, first: &mut bool) {
     }
 }
 
+/// An attribute value prints as in the text form: `(2, 4)`, `sum`, `0.5`, `"a b"`.
+impl std::fmt::Display for Attr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut s = String::new();
+        print_attr(&mut s, self);
+        f.write_str(&s)
+    }
+}
+
 fn print_attr(out: &mut String, a: &Attr) {
     match a {
         Attr::None => out.push_str("None"),

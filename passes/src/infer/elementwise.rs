@@ -1,7 +1,7 @@
 //! Shape rules of the elementwise ops: binary arithmetic (broadcasting), `Equal`, `BiasAdd`,
 //! the unary activations, `Cast` and `Dropout`.
 
-use super::{attr_text, broadcast_shapes, sh, Cx, InferError};
+use super::{broadcast_shapes, sh, Cx, InferError};
 use shardc_ir::{Attr, DType, OpKind, TensorType, Type};
 
 pub(super) fn infer(cx: &Cx<'_>) -> Result<Type, InferError> {
@@ -90,7 +90,7 @@ fn cast(cx: &Cx<'_>) -> Result<Type, InferError> {
         Some(other) => {
             return Err(cx.err(format!(
                 "attribute `dst_type` must be an element type name, got {}",
-                attr_text(other)
+                other.to_string()
             )))
         }
     };

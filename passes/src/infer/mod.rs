@@ -226,7 +226,7 @@ pub fn softmax_axis(node: &Node, rank: usize) -> Result<usize, InferError> {
                     node,
                     format!(
                         "attribute `axis` must be one integer (or a one-element tuple), got {}",
-                        attr_text(a)
+                        a.to_string()
                     ),
                 ))
             }
@@ -454,22 +454,6 @@ pub fn const_text(c: &Const) -> String {
 pub(crate) fn ints_text(v: &[i64]) -> String {
     let parts: Vec<String> = v.iter().map(i64::to_string).collect();
     format!("({})", parts.join(", "))
-}
-
-/// An attribute value as written in the IR.
-pub(crate) fn attr_text(a: &Attr) -> String {
-    fn join(xs: &[Attr]) -> String {
-        xs.iter().map(attr_text).collect::<Vec<_>>().join(", ")
-    }
-    match a {
-        Attr::None => "None".into(),
-        Attr::Bool(b) => b.to_string(),
-        Attr::Int(i) => i.to_string(),
-        Attr::Float(f) => format!("{f:?}"),
-        Attr::Str(s) => s.clone(),
-        Attr::Tuple(xs) => format!("({})", join(xs)),
-        Attr::List(xs) => format!("[{}]", join(xs)),
-    }
 }
 
 /// A shape as MindSpore prints it: `(8, 16)`.
@@ -871,7 +855,7 @@ impl<'a> Cx<'a> {
     fn bad_attr(&self, key: &str, wanted: &str, got: &Attr) -> InferError {
         self.err(format!(
             "attribute `{key}` must be {wanted}, got {}",
-            attr_text(got)
+            got.to_string()
         ))
     }
 
