@@ -66,7 +66,10 @@ fn compile_then_run_trains_the_quickstart_net() {
     // The data pool cycles 8 batches: compare the mean loss of the first and last epochs.
     let first: f64 = l[..8].iter().sum::<f64>() / 8.0;
     let last: f64 = l[192..].iter().sum::<f64>() / 8.0;
-    assert!(last < 0.8 * first, "loss did not fall: first epoch {first}, last {last}");
+    assert!(
+        last < 0.8 * first,
+        "loss did not fall: first epoch {first}, last {last}"
+    );
     assert!(
         stdout.contains("peak"),
         "--stats prints the memory plan: {stdout}"

@@ -169,7 +169,7 @@ fn pair(node: &Node, key: &str, default: Option<usize>) -> Result<(usize, usize)
             node,
             format!(
                 "attribute `{key}` must be an integer, (h, w) or (1, 1, h, w), got {}",
-                attr.to_string()
+                attr
             ),
         )
     };
@@ -183,10 +183,7 @@ fn pair(node: &Node, key: &str, default: Option<usize>) -> Result<(usize, usize)
     if h < 1 || w < 1 {
         return Err(GeometryError::new(
             node,
-            format!(
-                "attribute `{key}` must be positive, got {}",
-                attr.to_string()
-            ),
+            format!("attribute `{key}` must be positive, got {}", attr),
         ));
     }
     Ok((h as usize, w as usize))
@@ -200,10 +197,7 @@ pub fn pad_mode(node: &Node, allow_pad: bool) -> Result<PadMode, GeometryError> 
         Some(other) => {
             return Err(GeometryError::new(
                 node,
-                format!(
-                    "attribute `pad_mode` must be a word, got {}",
-                    other.to_string()
-                ),
+                format!("attribute `pad_mode` must be a word, got {}", other),
             ))
         }
     };
@@ -302,10 +296,7 @@ fn check_format(node: &Node) -> Result<(), GeometryError> {
         Some(Attr::Str(f)) if f == "NCHW" => Ok(()),
         Some(other) => Err(GeometryError::new(
             node,
-            format!(
-                "data_format `{}` is not supported (only NCHW)",
-                other.to_string()
-            ),
+            format!("data_format `{}` is not supported (only NCHW)", other),
         )),
     }
 }
@@ -320,7 +311,7 @@ fn explicit_pad(node: &Node) -> Result<[usize; 4], GeometryError> {
             node,
             format!(
                 "attribute `pad` must be an integer >= 0 or (top, bottom, left, right), got {}",
-                a.to_string()
+                a
             ),
         )
     };
@@ -358,12 +349,9 @@ pub fn conv2d_geometry(
     }
     let group = match node.attrs.get("group") {
         None => 1,
-        Some(a) => a.as_int().ok_or_else(|| {
-            err(format!(
-                "attribute `group` must be an integer, got {}",
-                a.to_string()
-            ))
-        })?,
+        Some(a) => a
+            .as_int()
+            .ok_or_else(|| err(format!("attribute `group` must be an integer, got {}", a)))?,
     };
     if group < 1 {
         return Err(err(format!(
@@ -388,7 +376,7 @@ pub fn conv2d_geometry(
         let oc = a.as_int().ok_or_else(|| {
             err(format!(
                 "attribute `out_channel` must be an integer, got {}",
-                a.to_string()
+                a
             ))
         })?;
         if oc != c_out as i64 {

@@ -119,7 +119,7 @@ fn group(cx: &Cx<'_>, required: bool) -> Result<Option<usize>, InferError> {
         Some(Attr::Int(n)) if *n >= 1 => Ok(Some(*n as usize)),
         Some(other) => Err(cx.err(format!(
             "attribute `rank_size` must be an integer >= 1, got {}",
-            other.to_string()
+            other
         ))),
         None if required => Err(cx.err("attribute `rank_list` is missing")),
         None => Ok(None),
@@ -191,7 +191,7 @@ fn receive(cx: &Cx<'_>) -> Result<Type, InferError> {
         Some(other) => {
             return Err(cx.err(format!(
                 "attribute `dtype` must be an element type name, got {}",
-                other.to_string()
+                other
             )))
         }
     };

@@ -90,7 +90,7 @@ fn cast(cx: &Cx<'_>) -> Result<Type, InferError> {
         Some(other) => {
             return Err(cx.err(format!(
                 "attribute `dst_type` must be an element type name, got {}",
-                other.to_string()
+                other
             )))
         }
     };

@@ -226,7 +226,7 @@ pub fn softmax_axis(node: &Node, rank: usize) -> Result<usize, InferError> {
                     node,
                     format!(
                         "attribute `axis` must be one integer (or a one-element tuple), got {}",
-                        a.to_string()
+                        a
                     ),
                 ))
             }
@@ -853,10 +853,7 @@ impl<'a> Cx<'a> {
     // ---- attributes ----
 
     fn bad_attr(&self, key: &str, wanted: &str, got: &Attr) -> InferError {
-        self.err(format!(
-            "attribute `{key}` must be {wanted}, got {}",
-            got.to_string()
-        ))
+        self.err(format!("attribute `{key}` must be {wanted}, got {}", got))
     }
 
     /// A boolean attribute (default when absent).
