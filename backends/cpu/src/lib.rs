@@ -103,21 +103,38 @@ impl Backend for CpuBackend {
         outputs: &mut [Tensor],
         ctx: &KernelContext,
     ) -> Result<(), KernelError> {
+        // Small ops run inline on the caller's thread: handing them to the pool costs a
+        // thread wake-up (tens of microseconds), more than the work. Chunking depends only on
+        // shapes, so the result is the same either way.
+        let parallel = self.threads > 1 && work_elements(inputs, outputs) >= PARALLEL_WORK;
         let kctx = Ctx {
             node,
             par: Par {
-                threads: self.threads,
+                threads: if parallel { self.threads } else { 1 },
             },
             step: ctx.step,
         };
         match &self.pool {
-            Some(pool) => pool.install(|| dispatch(&kctx, inputs, outputs)),
-            None => dispatch(&kctx, inputs, outputs),
+            Some(pool) if parallel => pool.install(|| dispatch(&kctx, inputs, outputs)),
+            _ => dispatch(&kctx, inputs, outputs),
         }
     }
 }
 
 /// The element type a float kernel computes in: that of its first tensor operand.
+/// Elements touched by an op (operands and results) from which it is worth running on
+/// several threads.
+const PARALLEL_WORK: usize = 1 << 15;
+
+/// Elements of every tensor operand and result: a cheap measure of an op's work.
+fn work_elements(inputs: &[Arg<'_>], outputs: &[Tensor]) -> usize {
+    inputs
+        .iter()
+        .filter_map(|a| a.tensor().map(Tensor::len))
+        .chain(outputs.iter().map(Tensor::len))
+        .sum()
+}
+
 fn compute_dtype(ctx: &Ctx<'_>, inputs: &[Arg<'_>], outputs: &[Tensor]) -> KResult<DType> {
     inputs
         .iter()
