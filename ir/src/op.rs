@@ -183,6 +183,10 @@ ops! {
     /// (0), `weight_decay` (0), `nesterov` (false) as MindSpore's SGD op. Result
     /// `(parameters', accum', stat')`.
     SGD => "SGD", Optimizer;
+    /// `ApplyGradientDescent(var, alpha, delta)`: `var' = var - alpha * delta`, plain SGD
+    /// (what `SGD` with no momentum, dampening or weight decay reduces to, without its state).
+    /// `alpha` is a rank-0 tensor or a const. Result `var'`.
+    ApplyGradientDescent => "ApplyGradientDescent", Optimizer;
     /// `Adam(var, m, v, beta1_power, beta2_power, lr, beta1, beta2, epsilon, gradient)`; attr
     /// `use_nesterov` (false). `m' = b1 m + (1-b1) g`, `v' = b2 v + (1-b2) g^2`,
     /// `var' = var - lr * sqrt(1-b2p)/(1-b1p) * m' / (sqrt(v') + eps)`. beta powers, lr, betas

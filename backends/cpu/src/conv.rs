@@ -1,4 +1,11 @@
-//! Conv2D and its two gradients: im2col / col2im + gemm, NCHW, parallel over the batch.
+//! Conv2D and its two gradients: im2col / col2im + gemm, NCHW.
+//!
+//! The batch is cut into blocks of images whose size depends only on the shapes. A block's
+//! im2col matrices sit side by side in one `(C·kh·kw) × (B·P)` matrix, so each group needs one
+//! large GEMM per block instead of one skinny GEMM per image (late ResNet stages have only 16
+//! output pixels per image). Blocks run in parallel when there are enough of them, otherwise
+//! the GEMMs use every thread; either way no float sum is split in a thread-dependent way, so
+//! results are bit-identical for every thread count.
 
 use crate::matmul::{gemm_checked, gemm_par, Dst, Src};
 use crate::real::Real;
@@ -7,8 +14,12 @@ use rayon::prelude::*;
 use shardc_ir::geometry::{conv2d_geometry, Conv2dGeometry};
 use shardc_runtime::{Arg, Tensor};
 
-/// Images per partial sum of the filter gradient (fixed, so results do not depend on threads).
-const FILTER_GRAD_BATCH_CHUNK: usize = 4;
+/// Columns (images × output pixels) a forward / input-gradient block aims for.
+const BLOCK_COLS: usize = 1024;
+/// Columns a filter-gradient block aims for (the columns are its GEMM's contraction).
+const FILTER_BLOCK_COLS: usize = 4096;
+/// Most elements of one block's im2col matrix.
+const BLOCK_ELEMS: usize = 1 << 22;
 
 /// The `ow` range `[lo, hi)` with `0 <= ow * s + off < w`, clamped to `[0, n)`.
 fn valid_range(off: isize, s: usize, w: usize, n: usize) -> (usize, usize) {
@@ -29,30 +40,32 @@ trait ConvDims {
     fn og(&self) -> usize;
     /// Rows of the im2col matrix of one group: `cg * kh * kw`.
     fn kdim(&self) -> usize;
+    /// Rows of the im2col matrix of every group: `c_in * kh * kw`.
+    fn rows(&self) -> usize;
     /// Output pixels per image.
     fn p(&self) -> usize;
     /// Whether im2col is the identity (1x1 kernel, stride 1, no padding).
     fn pointwise(&self) -> bool;
+    /// Images per block, for blocks aiming at `target` columns (depends on shapes only).
+    fn block(&self, target: usize) -> usize;
 }
 
 impl ConvDims for Conv2dGeometry {
-    /// Channels per group.
     fn cg(&self) -> usize {
         self.c_in / self.group
     }
-    /// Output channels per group.
     fn og(&self) -> usize {
         self.c_out / self.group
     }
-    /// Rows of the im2col matrix of one group: `cg * kh * kw`.
     fn kdim(&self) -> usize {
         self.cg() * self.kh * self.kw
     }
-    /// Output pixels per image.
+    fn rows(&self) -> usize {
+        self.c_in * self.kh * self.kw
+    }
     fn p(&self) -> usize {
         self.out_h * self.out_w
     }
-    /// Whether im2col is the identity (1x1 kernel, stride 1, no padding).
     fn pointwise(&self) -> bool {
         self.kh == 1
             && self.kw == 1
@@ -63,17 +76,23 @@ impl ConvDims for Conv2dGeometry {
             && self.out_h == self.h
             && self.out_w == self.w
     }
+    fn block(&self, target: usize) -> usize {
+        let p = self.p().max(1);
+        let by_cols = target.div_ceil(p);
+        let by_mem = BLOCK_ELEMS / (self.rows() * p).max(1);
+        by_cols.min(by_mem).clamp(1, self.n.max(1))
+    }
 }
 
-/// Writes the im2col matrix `(cg * kh * kw, out_h * out_w)` of channels `c0..c0 + cg` of one
-/// image `x` `(C, H, W)` into `col`.
-fn im2col<T: Real>(g: &Conv2dGeometry, x: &[T], c0: usize, col: &mut [T]) {
+/// Writes the im2col matrix `(c_in * kh * kw, out_h * out_w)` of one image `x` `(C, H, W)`
+/// into `col`, whose rows are `ld` apart.
+fn im2col<T: Real>(g: &Conv2dGeometry, x: &[T], col: &mut [T], ld: usize) {
     let (h, w, p) = (g.h, g.w, g.p());
-    for c in 0..g.cg() {
-        let plane = &x[(c0 + c) * h * w..][..h * w];
+    for c in 0..g.c_in {
+        let plane = &x[c * h * w..][..h * w];
         for i in 0..g.kh {
             for j in 0..g.kw {
-                let row = &mut col[((c * g.kh + i) * g.kw + j) * p..][..p];
+                let row = &mut col[((c * g.kh + i) * g.kw + j) * ld..][..p];
                 let off = (j * g.dil_w) as isize - g.pad_left as isize;
                 let (lo, hi) = valid_range(off, g.stride_w, w, g.out_w);
                 for oh in 0..g.out_h {
@@ -90,8 +109,10 @@ fn im2col<T: Real>(g: &Conv2dGeometry, x: &[T], c0: usize, col: &mut [T]) {
                         let start = (lo as isize + off) as usize;
                         r[lo..hi].copy_from_slice(&src[start..start + (hi - lo)]);
                     } else {
-                        for (ow, v) in r.iter_mut().enumerate().take(hi).skip(lo) {
-                            *v = src[((ow * g.stride_w) as isize + off) as usize];
+                        let s = g.stride_w;
+                        let start = (lo as isize * s as isize + off) as usize;
+                        for (v, &e) in r[lo..hi].iter_mut().zip(src[start..].iter().step_by(s)) {
+                            *v = e;
                         }
                     }
                 }
@@ -100,25 +121,38 @@ fn im2col<T: Real>(g: &Conv2dGeometry, x: &[T], c0: usize, col: &mut [T]) {
     }
 }
 
-/// Adds the im2col-shaped `col` back into channels `c0..c0 + cg` of one image `dx`.
-fn col2im<T: Real>(g: &Conv2dGeometry, col: &[T], c0: usize, dx: &mut [T]) {
+/// Writes the sum of the im2col-shaped `col` (rows `ld` apart) into one image `dx`
+/// (overwritten).
+fn col2im<T: Real>(g: &Conv2dGeometry, col: &[T], ld: usize, dx: &mut [T]) {
     let (h, w, p) = (g.h, g.w, g.p());
-    for c in 0..g.cg() {
-        let plane = &mut dx[(c0 + c) * h * w..][..h * w];
+    dx.fill(T::ZERO);
+    for c in 0..g.c_in {
+        let plane = &mut dx[c * h * w..][..h * w];
         for i in 0..g.kh {
             for j in 0..g.kw {
-                let row = &col[((c * g.kh + i) * g.kw + j) * p..][..p];
+                let row = &col[((c * g.kh + i) * g.kw + j) * ld..][..p];
                 let off = (j * g.dil_w) as isize - g.pad_left as isize;
                 let (lo, hi) = valid_range(off, g.stride_w, w, g.out_w);
+                if lo >= hi {
+                    continue;
+                }
                 for oh in 0..g.out_h {
                     let ih = (oh * g.stride_h + i * g.dil_h) as isize - g.pad_top as isize;
                     if ih < 0 || ih >= h as isize {
                         continue;
                     }
-                    let r = &row[oh * g.out_w..][..g.out_w];
+                    let r = &row[oh * g.out_w..][lo..hi];
                     let dst = &mut plane[ih as usize * w..][..w];
-                    for (ow, &v) in r.iter().enumerate().take(hi).skip(lo) {
-                        dst[((ow * g.stride_w) as isize + off) as usize] += v;
+                    let s = g.stride_w;
+                    let start = (lo as isize * s as isize + off) as usize;
+                    if s == 1 {
+                        for (d, &v) in dst[start..start + r.len()].iter_mut().zip(r) {
+                            *d += v;
+                        }
+                    } else {
+                        for (d, &v) in dst[start..].iter_mut().step_by(s).zip(r) {
+                            *d += v;
+                        }
                     }
                 }
             }
@@ -138,30 +172,108 @@ fn shape_operand(ctx: &Ctx<'_>, inputs: &[Arg<'_>], i: usize, what: &str) -> KRe
     Ok(v.iter().map(|&d| d as usize).collect())
 }
 
-/// Forward pass of one image: `y_n (O, P) = W_g · im2col(x_n)` per group.
-fn conv_image<T: Real>(
+/// Scratch buffers of one worker: an im2col matrix and an `(O, B·P)` matrix.
+struct Scratch<T> {
+    col: Vec<T>,
+    mat: Vec<T>,
+}
+
+impl<T: Real> Scratch<T> {
+    fn new(g: &Conv2dGeometry, b: usize) -> Self {
+        let cols = b * g.p();
+        let batched = b > 1;
+        let col_len = if g.pointwise() && !batched {
+            0
+        } else {
+            g.rows() * cols
+        };
+        let mat_len = if batched { g.c_out * cols } else { 0 };
+        Scratch {
+            col: vec![T::ZERO; col_len],
+            mat: vec![T::ZERO; mat_len],
+        }
+    }
+}
+
+/// Copies the `(O, P)` matrices of the images in `src` (consecutive `(O, P)` blocks) side by
+/// side into `mat` `(O, B·P)`.
+fn gather<T: Real>(src: &[T], o: usize, p: usize, mat: &mut [T]) {
+    let b = src.len() / (o * p).max(1);
+    let cols = b * p;
+    for (bi, img) in src.chunks(o * p).enumerate() {
+        for (oi, row) in img.chunks(p).enumerate() {
+            mat[oi * cols + bi * p..][..p].copy_from_slice(row);
+        }
+    }
+}
+
+/// Runs `f(first_image, block_slice, scratch)` over the blocks of `b` images, cutting `data`
+/// into blocks of `b * unit` elements; in parallel (serial GEMMs) when there are enough
+/// blocks, otherwise serially with `par` for the GEMMs.
+fn for_blocks<T: Real, F>(
+    ctx: &Ctx<'_>,
+    g: &Conv2dGeometry,
+    data: &mut [T],
+    unit: usize,
+    b: usize,
+    work: usize,
+    f: F,
+) -> KResult
+where
+    F: Fn(usize, &mut [T], &mut Scratch<T>, gemm::Parallelism) -> KResult + Sync + Send,
+{
+    let blocks = g.n.div_ceil(b);
+    if ctx.par.parallel(work) && blocks >= ctx.par.threads {
+        data.par_chunks_mut(b * unit).enumerate().try_for_each_init(
+            || Scratch::new(g, b),
+            |s, (bi, d)| f(bi * b, d, s, gemm::Parallelism::None),
+        )
+    } else {
+        let mut s = Scratch::new(g, b);
+        let par = gemm_par(ctx.par, work);
+        for (bi, d) in data.chunks_mut(b * unit).enumerate() {
+            f(bi * b, d, &mut s, par)?;
+        }
+        Ok(())
+    }
+}
+
+/// Forward pass of the images `n0..n0 + y.len() / img_out`: `Y (O, B·P) = W_g · cols`.
+#[allow(clippy::too_many_arguments)]
+fn conv_block<T: Real>(
     ctx: &Ctx<'_>,
     g: &Conv2dGeometry,
     x: &[T],
     w: &[T],
+    n0: usize,
     y: &mut [T],
-    col: &mut [T],
+    s: &mut Scratch<T>,
     par: gemm::Parallelism,
 ) -> KResult {
-    let (k, p, og) = (g.kdim(), g.p(), g.og());
+    let (k, p, og, cg) = (g.kdim(), g.p(), g.og(), g.cg());
+    let (img_in, img_out) = (g.c_in * g.h * g.w, g.c_out * p);
+    let b = y.len() / img_out;
+    let cols = b * p;
+    let xb = &x[n0 * img_in..][..b * img_in];
+    let direct_x = g.pointwise() && b == 1;
+    if !direct_x {
+        for (bi, xn) in xb.chunks(img_in).enumerate() {
+            im2col(g, xn, &mut s.col[bi * p..], cols);
+        }
+    }
+    let (rhs, rhs_group): (&[T], usize) = if direct_x {
+        (xb, cg * p)
+    } else {
+        (&s.col[..g.rows() * cols], k * cols)
+    };
+    let dst: &mut [T] = if b == 1 { &mut *y } else { &mut s.mat[..] };
     for gi in 0..g.group {
-        let b = if g.pointwise() {
-            &x[gi * g.cg() * p..][..k * p]
-        } else {
-            im2col(g, x, gi * g.cg(), col);
-            &col[..k * p]
-        };
         gemm_checked(
             ctx,
-            (og, p, k),
+            (og, cols, k),
             Dst {
-                data: &mut y[gi * og * p..][..og * p],
-                rs: p,
+                data: &mut dst[gi * og * cols..][..og * cols],
+                rs: cols,
                 cs: 1,
                 accumulate: false,
             },
@@ -171,12 +283,19 @@ fn conv_image<T: Real>(
                 cs: 1,
             },
             Src {
-                data: b,
-                rs: p,
+                data: &rhs[gi * rhs_group..][..k * cols],
+                rs: cols,
                 cs: 1,
             },
             par,
         )?;
+    }
+    if b > 1 {
+        for (bi, yn) in y.chunks_mut(img_out).enumerate() {
+            for (oi, row) in yn.chunks_mut(p).enumerate() {
+                row.copy_from_slice(&s.mat[oi * cols + bi * p..][..p]);
+            }
+        }
     }
     Ok(())
 }
@@ -193,93 +312,75 @@ pub(crate) fn conv2d<T: Real>(
     let out_shape = ctx.out_shape(outputs, 0)?;
     ctx.check_shape("the result", &out_shape, &[g.n, g.c_out, g.out_h, g.out_w])?;
     let y = ctx.out::<T>(outputs, 0)?;
-    let (img_in, img_out) = (g.c_in * g.h * g.w, g.c_out * g.p());
-    if img_out == 0 {
+    let img_out = g.c_out * g.p();
+    if img_out == 0 || g.n == 0 {
         return Ok(());
     }
-    let col_len = if g.pointwise() { 0 } else { g.kdim() * g.p() };
     let work = g.n * img_out * g.kdim();
-    if g.n > 1 && ctx.par.parallel(work) {
-        y.par_chunks_mut(img_out).enumerate().try_for_each_init(
-            || vec![T::ZERO; col_len],
-            |col, (n, yn)| {
-                conv_image(
-                    ctx,
-                    &g,
-                    &x[n * img_in..][..img_in],
-                    w,
-                    yn,
-                    col,
-                    gemm::Parallelism::None,
-                )
-            },
-        )
-    } else {
-        let mut col = vec![T::ZERO; col_len];
-        let par = gemm_par(ctx.par, work);
-        for (n, yn) in y.chunks_mut(img_out).enumerate() {
-            conv_image(ctx, &g, &x[n * img_in..][..img_in], w, yn, &mut col, par)?;
-        }
-        Ok(())
-    }
+    let b = g.block(BLOCK_COLS);
+    for_blocks(ctx, &g, y, img_out, b, work, |n0, yb, s, par| {
+        conv_block(ctx, &g, x, w, n0, yb, s, par)
+    })
 }
 
-/// Input gradient of one image: `dcol = W_g^T · dy_n`, then col2im.
-fn conv_input_grad_image<T: Real>(
+/// Input gradient of the images `n0..n0 + dx.len() / img_in`: `dcols = W_g^T · dY`, then
+/// col2im.
+#[allow(clippy::too_many_arguments)]
+fn input_grad_block<T: Real>(
     ctx: &Ctx<'_>,
     g: &Conv2dGeometry,
     dy: &[T],
     w: &[T],
+    n0: usize,
     dx: &mut [T],
-    col: &mut [T],
+    s: &mut Scratch<T>,
     par: gemm::Parallelism,
 ) -> KResult {
-    let (k, p, og) = (g.kdim(), g.p(), g.og());
-    let pointwise = g.pointwise();
-    if !pointwise {
-        dx.fill(T::ZERO);
-    }
+    let (k, p, og, cg) = (g.kdim(), g.p(), g.og(), g.cg());
+    let (img_in, img_out) = (g.c_in * g.h * g.w, g.c_out * p);
+    let b = dx.len() / img_in;
+    let cols = b * p;
+    let dyb = &dy[n0 * img_out..][..b * img_out];
+    let rhs: &[T] = if b == 1 {
+        dyb
+    } else {
+        gather(dyb, g.c_out, p, &mut s.mat);
+        &s.mat[..g.c_out * cols]
+    };
+    let direct_dx = g.pointwise() && b == 1;
     for gi in 0..g.group {
         let a = Src {
             data: &w[gi * og * k..][..og * k],
             rs: 1,
             cs: k,
         };
-        let b = Src {
-            data: &dy[gi * og * p..][..og * p],
-            rs: p,
+        let bm = Src {
+            data: &rhs[gi * og * cols..][..og * cols],
+            rs: cols,
             cs: 1,
         };
-        if pointwise {
-            let dst = &mut dx[gi * g.cg() * p..][..k * p];
-            gemm_checked(
-                ctx,
-                (k, p, og),
-                Dst {
-                    data: dst,
-                    rs: p,
-                    cs: 1,
-                    accumulate: false,
-                },
-                a,
-                b,
-                par,
-            )?;
+        let dst: &mut [T] = if direct_dx {
+            &mut dx[gi * cg * p..][..k * p]
         } else {
-            gemm_checked(
-                ctx,
-                (k, p, og),
-                Dst {
-                    data: &mut col[..k * p],
-                    rs: p,
-                    cs: 1,
-                    accumulate: false,
-                },
-                a,
-                b,
-                par,
-            )?;
-            col2im(g, col, gi * g.cg(), dx);
+            &mut s.col[gi * k * cols..][..k * cols]
+        };
+        gemm_checked(
+            ctx,
+            (k, cols, og),
+            Dst {
+                data: dst,
+                rs: cols,
+                cs: 1,
+                accumulate: false,
+            },
+            a,
+            bm,
+            par,
+        )?;
+    }
+    if !direct_dx {
+        for (bi, dxn) in dx.chunks_mut(img_in).enumerate() {
+            col2im(g, &s.col[bi * p..], cols, dxn);
         }
     }
     Ok(())
@@ -300,93 +401,74 @@ pub(crate) fn conv2d_backprop_input<T: Real>(
     ctx.check_shape("the result", &out_shape, &x_shape)?;
     let dx = ctx.out::<T>(outputs, 0)?;
     let (img_in, img_out) = (g.c_in * g.h * g.w, g.c_out * g.p());
-    if img_in == 0 {
+    if img_in == 0 || g.n == 0 {
         return Ok(());
     }
-    let col_len = if g.pointwise() { 0 } else { g.kdim() * g.p() };
     let work = g.n * img_out * g.kdim();
-    if g.n > 1 && ctx.par.parallel(work) {
-        dx.par_chunks_mut(img_in).enumerate().try_for_each_init(
-            || vec![T::ZERO; col_len],
-            |col, (n, dxn)| {
-                conv_input_grad_image(
-                    ctx,
-                    &g,
-                    &dy[n * img_out..][..img_out],
-                    w,
-                    dxn,
-                    col,
-                    gemm::Parallelism::None,
-                )
-            },
-        )
-    } else {
-        let mut col = vec![T::ZERO; col_len];
-        let par = gemm_par(ctx.par, work);
-        for (n, dxn) in dx.chunks_mut(img_in).enumerate() {
-            conv_input_grad_image(
-                ctx,
-                &g,
-                &dy[n * img_out..][..img_out],
-                w,
-                dxn,
-                &mut col,
-                par,
-            )?;
-        }
-        Ok(())
-    }
+    let b = g.block(BLOCK_COLS);
+    for_blocks(ctx, &g, dx, img_in, b, work, |n0, dxb, s, par| {
+        input_grad_block(ctx, &g, dy, w, n0, dxb, s, par)
+    })
 }
 
-/// Filter gradient summed over images `n0..n1` into `dw` (overwritten).
+/// Filter gradient of the images `n0..n1` into `dw` (overwritten): one GEMM per group,
+/// `dW_g = dY_g (og, B·P) · cols_g^T`, the images' pixels forming the contraction.
 #[allow(clippy::too_many_arguments)]
-fn conv_filter_grad_range<T: Real>(
+fn filter_grad_block<T: Real>(
     ctx: &Ctx<'_>,
     g: &Conv2dGeometry,
     dy: &[T],
     x: &[T],
     (n0, n1): (usize, usize),
     dw: &mut [T],
-    col: &mut [T],
+    s: &mut Scratch<T>,
     par: gemm::Parallelism,
 ) -> KResult {
-    let (k, p, og) = (g.kdim(), g.p(), g.og());
+    let (k, p, og, cg) = (g.kdim(), g.p(), g.og(), g.cg());
     let (img_in, img_out) = (g.c_in * g.h * g.w, g.c_out * p);
-    if n0 == n1 {
-        dw.fill(T::ZERO);
-    }
-    for n in n0..n1 {
-        let xn = &x[n * img_in..][..img_in];
-        let dyn_ = &dy[n * img_out..][..img_out];
-        for gi in 0..g.group {
-            let b_data = if g.pointwise() {
-                &xn[gi * g.cg() * p..][..k * p]
-            } else {
-                im2col(g, xn, gi * g.cg(), col);
-                &col[..k * p]
-            };
-            gemm_checked(
-                ctx,
-                (og, k, p),
-                Dst {
-                    data: &mut dw[gi * og * k..][..og * k],
-                    rs: k,
-                    cs: 1,
-                    accumulate: n > n0,
-                },
-                Src {
-                    data: &dyn_[gi * og * p..][..og * p],
-                    rs: p,
-                    cs: 1,
-                },
-                Src {
-                    data: b_data,
-                    rs: 1,
-                    cs: p,
-                },
-                par,
-            )?;
+    let b = n1 - n0;
+    let cols = b * p;
+    let dyb = &dy[n0 * img_out..][..b * img_out];
+    let xb = &x[n0 * img_in..][..b * img_in];
+    let lhs: &[T] = if b == 1 {
+        dyb
+    } else {
+        gather(dyb, g.c_out, p, &mut s.mat);
+        &s.mat[..g.c_out * cols]
+    };
+    let direct_x = g.pointwise() && b == 1;
+    if !direct_x {
+        for (bi, xn) in xb.chunks(img_in).enumerate() {
+            im2col(g, xn, &mut s.col[bi * p..], cols);
         }
+    }
+    let (rhs, rhs_group): (&[T], usize) = if direct_x {
+        (xb, cg * p)
+    } else {
+        (&s.col[..g.rows() * cols], k * cols)
+    };
+    for gi in 0..g.group {
+        gemm_checked(
+            ctx,
+            (og, k, cols),
+            Dst {
+                data: &mut dw[gi * og * k..][..og * k],
+                rs: k,
+                cs: 1,
+                accumulate: false,
+            },
+            Src {
+                data: &lhs[gi * og * cols..][..og * cols],
+                rs: cols,
+                cs: 1,
+            },
+            Src {
+                data: &rhs[gi * rhs_group..][..k * cols],
+                rs: 1,
+                cs: cols,
+            },
+            par,
+        )?;
     }
     Ok(())
 }
@@ -409,60 +491,44 @@ pub(crate) fn conv2d_backprop_filter<T: Real>(
     if wlen == 0 {
         return Ok(());
     }
-    let col_len = if g.pointwise() { 0 } else { g.kdim() * g.p() };
+    if g.n == 0 || g.p() == 0 {
+        dw.fill(T::ZERO);
+        return Ok(());
+    }
     let work = g.n * g.c_out * g.p() * g.kdim();
-    let chunks = g.n.div_ceil(FILTER_GRAD_BATCH_CHUNK).max(1);
-    let range = |c: usize| {
-        let n0 = c * FILTER_GRAD_BATCH_CHUNK;
-        (n0.min(g.n), (n0 + FILTER_GRAD_BATCH_CHUNK).min(g.n))
-    };
+    let b = g.block(FILTER_BLOCK_COLS);
+    let chunks = g.n.div_ceil(b);
+    let range = |c: usize| (c * b, ((c + 1) * b).min(g.n));
     if chunks == 1 {
-        let mut col = vec![T::ZERO; col_len];
-        return conv_filter_grad_range(
+        let mut s = Scratch::new(&g, b);
+        return filter_grad_block(
             ctx,
             &g,
             dy,
             x,
             range(0),
             dw,
-            &mut col,
+            &mut s,
             gemm_par(ctx.par, work),
         );
     }
-    // One partial sum per fixed chunk of images, then the partials summed in order.
+    // One partial sum per fixed block of images, then the partials summed in order.
     let mut partials = vec![T::ZERO; chunks * wlen];
-    if ctx.par.parallel(work) {
+    if ctx.par.parallel(work) && chunks >= ctx.par.threads {
         partials
             .par_chunks_mut(wlen)
             .enumerate()
             .try_for_each_init(
-                || vec![T::ZERO; col_len],
-                |col, (c, part)| {
-                    conv_filter_grad_range(
-                        ctx,
-                        &g,
-                        dy,
-                        x,
-                        range(c),
-                        part,
-                        col,
-                        gemm::Parallelism::None,
-                    )
+                || Scratch::new(&g, b),
+                |s, (c, part)| {
+                    filter_grad_block(ctx, &g, dy, x, range(c), part, s, gemm::Parallelism::None)
                 },
             )?;
     } else {
-        let mut col = vec![T::ZERO; col_len];
+        let mut s = Scratch::new(&g, b);
+        let par = gemm_par(ctx.par, work);
         for (c, part) in partials.chunks_mut(wlen).enumerate() {
-            conv_filter_grad_range(
-                ctx,
-                &g,
-                dy,
-                x,
-                range(c),
-                part,
-                &mut col,
-                gemm::Parallelism::None,
-            )?;
+            filter_grad_block(ctx, &g, dy, x, range(c), part, &mut s, par)?;
         }
     }
     let parts = &partials;

@@ -203,6 +203,7 @@ fn float_op<T: Real>(ctx: &Ctx<'_>, inputs: &[Arg<'_>], outputs: &mut [Tensor]) 
         SoftmaxCrossEntropyWithLogits => loss::softmax_ce::<T>(ctx, inputs, outputs),
         SparseSoftmaxCrossEntropyWithLogits => loss::sparse_softmax_ce::<T>(ctx, inputs, outputs),
         ApplyMomentum => optim::apply_momentum::<T>(ctx, inputs, outputs),
+        ApplyGradientDescent => optim::apply_gradient_descent::<T>(ctx, inputs, outputs),
         SGD => optim::sgd::<T>(ctx, inputs, outputs),
         Adam => optim::adam::<T>(ctx, inputs, outputs),
         UnsortedSegmentSum => movement::unsorted_segment_sum::<T>(ctx, inputs, outputs),

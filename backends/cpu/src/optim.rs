@@ -1,7 +1,7 @@
 //! Optimizer updates (functional: they return the new values).
 
 use crate::real::Real;
-use crate::util::{for_chunks2, for_chunks3, Ctx, KResult, ELEMWISE_CHUNK};
+use crate::util::{for_chunks, for_chunks2, for_chunks3, Ctx, KResult, ELEMWISE_CHUNK};
 use shardc_runtime::{Arg, Tensor};
 
 /// Operand `i`, a tensor of `shape` (`what` names it).
@@ -76,6 +76,28 @@ pub(crate) fn apply_momentum<T: Real>(
             }
         },
     );
+    Ok(())
+}
+
+/// `ApplyGradientDescent(var, alpha, delta)` -> `var - alpha * delta`.
+pub(crate) fn apply_gradient_descent<T: Real>(
+    ctx: &Ctx<'_>,
+    inputs: &[Arg<'_>],
+    outputs: &mut [Tensor],
+) -> KResult {
+    let (shape, var) = ctx.data::<T>(inputs, 0)?;
+    let alpha = T::from_f64(ctx.scalar(inputs, 1)?);
+    let delta = same::<T>(ctx, inputs, 2, "delta", shape)?;
+    let mut o = outs::<T>(ctx, outputs, &["var'"], shape)?;
+    let out = take(&mut o);
+    let n = var.len();
+    for_chunks(ctx.par, out, ELEMWISE_CHUNK, n, |ci, oc| {
+        let base = ci * ELEMWISE_CHUNK;
+        let (v, d) = (&var[base..base + oc.len()], &delta[base..base + oc.len()]);
+        for ((o, &v), &d) in oc.iter_mut().zip(v).zip(d) {
+            *o = v - alpha * d;
+        }
+    });
     Ok(())
 }
 

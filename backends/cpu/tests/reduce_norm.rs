@@ -458,6 +458,14 @@ fn optimizers_follow_their_formulas() {
             .out(DType::Float64, &shape);
         check_tol(&case, &[nv, na], 1e-12, 1e-6);
     }
+    // Plain gradient descent: var - alpha * delta.
+    let nv: Vec<f64> = (0..n).map(|i| v[i] - lr * g[i]).collect();
+    let case = op(OpKind::ApplyGradientDescent)
+        .t(var.clone())
+        .c(Const::Float(lr))
+        .t(grad.clone())
+        .out(DType::Float64, &shape);
+    check_tol(&case, &[nv], 1e-12, 1e-6);
     // SGD: stat 1 on the first half (first step: accum = g), 0 on the rest.
     let stat: Vec<f64> = (0..n).map(|i| if i < n / 2 { 1.0 } else { 0.0 }).collect();
     for (dampening, wd, nesterov, momentum) in [

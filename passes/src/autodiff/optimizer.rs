@@ -162,6 +162,20 @@ pub(super) fn append_update(
                 dampening,
                 weight_decay,
                 nesterov,
+            } if momentum == 0.0 && dampening == 0.0 && weight_decay == 0.0 && !nesterov => (
+                // Plain SGD needs no state: MindSpore's SGD op would keep and rewrite an
+                // `accum` and a `stat` per weight for nothing.
+                OpKind::ApplyGradientDescent,
+                vec![var, hp(learning_rate), grad.clone()],
+                Attrs::new(),
+                Vec::new(),
+            ),
+            Optimizer::Sgd {
+                learning_rate,
+                momentum,
+                dampening,
+                weight_decay,
+                nesterov,
             } => {
                 let accum = add_state(
                     &mut em.g,
@@ -250,14 +264,19 @@ pub(super) fn append_update(
         let base = match op {
             OpKind::ApplyMomentum => "apply_momentum",
             OpKind::SGD => "sgd",
+            OpKind::ApplyGradientDescent => "apply_gradient_descent",
             _ => "adam",
         };
         em.set_plain_context(&scope, &format!("{base}_{wname}"), op);
         let update = em.emit_node(op, inputs, attrs, "")?;
         let targets: Vec<ParamId> = std::iter::once(*w).chain(state).collect();
         let mut values = Vec::with_capacity(targets.len());
-        for k in 0..targets.len() {
-            values.push(em.item(update, k, &format!("_{k}"))?);
+        if op == OpKind::ApplyGradientDescent {
+            values.push(Operand::Node(update));
+        } else {
+            for k in 0..targets.len() {
+                values.push(em.item(update, k, &format!("_{k}"))?);
+            }
         }
         for (p, value) in targets.into_iter().zip(values) {
             let pname = em.g.param(p).name.clone();

@@ -270,7 +270,7 @@ impl Rule<'_> {
             Broadcast | Send | Receive => Err(self.em.no_gradient(
                 "point-to-point and broadcast communication have no gradient rule yet",
             )),
-            ApplyMomentum | SGD | Adam => Err(self
+            ApplyMomentum | SGD | ApplyGradientDescent | Adam => Err(self
                 .em
                 .no_gradient("an optimizer update is not differentiable")),
             Assign => Err(self

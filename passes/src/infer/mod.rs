@@ -364,6 +364,9 @@ pub fn signature(op: OpKind) -> Signature {
             ("gradient", Tensor),
             ("momentum", Scalar),
         ]),
+        ApplyGradientDescent => {
+            Signature::fixed(&[("var", Tensor), ("alpha", Scalar), ("delta", Tensor)])
+        }
         SGD => Signature::fixed(&[
             ("parameters", Tensor),
             ("gradient", Tensor),

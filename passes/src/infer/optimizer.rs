@@ -1,6 +1,7 @@
-//! Shape rules of the optimizer updates: `ApplyMomentum`, `SGD`, `Adam`. Each is functional:
-//! it returns the new values of the variable and its state as a tuple, all of the variable's
-//! type; `Assign` stores them.
+//! Shape rules of the optimizer updates: `ApplyMomentum`, `SGD`, `ApplyGradientDescent`,
+//! `Adam`. Each is functional: it returns the new values of the variable and its state (a
+//! tuple, all of the variable's type; `ApplyGradientDescent` has no state and returns one
+//! tensor); `Assign` stores them.
 
 use super::{Cx, InferError};
 use shardc_ir::{OpKind, Type};
@@ -18,6 +19,7 @@ pub(super) fn infer(cx: &Cx<'_>) -> Result<Type, InferError> {
             cx.attr_bool("nesterov", false)?;
             (&[1, 3, 5], &[2, 4], 3)
         }
+        OpKind::ApplyGradientDescent => (&[2], &[1], 1),
         OpKind::Adam => {
             cx.attr_bool("use_nesterov", false)?;
             (&[1, 2, 9], &[3, 4, 5, 6, 7, 8], 3)
@@ -31,5 +33,9 @@ pub(super) fn infer(cx: &Cx<'_>) -> Result<Type, InferError> {
     for &i in scalars {
         cx.scalar(i, var.dtype)?;
     }
-    Ok(Type::Tuple(vec![var.clone(); results]))
+    Ok(if results == 1 {
+        Type::Tensor(var.clone())
+    } else {
+        Type::Tuple(vec![var.clone(); results])
+    })
 }
