@@ -10,45 +10,18 @@
 //! The CPU backend's own kernel benchmark (GEMM and Conv2D, no reference) is
 //! `cargo bench -p shardc-backend-cpu --bench gemm`.
 
-use std::process::{Command, ExitCode};
+mod common;
 
-fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    // `cargo bench` passes `--bench`; without it (`cargo test --benches`) this is a smoke run
-    // of the same code path: tiny, shardc's side only.
-    let passed: Vec<String> = if args.iter().any(|a| a == "--bench") {
-        args.into_iter().filter(|a| a != "--bench").collect()
-    } else {
-        [
+fn main() -> std::process::ExitCode {
+    common::run_shardc_bench(
+        "gemm",
+        &[
             "--quick",
             "--no-reference",
             "--sizes",
             "64",
             "--threads",
             "1",
-        ]
-        .map(String::from)
-        .to_vec()
-    };
-    let root = env!("CARGO_MANIFEST_DIR");
-    let status = Command::new(env!("CARGO_BIN_EXE_shardc"))
-        .current_dir(root)
-        .args(["bench", "gemm", "--no-setup", "--bench-dir"])
-        .arg(format!("{root}/bench"))
-        .args(&passed)
-        .status();
-    match status {
-        Ok(s) if s.success() => ExitCode::SUCCESS,
-        Ok(s) => {
-            eprintln!("gemm_ratio: `shardc bench gemm` ended with {s}");
-            ExitCode::FAILURE
-        }
-        Err(e) => {
-            eprintln!(
-                "gemm_ratio: cannot start {}: {e}",
-                env!("CARGO_BIN_EXE_shardc")
-            );
-            ExitCode::FAILURE
-        }
-    }
+        ],
+    )
 }
