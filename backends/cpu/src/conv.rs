@@ -13,6 +13,8 @@ use crate::util::{for_chunks, Ctx, KResult};
 use rayon::prelude::*;
 use shardc_ir::geometry::{conv2d_geometry, Conv2dGeometry};
 use shardc_runtime::{Arg, Tensor};
+use std::any::Any;
+use std::cell::RefCell;
 
 /// Columns (images × output pixels) a forward / input-gradient block aims for.
 const BLOCK_COLS: usize = 1024;
@@ -84,10 +86,72 @@ impl ConvDims for Conv2dGeometry {
     }
 }
 
+/// Zeroes a slice that is usually one or two elements long (a padding border) without a
+/// call to `memset`.
+#[inline(always)]
+fn zero_small<T: Real>(r: &mut [T]) {
+    match r.len() {
+        0 => {}
+        1 => r[0] = T::ZERO,
+        2 => {
+            r[0] = T::ZERO;
+            r[1] = T::ZERO;
+        }
+        _ => r.fill(T::ZERO),
+    }
+}
+
+/// One im2col row `(out_h * out_w)` of kernel tap `(i, ·)` with horizontal offset `off` and
+/// valid output columns `lo..hi`, for unit strides and `out_w == w`: the valid part is one
+/// shifted copy of the input plane, then the columns that fall in the left or right padding
+/// are zeroed.
+fn im2col_row_unit_stride<T: Real>(
+    g: &Conv2dGeometry,
+    plane: &[T],
+    row: &mut [T],
+    i: usize,
+    off: isize,
+    (lo, hi): (usize, usize),
+) {
+    let w = g.w;
+    let dy = (i * g.dil_h) as isize - g.pad_top as isize;
+    let oh_lo = (-dy).clamp(0, g.out_h as isize) as usize;
+    let oh_hi = (g.h as isize - dy).clamp(oh_lo as isize, g.out_h as isize) as usize;
+    row[..oh_lo * w].fill(T::ZERO);
+    row[oh_hi * w..].fill(T::ZERO);
+    let valid = &mut row[oh_lo * w..oh_hi * w];
+    if valid.is_empty() {
+        return;
+    }
+    if lo >= hi {
+        valid.fill(T::ZERO);
+        return;
+    }
+    // Output element `d` of the row reads input element `d + shift` of the plane.
+    let shift = dy * w as isize + off;
+    let base = (oh_lo * w) as isize;
+    let d0 = (-shift - base).max(0) as usize;
+    let d1 = ((plane.len() as isize - shift - base).max(0) as usize).min(valid.len());
+    if d0 < d1 {
+        let s0 = (base + d0 as isize + shift) as usize;
+        valid[d0..d1].copy_from_slice(&plane[s0..s0 + (d1 - d0)]);
+        // Anything outside d0..d1 lies in the padding columns, zeroed below.
+    } else {
+        valid.fill(T::ZERO);
+    }
+    if lo > 0 || hi < w {
+        for r in valid.chunks_exact_mut(w) {
+            zero_small(&mut r[..lo]);
+            zero_small(&mut r[hi..]);
+        }
+    }
+}
+
 /// Writes the im2col matrix `(c_in * kh * kw, out_h * out_w)` of one image `x` `(C, H, W)`
 /// into `col`, whose rows are `ld` apart.
 fn im2col<T: Real>(g: &Conv2dGeometry, x: &[T], col: &mut [T], ld: usize) {
     let (h, w, p) = (g.h, g.w, g.p());
+    let unit = g.stride_h == 1 && g.stride_w == 1 && g.out_w == w;
     for c in 0..g.c_in {
         let plane = &x[c * h * w..][..h * w];
         for i in 0..g.kh {
@@ -95,6 +159,10 @@ fn im2col<T: Real>(g: &Conv2dGeometry, x: &[T], col: &mut [T], ld: usize) {
                 let row = &mut col[((c * g.kh + i) * g.kw + j) * ld..][..p];
                 let off = (j * g.dil_w) as isize - g.pad_left as isize;
                 let (lo, hi) = valid_range(off, g.stride_w, w, g.out_w);
+                if unit {
+                    im2col_row_unit_stride(g, plane, row, i, off, (lo, hi));
+                    continue;
+                }
                 for oh in 0..g.out_h {
                     let ih = (oh * g.stride_h + i * g.dil_h) as isize - g.pad_top as isize;
                     let r = &mut row[oh * g.out_w..][..g.out_w];
@@ -103,8 +171,8 @@ fn im2col<T: Real>(g: &Conv2dGeometry, x: &[T], col: &mut [T], ld: usize) {
                         continue;
                     }
                     let src = &plane[ih as usize * w..][..w];
-                    r[..lo].fill(T::ZERO);
-                    r[hi..].fill(T::ZERO);
+                    zero_small(&mut r[..lo]);
+                    zero_small(&mut r[hi..]);
                     if g.stride_w == 1 {
                         let start = (lo as isize + off) as usize;
                         r[lo..hi].copy_from_slice(&src[start..start + (hi - lo)]);
@@ -172,8 +240,49 @@ fn shape_operand(ctx: &Ctx<'_>, inputs: &[Arg<'_>], i: usize, what: &str) -> KRe
     Ok(v.iter().map(|&d| d as usize).collect())
 }
 
-/// Scratch buffers of one worker: an im2col matrix and an `(O, B·P)` matrix.
-struct Scratch<T> {
+/// Most scratch vectors a thread keeps between calls.
+const SCRATCH_KEPT: usize = 4;
+
+thread_local! {
+    /// Scratch vectors (`Vec<f32>` / `Vec<f64>`) kept by this thread between kernel calls, so
+    /// that large im2col buffers are not allocated (and zeroed) on every call.
+    static SCRATCH_POOL: RefCell<Vec<Box<dyn Any>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A vector of at least `len` elements of unspecified contents, from this thread's pool when
+/// it has one.
+fn take_vec<T: Real>(len: usize) -> Vec<T> {
+    let cached = SCRATCH_POOL.with(|pool| {
+        let mut pool = pool.borrow_mut();
+        let i = pool.iter().position(|b| b.is::<Vec<T>>())?;
+        Some(pool.swap_remove(i))
+    });
+    let mut v = cached
+        .and_then(|b| b.downcast::<Vec<T>>().ok())
+        .map(|b| *b)
+        .unwrap_or_default();
+    if v.len() < len {
+        v.resize(len, T::ZERO);
+    }
+    v
+}
+
+/// Returns a vector to this thread's pool.
+fn give_vec<T: Real>(v: Vec<T>) {
+    if v.capacity() == 0 {
+        return;
+    }
+    SCRATCH_POOL.with(|pool| {
+        let mut pool = pool.borrow_mut();
+        if pool.len() < SCRATCH_KEPT {
+            pool.push(Box::new(v));
+        }
+    });
+}
+
+/// Scratch buffers of one worker: an im2col matrix and an `(O, B·P)` matrix. Their contents
+/// are unspecified (reused between calls): every user overwrites what it reads.
+struct Scratch<T: Real> {
     col: Vec<T>,
     mat: Vec<T>,
 }
@@ -189,9 +298,24 @@ impl<T: Real> Scratch<T> {
         };
         let mat_len = if batched { g.c_out * cols } else { 0 };
         Scratch {
-            col: vec![T::ZERO; col_len],
-            mat: vec![T::ZERO; mat_len],
+            col: if col_len > 0 {
+                take_vec(col_len)
+            } else {
+                Vec::new()
+            },
+            mat: if mat_len > 0 {
+                take_vec(mat_len)
+            } else {
+                Vec::new()
+            },
         }
+    }
+}
+
+impl<T: Real> Drop for Scratch<T> {
+    fn drop(&mut self) {
+        give_vec(std::mem::take(&mut self.col));
+        give_vec(std::mem::take(&mut self.mat));
     }
 }
 
