@@ -47,6 +47,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let opts = CompileOptions {
         optimizer: Some(SGD::new(0.01).momentum(0.9).to_spec()),
         dump_dir: None,
+        ..Default::default()
     };
     let train = compile(forward, &opts)?.graph;
     let mut exec = Executor::new(train, Arc::new(CpuBackend::new()))?;

@@ -66,6 +66,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let opts = CompileOptions {
         optimizer: Some(Momentum::new(0.2, 0.1).to_spec()),
         dump_dir: None,
+        ..Default::default()
     };
     let train = compile(forward, &opts)?.graph;
     let data = SyntheticData::new(&train, 1, 8)?;

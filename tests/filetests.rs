@@ -17,6 +17,11 @@
 //! - `verify`: infer, then verify: prints `ok` or the error;
 //! - `autodiff`: the gradient graph of the loss w.r.t. every trainable weight;
 //! - `train OPT [lr=..] [momentum=..]`: the whole training step (`momentum`, `sgd`, `adam`);
+//! - `strategy device_num=N mode=MODE [dataset=..] [gradients_mean=..] [alltoall]`: the
+//!   training step (Momentum lr 0.2, momentum 0.1) with every op's strategy and its source —
+//!   the `step_parallel_begin` dump (MODE: `data_parallel`, `semi_auto_parallel`,
+//!   `auto_parallel`; dataset: `data_parallel`, `full_batch`);
+//! - `partition device_num=N mode=MODE rank=R [...]`: rank R's graph — the execute dump;
 //!
 //! The output is compared with `NAME.expected` beside the file when that exists (exact text),
 //! and with the `CHECK` lines in order (`CHECK`, `CHECK-NEXT`, `CHECK-NOT`), FileCheck-style.
@@ -106,8 +111,73 @@ fn run_command(command: &str, src: &str, file: &str) -> Result<String, String> {
             verify::verify(&t).map_err(|e| e.to_string())?;
             Ok(print_graph(&t))
         }
+        "strategy" | "partition" => {
+            verify::verify(&g).map_err(|e| e.to_string())?;
+            run_parallel(what, rest, &g)
+        }
         other => Err(format!("unknown test command '{other}'")),
     }
+}
+
+/// `strategy ...` / `partition ...` on an inferred, verified forward graph.
+fn run_parallel(what: &str, words: &[&str], g: &shardc::ir::Graph) -> Result<String, String> {
+    use shardc::passes::parallel::{partition, strategy, DatasetLayout, Mode, ParallelOptions};
+    let mut opts = ParallelOptions {
+        mode: Mode::SemiAutoParallel,
+        device_num: 1,
+        dataset: DatasetLayout::DataParallel,
+        gradients_mean: true,
+        enable_alltoall: false,
+    };
+    let mut rank = 0usize;
+    for w in words {
+        if *w == "alltoall" {
+            opts.enable_alltoall = true;
+            continue;
+        }
+        let (k, v) = w.split_once('=').ok_or(format!("bad option {w}"))?;
+        match k {
+            "device_num" => opts.device_num = v.parse().map_err(|_| format!("bad {w}"))?,
+            "rank" => rank = v.parse().map_err(|_| format!("bad {w}"))?,
+            "gradients_mean" => opts.gradients_mean = v == "true",
+            "mode" => {
+                opts.mode = match v {
+                    "data_parallel" => Mode::DataParallel,
+                    "semi_auto_parallel" => Mode::SemiAutoParallel,
+                    "auto_parallel" => Mode::AutoParallel,
+                    _ => return Err(format!("unknown mode {v}")),
+                }
+            }
+            "dataset" => {
+                opts.dataset = match v {
+                    "data_parallel" => DatasetLayout::DataParallel,
+                    "full_batch" => DatasetLayout::FullBatch,
+                    _ => return Err(format!("unknown dataset strategy {v}")),
+                }
+            }
+            _ => return Err(format!("unknown option {k}")),
+        }
+    }
+    let opt = Optimizer::Momentum {
+        learning_rate: 0.2,
+        momentum: 0.1,
+        use_nesterov: false,
+    };
+    let t = autodiff::training_graph(g, &opt).map_err(|e| e.to_string())?;
+    let a = strategy::assign(&t, &opts).map_err(|e| e.to_string())?;
+    if what == "strategy" {
+        let mut out = t.clone();
+        for (n, d) in out.nodes.iter_mut().zip(&a.decisions) {
+            if let Some(d) = d {
+                n.in_strategy = Some(d.sharding.strategy.clone());
+                n.comments.push(format!("strategy from: {}", d.source));
+            }
+        }
+        return Ok(print_graph(&out));
+    }
+    let rg = partition::rank_graph(&t, &a, &opts, rank).map_err(|e| e.to_string())?;
+    verify::verify(&rg).map_err(|e| e.to_string())?;
+    Ok(print_graph(&rg))
 }
 
 /// FileCheck-style matching of `checks` against `output`.

@@ -17,6 +17,7 @@ fn train(g: Graph) -> Graph {
             nesterov: false,
         }),
         dump_dir: None,
+        ..Default::default()
     };
     compile(g, &opts).expect("compiles").graph
 }

@@ -38,6 +38,7 @@ fn graphs() -> Vec<(String, Graph)> {
                 &CompileOptions {
                     optimizer: Some(*opt),
                     dump_dir: None,
+                    ..Default::default()
                 },
             )
             .expect("compiles");

@@ -12,6 +12,8 @@
 //! - [`init`]: initializers by their MindSpore names;
 //! - [`model`]: network + loss as one forward graph, and its training step;
 //! - [`pipeline`]: the list of passes, run in order, with `NN_name_NNNN.ir` dumps;
+//! - [`parallel_context`]: MindSpore's `set_auto_parallel_context` options, from TOML or flags;
+//! - [`strategy_file`]: the strategy file (save, load, reproduce the per-rank graphs);
 //! - [`zoo`]: ready-made networks (the quickstart net, MLP, LeNet-5, ResNet-18).
 //!
 //! ```
@@ -43,8 +45,10 @@ pub mod model;
 pub mod nn;
 pub mod ops;
 pub mod optim;
+pub mod parallel_context;
 pub mod pipeline;
 pub mod strategy;
+pub mod strategy_file;
 pub mod zoo;
 
 pub use builder::{BuildError, GraphBuilder, Value};

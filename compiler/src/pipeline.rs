@@ -4,6 +4,15 @@
 //! |-------|---------------|-------------------------------------------------------------|
 //! | 00    | `infer_types` | fills every node's type by the shape rules, then verifies   |
 //! | 01    | `autodiff`    | forward + backward + optimizer update (only with an optimizer) |
+//! | 02    | `step_parallel_begin` | a strategy for every op, a layout for every parameter (`passes::parallel::strategy`) |
+//! | 03    | `step_parallel_end`   | one graph per rank: sliced shapes, inserted communication (`passes::parallel::partition`) |
+//! | 04    | `execute`     | the graph each rank runs                                     |
+//!
+//! Stages 02-04 run only with [`CompileOptions::parallel`] set (more than one device). Their
+//! dumps are per rank, as MindSpore's: `DIR/rank_R/step_parallel_begin_NNNN.ir` (the logical
+//! graph with every op's `in_strategy` and where it came from), `step_parallel_end_NNNN.ir`
+//! and `04_execute_NNNN.ir` (rank R's graph). Without parallelism the final graph is dumped as
+//! `04_execute_NNNN.ir` too.
 //!
 //! The input graph is always verified after its types are inferred (it may come from a file a
 //! user wrote). After every later pass the result is verified again in debug builds (and so in
@@ -15,8 +24,13 @@
 
 use crate::builder::BuildError;
 use crate::optim;
+use crate::parallel_context::{DatasetStrategy, ParallelContext, ParallelMode, SearchMode};
+use crate::strategy_file::{StrategyFile, StrategyFileError};
 use shardc_ir::Graph;
 use shardc_passes::autodiff::{self, Optimizer};
+use shardc_passes::parallel::{
+    partition, strategy, DatasetLayout, Mode, ParallelError, ParallelOptions,
+};
 use shardc_passes::{infer, verify};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -30,6 +44,27 @@ pub struct CompileOptions {
     /// Write every stage as `NN_name_NNNN.ir` into this directory (MindSpore's
     /// `save_graphs_path`).
     pub dump_dir: Option<PathBuf>,
+    /// Compile for several devices (`None`: one device).
+    pub parallel: Option<ParallelOptions>,
+    /// Take every op's strategy from this strategy file (`strategy_ckpt_config.load_file`).
+    pub load_strategy: Option<PathBuf>,
+    /// Write the strategy file here (`strategy_ckpt_config.save_file`).
+    pub save_strategy: Option<PathBuf>,
+    /// The name of the parallel mode and searcher, for the strategy file.
+    pub mode_names: Option<(String, String)>,
+}
+
+/// The parallel part of a compilation.
+#[derive(Clone, Debug)]
+pub struct ParallelCompiled {
+    /// The options it ran with.
+    pub options: ParallelOptions,
+    /// Every op's strategy and its source; every parameter's layout.
+    pub assignment: strategy::Assignment,
+    /// The logical graph with every op's strategy (the `step_parallel_begin` dump).
+    pub begin: Graph,
+    /// One graph per rank.
+    pub ranks: Vec<Graph>,
 }
 
 /// One stage of the pipeline as it ran.
@@ -50,6 +85,8 @@ pub struct Compiled {
     pub graph: Graph,
     /// Every stage that ran, in order.
     pub stages: Vec<PassRecord>,
+    /// The per-rank graphs, when compiled for several devices.
+    pub parallel: Option<ParallelCompiled>,
 }
 
 /// An error of the pipeline, naming the stage.
@@ -67,8 +104,7 @@ pub enum CompileError {
         op: shardc_ir::OpKind,
         /// Its number as printed (`%3`).
         index: usize,
-        /// Why the shape rules rejected it.
-        #[source]
+        /// Why the shape rules rejected it (in the message).
         source: Box<infer::InferError>,
     },
     /// A graph failed verification after a stage.
@@ -90,6 +126,19 @@ pub enum CompileError {
         /// Why.
         reason: String,
     },
+    /// The parallel passes rejected the graph (an invalid strategy, a dataset strategy that
+    /// does not fit, ...).
+    #[error("{stage}: {source}")]
+    Parallel {
+        /// The stage.
+        stage: &'static str,
+        /// The error, naming the op instance and the reason (in the message, not as a
+        /// separate cause, so that it prints once).
+        source: ParallelError,
+    },
+    /// A strategy file could not be read, written or applied.
+    #[error(transparent)]
+    StrategyFile(#[from] StrategyFileError),
     /// Autodiff failed.
     #[error("autodiff: {0}")]
     Autodiff(#[source] Box<dyn std::error::Error + Send + Sync>),
@@ -220,5 +269,142 @@ pub fn compile(graph: Graph, opts: &CompileOptions) -> Result<Compiled, CompileE
             graph: g.clone(),
         });
     }
-    Ok(Compiled { graph: g, stages })
+    let parallel = match &opts.parallel {
+        Some(p) if p.device_num > 1 => Some(compile_parallel(&g, p, opts)?),
+        _ => {
+            if let Some(dir) = &opts.dump_dir {
+                write_dump(dir, EXECUTE_INDEX, "execute", &g)?;
+            }
+            None
+        }
+    };
+    Ok(Compiled {
+        graph: g,
+        stages,
+        parallel,
+    })
+}
+
+/// The parallel passes' options for a parallel context: `None` for one device (stand_alone,
+/// or a single device). Errors: a search mode this build does not have.
+pub fn parallel_options(ctx: &ParallelContext) -> Result<Option<ParallelOptions>, CompileError> {
+    let mode = match ctx.parallel_mode {
+        ParallelMode::StandAlone => return Ok(None),
+        _ if ctx.device_num <= 1 => return Ok(None),
+        ParallelMode::DataParallel => Mode::DataParallel,
+        ParallelMode::SemiAutoParallel => Mode::SemiAutoParallel,
+        ParallelMode::AutoParallel => {
+            if ctx.search_mode != SearchMode::ShardingPropagation {
+                return Err(CompileError::Parallel {
+                    stage: "step_parallel_begin",
+                    source: ParallelError::Options(format!(
+                        "search_mode {} is not available in this build; use \
+                         sharding_propagation (the default)",
+                        ctx.search_mode
+                    )),
+                });
+            }
+            Mode::AutoParallel
+        }
+    };
+    let dataset = match &ctx.dataset_strategy {
+        DatasetStrategy::DataParallel => DatasetLayout::DataParallel,
+        DatasetStrategy::FullBatch => DatasetLayout::FullBatch,
+        DatasetStrategy::Explicit(s) => DatasetLayout::Explicit(s.clone()),
+    };
+    Ok(Some(ParallelOptions {
+        mode,
+        device_num: ctx.device_num,
+        dataset,
+        gradients_mean: ctx.gradients_mean,
+        enable_alltoall: ctx.enable_alltoall,
+    }))
+}
+
+/// The `NN` of the execute dump.
+const EXECUTE_INDEX: usize = 4;
+
+/// Writes `g` as `dir/name_NNNN.ir` (MindSpore's un-numbered `step_parallel_*` dumps).
+fn write_named_dump(dir: &Path, name: &str, g: &Graph) -> Result<PathBuf, CompileError> {
+    std::fs::create_dir_all(dir).map_err(|source| CompileError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let n = DUMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+    let path = dir.join(format!("{name}_{n:04}.ir"));
+    std::fs::write(&path, shardc_ir::text::print_graph(g)).map_err(|source| CompileError::Io {
+        path: path.clone(),
+        source,
+    })?;
+    Ok(path)
+}
+
+/// The logical graph with each op's strategy and a comment saying where it came from.
+fn annotated(g: &Graph, a: &strategy::Assignment) -> Graph {
+    let mut out = g.clone();
+    for (node, d) in out.nodes.iter_mut().zip(&a.decisions) {
+        if let Some(d) = d {
+            node.in_strategy = Some(d.sharding.strategy.clone());
+            node.comments.push(format!("strategy from: {}", d.source));
+        }
+    }
+    out
+}
+
+/// Stages 02-04: strategies, per-rank graphs, dumps.
+fn compile_parallel(
+    g: &Graph,
+    p: &ParallelOptions,
+    opts: &CompileOptions,
+) -> Result<ParallelCompiled, CompileError> {
+    let dump_dir = opts.dump_dir.as_deref();
+    let loaded;
+    let g = match &opts.load_strategy {
+        Some(path) => {
+            let file = StrategyFile::load(path)?;
+            let strategies = file.strategies_for(g, p.device_num, path)?;
+            let mut g2 = g.clone();
+            for (n, s) in g2.nodes.iter_mut().zip(strategies) {
+                if s.is_some() {
+                    n.in_strategy = s;
+                }
+            }
+            loaded = g2;
+            &loaded
+        }
+        None => g,
+    };
+    let assignment = strategy::assign(g, p).map_err(|source| CompileError::Parallel {
+        stage: "step_parallel_begin",
+        source,
+    })?;
+    let begin = annotated(g, &assignment);
+    let ranks =
+        partition::partition(g, &assignment, p).map_err(|source| CompileError::Parallel {
+            stage: "step_parallel_end",
+            source,
+        })?;
+    for (r, rg) in ranks.iter().enumerate() {
+        check(rg, "step_parallel_end")?;
+        if let Some(dir) = dump_dir {
+            let rd = dir.join(format!("rank_{r}"));
+            write_named_dump(&rd, "step_parallel_begin", &begin)?;
+            write_named_dump(&rd, "step_parallel_end", rg)?;
+            write_dump(&rd, EXECUTE_INDEX, "execute", rg)?;
+        }
+    }
+    let compiled = ParallelCompiled {
+        options: p.clone(),
+        assignment,
+        begin,
+        ranks,
+    };
+    if let Some(path) = &opts.save_strategy {
+        let (mode, searcher) = opts
+            .mode_names
+            .clone()
+            .unwrap_or_else(|| ("semi_auto_parallel".into(), "sharding_propagation".into()));
+        StrategyFile::of(&compiled, &mode, &searcher).save(path)?;
+    }
+    Ok(compiled)
 }

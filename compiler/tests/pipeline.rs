@@ -25,6 +25,7 @@ fn parsed_model_compiles_to_a_training_step_with_dumps() {
     let opts = CompileOptions {
         optimizer: Some(Momentum::new(0.2, 0.1).to_spec()),
         dump_dir: Some(dir.path().join("saved_graph")),
+        ..Default::default()
     };
     let c = compile(parsed, &opts).unwrap();
     let stages: Vec<(usize, &str)> = c.stages.iter().map(|s| (s.index, s.name)).collect();
@@ -40,7 +41,11 @@ fn parsed_model_compiles_to_a_training_step_with_dumps() {
         .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
         .collect();
     files.sort();
-    assert_eq!(files.len(), 2, "{files:?}");
+    assert_eq!(files.len(), 3, "{files:?}");
+    assert!(
+        files[2].starts_with("04_execute_") && files[2].ends_with(".ir"),
+        "{files:?}"
+    );
     assert!(
         files[0].starts_with("00_infer_types_") && files[0].ends_with(".ir"),
         "{files:?}"

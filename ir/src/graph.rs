@@ -108,6 +108,17 @@ pub enum Init {
         /// Seed.
         seed: u64,
     },
+    /// `INIT block (0, 8) of (32, 16)`: the block at `offset` (of the parameter's own shape) of
+    /// the tensor that `of` initialises at `global_shape`. A rank's slice of a sharded weight
+    /// carries it, so that the slices of all ranks assemble to the single-device weight.
+    Block {
+        /// The initializer of the whole (logical) tensor.
+        of: Box<Init>,
+        /// The shape of the whole tensor.
+        global_shape: Vec<usize>,
+        /// Where the block starts, per dimension.
+        offset: Vec<usize>,
+    },
 }
 
 /// What a parameter is.

@@ -13,11 +13,13 @@ pub mod attr;
 pub mod binary;
 pub mod geometry;
 pub mod graph;
+pub mod layout;
 pub mod op;
 pub mod text;
 pub mod types;
 
 pub use attr::{Attr, Attrs, Const, Strategy};
 pub use graph::{Graph, Init, Node, NodeId, Operand, Param, ParamId, ParamKind};
+pub use layout::{ReduceOp, TensorLayout};
 pub use op::{OpClass, OpKind};
 pub use types::{num_elements, DType, Shape, ShapeDisplay, TensorType, Type};

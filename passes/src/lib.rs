@@ -5,4 +5,5 @@
 
 pub mod autodiff;
 pub mod infer;
+pub mod parallel;
 pub mod verify;

@@ -1,6 +1,7 @@
 //! The runtime's error type.
 
 use crate::backend::KernelError;
+use crate::comm::CommError;
 use shardc_ir::{OpKind, TensorType};
 
 /// Everything that can go wrong while preparing or running a graph. Every message names the
@@ -88,6 +89,18 @@ pub enum RuntimeError {
         op: OpKind,
         /// The node's instance name.
         instance: String,
+    },
+    /// A communication node failed in the communicator.
+    #[error("%{} {op} '{instance}': {error}", node + 1)]
+    Comm {
+        /// Index of the failing node.
+        node: usize,
+        /// The op kind.
+        op: OpKind,
+        /// The node's instance name.
+        instance: String,
+        /// The communicator's error (collective, group, reason).
+        error: CommError,
     },
     /// The graph is malformed in a way the executor cannot run (a dangling operand, a tuple
     /// read as a tensor, ...).

@@ -7,13 +7,18 @@
 //! time (no copy). `Assign(param, value)` gives the parameter the value: by swapping the
 //! buffer with the parameter's storage when the value has no later use, by copying
 //! otherwise. All buffers are allocated when the executor is created; steps reuse them.
+//!
+//! Communication nodes run through a [`Communicator`] (see [`Executor::with_communicator`]);
+//! their attributes are read and checked when the executor is created, and their results
+//! live in ordinary plan buffers.
 
 use crate::backend::{Arg, Backend, KernelContext, KernelError};
+use crate::comm::{CommError, Communicator};
 use crate::error::RuntimeError;
 use crate::init::{describe, init_tensor};
 use crate::memory::{node_text, plan_with, Allocator, Location, MemoryPlan};
 use crate::tensor::{Data, Tensor};
-use shardc_ir::{Const, Graph, OpKind, Operand, ParamKind, TensorType, Type};
+use shardc_ir::{Attr, Const, Graph, OpKind, Operand, ParamKind, ReduceOp, TensorType, Type};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
@@ -48,6 +53,49 @@ enum Step {
         param: usize,
         value: Src,
         swap: bool,
+    },
+    /// A communication node: its collective, its tensor operand (none for `Receive`), its
+    /// output buffer and type.
+    Comm {
+        call: CommCall,
+        input: Option<Src>,
+        out: usize,
+        ty: TensorType,
+    },
+}
+
+/// A communication node's call, its attributes resolved (groups sorted, axes normalised).
+#[derive(Debug, Clone)]
+enum CommCall {
+    AllReduce {
+        group: Vec<usize>,
+        op: ReduceOp,
+    },
+    AllGather {
+        group: Vec<usize>,
+        axis: usize,
+    },
+    ReduceScatter {
+        group: Vec<usize>,
+        op: ReduceOp,
+        axis: usize,
+    },
+    AllToAll {
+        group: Vec<usize>,
+        split_dim: usize,
+        concat_dim: usize,
+    },
+    Broadcast {
+        group: Vec<usize>,
+        root: usize,
+    },
+    Send {
+        dest: usize,
+        tag: i64,
+    },
+    Receive {
+        src: usize,
+        tag: i64,
     },
 }
 
@@ -128,6 +176,7 @@ impl fmt::Display for ExecStats {
 pub struct Executor {
     graph: Graph,
     backend: Arc<dyn Backend>,
+    comm: Option<Arc<dyn Communicator>>,
     plan: MemoryPlan,
     steps: Vec<Step>,
     outputs: Vec<Src>,
@@ -276,6 +325,46 @@ impl Executor {
         backend: Arc<dyn Backend>,
         allocator: Allocator,
     ) -> Result<Executor, RuntimeError> {
+        Executor::build(graph, backend, allocator, None)
+    }
+
+    /// As [`Executor::new`], for a per-rank graph whose communication nodes run through
+    /// `comm` (kernels see `comm.rank()` as [`KernelContext::rank`]).
+    ///
+    /// Attributes read (checked here; errors name the node, the value and the reason):
+    /// `rank_list` (tuple of global ranks; absent: the whole world; sorted, so member order
+    /// is ascending rank; must hold this rank) on every collective; `op` (sum | max | min |
+    /// prod, default sum) on `AllReduce` and `ReduceScatter`; `axis` (default 0, negative
+    /// counts from the end) on `AllGather` and `ReduceScatter`; `split_dim`, `concat_dim`
+    /// and `split_count` (must equal the group size when present) on `AlltoAll`;
+    /// `root_rank` (a global rank in the group, default 0) on `Broadcast`; `dest_rank` and
+    /// `sr_tag` (default 0) on `Send`; `src_rank` and `sr_tag` on `Receive` (whose
+    /// shape and dtype are its result type).
+    pub fn with_communicator(
+        graph: Graph,
+        backend: Arc<dyn Backend>,
+        comm: Arc<dyn Communicator>,
+    ) -> Result<Executor, RuntimeError> {
+        Executor::build(graph, backend, Allocator::Best, Some(comm))
+    }
+
+    /// As [`Executor::with_communicator`], with the memory plan's buffers packed by
+    /// `allocator`.
+    pub fn with_communicator_and_allocator(
+        graph: Graph,
+        backend: Arc<dyn Backend>,
+        comm: Arc<dyn Communicator>,
+        allocator: Allocator,
+    ) -> Result<Executor, RuntimeError> {
+        Executor::build(graph, backend, allocator, Some(comm))
+    }
+
+    fn build(
+        graph: Graph,
+        backend: Arc<dyn Backend>,
+        allocator: Allocator,
+        comm: Option<Arc<dyn Communicator>>,
+    ) -> Result<Executor, RuntimeError> {
         let gname = graph.name.clone();
         let graph_err = |location: String, reason: String| RuntimeError::Graph {
             graph: gname.clone(),
@@ -309,7 +398,7 @@ impl Executor {
         // Structural checks the plan relies on.
         for (i, node) in graph.nodes.iter().enumerate() {
             let loc = || node_text(&graph, i);
-            if node.op.is_communication() {
+            if node.op.is_communication() && comm.is_none() {
                 return Err(RuntimeError::NeedsCommunicator {
                     op: node.op,
                     instance: node.instance.clone(),
@@ -461,6 +550,35 @@ impl Executor {
                     };
                     Step::Assign { param, value, swap }
                 }
+                op if op.is_communication() => {
+                    let comm = comm
+                        .as_deref()
+                        .ok_or_else(|| RuntimeError::NeedsCommunicator {
+                            op: node.op,
+                            instance: node.instance.clone(),
+                        })?;
+                    let call = comm_call(&graph, i, comm)?;
+                    let input = match node.op {
+                        OpKind::Receive => None,
+                        _ => Some(src_of(&node.inputs[0])),
+                    };
+                    let out = match plan.values[i].first().map(|v| v.location) {
+                        Some(Location::Buffer(b)) => b,
+                        _ => usize::MAX,
+                    };
+                    let ty = node.ty.as_tensor().cloned().ok_or_else(|| {
+                        graph_err(
+                            node_text(&graph, i),
+                            "a communication op must have a tensor result".into(),
+                        )
+                    })?;
+                    Step::Comm {
+                        call,
+                        input,
+                        out,
+                        ty,
+                    }
+                }
                 _ => {
                     let args = node.inputs.iter().map(src_of).collect();
                     let outs = plan.values[i]
@@ -507,6 +625,7 @@ impl Executor {
         Ok(Executor {
             graph,
             backend,
+            comm,
             plan,
             steps,
             outputs,
@@ -530,11 +649,15 @@ impl Executor {
         self.bind_feeds(feeds)?;
         let ctx = KernelContext {
             step: self.step_count,
-            rank: 0,
+            rank: self
+                .comm
+                .as_ref()
+                .map_or(0, |c| u32::try_from(c.rank()).unwrap_or(u32::MAX)),
         };
         let Executor {
             graph,
             backend,
+            comm,
             steps,
             weights,
             pool,
@@ -606,6 +729,52 @@ impl Executor {
                                 types[index]
                             ),
                         });
+                    }
+                }
+                Step::Comm {
+                    call,
+                    input,
+                    out,
+                    ty,
+                } => {
+                    let t0 = Instant::now();
+                    let comm_err = |error: CommError| RuntimeError::Comm {
+                        node: i,
+                        op: node.op,
+                        instance: node.instance.clone(),
+                        error,
+                    };
+                    let graph_error = |reason: String| RuntimeError::Graph {
+                        graph: graph.name.clone(),
+                        location: node_text(graph, i),
+                        reason,
+                    };
+                    let Some(comm) = comm.as_deref() else {
+                        return Err(RuntimeError::NeedsCommunicator {
+                            op: node.op,
+                            instance: node.instance.clone(),
+                        });
+                    };
+                    let Some(slot) = pool.get_mut(*out) else {
+                        return Err(graph_error("the result has no buffer".into()));
+                    };
+                    let mut dst = std::mem::replace(slot, empty_tensor());
+                    if shape_buffer(&mut dst, ty) {
+                        stats.buffer_allocations += 1;
+                    }
+                    let src = match input {
+                        Some(s) => fetch(*s, pool, weights, feeds, feed_index),
+                        None => None,
+                    };
+                    let result = run_comm(comm, call, src, &mut dst, ty);
+                    pool[*out] = dst;
+                    let entry = stats.per_op.entry(node.op).or_default();
+                    entry.count += 1;
+                    entry.time += t0.elapsed();
+                    match result {
+                        Ok(()) => {}
+                        Err(CommFailure::Comm(e)) => return Err(comm_err(e)),
+                        Err(CommFailure::Local(reason)) => return Err(graph_error(reason)),
                     }
                 }
                 Step::Assign { param, value, swap } => {
@@ -704,6 +873,11 @@ impl Executor {
         &self.graph
     }
 
+    /// The communicator the communication nodes run through, if any.
+    pub fn communicator(&self) -> Option<&Arc<dyn Communicator>> {
+        self.comm.as_ref()
+    }
+
     /// The backend the kernels run on.
     pub fn backend(&self) -> &Arc<dyn Backend> {
         &self.backend
@@ -777,4 +951,260 @@ impl Executor {
 /// Number of elements of parameter `p`.
 fn pty_elems(graph: &Graph, p: usize) -> usize {
     graph.params[p].ty.num_elements()
+}
+
+/// Why a communication node failed: in the communicator, or before reaching it.
+enum CommFailure {
+    Comm(CommError),
+    Local(String),
+}
+
+/// Runs one communication node: `input` is its operand (none for `Receive`), `dst` its
+/// output buffer, already of type `ty`.
+fn run_comm(
+    comm: &dyn Communicator,
+    call: &CommCall,
+    input: Option<&Tensor>,
+    dst: &mut Tensor,
+    ty: &TensorType,
+) -> Result<(), CommFailure> {
+    let need_input = || {
+        input.ok_or_else(|| CommFailure::Local("the executor has no value for operand 0".into()))
+    };
+    let store = |dst: &mut Tensor, t: &Tensor| -> Result<(), CommFailure> {
+        if t.shape != ty.shape || t.dtype() != ty.dtype || !copy_into(dst, t) {
+            return Err(CommFailure::Local(format!(
+                "the communicator returned {} but the node's type is {ty}",
+                t.ty()
+            )));
+        }
+        Ok(())
+    };
+    match call {
+        CommCall::AllReduce { group, op } => {
+            store(dst, need_input()?)?;
+            comm.all_reduce(group, *op, dst).map_err(CommFailure::Comm)
+        }
+        CommCall::Broadcast { group, root } => {
+            store(dst, need_input()?)?;
+            comm.broadcast(group, *root, dst).map_err(CommFailure::Comm)
+        }
+        CommCall::AllGather { group, axis } => {
+            let t = comm
+                .all_gather(group, *axis, need_input()?)
+                .map_err(CommFailure::Comm)?;
+            store(dst, &t)
+        }
+        CommCall::ReduceScatter { group, op, axis } => {
+            let t = comm
+                .reduce_scatter(group, *op, *axis, need_input()?)
+                .map_err(CommFailure::Comm)?;
+            store(dst, &t)
+        }
+        CommCall::AllToAll {
+            group,
+            split_dim,
+            concat_dim,
+        } => {
+            let t = comm
+                .all_to_all(group, *split_dim, *concat_dim, need_input()?)
+                .map_err(CommFailure::Comm)?;
+            store(dst, &t)
+        }
+        CommCall::Send { dest, tag } => {
+            let x = need_input()?;
+            comm.send(*dest, *tag, x).map_err(CommFailure::Comm)?;
+            store(dst, x)
+        }
+        CommCall::Receive { src, tag } => {
+            let t = comm.recv(*src, *tag, ty).map_err(CommFailure::Comm)?;
+            store(dst, &t)
+        }
+    }
+}
+
+/// Reads and checks the attributes of communication node `i` for `comm`'s rank and world.
+fn comm_call(graph: &Graph, i: usize, comm: &dyn Communicator) -> Result<CommCall, RuntimeError> {
+    let node = &graph.nodes[i];
+    let err = |reason: String| RuntimeError::Graph {
+        graph: graph.name.clone(),
+        location: node_text(graph, i),
+        reason,
+    };
+    let (rank, size) = (comm.rank(), comm.size());
+    let int_attr = |key: &str, default: Option<i64>| -> Result<i64, RuntimeError> {
+        match (node.attrs.get(key), default) {
+            (Some(Attr::Int(v)), _) => Ok(*v),
+            (Some(other), _) => Err(err(format!(
+                "attribute `{key}` must be an integer, got {other}"
+            ))),
+            (None, Some(d)) => Ok(d),
+            (None, None) => Err(err(format!("attribute `{key}` is missing"))),
+        }
+    };
+    let global_rank = |key: &str, default: Option<i64>| -> Result<usize, RuntimeError> {
+        let r = int_attr(key, default)?;
+        usize::try_from(r)
+            .ok()
+            .filter(|&r| r < size)
+            .ok_or_else(|| {
+                err(format!(
+                    "attribute `{key}` {r} is not a rank of the world of {size} ranks"
+                ))
+            })
+    };
+    let group = || -> Result<Vec<usize>, RuntimeError> {
+        let Some(attr) = node.attrs.get("rank_list") else {
+            return Ok((0..size).collect());
+        };
+        let list = attr.as_ints().ok_or_else(|| {
+            err(format!(
+                "attribute `rank_list` must be a tuple of ranks, got {attr}"
+            ))
+        })?;
+        let mut group = Vec::with_capacity(list.len());
+        for &r in &list {
+            match usize::try_from(r).ok().filter(|&r| r < size) {
+                Some(r) => group.push(r),
+                None => {
+                    return Err(err(format!(
+                        "attribute `rank_list` {attr} holds {r}, which is not a rank of the world of {size} ranks"
+                    )))
+                }
+            }
+        }
+        group.sort_unstable();
+        if group.is_empty() || group.windows(2).any(|w| w[0] == w[1]) {
+            return Err(err(format!(
+                "attribute `rank_list` {attr} must hold distinct ranks"
+            )));
+        }
+        if !group.contains(&rank) {
+            return Err(err(format!(
+                "attribute `rank_list` {attr} does not hold this rank {rank}"
+            )));
+        }
+        Ok(group)
+    };
+    let reduce_op = || -> Result<ReduceOp, RuntimeError> {
+        match node.attrs.get("op") {
+            None => Ok(ReduceOp::Sum),
+            Some(Attr::Str(s)) => ReduceOp::from_name(s).ok_or_else(|| {
+                err(format!(
+                    "attribute `op` {s} is not a reduction (expected sum, max, min or prod)"
+                ))
+            }),
+            Some(other) => Err(err(format!(
+                "attribute `op` must be sum, max, min or prod, got {other}"
+            ))),
+        }
+    };
+    let input_rank = || -> usize {
+        node.inputs
+            .first()
+            .and_then(|o| graph.operand_tensor_type(o))
+            .map_or(0, |t| t.shape.len())
+    };
+    let axis = |key: &str, default: Option<i64>| -> Result<usize, RuntimeError> {
+        let a = int_attr(key, default)?;
+        let r = input_rank();
+        let norm = if a < 0 {
+            a.checked_add(r as i64)
+        } else {
+            Some(a)
+        };
+        norm.and_then(|a| usize::try_from(a).ok())
+            .filter(|&a| a < r)
+            .ok_or_else(|| {
+                err(format!(
+                    "attribute `{key}` {a} is out of range for an operand of rank {r}"
+                ))
+            })
+    };
+    let has_input = || -> Result<(), RuntimeError> {
+        match node.inputs.first() {
+            Some(o) if node.inputs.len() == 1 && graph.operand_tensor_type(o).is_some() => Ok(()),
+            _ => Err(err(format!(
+                "{} takes one tensor operand, got {} operands",
+                node.op,
+                node.inputs.len()
+            ))),
+        }
+    };
+    Ok(match node.op {
+        OpKind::AllReduce => {
+            has_input()?;
+            CommCall::AllReduce {
+                group: group()?,
+                op: reduce_op()?,
+            }
+        }
+        OpKind::AllGather => {
+            has_input()?;
+            CommCall::AllGather {
+                group: group()?,
+                axis: axis("axis", Some(0))?,
+            }
+        }
+        OpKind::ReduceScatter => {
+            has_input()?;
+            CommCall::ReduceScatter {
+                group: group()?,
+                op: reduce_op()?,
+                axis: axis("axis", Some(0))?,
+            }
+        }
+        OpKind::AllToAll => {
+            has_input()?;
+            let group = group()?;
+            if node.attrs.get("split_count").is_some() {
+                let c = int_attr("split_count", None)?;
+                if usize::try_from(c).ok() != Some(group.len()) {
+                    return Err(err(format!(
+                        "attribute `split_count` {c} differs from the group size {}",
+                        group.len()
+                    )));
+                }
+            }
+            CommCall::AllToAll {
+                split_dim: axis("split_dim", None)?,
+                concat_dim: axis("concat_dim", None)?,
+                group,
+            }
+        }
+        OpKind::Broadcast => {
+            has_input()?;
+            let group = group()?;
+            let root = global_rank("root_rank", Some(0))?;
+            if !group.contains(&root) {
+                return Err(err(format!(
+                    "attribute `root_rank` {root} is not in the group {}",
+                    crate::comm::RankList(&group)
+                )));
+            }
+            CommCall::Broadcast { group, root }
+        }
+        OpKind::Send => {
+            has_input()?;
+            CommCall::Send {
+                dest: global_rank("dest_rank", None)?,
+                tag: int_attr("sr_tag", Some(0))?,
+            }
+        }
+        OpKind::Receive => {
+            if !node.inputs.is_empty() {
+                return Err(err(format!(
+                    "Receive takes no operand, got {}",
+                    node.inputs.len()
+                )));
+            }
+            CommCall::Receive {
+                src: global_rank("src_rank", None)?,
+                tag: int_attr("sr_tag", Some(0))?,
+            }
+        }
+        other => {
+            return Err(err(format!("{other} is not a communication op")));
+        }
+    })
 }

@@ -45,6 +45,11 @@ pub fn describe(init: &Init) -> String {
         Init::Constant { value } => format!("constant(value={value})"),
         Init::XavierUniform { gain, seed } => format!("xavier_uniform(gain={gain}, seed={seed})"),
         Init::HeNormal { seed } => format!("he_normal(seed={seed})"),
+        Init::Block {
+            of,
+            global_shape,
+            offset,
+        } => format!("{} block {offset:?} of {global_shape:?}", describe(of)),
     }
 }
 
@@ -123,6 +128,13 @@ fn check(init: &Init, ty: &TensorType) -> Result<(), RuntimeError> {
             }
         }
         Init::Zeros | Init::Ones | Init::HeNormal { .. } => {}
+        Init::Block { .. } => {
+            return Err(init_err(
+                init,
+                ty,
+                "a block initializer cannot be nested in another block",
+            ))
+        }
     }
     if constant_of(init).is_none() && !ty.dtype.is_float() {
         return Err(init_err(
@@ -165,7 +177,8 @@ fn generate(init: &Init, ty: &TensorType) -> Vec<f64> {
             uniform(*seed, bound)
         }
         Init::HeNormal { seed } => normal(*seed, 0.0, (2.0 / fan_in.max(1) as f64).sqrt()),
-        Init::Zeros | Init::Ones | Init::Constant { .. } => Vec::new(),
+        // `check` admits neither (constants returned above, blocks rejected).
+        Init::Zeros | Init::Ones | Init::Constant { .. } | Init::Block { .. } => Vec::new(),
     }
 }
 
@@ -188,7 +201,35 @@ fn to_tensor(values: Vec<f64>, dtype: DType, shape: Vec<usize>) -> Tensor {
 ///
 /// Errors: a random initializer on an integer or Bool dtype, a negative or non-finite
 /// `sigma`/`scale`, a constant that does not fit an integer or Bool dtype.
+///
+/// An [`Init::Block`] produces its block of the whole tensor (see [`init_slice`]); its offset
+/// plus `ty`'s shape must lie within the whole tensor's shape.
 pub fn init_tensor(init: &Init, ty: &TensorType) -> Result<Tensor, RuntimeError> {
+    if let Init::Block {
+        of,
+        global_shape,
+        offset,
+    } = init
+    {
+        if offset.len() != ty.rank() || global_shape.len() != ty.rank() {
+            return Err(init_err(
+                init,
+                ty,
+                format!(
+                    "a block of a rank-{} tensor needs {} offsets and dimensions",
+                    ty.rank(),
+                    ty.rank()
+                ),
+            ));
+        }
+        let ranges: Vec<Range<usize>> = offset
+            .iter()
+            .zip(&ty.shape)
+            .map(|(&o, &n)| o..o.saturating_add(n))
+            .collect();
+        let global = TensorType::new(ty.dtype, global_shape.clone());
+        return init_slice(of, &global, &ranges);
+    }
     check(init, ty)?;
     Ok(to_tensor(generate(init, ty), ty.dtype, ty.shape.clone()))
 }

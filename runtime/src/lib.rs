@@ -4,6 +4,7 @@
 //! liveness-based memory plan. The runtime never compiles: it runs a graph it is given.
 
 pub mod backend;
+pub mod comm;
 pub mod data;
 pub mod error;
 pub mod executor;
@@ -12,6 +13,7 @@ pub mod memory;
 pub mod tensor;
 
 pub use backend::{Arg, Backend, KernelContext, KernelError};
+pub use comm::{CommError, Communicator, InProcessWorld};
 pub use error::RuntimeError;
 pub use executor::{ExecStats, Executor};
 pub use memory::MemoryPlan;

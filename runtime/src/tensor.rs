@@ -2,6 +2,7 @@
 
 use half::{bf16, f16};
 use shardc_ir::{num_elements, DType, TensorType};
+use std::ops::Range;
 
 /// A typed, contiguous, row-major buffer.
 #[derive(Clone, Debug, PartialEq)]
@@ -206,6 +207,116 @@ impl Tensor {
     pub fn scalar_value(&self) -> Option<f64> {
         (self.len() == 1).then(|| self.data.get_f64(0))
     }
+
+    /// The block `ranges` (one `lo..hi` per dimension) as a tensor of its own, or `None` when
+    /// the ranges do not fit the shape.
+    pub fn block(&self, ranges: &[Range<usize>]) -> Option<Tensor> {
+        if !fits(&self.shape, ranges) {
+            return None;
+        }
+        let shape: Vec<usize> = ranges.iter().map(|r| r.end - r.start).collect();
+        let runs = block_runs(&self.shape, ranges);
+        macro_rules! take {
+            ($v:expr, $variant:ident) => {{
+                let mut out = Vec::with_capacity(shape.iter().product());
+                for &(start, len) in &runs {
+                    out.extend_from_slice(&$v[start..start + len]);
+                }
+                Data::$variant(out)
+            }};
+        }
+        let data = match &self.data {
+            Data::F32(v) => take!(v, F32),
+            Data::F64(v) => take!(v, F64),
+            Data::F16(v) => take!(v, F16),
+            Data::BF16(v) => take!(v, BF16),
+            Data::I32(v) => take!(v, I32),
+            Data::I64(v) => take!(v, I64),
+            Data::Bool(v) => take!(v, Bool),
+        };
+        Some(Tensor { shape, data })
+    }
+
+    /// Writes `src` into the block `ranges` of this tensor. Returns false (and writes nothing)
+    /// when the ranges do not fit, `src`'s shape is not the block's, or the dtypes differ.
+    pub fn set_block(&mut self, ranges: &[Range<usize>], src: &Tensor) -> bool {
+        let block_shape: Vec<usize> = ranges
+            .iter()
+            .map(|r| r.end.saturating_sub(r.start))
+            .collect();
+        if !fits(&self.shape, ranges) || src.shape != block_shape || src.dtype() != self.dtype() {
+            return false;
+        }
+        let runs = block_runs(&self.shape, ranges);
+        macro_rules! put {
+            ($dst:expr, $src:expr) => {{
+                let mut at = 0;
+                for &(start, len) in &runs {
+                    $dst[start..start + len].copy_from_slice(&$src[at..at + len]);
+                    at += len;
+                }
+            }};
+        }
+        match (&mut self.data, &src.data) {
+            (Data::F32(d), Data::F32(s)) => put!(d, s),
+            (Data::F64(d), Data::F64(s)) => put!(d, s),
+            (Data::F16(d), Data::F16(s)) => put!(d, s),
+            (Data::BF16(d), Data::BF16(s)) => put!(d, s),
+            (Data::I32(d), Data::I32(s)) => put!(d, s),
+            (Data::I64(d), Data::I64(s)) => put!(d, s),
+            (Data::Bool(d), Data::Bool(s)) => put!(d, s),
+            _ => return false,
+        }
+        true
+    }
+}
+
+fn fits(shape: &[usize], ranges: &[Range<usize>]) -> bool {
+    ranges.len() == shape.len()
+        && ranges
+            .iter()
+            .zip(shape)
+            .all(|(r, &n)| r.start <= r.end && r.end <= n)
+}
+
+/// The contiguous runs `(start, len)` of a block in a row-major tensor, in order.
+fn block_runs(shape: &[usize], ranges: &[Range<usize>]) -> Vec<(usize, usize)> {
+    let rank = shape.len();
+    if rank == 0 {
+        return vec![(0, 1)];
+    }
+    if ranges.iter().any(|r| r.is_empty()) {
+        return Vec::new();
+    }
+    let mut strides = vec![1usize; rank];
+    for i in (0..rank - 1).rev() {
+        strides[i] = strides[i + 1] * shape[i + 1];
+    }
+    let inner = ranges[rank - 1].end - ranges[rank - 1].start;
+    let mut runs = Vec::new();
+    let mut idx: Vec<usize> = ranges[..rank - 1].iter().map(|r| r.start).collect();
+    loop {
+        let start: usize = idx
+            .iter()
+            .zip(&strides)
+            .map(|(&i, &s)| i * s)
+            .sum::<usize>()
+            + ranges[rank - 1].start;
+        runs.push((start, inner));
+        // Advance the outer index (odometer).
+        let mut d = rank - 1;
+        loop {
+            if d == 0 {
+                return runs;
+            }
+            d -= 1;
+            idx[d] += 1;
+            if idx[d] < ranges[d].end {
+                break;
+            }
+            idx[d] = ranges[d].start;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -219,5 +330,18 @@ mod tests {
         let t = Tensor::zeros(&TensorType::new(DType::Int64, vec![4]));
         assert_eq!(t.size_bytes(), 32);
         assert_eq!(Tensor::scalar_f32(2.5).scalar_value(), Some(2.5));
+    }
+
+    #[test]
+    fn blocks_round_trip() {
+        let t = Tensor::from_f32(vec![4, 6], (0..24).map(|x| x as f32).collect()).unwrap();
+        let b = t.block(&[2..4, 3..6]).unwrap();
+        assert_eq!(b.shape, vec![2, 3]);
+        assert_eq!(b.as_f32().unwrap(), &[15.0, 16.0, 17.0, 21.0, 22.0, 23.0]);
+        let mut z = Tensor::zeros(&TensorType::new(DType::Float32, vec![4, 6]));
+        assert!(z.set_block(&[2..4, 3..6], &b));
+        assert_eq!(z.block(&[2..4, 3..6]).unwrap(), b);
+        assert!(!z.set_block(&[0..1, 0..6], &b));
+        assert!(t.block(&[0..5, 0..1]).is_none());
     }
 }

@@ -126,6 +126,7 @@ impl TrainModel {
         let opts = CompileOptions {
             optimizer: Some(optimizer),
             dump_dir: None,
+            ..Default::default()
         };
         Ok(compile(forward, &opts)
             .with_context(|| format!("compiling the {} training step", self.name()))?

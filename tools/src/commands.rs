@@ -1,11 +1,12 @@
 //! `shardc compile`, `shardc run` and `shardc print`.
 
+use crate::parallel_args::ParallelArgs;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use shardc_backend_cpu::CpuBackend;
 use shardc_compiler::pipeline::{self, CompileOptions};
 use shardc_ir::artifact::{Artifact, IoEntry, Manifest, RankEntry};
-use shardc_ir::{text, Graph, ParamKind};
+use shardc_ir::{text, Graph, ParamKind, TensorLayout};
 use shardc_passes::autodiff::Optimizer;
 use shardc_runtime::data::{MnistData, SyntheticData};
 use shardc_runtime::executor::Executor;
@@ -32,6 +33,22 @@ pub struct CompileArgs {
     /// Output artifact directory.
     #[arg(short, long)]
     pub output: PathBuf,
+    /// The optimizer.
+    #[command(flatten)]
+    pub optimizer: OptimizerArgs,
+    /// Write every pipeline stage as `NN_name_NNNN.ir` into this directory; with several
+    /// devices, each rank's into `rank_R/` (`step_parallel_begin_NNNN.ir`,
+    /// `step_parallel_end_NNNN.ir`, `04_execute_NNNN.ir`).
+    #[arg(long)]
+    pub save_graphs_path: Option<PathBuf>,
+    /// The parallel context (MindSpore's `set_auto_parallel_context`).
+    #[command(flatten)]
+    pub parallel: ParallelArgs,
+}
+
+/// The optimizer of the training step.
+#[derive(Args, Debug, Clone)]
+pub struct OptimizerArgs {
     /// Optimizer of the training step.
     #[arg(long, value_enum, default_value_t = OptimizerKind::Momentum)]
     pub optimizer: OptimizerKind,
@@ -41,9 +58,6 @@ pub struct CompileArgs {
     /// Momentum (Momentum and SGD).
     #[arg(long, default_value_t = 0.9)]
     pub momentum: f64,
-    /// Write every pipeline stage as `NN_name_NNNN.ir` into this directory.
-    #[arg(long)]
-    pub save_graphs_path: Option<PathBuf>,
 }
 
 /// Arguments of `shardc run`.
@@ -86,7 +100,14 @@ pub struct PrintArgs {
     pub rank: u32,
 }
 
-fn optimizer_of(a: &CompileArgs) -> Optimizer {
+impl OptimizerArgs {
+    /// The optimizer these flags describe.
+    pub fn to_optimizer(&self) -> Optimizer {
+        optimizer_of(self)
+    }
+}
+
+fn optimizer_of(a: &OptimizerArgs) -> Optimizer {
     match a.optimizer {
         OptimizerKind::Momentum => Optimizer::Momentum {
             learning_rate: a.learning_rate,
@@ -133,39 +154,53 @@ fn io_entries(g: &Graph) -> Vec<IoEntry> {
 /// `shardc compile`.
 pub fn compile(a: &CompileArgs) -> Result<()> {
     let graph = load_model(&a.model)?;
-    let opt = optimizer_of(a);
+    let opt = optimizer_of(&a.optimizer);
+    let ctx = a.parallel.to_context()?;
+    let popts = pipeline::parallel_options(&ctx)?;
     let opts = CompileOptions {
         optimizer: Some(opt),
         dump_dir: a.save_graphs_path.clone(),
+        parallel: popts.clone(),
+        load_strategy: ctx.strategy_ckpt_config.load_file.clone(),
+        save_strategy: ctx.strategy_ckpt_config.save_file.clone(),
+        mode_names: Some((ctx.parallel_mode.to_string(), ctx.search_mode.to_string())),
     };
     let compiled = pipeline::compile(graph, &opts)?;
     let g = compiled.graph;
+    let mut extra = serde_json::Map::new();
+    let (graphs, mode) = match compiled.parallel {
+        Some(p) => {
+            let layouts: serde_json::Map<String, serde_json::Value> = p
+                .begin
+                .params
+                .iter()
+                .zip(&p.assignment.param_layouts)
+                .map(|(param, l)| Ok((param.name.clone(), serde_json::to_value(l)?)))
+                .collect::<Result<_>>()?;
+            extra.insert("layouts".into(), serde_json::Value::Object(layouts));
+            (p.ranks, ctx.parallel_mode.to_string())
+        }
+        None => (vec![g.clone()], "stand_alone".to_string()),
+    };
+    let n = graphs.len();
     let manifest = Manifest {
         format_version: 1,
         shardc_version: env!("CARGO_PKG_VERSION").to_string(),
         model: g.name.clone(),
-        device_num: 1,
-        parallel_mode: "stand_alone".into(),
-        ranks: vec![RankEntry {
-            rank: 0,
-            graph: "rank_0.graph".into(),
-        }],
+        device_num: n as u32,
+        parallel_mode: mode,
+        ranks: (0..n as u32).map(RankEntry::new).collect(),
         inputs: io_entries(&g),
         outputs: vec!["loss".into()],
         optimizer: Some(serde_json::to_value(format!("{opt:?}"))?),
-        extra: serde_json::Map::new(),
+        extra,
     };
-    let nodes = g.nodes.len();
-    Artifact {
-        manifest,
-        graphs: vec![g],
-    }
-    .write(&a.output)?;
+    let nodes = graphs[0].nodes.len();
+    Artifact { manifest, graphs }.write(&a.output)?;
     println!(
-        "compiled {} -> {} ({} nodes in the training step)",
+        "compiled {} -> {} ({n} rank(s), {nodes} nodes in rank 0's training step)",
         a.model.display(),
         a.output.display(),
-        nodes
     );
     Ok(())
 }
@@ -173,6 +208,9 @@ pub fn compile(a: &CompileArgs) -> Result<()> {
 /// `shardc run`.
 pub fn run(a: &RunArgs) -> Result<()> {
     let art = Artifact::read(&a.artifact)?;
+    if art.graphs.len() > 1 {
+        return run_ranks_in_process(a, art);
+    }
     let Some(graph) = art.graphs.into_iter().next() else {
         bail!("{}: the artifact holds no graph", a.artifact.display());
     };
@@ -262,5 +300,62 @@ pub fn print(a: &PrintArgs) -> Result<()> {
         g
     };
     print!("{}", text::print_graph(&graph));
+    Ok(())
+}
+
+/// `shardc run` on a multi-rank artifact: every rank on a thread of this process (the
+/// in-process communicator), fed its block of the same global batches; prints rank 0's loss
+/// (every rank computes the same global loss).
+fn run_ranks_in_process(a: &RunArgs, art: Artifact) -> Result<()> {
+    if a.mnist.is_some() {
+        bail!("--mnist runs one device; a multi-rank artifact trains on synthetic data here");
+    }
+    let layouts: Vec<(String, TensorLayout)> = match art.manifest.extra.get("layouts") {
+        Some(serde_json::Value::Object(m)) => m
+            .iter()
+            .map(|(k, v)| Ok((k.clone(), serde_json::from_value(v.clone())?)))
+            .collect::<Result<_>>()?,
+        _ => bail!(
+            "{}: the manifest of a {}-rank artifact has no parameter layouts",
+            a.artifact.display(),
+            art.graphs.len()
+        ),
+    };
+    // A graph with the global input shapes, for the data generator.
+    let mut global = art.graphs[0].clone();
+    for p in &mut global.params {
+        if p.kind == ParamKind::Input {
+            if let Some(e) = art.manifest.inputs.iter().find(|e| e.name == p.name) {
+                p.ty.shape = e.shape.clone();
+            }
+        }
+    }
+    let data = SyntheticData::new(&global, a.seed, a.data_pool)?;
+    let inputs: Vec<(String, TensorLayout)> = layouts
+        .iter()
+        .filter(|(n, _)| art.manifest.inputs.iter().any(|e| &e.name == n))
+        .cloned()
+        .collect();
+    let feeds = |step: u64| -> Vec<(String, Tensor)> {
+        data.feeds(step)
+            .into_iter()
+            .map(|(n, t)| (n.to_string(), t))
+            .collect()
+    };
+    let per_epoch = a.steps_per_epoch.unwrap_or(a.data_pool as u64).max(1);
+    let res = crate::in_process::run_ranks(art.graphs, &inputs, &feeds, a.steps, 1)?;
+    for (step, outs) in res.outputs[0].iter().enumerate() {
+        let loss = outs
+            .first()
+            .and_then(Tensor::scalar_value)
+            .context("the graph's first output is not a scalar loss")?;
+        let step = step as u64;
+        println!(
+            "epoch: {} step: {}, loss is {}",
+            step / per_epoch + 1,
+            step % per_epoch + 1,
+            loss as f32
+        );
+    }
     Ok(())
 }

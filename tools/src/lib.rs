@@ -1,11 +1,15 @@
 //! `shardc-tools`: the `shardc` command line.
 //!
 //! Subcommands: `compile` (a `.ir` model to an artifact directory), `run` (train an artifact on
-//! seeded data or MNIST), `print` (show a model or an artifact as text IR), `bench` (the
-//! benchmarks against numpy and PyTorch).
+//! seeded data or MNIST; a multi-rank artifact runs all ranks in this process), `print` (show a
+//! model or an artifact as text IR), `verify` (distributed equals single device, on a model),
+//! `bench` (the benchmarks against numpy and PyTorch).
 
 mod bench;
 mod commands;
+mod in_process;
+mod parallel_args;
+mod verify;
 
 use clap::{Parser, Subcommand};
 
@@ -30,6 +34,10 @@ pub enum Command {
     Run(commands::RunArgs),
     /// Print a model file or an artifact as text IR.
     Print(commands::PrintArgs),
+    /// Check the invariant on a model: compile it stand-alone and in parallel, train both on
+    /// the same batches (all ranks in this process), print the largest relative differences
+    /// of the losses and of the gathered weights; exit status 1 beyond the tolerance.
+    Verify(verify::VerifyArgs),
     /// Benchmarks: shardc against numpy and PyTorch on this machine.
     Bench(bench::BenchArgs),
 }
@@ -48,6 +56,11 @@ pub fn main() -> i32 {
         Command::Compile(a) => commands::compile(a),
         Command::Run(a) => commands::run(a),
         Command::Print(a) => commands::print(a),
+        Command::Verify(a) => match verify::verify(a) {
+            Ok(true) => Ok(()),
+            Ok(false) => return 1,
+            Err(e) => Err(e),
+        },
         Command::Bench(a) => bench::run_bench(a),
     };
     match result {

@@ -423,7 +423,99 @@ pub fn dropout_uniform(seed0: i64, seed1: i64, step: u64, index: u64) -> f64 {
     (h >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
 }
 
-/// `Dropout(x)` -> `(y, mask)`.
+/// Where a block of a sharded Dropout sits in the global tensor: from the optional attrs
+/// `global_shape` (Ints) and `offset` (Ints, one per dim). Local element `i` (row-major in
+/// the block's shape) is global element `global(i)`, so that the block draws the single
+/// device's mask for its elements.
+struct DropoutBlock {
+    local: Vec<usize>,
+    offset: Vec<u64>,
+    global_strides: Vec<u64>,
+}
+
+impl DropoutBlock {
+    /// The block of `ctx`'s node for a local tensor of shape `local`, `None` when the node
+    /// has neither attribute (the tensor is the whole tensor).
+    fn of(ctx: &Ctx<'_>, local: &[usize]) -> KResult<Option<DropoutBlock>> {
+        let attrs = &ctx.node.attrs;
+        let read = |key: &str| -> KResult<Option<Vec<i64>>> {
+            match attrs.get(key) {
+                None => Ok(None),
+                Some(a) => a.as_ints().map(Some).ok_or_else(|| {
+                    ctx.err(format!(
+                        "attribute `{key}` must be a tuple of integers, got {a}"
+                    ))
+                }),
+            }
+        };
+        let (global, offset) = match (read("global_shape")?, read("offset")?) {
+            (None, None) => return Ok(None),
+            (Some(g), Some(o)) => (g, o),
+            (Some(_), None) => {
+                return Err(ctx.err("attribute `global_shape` is given without `offset`"))
+            }
+            (None, Some(_)) => {
+                return Err(ctx.err("attribute `offset` is given without `global_shape`"))
+            }
+        };
+        let text = |v: &[i64]| {
+            format!(
+                "({})",
+                v.iter()
+                    .map(|x| x.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        };
+        ctx.ensure(global.len() == local.len() && offset.len() == local.len(), || {
+            format!(
+                "attributes `global_shape` {} and `offset` {} must have one entry per dim of x of shape {local:?}",
+                text(&global),
+                text(&offset)
+            )
+        })?;
+        for d in 0..local.len() {
+            let (g, o) = (global[d], offset[d]);
+            let fits = g >= 0
+                && o >= 0
+                && (o as u64)
+                    .checked_add(local[d] as u64)
+                    .is_some_and(|end| end <= g as u64);
+            ctx.ensure(fits, || {
+                format!(
+                    "the block of shape {local:?} at `offset` {} does not fit in `global_shape` {} (dim {d})",
+                    text(&offset),
+                    text(&global)
+                )
+            })?;
+        }
+        let mut global_strides = vec![1u64; local.len()];
+        for d in (0..local.len().saturating_sub(1)).rev() {
+            global_strides[d] = global_strides[d + 1].wrapping_mul(global[d + 1] as u64);
+        }
+        Ok(Some(DropoutBlock {
+            local: local.to_vec(),
+            offset: offset.iter().map(|&o| o as u64).collect(),
+            global_strides,
+        }))
+    }
+
+    /// The global row-major index of local element `i`.
+    #[inline]
+    fn global(&self, mut i: usize) -> u64 {
+        let mut g = 0u64;
+        for d in (0..self.local.len()).rev() {
+            let n = self.local[d];
+            let c = i % n;
+            i /= n;
+            g = g.wrapping_add((self.offset[d] + c as u64).wrapping_mul(self.global_strides[d]));
+        }
+        g
+    }
+}
+
+/// `Dropout(x)` -> `(y, mask)`. With `global_shape` and `offset` (a block of a sharded
+/// tensor), each element's mask is drawn from its global index.
 pub(crate) fn dropout<T: Real>(
     ctx: &Ctx<'_>,
     inputs: &[Arg<'_>],
@@ -437,6 +529,7 @@ pub(crate) fn dropout<T: Real>(
     let seed0 = ctx.node.attrs.int_or("seed0", 0);
     let seed1 = ctx.node.attrs.int_or("seed1", 0);
     let step = ctx.step;
+    let block = DropoutBlock::of(ctx, sx)?;
     let mut outs = ctx.outs::<T>(outputs, 2)?;
     for (i, (s, _)) in outs.iter().enumerate() {
         ctx.check_shape(if i == 0 { "y" } else { "mask" }, s, sx)?;
@@ -445,6 +538,7 @@ pub(crate) fn dropout<T: Real>(
     let (_, y) = outs.pop().ok_or_else(|| ctx.err("internal: outputs"))?;
     let scale = T::from_f64(1.0 / keep);
     let total = x.len();
+    let block = block.as_ref();
     for_chunks2(
         ctx.par,
         y,
@@ -456,7 +550,11 @@ pub(crate) fn dropout<T: Real>(
             let base = ci * ELEMWISE_CHUNK;
             for (j, (yv, mv)) in yc.iter_mut().zip(mc.iter_mut()).enumerate() {
                 let i = base + j;
-                let m = if dropout_uniform(seed0, seed1, step, i as u64) < keep {
+                let index = match block {
+                    None => i as u64,
+                    Some(b) => b.global(i),
+                };
+                let m = if dropout_uniform(seed0, seed1, step, index) < keep {
                     scale
                 } else {
                     T::ZERO
@@ -467,4 +565,87 @@ pub(crate) fn dropout<T: Real>(
         },
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::CpuBackend;
+    use shardc_ir::{Attr, Attrs, Node, OpKind, Operand, ParamId};
+    use shardc_runtime::{Arg, Backend, KernelContext, Tensor};
+
+    /// Runs Dropout on ones of `shape` with `extra` attrs; returns the mask.
+    fn mask(shape: &[usize], extra: &[(&str, Attr)]) -> Result<Vec<f64>, String> {
+        let mut node = Node::new(OpKind::Dropout, vec![Operand::Param(ParamId(0))]);
+        node.instance = "dropout".into();
+        node.attrs = Attrs::new()
+            .with("keep_prob", Attr::Float(0.5))
+            .with("seed0", Attr::Int(3))
+            .with("seed1", Attr::Int(11));
+        for (k, v) in extra {
+            node.attrs.set(*k, v.clone());
+        }
+        let n: usize = shape.iter().product();
+        let x = Tensor::from_f64(shape.to_vec(), vec![1.0; n]).unwrap();
+        let mut outs = vec![x.clone(), x.clone()];
+        let ctx = KernelContext { step: 5, rank: 0 };
+        CpuBackend::new()
+            .run(&node, &[Arg::Tensor(&x)], &mut outs, &ctx)
+            .map_err(|e| e.to_string())?;
+        Ok(outs[1].to_f64_vec())
+    }
+
+    #[test]
+    fn a_block_draws_the_global_mask_of_its_elements() {
+        let full = mask(&[4, 6], &[]).unwrap();
+        assert!(full.contains(&0.0) && full.contains(&2.0));
+        let at = |offset: &[i64], shape: &[usize]| {
+            mask(
+                shape,
+                &[
+                    ("global_shape", Attr::ints(&[4, 6])),
+                    ("offset", Attr::ints(offset)),
+                ],
+            )
+            .unwrap()
+        };
+        let block = at(&[2, 3], &[2, 3]);
+        for r in 0..2 {
+            for c in 0..3 {
+                assert_eq!(block[r * 3 + c], full[(2 + r) * 6 + 3 + c], "({r}, {c})");
+            }
+        }
+        // The four (2, 3) blocks tile the full mask; the whole tensor at offset 0 is itself.
+        for (or, oc) in [(0, 0), (0, 3), (2, 0)] {
+            let b = at(&[or, oc], &[2, 3]);
+            for r in 0..2 {
+                for c in 0..3 {
+                    assert_eq!(b[r * 3 + c], full[(or as usize + r) * 6 + oc as usize + c]);
+                }
+            }
+        }
+        assert_eq!(at(&[0, 0], &[4, 6]), full);
+    }
+
+    #[test]
+    fn bad_blocks_are_errors() {
+        let g = ("global_shape", Attr::ints(&[4, 6]));
+        let e = mask(&[2, 3], &[g.clone(), ("offset", Attr::ints(&[3, 0]))]).unwrap_err();
+        assert!(e.contains("Dropout 'dropout'"), "{e}");
+        assert!(
+            e.contains("does not fit in `global_shape` (4, 6) (dim 0)"),
+            "{e}"
+        );
+        let e = mask(&[2, 3], std::slice::from_ref(&g)).unwrap_err();
+        assert!(
+            e.contains("`global_shape` is given without `offset`"),
+            "{e}"
+        );
+        let e = mask(&[2, 3], &[g, ("offset", Attr::ints(&[0]))]).unwrap_err();
+        assert!(e.contains("one entry per dim"), "{e}");
+        let e = mask(&[2, 3], &[("offset", Attr::Str("x".into()))]).unwrap_err();
+        assert!(
+            e.contains("attribute `offset` must be a tuple of integers"),
+            "{e}"
+        );
+    }
 }

@@ -586,6 +586,30 @@ impl<'a> Parser<'a> {
     /// `normal(sigma=0.01, seed=1)`, `zeros`, ... (MindSpore's defaults for absent
     /// arguments: sigma 0.01, mean 0, scale 0.07, gain 1, seed 0).
     fn init(&mut self) -> R<Init> {
+        let base = self.base_init()?;
+        let save = self.pos;
+        self.skip_ws();
+        if !self.eat_keyword("block") {
+            self.pos = save;
+            return Ok(base);
+        }
+        self.skip_ws();
+        let offset = self.shape()?;
+        self.skip_ws();
+        if !self.eat_keyword("of") {
+            return Err(self.err("'of' and the whole tensor's shape"));
+        }
+        self.skip_ws();
+        let global_shape = self.shape()?;
+        Ok(Init::Block {
+            of: Box::new(base),
+            global_shape,
+            offset,
+        })
+    }
+
+    /// An initializer without a `block` clause.
+    fn base_init(&mut self) -> R<Init> {
         let start = self.pos;
         let what =
             "an initializer (normal, uniform, zeros, ones, constant, xavier_uniform, he_normal)";

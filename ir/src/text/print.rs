@@ -103,6 +103,16 @@ fn init_text(init: &Init) -> String {
             format!("xavier_uniform(gain={}, seed={seed})", format_float(*gain))
         }
         Init::HeNormal { seed } => format!("he_normal(seed={seed})"),
+        Init::Block {
+            of,
+            global_shape,
+            offset,
+        } => format!(
+            "{} block {} of {}",
+            init_text(of),
+            ShapeDisplay(offset),
+            ShapeDisplay(global_shape)
+        ),
     }
 }
 

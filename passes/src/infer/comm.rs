@@ -5,7 +5,9 @@
 //! where a group size is needed and `rank_list` is absent, an integer `rank_size` is accepted.
 //! `Send` returns its input's type (the value it sent, so that later nodes can be ordered
 //! after it); `Receive` takes no operand and returns `<Tensor[dtype], shape>` from its
-//! attributes.
+//! attributes. `AllGather` and `ReduceScatter` take an optional `axis` (default 0, negative
+//! counts from the end): the dimension they concatenate along or split (MindSpore's always
+//! use axis 0; shardc adds `axis` so that the partitioner need not transpose).
 
 use super::{elementwise::parse_dtype, ints_text, normalize_axis, sh, Cx, InferError};
 use shardc_ir::{Attr, DType, OpKind, TensorType, Type};
@@ -19,25 +21,25 @@ pub(super) fn infer(cx: &Cx<'_>) -> Result<Type, InferError> {
             Ok(Type::Tensor(x.clone()))
         }
         AllGather => {
-            let x = first_axis(cx)?;
+            let (x, axis) = gather_axis(cx)?;
             let n = group(cx, true)?.unwrap_or(1);
             let mut shape = x.shape.clone();
-            shape[0] *= n;
+            shape[axis] *= n;
             Ok(Type::Tensor(TensorType::new(x.dtype, shape)))
         }
         ReduceScatter => {
             reducible(cx)?;
-            let x = first_axis(cx)?;
+            let (x, axis) = gather_axis(cx)?;
             let n = group(cx, true)?.unwrap_or(1);
-            if x.shape[0] % n != 0 {
+            if x.shape[axis] % n != 0 {
                 return Err(cx.err(format!(
-                    "the group of {n} ranks does not divide dim 0 of {} of shape {}",
+                    "the group of {n} ranks does not divide dim {axis} of {} of shape {}",
                     cx.name(0),
                     sh(&x.shape)
                 )));
             }
             let mut shape = x.shape.clone();
-            shape[0] /= n;
+            shape[axis] /= n;
             Ok(Type::Tensor(TensorType::new(x.dtype, shape)))
         }
         AllToAll => all_to_all(cx),
@@ -76,9 +78,19 @@ fn reducible<'a>(cx: &Cx<'a>) -> Result<&'a TensorType, InferError> {
     Ok(x)
 }
 
-/// The input of a collective along axis 0: rank >= 1.
-fn first_axis<'a>(cx: &Cx<'a>) -> Result<&'a TensorType, InferError> {
-    cx.expect_min_rank(0, 1, "(it is split or gathered along axis 0)")
+/// The input of a collective along an axis (rank >= 1) and its `axis` attribute (default 0),
+/// normalised.
+fn gather_axis<'a>(cx: &Cx<'a>) -> Result<(&'a TensorType, usize), InferError> {
+    let x = cx.expect_min_rank(0, 1, "(it is split or gathered along an axis)")?;
+    let a = cx.attr_int("axis", 0)?;
+    let axis = normalize_axis(a, x.rank()).ok_or_else(|| {
+        cx.err(format!(
+            "attribute `axis` {a} is out of range for {} of shape {}",
+            cx.name(0),
+            sh(&x.shape)
+        ))
+    })?;
+    Ok((x, axis))
 }
 
 /// A rank attribute (>= 0); `default` None makes it required.
@@ -196,4 +208,111 @@ fn receive(cx: &Cx<'_>) -> Result<Type, InferError> {
         }
     };
     Ok(Type::Tensor(TensorType::new(dtype, dims)))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::infer::infer_node;
+    use shardc_ir::{Attr, Attrs, DType, Graph, Node, OpKind, Operand, Param, ParamKind};
+    use shardc_ir::{TensorType, Type};
+
+    fn run(op: OpKind, shape: &[usize], attrs: &[(&str, Attr)]) -> Result<Type, String> {
+        let mut g = Graph::new("t");
+        let x: Operand = g
+            .add_param(Param {
+                name: "x".into(),
+                ty: TensorType::new(DType::Float32, shape.to_vec()),
+                kind: ParamKind::Input,
+            })
+            .into();
+        let mut n = Node::new(op, vec![x]);
+        n.instance = "c".into();
+        n.attrs = attrs
+            .iter()
+            .fold(Attrs::new(), |a, (k, v)| a.with(*k, v.clone()));
+        infer_node(&g, &n).map_err(|e| e.to_string())
+    }
+
+    fn f32(shape: &[usize]) -> Type {
+        Type::Tensor(TensorType::new(DType::Float32, shape.to_vec()))
+    }
+
+    #[test]
+    fn gather_and_scatter_take_an_axis() {
+        let g2 = ("rank_list", Attr::ints(&[0, 1]));
+        let g4 = ("rank_list", Attr::ints(&[0, 1, 2, 3]));
+        for (axis, want) in [
+            (0, [16, 6, 4]),
+            (1, [8, 12, 4]),
+            (2, [8, 6, 8]),
+            (-1, [8, 6, 8]),
+            (-3, [16, 6, 4]),
+        ] {
+            let got = run(
+                OpKind::AllGather,
+                &[8, 6, 4],
+                &[g2.clone(), ("axis", Attr::Int(axis))],
+            );
+            assert_eq!(got, Ok(f32(&want)), "AllGather axis {axis}");
+        }
+        // Default: axis 0.
+        assert_eq!(
+            run(OpKind::AllGather, &[8, 6, 4], std::slice::from_ref(&g2)),
+            Ok(f32(&[16, 6, 4]))
+        );
+        let g6 = ("rank_list", Attr::ints(&[0, 1, 2, 3, 4, 5]));
+        for (group, axis, want) in [
+            (&g4, 0, [2, 6, 4]),
+            (&g4, 2, [8, 6, 1]),
+            (&g6, -2, [8, 1, 4]),
+        ] {
+            let got = run(
+                OpKind::ReduceScatter,
+                &[8, 6, 4],
+                &[group.clone(), ("axis", Attr::Int(axis))],
+            );
+            assert_eq!(got, Ok(f32(&want)), "ReduceScatter axis {axis}");
+        }
+    }
+
+    #[test]
+    fn bad_axes_name_the_op_and_value() {
+        let g4 = ("rank_list", Attr::ints(&[0, 1, 2, 3]));
+        let e = run(
+            OpKind::AllGather,
+            &[8, 6],
+            &[g4.clone(), ("axis", Attr::Int(2))],
+        )
+        .unwrap_err();
+        assert!(e.contains("AllGather 'c'"), "{e}");
+        assert!(
+            e.contains("attribute `axis` 2 is out of range for input 0 (x) of shape (8, 6)"),
+            "{e}"
+        );
+        let e = run(
+            OpKind::ReduceScatter,
+            &[8, 6],
+            &[g4.clone(), ("axis", Attr::Int(-3))],
+        )
+        .unwrap_err();
+        assert!(e.contains("ReduceScatter 'c'"), "{e}");
+        assert!(e.contains("attribute `axis` -3 is out of range"), "{e}");
+        let e = run(
+            OpKind::ReduceScatter,
+            &[8, 6],
+            &[g4.clone(), ("axis", Attr::Int(1))],
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("the group of 4 ranks does not divide dim 1 of input 0 (x) of shape (8, 6)"),
+            "{e}"
+        );
+        let e = run(
+            OpKind::AllGather,
+            &[8, 6],
+            &[g4, ("axis", Attr::Str("one".into()))],
+        )
+        .unwrap_err();
+        assert!(e.contains("`axis`"), "{e}");
+    }
 }

@@ -1,0 +1,114 @@
+//! The parallel compiler: from one logical training graph and a device count to one graph per
+//! rank that together compute what the logical graph computes.
+//!
+//! The stages, each its own module:
+//! - [`dims`]: every op as loops (the einsum view) — the table behind every parallel rule;
+//! - [`rules`]: strategy → layouts of an op's inputs and results (validity, partial sums);
+//! - [`strategy`]: a strategy for every op (annotations, semi-auto defaults, sharding
+//!   propagation) and a layout for every parameter;
+//! - [`redistribute`]: the cheapest collectives between two layouts of a value;
+//! - [`partition`]: the per-rank graphs, with sliced shapes, sliced parameter initialisers and
+//!   concrete communication groups.
+//!
+//! Semantics (the invariant): the per-rank graphs compute the logical training step. The loss
+//! every rank returns is the loss of the whole global batch (as MindSpore's auto-parallel
+//! prints the same loss on every rank); a weight replicated over devices that each see part of
+//! the batch gets its gradient's partial terms summed over those devices (the "mirror"
+//! AllReduce, named `mirror_grad_*`). With `gradients_mean` that sum is exactly the
+//! single-device gradient of the mean loss (MindSpore's mean of per-replica gradients); without
+//! it, MindSpore sums the replicas' gradients, each of its own local-mean loss, so shardc then
+//! multiplies the sum by the group size to give the same numbers.
+
+pub mod dims;
+pub mod partition;
+pub mod redistribute;
+pub mod rules;
+pub mod strategy;
+
+use shardc_ir::{OpKind, Strategy};
+use thiserror::Error;
+
+/// The parallel mode (MindSpore's `parallel_mode`), as the passes need it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Every unannotated forward op splits the batch; no user strategies expected.
+    DataParallel,
+    /// User strategies; unannotated forward ops split the batch.
+    SemiAutoParallel,
+    /// User strategies; everything else searched.
+    AutoParallel,
+}
+
+/// How data inputs are laid out (MindSpore's `dataset_strategy`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DatasetLayout {
+    /// Split dimension 0 over all devices.
+    DataParallel,
+    /// Every device reads the whole batch.
+    FullBatch,
+    /// One strategy tuple per data input.
+    Explicit(Strategy),
+}
+
+/// What the parallel passes need to know.
+#[derive(Clone, Debug)]
+pub struct ParallelOptions {
+    /// The mode.
+    pub mode: Mode,
+    /// The number of devices.
+    pub device_num: usize,
+    /// The data inputs' layout.
+    pub dataset: DatasetLayout,
+    /// Divide summed gradients by the group size (MindSpore's `gradients_mean`).
+    pub gradients_mean: bool,
+    /// Whether redistribution may use AllToAll.
+    pub enable_alltoall: bool,
+}
+
+/// An error of the parallel passes, naming the op instance (or value) and the reason.
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum ParallelError {
+    /// A strategy that the op's rule rejects.
+    #[error("invalid strategy {strategy} for {op} '{instance}': {reason}")]
+    InvalidStrategy {
+        /// The op instance.
+        instance: String,
+        /// The op.
+        op: OpKind,
+        /// The strategy, as written.
+        strategy: String,
+        /// Why it is invalid.
+        reason: String,
+    },
+    /// An op the parallel passes cannot handle here.
+    #[error("{op} '{instance}': {reason}")]
+    NoRule {
+        /// The op instance.
+        instance: String,
+        /// The op.
+        op: OpKind,
+        /// Why.
+        reason: String,
+    },
+    /// The dataset strategy does not fit a data input.
+    #[error("dataset_strategy for input '{input}': {reason}")]
+    Dataset {
+        /// The data input.
+        input: String,
+        /// Why.
+        reason: String,
+    },
+    /// The options are unusable.
+    #[error("parallel options: {0}")]
+    Options(String),
+    /// A per-rank graph failed shape inference (a bug in a parallel rule).
+    #[error("partition (rank {rank}): node for '{instance}': {reason}")]
+    Partition {
+        /// The rank.
+        rank: usize,
+        /// The op instance.
+        instance: String,
+        /// Why.
+        reason: String,
+    },
+}

@@ -1,0 +1,399 @@
+//! The parallel rule of every op: from a strategy to the layouts the op needs and produces.
+//!
+//! [`sharding`] checks a strategy against the op's loop view ([`super::dims::op_dims`]) and
+//! returns an [`OpSharding`]: the op's device matrix (MindSpore's: one axis per loop, split
+//! counts in loop order, a leading repeat axis when the strategy uses fewer devices than there
+//! are), the layout each tensor input must have, the layout of each result — partial over the
+//! axes of split loops the result lacks (a split contraction gives partial sums that an
+//! AllReduce, or a ReduceScatter, completes) — and the scale a local mean needs.
+//! [`default_strategy`] is the semi-auto default (split the batch) and [`candidates`] the
+//! strategies a search may consider.
+
+use super::dims::{op_dims, Dim, OpDims};
+use super::ParallelError;
+use shardc_ir::{Graph, Node, ReduceOp, Strategy, TensorLayout};
+
+/// What one op does under one strategy.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OpSharding {
+    /// The strategy, one tuple per tensor operand.
+    pub strategy: Strategy,
+    /// The split count of each loop.
+    pub loop_splits: Vec<usize>,
+    /// The op's device matrix.
+    pub dev_matrix: Vec<usize>,
+    /// The layout each operand must have (`None` for constants).
+    pub inputs: Vec<Option<TensorLayout>>,
+    /// The layout of each result.
+    pub outputs: Vec<TensorLayout>,
+    /// Multiply every result by this after the local op (a mean over a split loop), if any.
+    pub scale: Option<f64>,
+}
+
+fn node_name(node: &Node) -> String {
+    if node.instance.is_empty() {
+        node.op.name().to_string()
+    } else {
+        node.instance.clone()
+    }
+}
+
+fn invalid(node: &Node, strategy: &Strategy, reason: String) -> ParallelError {
+    ParallelError::InvalidStrategy {
+        instance: node_name(node),
+        op: node.op,
+        strategy: strategy.to_string(),
+        reason,
+    }
+}
+
+/// The loop view of `node`, or an error naming it.
+pub fn dims_of(g: &Graph, node: &Node) -> Result<OpDims, ParallelError> {
+    op_dims(g, node).map_err(|e| ParallelError::NoRule {
+        instance: node_name(node),
+        op: node.op,
+        reason: e.0,
+    })
+}
+
+/// Tensor operands' shapes (None for constants).
+fn operand_shapes(g: &Graph, node: &Node) -> Vec<Option<Vec<usize>>> {
+    node.inputs
+        .iter()
+        .map(|o| g.operand_tensor_type(o).map(|t| t.shape.clone()))
+        .collect()
+}
+
+/// Checks `strategy` for `node` on `device_num` devices and derives its layouts.
+pub fn sharding(
+    g: &Graph,
+    node: &Node,
+    strategy: &Strategy,
+    device_num: usize,
+) -> Result<OpSharding, ParallelError> {
+    let dims = dims_of(g, node)?;
+    sharding_with(g, node, &dims, strategy, device_num)
+}
+
+/// As [`sharding`], with the loop view already computed.
+pub fn sharding_with(
+    g: &Graph,
+    node: &Node,
+    dims: &OpDims,
+    strategy: &Strategy,
+    device_num: usize,
+) -> Result<OpSharding, ParallelError> {
+    let bad = |reason: String| invalid(node, strategy, reason);
+    let shapes = operand_shapes(g, node);
+    let tensor_inputs: Vec<usize> = (0..shapes.len()).filter(|&i| shapes[i].is_some()).collect();
+    if strategy.0.len() != tensor_inputs.len() {
+        return Err(bad(format!(
+            "the strategy has {} tuple(s) but the op has {} tensor input(s); give one tuple per \
+             input",
+            strategy.0.len(),
+            tensor_inputs.len()
+        )));
+    }
+    let nloops = dims.loop_sizes.len();
+    // (split, input, dim) that set each loop first.
+    let mut loop_split: Vec<Option<(usize, usize, usize)>> = vec![None; nloops];
+    for (k, &i) in tensor_inputs.iter().enumerate() {
+        let shape = shapes[i].as_ref().expect("tensor input");
+        let s = &strategy.0[k];
+        if s.len() != shape.len() {
+            return Err(bad(format!(
+                "input {i} has rank {} (shape {:?}) but its strategy {:?} has {} entries",
+                shape.len(),
+                shape,
+                s,
+                s.len()
+            )));
+        }
+        let in_dims = dims.inputs.get(i).cloned().flatten().unwrap_or_default();
+        for (j, &split) in s.iter().enumerate() {
+            if split < 1 {
+                return Err(bad(format!(
+                    "input {i} dimension {j} has split {split}; a split count must be >= 1"
+                )));
+            }
+            let split = split as usize;
+            if shape[j] % split != 0 {
+                return Err(bad(format!(
+                    "input {i} dimension {j} of size {} is not divisible by {split}",
+                    shape[j]
+                )));
+            }
+            match in_dims.get(j).copied().unwrap_or(Dim::Whole) {
+                Dim::Whole => {
+                    if split != 1 {
+                        let why = if shape[j] == 1 {
+                            "it is broadcast (size 1)".to_string()
+                        } else {
+                            format!("{} needs it whole", node.op.name())
+                        };
+                        return Err(bad(format!(
+                            "input {i} dimension {j} cannot be split ({why}), strategy has {split}"
+                        )));
+                    }
+                }
+                Dim::Loop(l) => match loop_split[l] {
+                    None => loop_split[l] = Some((split, i, j)),
+                    Some((s0, i0, j0)) if s0 != split => {
+                        let contracted = dims.combine[l].is_some()
+                            && !dims.outputs.iter().any(|o| o.contains(&Dim::Loop(l)));
+                        return Err(bad(format!(
+                            "input {i} dimension {j} is split {split} but input {i0} dimension \
+                             {j0}, {} dimension, is split {s0}; they must be split alike",
+                            if contracted {
+                                "the same contracted"
+                            } else {
+                                "the same"
+                            }
+                        )));
+                    }
+                    Some(_) => {}
+                },
+            }
+        }
+    }
+    let splits: Vec<usize> = loop_split
+        .iter()
+        .map(|s| s.map(|(v, _, _)| v).unwrap_or(1))
+        .collect();
+    for (l, &s) in splits.iter().enumerate() {
+        if s == 1 {
+            continue;
+        }
+        let (_, i, j) = loop_split[l].expect("split loop has a source");
+        if let Some(why) = &dims.fixed[l] {
+            return Err(bad(format!(
+                "input {i} dimension {j} cannot be split: {why}"
+            )));
+        }
+        for (o, out) in dims.outputs.iter().enumerate() {
+            if !out.contains(&Dim::Loop(l)) && dims.combine[l].is_none() {
+                return Err(bad(format!(
+                    "input {i} dimension {j} cannot be split: result {o} does not have it and \
+                     cannot be completed from parts"
+                )));
+            }
+        }
+    }
+    let used: usize = splits.iter().product();
+    if used > device_num {
+        return Err(bad(format!(
+            "the strategy uses {used} devices (the product of its splits) but device_num is \
+             {device_num}"
+        )));
+    }
+    if device_num % used != 0 {
+        return Err(bad(format!(
+            "the strategy uses {used} devices, which does not divide device_num {device_num}"
+        )));
+    }
+    // Output divisibility (a reshape maps a split onto a dimension of another size).
+    let out_shapes: Vec<Vec<usize>> = node.ty.tensors().iter().map(|t| t.shape.clone()).collect();
+    for (o, out) in dims.outputs.iter().enumerate() {
+        for (j, d) in out.iter().enumerate() {
+            if let Dim::Loop(l) = d {
+                let n = out_shapes
+                    .get(o)
+                    .and_then(|s| s.get(j))
+                    .copied()
+                    .unwrap_or(1);
+                if n % splits[*l] != 0 {
+                    return Err(bad(format!(
+                        "result {o} dimension {j} of size {n} is not divisible by {}",
+                        splits[*l]
+                    )));
+                }
+            }
+        }
+    }
+    let repeat = device_num / used;
+    let mut dev_matrix = Vec::with_capacity(nloops + 1);
+    if repeat > 1 || nloops == 0 {
+        dev_matrix.push(repeat);
+    }
+    dev_matrix.extend(&splits);
+    let axis_of = |l: usize| (nloops - 1 - l) as i64;
+    let layout_of = |ds: &[Dim], shape: &[usize], partial: Vec<usize>, op: ReduceOp| TensorLayout {
+        dev_matrix: dev_matrix.clone(),
+        tensor_map: ds
+            .iter()
+            .map(|d| match d {
+                Dim::Loop(l) => axis_of(*l),
+                Dim::Whole => -1,
+            })
+            .collect(),
+        tensor_shape: shape.to_vec(),
+        partial,
+        partial_op: op,
+    };
+    let inputs = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            s.as_ref().map(|s| {
+                let ds = dims.inputs.get(i).cloned().flatten().unwrap_or_default();
+                layout_of(&ds, s, Vec::new(), ReduceOp::Sum)
+            })
+        })
+        .collect();
+    let mut outputs = Vec::with_capacity(dims.outputs.len());
+    for (o, out) in dims.outputs.iter().enumerate() {
+        let mut partial = Vec::new();
+        let mut op = ReduceOp::Sum;
+        for (l, &split) in splits.iter().enumerate() {
+            if split > 1 && !out.contains(&Dim::Loop(l)) {
+                partial.push(axis_of(l) as usize);
+                op = dims.combine[l].unwrap_or(ReduceOp::Sum);
+            }
+        }
+        partial.sort_unstable();
+        let shape = out_shapes.get(o).cloned().unwrap_or_default();
+        outputs.push(layout_of(out, &shape, partial, op));
+    }
+    let mean_div: usize = dims.mean_loops.iter().map(|&l| splits[l]).product();
+    Ok(OpSharding {
+        strategy: strategy.clone(),
+        loop_splits: splits,
+        dev_matrix,
+        inputs,
+        outputs,
+        scale: (mean_div > 1).then(|| 1.0 / mean_div as f64),
+    })
+}
+
+/// The strategy that gives loop `l` split `splits[l]`, written per tensor operand.
+pub fn strategy_from_loops(g: &Graph, node: &Node, dims: &OpDims, splits: &[usize]) -> Strategy {
+    let shapes = operand_shapes(g, node);
+    Strategy(
+        shapes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| {
+                s.as_ref().map(|s| {
+                    let ds = dims.inputs.get(i).cloned().flatten().unwrap_or_default();
+                    (0..s.len())
+                        .map(|j| match ds.get(j) {
+                            Some(Dim::Loop(l)) => splits[*l] as i64,
+                            _ => 1,
+                        })
+                        .collect()
+                })
+            })
+            .collect(),
+    )
+}
+
+/// Whether loop `l` may be split by `s` for this node (not fixed, completable, divisible).
+fn loop_admits(g: &Graph, node: &Node, dims: &OpDims, l: usize, s: usize) -> bool {
+    if s == 1 {
+        return true;
+    }
+    if dims.fixed[l].is_some() {
+        return false;
+    }
+    if dims.outputs.iter().any(|o| !o.contains(&Dim::Loop(l))) && dims.combine[l].is_none() {
+        return false;
+    }
+    let shapes = operand_shapes(g, node);
+    let ins_ok = shapes.iter().enumerate().all(|(i, sh)| match sh {
+        None => true,
+        Some(sh) => {
+            let ds = dims.inputs.get(i).cloned().flatten().unwrap_or_default();
+            ds.iter()
+                .zip(sh)
+                .all(|(d, &n)| *d != Dim::Loop(l) || n % s == 0)
+        }
+    });
+    let outs_ok = node.ty.tensors().iter().zip(&dims.outputs).all(|(t, ds)| {
+        ds.iter()
+            .zip(&t.shape)
+            .all(|(d, &n)| *d != Dim::Loop(l) || n % s == 0)
+    });
+    // A loop that no input carries is created by the op: keep it whole.
+    let in_some_input = dims
+        .inputs
+        .iter()
+        .flatten()
+        .any(|ds| ds.contains(&Dim::Loop(l)));
+    ins_ok && outs_ok && in_some_input
+}
+
+/// The semi-auto default for an unannotated op: split the batch (loop 0) over as many devices
+/// as divide it (all of them when possible); an op whose batch cannot be split runs whole on
+/// every device.
+pub fn default_strategy(
+    g: &Graph,
+    node: &Node,
+    device_num: usize,
+) -> Result<Strategy, ParallelError> {
+    let dims = dims_of(g, node)?;
+    let mut splits = vec![1usize; dims.loop_sizes.len()];
+    if !splits.is_empty() {
+        let mut s = device_num;
+        while s > 1 && !loop_admits(g, node, &dims, 0, s) {
+            s = (1..s).rev().find(|d| device_num % d == 0).unwrap_or(1);
+        }
+        splits[0] = s;
+    }
+    Ok(strategy_from_loops(g, node, &dims, &splits))
+}
+
+/// Every strategy worth considering for `node` on `device_num` devices: each loop split by a
+/// divisor, the product dividing `device_num`, in a fixed order (fewest devices last, so that
+/// ties between equal costs go to the strategy using more devices). Loops beyond the first
+/// `max_loops` splittable ones stay whole, which bounds the count.
+pub fn candidates(
+    g: &Graph,
+    node: &Node,
+    dims: &OpDims,
+    device_num: usize,
+    max_loops: usize,
+) -> Vec<Vec<usize>> {
+    let nloops = dims.loop_sizes.len();
+    let free: Vec<usize> = (0..nloops)
+        .filter(|&l| {
+            (2..=device_num).any(|s| device_num % s == 0 && loop_admits(g, node, dims, l, s))
+        })
+        .take(max_loops)
+        .collect();
+    let divisors: Vec<usize> = (1..=device_num).filter(|d| device_num % d == 0).collect();
+    // Odometer over the divisors of each free loop.
+    let mut out = Vec::new();
+    let mut idx = vec![0usize; free.len()];
+    'outer: loop {
+        let mut cur = vec![1usize; nloops];
+        let mut used = 1usize;
+        let mut ok = true;
+        for (k, &l) in free.iter().enumerate() {
+            let d = divisors[idx[k]];
+            used *= d;
+            if used > device_num || device_num % used != 0 || !loop_admits(g, node, dims, l, d) {
+                ok = false;
+                break;
+            }
+            cur[l] = d;
+        }
+        if ok {
+            out.push(cur);
+        }
+        for k in (0..free.len()).rev() {
+            idx[k] += 1;
+            if idx[k] < divisors.len() {
+                continue 'outer;
+            }
+            idx[k] = 0;
+        }
+        break;
+    }
+    // More devices first; then lexicographic (deterministic).
+    out.sort_by(|a, b| {
+        let pa: usize = a.iter().product();
+        let pb: usize = b.iter().product();
+        pb.cmp(&pa).then_with(|| b.cmp(a))
+    });
+    out
+}

@@ -1,0 +1,546 @@
+//! Strategy assignment: every op of the training graph gets a strategy, and every parameter
+//! (data input or weight) a layout.
+//!
+//! Sources, in order of authority:
+//! 1. the user's annotation (`in_strategy`);
+//! 2. in `semi_auto_parallel` (and `data_parallel`), the default for unannotated forward ops:
+//!    split the batch ([`rules::default_strategy`]);
+//! 3. an optimizer update or `Assign` of a weight follows the weight's layout exactly;
+//! 4. **sharding propagation** for everything else (the backward pass, and in
+//!    `auto_parallel` every unannotated op): from the settled ops outward, forward in program
+//!    order (an op waits until every input's layout is known) and backward in reverse order
+//!    (an op waits until every user is settled), each op takes the candidate strategy with the
+//!    least redistribution cost to its settled neighbours plus its share of the compute; ties
+//!    go to the earlier candidate in [`rules::candidates`]' fixed order.
+//!
+//! A weight takes the layout its first settled user needs; a data input the layout of the
+//! `dataset_strategy`. Every decision is recorded with its source and the costs of the
+//! candidates that were weighed, for the dumps and `shardc explain`.
+
+use super::redistribute::plan;
+use super::rules::{self, candidates, dims_of, sharding, sharding_with, OpSharding};
+use super::{DatasetLayout, Mode, ParallelError, ParallelOptions};
+use shardc_ir::{
+    Graph, Node, NodeId, OpClass, OpKind, Operand, ParamKind, ReduceOp, Strategy, TensorLayout,
+};
+
+/// Where an op's strategy came from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Source {
+    /// The user's `in_strategy`.
+    User,
+    /// The semi-auto default for an unannotated op (split the batch).
+    SemiAutoDefault,
+    /// An optimizer update or Assign follows the layout of the weight it updates.
+    FollowsWeight(String),
+    /// Sharding propagation chose it: the least cost to the named settled neighbours.
+    Propagated {
+        /// The settled neighbours it was weighed against (instance names).
+        from: Vec<String>,
+        /// Its cost (bytes-equivalent).
+        cost: f64,
+    },
+    /// No neighbour was settled: the default.
+    Unconstrained,
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::User => f.write_str("user annotation"),
+            Source::SemiAutoDefault => f.write_str("semi_auto_parallel default (batch split)"),
+            Source::FollowsWeight(w) => write!(f, "follows the layout of weight {w}"),
+            Source::Propagated { from, cost } => write!(
+                f,
+                "sharding propagation from {} at redistribution cost {}",
+                if from.is_empty() {
+                    "nothing settled".to_string()
+                } else {
+                    from.join(", ")
+                },
+                cost.round()
+            ),
+            Source::Unconstrained => f.write_str("no settled neighbour: batch-split default"),
+        }
+    }
+}
+
+/// The decision for one op.
+#[derive(Clone, Debug)]
+pub struct Decision {
+    /// The chosen sharding.
+    pub sharding: OpSharding,
+    /// Where it came from.
+    pub source: Source,
+    /// The candidates weighed (strategy, cost), in the order considered.
+    pub candidates: Vec<(Strategy, f64)>,
+}
+
+/// The result of strategy assignment.
+#[derive(Clone, Debug)]
+pub struct Assignment {
+    /// Per node: its decision (`None` for TupleGetItem, which has no strategy of its own).
+    pub decisions: Vec<Option<Decision>>,
+    /// Per parameter: its layout.
+    pub param_layouts: Vec<TensorLayout>,
+}
+
+/// Whether `node` was made by autodiff or the optimizer (not written by the user).
+pub fn is_generated(node: &Node) -> bool {
+    node.scope.starts_with("Gradients") || node.scope.starts_with("Default/optimizer")
+}
+
+struct State<'g> {
+    g: &'g Graph,
+    opts: &'g ParallelOptions,
+    users: Vec<Vec<NodeId>>,
+    decisions: Vec<Option<Decision>>,
+    params: Vec<Option<TensorLayout>>,
+}
+
+impl<'g> State<'g> {
+    /// The layout of an operand if known: (layout, settled-by name).
+    fn operand_layout(&self, o: &Operand) -> Option<(TensorLayout, String)> {
+        match o {
+            Operand::Param(p) => self.params[p.index()]
+                .clone()
+                .map(|l| (l, self.g.param(*p).name.clone())),
+            Operand::Node(n) => self.node_output(*n),
+            Operand::Const(_) => None,
+        }
+    }
+
+    fn node_output(&self, n: NodeId) -> Option<(TensorLayout, String)> {
+        let node = self.g.node(n);
+        if node.op == OpKind::TupleGetItem {
+            let src = match node.inputs.first() {
+                Some(Operand::Node(s)) => *s,
+                _ => return None,
+            };
+            let idx = node
+                .inputs
+                .get(1)
+                .and_then(Operand::as_const)
+                .and_then(|c| c.as_int())
+                .unwrap_or(0) as usize;
+            let d = self.decisions[src.index()].as_ref()?;
+            return d
+                .sharding
+                .outputs
+                .get(idx)
+                .cloned()
+                .map(|l| (l, self.g.node(src).instance.clone()));
+        }
+        let d = self.decisions[n.index()].as_ref()?;
+        d.sharding
+            .outputs
+            .first()
+            .cloned()
+            .map(|l| (l, node.instance.clone()))
+    }
+
+    /// Users of node `n`'s value, looking through TupleGetItem: (user, operand index, output
+    /// index of `n`).
+    fn value_users(&self, n: NodeId) -> Vec<(NodeId, usize, usize)> {
+        let mut out = Vec::new();
+        for &u in &self.users[n.index()] {
+            let un = self.g.node(u);
+            if un.op == OpKind::TupleGetItem {
+                let idx = un
+                    .inputs
+                    .get(1)
+                    .and_then(Operand::as_const)
+                    .and_then(|c| c.as_int())
+                    .unwrap_or(0) as usize;
+                for &v in &self.users[u.index()] {
+                    for (j, o) in self.g.node(v).inputs.iter().enumerate() {
+                        if *o == Operand::Node(u) {
+                            out.push((v, j, idx));
+                        }
+                    }
+                }
+            } else {
+                for (j, o) in un.inputs.iter().enumerate() {
+                    if *o == Operand::Node(n) {
+                        out.push((u, j, 0));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn settle(&mut self, n: NodeId, d: Decision) {
+        let node = self.g.node(n);
+        for (i, o) in node.inputs.iter().enumerate() {
+            if let Operand::Param(p) = o {
+                if self.params[p.index()].is_none() {
+                    self.params[p.index()] = d.sharding.inputs[i].clone();
+                }
+            }
+        }
+        self.decisions[n.index()] = Some(d);
+    }
+
+    /// The weight an optimizer update or Assign writes, if its first operand is one.
+    fn updated_weight(&self, node: &Node) -> Option<usize> {
+        if node.op.class() != OpClass::Optimizer && node.op != OpKind::Assign {
+            return None;
+        }
+        match node.inputs.first() {
+            Some(Operand::Param(p)) if self.g.param(*p).is_weight() => Some(p.index()),
+            _ => None,
+        }
+    }
+
+    /// Cost of candidate sharding `c` for node `n` against its known neighbours.
+    fn cost(&self, n: NodeId, c: &OpSharding, from: &mut Vec<String>) -> f64 {
+        let node = self.g.node(n);
+        let eb = |l: &TensorLayout| -> usize {
+            let _ = l;
+            4
+        };
+        let mut cost = 0.0;
+        for (i, o) in node.inputs.iter().enumerate() {
+            if let (Some((l, who)), Some(want)) = (self.operand_layout(o), c.inputs[i].as_ref()) {
+                cost += plan(&l, want, eb(&l), self.opts.enable_alltoall).cost;
+                if !from.contains(&who) {
+                    from.push(who);
+                }
+            }
+        }
+        for (u, j, k) in self.value_users(n) {
+            if let Some(d) = &self.decisions[u.index()] {
+                if let (Some(want), Some(have)) = (d.sharding.inputs[j].as_ref(), c.outputs.get(k))
+                {
+                    cost += plan(have, want, 4, self.opts.enable_alltoall).cost;
+                    let who = self.g.node(u).instance.clone();
+                    if !from.contains(&who) {
+                        from.push(who);
+                    }
+                }
+            }
+        }
+        // Compute: the local iteration count, in bytes-equivalent (a flop is cheap next to a
+        // byte on the wire).
+        let iters: f64 = c
+            .outputs
+            .iter()
+            .chain(c.inputs.iter().flatten())
+            .map(|l| l.slice_shape().iter().product::<usize>() as f64)
+            .fold(0.0, f64::max);
+        cost + iters * COMPUTE_BYTES_PER_ELEMENT
+    }
+
+    fn choose(&self, n: NodeId) -> Result<Decision, ParallelError> {
+        let node = self.g.node(n);
+        let dims = dims_of(self.g, node)?;
+        let cands = candidates(self.g, node, &dims, self.opts.device_num, MAX_SPLIT_LOOPS);
+        let mut best: Option<(f64, OpSharding, Vec<String>)> = None;
+        let mut weighed = Vec::with_capacity(cands.len());
+        for splits in cands {
+            let s = rules::strategy_from_loops(self.g, node, &dims, &splits);
+            let Ok(c) = sharding_with(self.g, node, &dims, &s, self.opts.device_num) else {
+                continue;
+            };
+            let mut from = Vec::new();
+            let cost = self.cost(n, &c, &mut from);
+            weighed.push((s, cost));
+            if best.as_ref().is_none_or(|(b, _, _)| cost < *b - 1e-9) {
+                best = Some((cost, c, from));
+            }
+        }
+        let (cost, sh, from) = best.ok_or_else(|| ParallelError::NoRule {
+            instance: node.instance.clone(),
+            op: node.op,
+            reason: "no strategy is valid on this device count".into(),
+        })?;
+        Ok(Decision {
+            sharding: sh,
+            source: Source::Propagated { from, cost },
+            candidates: weighed,
+        })
+    }
+}
+
+/// Bytes-equivalent cost of one element of local work.
+pub const COMPUTE_BYTES_PER_ELEMENT: f64 = 0.25;
+/// Propagation considers splitting at most this many loops of one op.
+pub const MAX_SPLIT_LOOPS: usize = 4;
+
+/// The layout a whole op keeps when it updates a weight of layout `w`: every operand of the
+/// weight's shape in `w`, scalars replicated under the same device matrix.
+fn follow_weight(g: &Graph, node: &Node, w: &TensorLayout) -> OpSharding {
+    let like = |shape: &[usize]| -> TensorLayout {
+        if shape.len() == w.tensor_shape.len() {
+            TensorLayout {
+                tensor_shape: shape.to_vec(),
+                partial: Vec::new(),
+                partial_op: ReduceOp::Sum,
+                ..w.clone()
+            }
+        } else {
+            TensorLayout {
+                dev_matrix: w.dev_matrix.clone(),
+                tensor_map: vec![-1; shape.len()],
+                tensor_shape: shape.to_vec(),
+                partial: Vec::new(),
+                partial_op: ReduceOp::Sum,
+            }
+        }
+    };
+    let inputs: Vec<Option<TensorLayout>> = node
+        .inputs
+        .iter()
+        .map(|o| g.operand_tensor_type(o).map(|t| like(&t.shape)))
+        .collect();
+    let outputs = node.ty.tensors().iter().map(|t| like(&t.shape)).collect();
+    let splits = w.splits();
+    let strategy = Strategy(
+        inputs
+            .iter()
+            .flatten()
+            .map(|l| {
+                if l.tensor_shape.len() == splits.len() {
+                    splits.iter().map(|&s| s as i64).collect()
+                } else {
+                    vec![1; l.tensor_shape.len()]
+                }
+            })
+            .collect(),
+    );
+    OpSharding {
+        strategy,
+        loop_splits: splits,
+        dev_matrix: w.dev_matrix.clone(),
+        inputs,
+        outputs,
+        scale: None,
+    }
+}
+
+/// The layout of data input `shape` under the dataset strategy.
+fn dataset_layout(
+    name: &str,
+    shape: &[usize],
+    k: usize,
+    opts: &ParallelOptions,
+) -> Result<TensorLayout, ParallelError> {
+    let n = opts.device_num;
+    let splits: Vec<usize> = match &opts.dataset {
+        DatasetLayout::FullBatch => vec![1; shape.len()],
+        DatasetLayout::DataParallel => {
+            let mut v = vec![1; shape.len()];
+            if let Some(first) = v.first_mut() {
+                if shape[0] % n != 0 {
+                    return Err(ParallelError::Dataset {
+                        input: name.to_string(),
+                        reason: format!(
+                            "dataset_strategy data_parallel splits dimension 0 of size {} over \
+                             {n} devices, which does not divide it (use full_batch or a batch \
+                             size divisible by {n})",
+                            shape[0]
+                        ),
+                    });
+                }
+                *first = n;
+            }
+            v
+        }
+        DatasetLayout::Explicit(s) => {
+            let row = s.0.get(k).ok_or_else(|| ParallelError::Dataset {
+                input: name.to_string(),
+                reason: format!(
+                    "the dataset strategy {s} has no entry for data input {k} (one tuple per \
+                     data input)"
+                ),
+            })?;
+            if row.len() != shape.len() || row.iter().any(|&x| x < 1) {
+                return Err(ParallelError::Dataset {
+                    input: name.to_string(),
+                    reason: format!(
+                        "its strategy {row:?} does not fit its shape {shape:?} (one split >= 1 \
+                         per dimension)"
+                    ),
+                });
+            }
+            row.iter().map(|&x| x as usize).collect()
+        }
+    };
+    let used: usize = splits.iter().product();
+    if used == 0 || n % used != 0 {
+        return Err(ParallelError::Dataset {
+            input: name.to_string(),
+            reason: format!("its splits {splits:?} use {used} devices, which does not divide {n}"),
+        });
+    }
+    for (d, (&s, &size)) in splits.iter().zip(shape).enumerate() {
+        if size % s != 0 {
+            return Err(ParallelError::Dataset {
+                input: name.to_string(),
+                reason: format!("dimension {d} of size {size} is not divisible by {s}"),
+            });
+        }
+    }
+    let r = shape.len();
+    let mut dev = Vec::new();
+    if n / used > 1 || r == 0 {
+        dev.push(n / used);
+    }
+    dev.extend(&splits);
+    Ok(TensorLayout {
+        dev_matrix: dev,
+        tensor_map: (0..r).map(|d| (r - 1 - d) as i64).collect(),
+        tensor_shape: shape.to_vec(),
+        partial: Vec::new(),
+        partial_op: ReduceOp::Sum,
+    })
+}
+
+/// Assigns a strategy to every op of `g` (types inferred) and a layout to every parameter.
+pub fn assign(g: &Graph, opts: &ParallelOptions) -> Result<Assignment, ParallelError> {
+    let n = g.nodes.len();
+    let mut st = State {
+        g,
+        opts,
+        users: g.users(),
+        decisions: vec![None; n],
+        params: vec![None; g.params.len()],
+    };
+    // Data inputs.
+    let mut k = 0;
+    for (i, p) in g.params.iter().enumerate() {
+        if matches!(p.kind, ParamKind::Input) {
+            st.params[i] = Some(dataset_layout(&p.name, &p.ty.shape, k, opts)?);
+            k += 1;
+        }
+    }
+    // 1./2. Annotations and semi-auto defaults, in program order.
+    for i in 0..n {
+        let node = &g.nodes[i];
+        if node.op == OpKind::TupleGetItem {
+            continue;
+        }
+        let (strategy, source) = match &node.in_strategy {
+            Some(s) => (s.clone(), Source::User),
+            None if opts.mode != Mode::AutoParallel && !is_generated(node) => (
+                rules::default_strategy(g, node, opts.device_num)?,
+                Source::SemiAutoDefault,
+            ),
+            None => continue,
+        };
+        if st.updated_weight(node).is_some() && source != Source::User {
+            continue;
+        }
+        let sh = sharding(g, node, &strategy, opts.device_num)?;
+        st.settle(
+            NodeId(i as u32),
+            Decision {
+                sharding: sh,
+                source,
+                candidates: Vec::new(),
+            },
+        );
+    }
+    // 3./4. Propagation.
+    loop {
+        let mut changed = false;
+        for i in 0..n {
+            if st.decisions[i].is_some() || g.nodes[i].op == OpKind::TupleGetItem {
+                continue;
+            }
+            let node = &g.nodes[i];
+            if let Some(w) = st.updated_weight(node) {
+                if let Some(l) = st.params[w].clone() {
+                    let sh = follow_weight(g, node, &l);
+                    st.settle(
+                        NodeId(i as u32),
+                        Decision {
+                            sharding: sh,
+                            source: Source::FollowsWeight(g.params[w].name.clone()),
+                            candidates: Vec::new(),
+                        },
+                    );
+                    changed = true;
+                }
+                continue;
+            }
+            let mut known = 0;
+            let mut all = true;
+            for o in &node.inputs {
+                match o {
+                    Operand::Const(_) => {}
+                    Operand::Param(p)
+                        if g.param(*p).is_weight() && st.params[p.index()].is_none() => {}
+                    _ => {
+                        if st.operand_layout(o).is_some() {
+                            known += 1;
+                        } else {
+                            all = false;
+                        }
+                    }
+                }
+            }
+            if all && known > 0 {
+                let d = st.choose(NodeId(i as u32))?;
+                st.settle(NodeId(i as u32), d);
+                changed = true;
+            }
+        }
+        for i in (0..n).rev() {
+            if st.decisions[i].is_some() || g.nodes[i].op == OpKind::TupleGetItem {
+                continue;
+            }
+            if st.updated_weight(&g.nodes[i]).is_some() {
+                continue;
+            }
+            let users = st.value_users(NodeId(i as u32));
+            if !users.is_empty()
+                && users
+                    .iter()
+                    .all(|(u, _, _)| st.decisions[u.index()].is_some())
+            {
+                let d = st.choose(NodeId(i as u32))?;
+                st.settle(NodeId(i as u32), d);
+                changed = true;
+            }
+        }
+        if changed {
+            continue;
+        }
+        // Nothing is ready: settle the first unsettled op with what is known.
+        let Some(i) =
+            (0..n).find(|&i| st.decisions[i].is_none() && g.nodes[i].op != OpKind::TupleGetItem)
+        else {
+            break;
+        };
+        let node = &g.nodes[i];
+        let d = if let Some(w) = st.updated_weight(node) {
+            // The weight has no layout yet: it stays whole.
+            let l = TensorLayout::replicated(&g.params[w].ty.shape, opts.device_num);
+            st.params[w] = Some(l.clone());
+            Decision {
+                sharding: follow_weight(g, node, &l),
+                source: Source::FollowsWeight(g.params[w].name.clone()),
+                candidates: Vec::new(),
+            }
+        } else {
+            let mut d = st.choose(NodeId(i as u32))?;
+            if matches!(&d.source, Source::Propagated { from, .. } if from.is_empty()) {
+                d.source = Source::Unconstrained;
+            }
+            d
+        };
+        st.settle(NodeId(i as u32), d);
+    }
+    let param_layouts = st
+        .params
+        .into_iter()
+        .zip(&g.params)
+        .map(|(l, p)| l.unwrap_or_else(|| TensorLayout::replicated(&p.ty.shape, opts.device_num)))
+        .collect();
+    Ok(Assignment {
+        decisions: st.decisions,
+        param_layouts,
+    })
+}

@@ -1,0 +1,114 @@
+//! All ranks in one process: each rank's graph runs on its own thread with an in-process
+//! communicator, each fed its block of the same global batches.
+
+use anyhow::{anyhow, Context, Result};
+use shardc_backend_cpu::CpuBackend;
+use shardc_ir::{Graph, TensorLayout};
+use shardc_runtime::comm::InProcessWorld;
+use shardc_runtime::executor::Executor;
+use shardc_runtime::Tensor;
+use std::sync::Arc;
+
+/// What every rank returned.
+#[derive(Debug)]
+pub struct RanksResult {
+    /// Per rank, per step: the graph's outputs.
+    pub outputs: Vec<Vec<Vec<Tensor>>>,
+    /// Per rank: its weights after the last step (name, local block).
+    pub weights: Vec<Vec<(String, Tensor)>>,
+}
+
+/// Runs `graphs` (rank `r` = `graphs[r]`) for `steps` steps. `global_feeds(step)` gives the
+/// whole batch of every data input; rank `r` is fed the block `input_layouts[name].block(r)`.
+pub fn run_ranks(
+    graphs: Vec<Graph>,
+    input_layouts: &[(String, TensorLayout)],
+    global_feeds: &(dyn Fn(u64) -> Vec<(String, Tensor)> + Sync),
+    steps: u64,
+    threads_per_rank: usize,
+) -> Result<RanksResult> {
+    let n = graphs.len();
+    let comms = InProcessWorld::new(n);
+    let results: Vec<Result<(Vec<Vec<Tensor>>, Vec<(String, Tensor)>)>> = std::thread::scope(|s| {
+        let handles: Vec<_> = graphs
+                .into_iter()
+                .zip(comms)
+                .enumerate()
+                .map(|(rank, (g, comm))| {
+                    s.spawn(move || -> Result<(Vec<Vec<Tensor>>, Vec<(String, Tensor)>)> {
+                        let backend = Arc::new(CpuBackend::with_threads(threads_per_rank));
+                        let mut exec = Executor::with_communicator(g, backend, comm)
+                            .with_context(|| format!("rank {rank}: preparing its graph"))?;
+                        let mut outs = Vec::with_capacity(steps as usize);
+                        for step in 0..steps {
+                            let mut feeds = Vec::new();
+                            for (name, t) in global_feeds(step) {
+                                let layout = input_layouts
+                                    .iter()
+                                    .find(|(n, _)| *n == name)
+                                    .map(|(_, l)| l)
+                                    .ok_or_else(|| anyhow!("no layout for data input {name}"))?;
+                                let block = t.block(&layout.block(rank)).ok_or_else(|| {
+                                    anyhow!(
+                                        "data input {name}: a batch of shape {:?} does not fit its layout {layout}",
+                                        t.shape
+                                    )
+                                })?;
+                                feeds.push((name, block));
+                            }
+                            let refs: Vec<(&str, Tensor)> =
+                                feeds.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+                            let o = exec
+                                .step(&refs)
+                                .with_context(|| format!("rank {rank}, step {}", step + 1))?;
+                            outs.push(o);
+                        }
+                        let weights = exec
+                            .weights()
+                            .map(|(n, t)| (n.to_string(), t.clone()))
+                            .collect();
+                        Ok((outs, weights))
+                    })
+                })
+                .collect();
+        handles
+            .into_iter()
+            .enumerate()
+            .map(|(r, h)| {
+                h.join()
+                    .map_err(|_| anyhow!("rank {r}: its thread panicked"))
+                    .and_then(|x| x)
+            })
+            .collect()
+    });
+    let mut outputs = Vec::with_capacity(n);
+    let mut weights = Vec::with_capacity(n);
+    // Report the first failure by rank order; a rank that failed usually makes the others
+    // time out, so the first is the cause.
+    for r in results {
+        let (o, w) = r?;
+        outputs.push(o);
+        weights.push(w);
+    }
+    Ok(RanksResult { outputs, weights })
+}
+
+/// Assembles a weight from the ranks' blocks: rank `r` holds `layout.block(r)`.
+pub fn gather_weight(name: &str, layout: &TensorLayout, blocks: &[&Tensor]) -> Result<Tensor> {
+    let first = blocks
+        .first()
+        .ok_or_else(|| anyhow!("weight {name}: no rank holds it"))?;
+    let mut whole = Tensor::zeros(&shardc_ir::TensorType::new(
+        first.dtype(),
+        layout.tensor_shape.clone(),
+    ));
+    for (r, b) in blocks.iter().enumerate() {
+        if !whole.set_block(&layout.block(r), b) {
+            return Err(anyhow!(
+                "weight {name}: rank {r}'s block of shape {:?} does not fit {layout}",
+                b.shape
+            ));
+        }
+    }
+    Ok(whole)
+}
