@@ -49,6 +49,7 @@ pub mod parallel_context;
 pub mod pipeline;
 pub mod strategy;
 pub mod strategy_file;
+pub mod transformer;
 pub mod zoo;
 
 pub use builder::{BuildError, GraphBuilder, Value};

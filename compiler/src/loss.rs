@@ -234,9 +234,15 @@ impl LossFn for SoftmaxCrossEntropyExpand {
             .call_axis(b, exp, -1)?;
         let softmax_result = ops::RealDiv::new().instance("div").call(b, exp, exp_sum)?;
         let label = if self.sparse {
-            ops::OneHot::new()
-                .instance("onehot")
-                .call(b, label, shape[1] as i64, 1.0, 0.0)?
+            let onehot =
+                ops::OneHot::new()
+                    .instance("onehot")
+                    .call(b, label, shape[1] as i64, 1.0, 0.0)?;
+            // OneHot gives Float32; an f64 network needs its labels in f64.
+            match b.ty(&logit).map(|t| t.dtype) {
+                Some(dt) if dt != shardc_ir::DType::Float32 => b.cast(onehot, dt)?,
+                _ => onehot,
+            }
         } else {
             label
         };

@@ -199,7 +199,7 @@ impl Cell for Dense {
             .unwrap_or_else(|| init::he_uniform_default(self.in_channels));
         let weight = b.weight(
             "weight",
-            DType::Float32,
+            b.ty(&x).map_or(DType::Float32, |t| t.dtype),
             &[self.out_channels, self.in_channels],
             weight_init,
         )?;
@@ -208,7 +208,12 @@ impl Cell for Dense {
                 .bias_init
                 .clone()
                 .unwrap_or_else(|| init::he_uniform_default(self.in_channels));
-            Some(b.weight("bias", DType::Float32, &[self.out_channels], bias_init)?)
+            Some(b.weight(
+                "bias",
+                b.ty(&x).map_or(DType::Float32, |t| t.dtype),
+                &[self.out_channels],
+                bias_init,
+            )?)
         } else {
             None
         };
@@ -400,7 +405,7 @@ impl Cell for Conv2d {
             .unwrap_or_else(|| init::he_uniform_default(fan_in));
         let weight = b.weight(
             "weight",
-            DType::Float32,
+            b.ty(&x).map_or(DType::Float32, |t| t.dtype),
             &[self.out_channels, self.in_channels / self.group, kh, kw],
             weight_init,
         )?;
@@ -409,7 +414,12 @@ impl Cell for Conv2d {
                 .bias_init
                 .clone()
                 .unwrap_or_else(|| init::he_uniform_default(fan_in));
-            Some(b.weight("bias", DType::Float32, &[self.out_channels], bias_init)?)
+            Some(b.weight(
+                "bias",
+                b.ty(&x).map_or(DType::Float32, |t| t.dtype),
+                &[self.out_channels],
+                bias_init,
+            )?)
         } else {
             None
         };
@@ -503,10 +513,32 @@ impl Cell for BatchNorm2d {
             ));
         }
         let c = [self.num_features];
-        let gamma = b.weight("gamma", DType::Float32, &c, init::ones())?;
-        let beta = b.weight("beta", DType::Float32, &c, init::zeros())?;
-        let mean = b.weight_with("moving_mean", DType::Float32, &c, init::zeros(), false)?;
-        let var = b.weight_with("moving_variance", DType::Float32, &c, init::ones(), false)?;
+        let gamma = b.weight(
+            "gamma",
+            b.ty(&x).map_or(DType::Float32, |t| t.dtype),
+            &c,
+            init::ones(),
+        )?;
+        let beta = b.weight(
+            "beta",
+            b.ty(&x).map_or(DType::Float32, |t| t.dtype),
+            &c,
+            init::zeros(),
+        )?;
+        let mean = b.weight_with(
+            "moving_mean",
+            b.ty(&x).map_or(DType::Float32, |t| t.dtype),
+            &c,
+            init::zeros(),
+            false,
+        )?;
+        let var = b.weight_with(
+            "moving_variance",
+            b.ty(&x).map_or(DType::Float32, |t| t.dtype),
+            &c,
+            init::ones(),
+            false,
+        )?;
         let training = b.is_training();
         // 1 - 0.9 is 0.09999999999999998 in binary; print and compute with 0.1.
         let batch_weight = ((1.0 - self.momentum) * 1e15).round() / 1e15;

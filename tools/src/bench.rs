@@ -1,7 +1,7 @@
 //! `shardc bench`: shardc against numpy and PyTorch, measured in the same run on the same
 //! machine.
 //!
-//! Two benchmarks:
+//! The benchmarks:
 //!
 //! - `gemm`: f32 GEMM throughput (GFLOP/s) of [`shardc_backend_cpu::sgemm`] at each size and
 //!   thread count, against `numpy.matmul` and `torch.matmul`. Target: at least 1.0× PyTorch on
@@ -12,6 +12,8 @@
 //!   executor on a [`CpuBackend`] with the thread count, against the same model in PyTorch CPU
 //!   eager with the same thread count. Targets: quickstart at most 0.5× PyTorch's step time,
 //!   MLP and ResNet-18 at most 1.0×.
+//! - `compile`: the parallel compiler's compile time on a 24-layer transformer, shardc only
+//!   (see [`bench_compile`]). Goal: the whole pipeline within 1 s.
 //!
 //! The reference side is `bench/reference.py`, run by the interpreter of `bench/.venv`; when
 //! the virtual environment is missing, `bench/setup_venv.sh` creates it first (unless
@@ -25,6 +27,9 @@
 //! gemm n=512 threads=1 shardc=150.2 GFLOP/s numpy=140.1 torch=160.3 ratio_vs_torch=0.94 (target >= 1.0: missed)
 //! train mlp batch=32 threads=1 shardc=1.23 ms torch=2.34 ms ratio=0.53 (target <= 1.0: met)
 //! ```
+
+#[path = "bench_compile.rs"]
+pub mod bench_compile;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, ValueEnum};
@@ -50,8 +55,11 @@ pub enum BenchWhat {
     Gemm,
     /// One training step of each model against PyTorch CPU eager.
     Train,
-    /// Both.
+    /// `gemm` and `train` (not `compile`).
     All,
+    /// The parallel compiler's compile time on a 24-layer transformer (shardc only; see
+    /// [`bench_compile`]).
+    Compile,
 }
 
 /// A model of the training-step benchmark.
@@ -204,6 +212,9 @@ fn parse_positive(s: &str) -> std::result::Result<usize, String> {
 /// Runs `shardc bench`: measures each case on shardc's side and then on the reference's,
 /// printing one line per case with the ratio and whether it meets the issue's target.
 pub fn run_bench(args: &BenchArgs) -> Result<()> {
+    if args.what == BenchWhat::Compile {
+        return bench_compile::run(&bench_compile::CompileBench::standard(args.quick)).map(drop);
+    }
     let mut reference = if args.no_reference {
         None
     } else {

@@ -7,7 +7,7 @@
 
 mod bench;
 mod commands;
-mod in_process;
+pub mod in_process;
 mod parallel_args;
 mod verify;
 

@@ -322,12 +322,24 @@ fn localize(node: &mut Node, d: &Decision, rank: usize) {
         {
             node.inputs[1] = shape_const(&out_local);
         }
-        OpKind::Conv2DBackpropInput | OpKind::Conv2DBackpropFilter if node.inputs.len() > 2 => {
-            node.inputs[2] = shape_const(&out_local);
-        }
-        OpKind::Conv2D => {
-            if let Some(&c) = out_local.get(1) {
+        OpKind::Conv2D | OpKind::Conv2DBackpropFilter | OpKind::Conv2DBackpropInput => {
+            // `out_channel` counts the local output channels of the convolution.
+            let local = match node.op {
+                OpKind::Conv2D => out_local.get(1).copied(),
+                OpKind::Conv2DBackpropFilter => out_local.first().copied(),
+                _ => d
+                    .sharding
+                    .inputs
+                    .first()
+                    .cloned()
+                    .flatten()
+                    .and_then(|l| l.slice_shape().get(1).copied()),
+            };
+            if let Some(c) = local {
                 node.attrs.set("out_channel", Attr::Int(c as i64));
+            }
+            if node.op != OpKind::Conv2D && node.inputs.len() > 2 {
+                node.inputs[2] = shape_const(&out_local);
             }
         }
         OpKind::Dropout => {

@@ -319,6 +319,38 @@ fn follow_weight(g: &Graph, node: &Node, w: &TensorLayout) -> OpSharding {
     }
 }
 
+/// A user's strategy on an op that writes a weight must keep the weight's layout.
+fn check_follows(
+    g: &Graph,
+    node: &Node,
+    weight: &str,
+    layout: &TensorLayout,
+    follow: &OpSharding,
+    opts: &ParallelOptions,
+) -> Result<(), ParallelError> {
+    let Some(user) = &node.in_strategy else {
+        return Ok(());
+    };
+    let theirs = sharding(g, node, user, opts.device_num)?;
+    let same = match (theirs.inputs.first(), follow.inputs.first()) {
+        (Some(Some(a)), Some(Some(b))) => super::redistribute::is_noop(a, b),
+        _ => true,
+    };
+    if same {
+        return Ok(());
+    }
+    Err(ParallelError::InvalidStrategy {
+        instance: node.instance.clone(),
+        op: node.op,
+        strategy: user.to_string(),
+        reason: format!(
+            "it writes weight {weight}, whose slices are laid out as {layout} by the weight's \
+             first user; an update must keep that layout: use {} or leave the op unannotated",
+            follow.strategy
+        ),
+    })
+}
+
 /// The layout of data input `shape` under the dataset strategy.
 fn dataset_layout(
     name: &str,
@@ -429,7 +461,8 @@ pub fn assign(g: &Graph, opts: &ParallelOptions) -> Result<Assignment, ParallelE
             ),
             None => continue,
         };
-        if st.updated_weight(node).is_some() && source != Source::User {
+        if st.updated_weight(node).is_some() {
+            // Settled when the weight's layout is known (it follows the weight).
             continue;
         }
         let sh = sharding(g, node, &strategy, opts.device_num)?;
@@ -453,6 +486,7 @@ pub fn assign(g: &Graph, opts: &ParallelOptions) -> Result<Assignment, ParallelE
             if let Some(w) = st.updated_weight(node) {
                 if let Some(l) = st.params[w].clone() {
                     let sh = follow_weight(g, node, &l);
+                    check_follows(g, node, &g.params[w].name, &l, &sh, opts)?;
                     st.settle(
                         NodeId(i as u32),
                         Decision {

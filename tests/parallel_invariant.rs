@@ -1,0 +1,411 @@
+//! The one invariant as a property: for random small models (MLP, attention block, conv
+//! block), random valid strategies and 2, 4 or 8 devices, the per-rank graphs run together
+//! (every rank a thread, the in-process communicator) compute the single device's losses and,
+//! after the steps, its weights (gathered from their slices). The models are f64, so the
+//! tolerance is tight (1e-9): a wrong block, group or scale shows at once.
+//!
+//! Each case is generated from its seed; a failure prints the seed, the model and the
+//! strategies, and `SHARDC_CASE=seed cargo nextest run --test parallel_invariant` reruns that
+//! one case alone.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use shardc::compiler::builder::{BuildError, GraphBuilder, Value};
+use shardc::compiler::loss::{MSELoss, SoftmaxCrossEntropyExpand, SoftmaxCrossEntropyWithLogits};
+use shardc::compiler::model::build_network;
+use shardc::compiler::nn::{call_cell, BatchNorm2d, FnCell};
+use shardc::compiler::{compile, init, optim::Momentum, CompileOptions};
+use shardc::ir::{Attr, Attrs, DType, Graph, OpKind, Strategy, TensorLayout};
+use shardc::passes::parallel::rules::{candidates, dims_of, strategy_from_loops};
+use shardc::passes::parallel::{DatasetLayout, Mode, ParallelOptions};
+use shardc::runtime::data::SyntheticData;
+use shardc::runtime::executor::Executor;
+use shardc::runtime::Tensor;
+use shardc_tools::in_process::{gather_weight, run_ranks};
+use std::sync::Arc;
+
+const CASES: u64 = 300;
+const STEPS: u64 = 2;
+/// The models run in f64, so that what is compared is the partitioning, not f32 rounding.
+const DT: DType = DType::Float64;
+const TOLERANCE: f64 = 1e-9;
+/// Differences of a weight are measured against its largest magnitude, or this when smaller:
+/// below it, f32 rounding in the gradient sums (which run in another order on several ranks)
+/// dominates, not the partitioning.
+const WEIGHT_SCALE_FLOOR: f64 = 1e-4;
+
+fn mlp(rng: &mut ChaCha8Rng, batch: usize) -> Result<Graph, BuildError> {
+    let layers = rng.random_range(1..=3);
+    let mut dims = vec![*pick(rng, &[8usize, 16, 32])];
+    for _ in 0..layers {
+        dims.push(*pick(rng, &[8usize, 16, 32]));
+    }
+    let act = rng.random_range(0..3);
+    let bias = rng.random_bool(0.5);
+    let d = dims.clone();
+    let net = FnCell::new("Mlp", move |b: &mut GraphBuilder, mut x: Value| {
+        for (i, w) in d.windows(2).enumerate() {
+            let wt = b.weight(&format!("w{i}"), DT, &[w[0], w[1]], init::normal(0.1))?;
+            x = b.matmul(x, wt)?;
+            if bias {
+                let bb = b.weight(&format!("b{i}"), DT, &[w[1]], init::normal(0.1))?;
+                x = b.bias_add(x, bb)?;
+            }
+            if i + 2 < d.len() || act == 2 {
+                x = match act {
+                    0 => b.relu(x)?,
+                    1 => b.gelu(x)?,
+                    _ => b.tanh(x)?,
+                };
+            }
+        }
+        Ok(x)
+    });
+    let out = *dims.last().unwrap_or(&8);
+    match rng.random_range(0..3) {
+        0 => build_network(
+            "Mlp",
+            &net,
+            &MSELoss::new(),
+            &[("x", DT, &[batch, dims[0]]), ("label", DT, &[batch, out])],
+        ),
+        1 => build_network(
+            "Mlp",
+            &net,
+            &SoftmaxCrossEntropyWithLogits::new(true, "mean"),
+            &[
+                ("x", DT, &[batch, dims[0]]),
+                ("label", DType::Int32, &[batch]),
+            ],
+        ),
+        _ => build_network(
+            "Mlp",
+            &net,
+            &SoftmaxCrossEntropyExpand::new(true),
+            &[
+                ("x", DT, &[batch, dims[0]]),
+                ("label", DType::Int32, &[batch]),
+            ],
+        ),
+    }
+}
+
+fn attention(rng: &mut ChaCha8Rng, batch: usize) -> Result<Graph, BuildError> {
+    let heads = *pick(rng, &[1usize, 2, 4]);
+    let hidden = heads * *pick(rng, &[2usize, 4]);
+    let seq = *pick(rng, &[2usize, 4]);
+    let norm = rng.random_bool(0.5);
+    let (b_, s_, a_, h_) = (batch as i64, seq as i64, heads as i64, hidden as i64);
+    let net = FnCell::new("Attn", move |b: &mut GraphBuilder, x: Value| {
+        let proj = |b: &mut GraphBuilder, name: &str, x: Value| -> Result<Value, BuildError> {
+            let w = b.weight(name, DT, &[hidden, hidden], init::normal(0.2))?;
+            b.matmul(x, w)
+        };
+        let heads_of = |b: &mut GraphBuilder, v: Value| -> Result<Value, BuildError> {
+            let r = b.reshape(v, &[b_, s_, a_, h_ / a_])?;
+            b.transpose(r, &[0, 2, 1, 3])
+        };
+        let q = proj(b, "wq", x)?;
+        let k = proj(b, "wk", x)?;
+        let v = proj(b, "wv", x)?;
+        let (q, k, v) = (heads_of(b, q)?, heads_of(b, k)?, heads_of(b, v)?);
+        let s = b.batch_matmul(q, k, false, true)?;
+        let s = b.mul_scalar(s, 1.0 / ((hidden / heads) as f64).sqrt())?;
+        let p = b.softmax(s, -1)?;
+        let o = b.batch_matmul(p, v, false, false)?;
+        let o = b.transpose(o, &[0, 2, 1, 3])?;
+        let o = b.reshape(o, &[b_ * s_, h_])?;
+        let o = proj(b, "wo", o)?;
+        let o = b.add(o, x)?;
+        if norm {
+            let g = b.weight("gamma", DT, &[hidden], init::ones())?;
+            let be = b.weight("beta", DT, &[hidden], init::zeros())?;
+            let ln = b.op(
+                OpKind::LayerNorm,
+                &[o.into(), g.into(), be.into()],
+                Attrs::new()
+                    .with("begin_norm_axis", Attr::Int(-1))
+                    .with("begin_params_axis", Attr::Int(-1)),
+            )?;
+            b.tuple_get_item(ln, 0)
+        } else {
+            Ok(o)
+        }
+    });
+    build_network(
+        "Attn",
+        &net,
+        &MSELoss::new(),
+        &[
+            ("x", DT, &[batch * seq, hidden]),
+            ("label", DT, &[batch * seq, hidden]),
+        ],
+    )
+}
+
+fn conv(rng: &mut ChaCha8Rng, batch: usize) -> Result<Graph, BuildError> {
+    let cin = *pick(rng, &[1usize, 2, 4]);
+    let cout = *pick(rng, &[2usize, 4, 8]);
+    let hw = *pick(rng, &[4usize, 6, 8]);
+    let pool = rng.random_range(0..3);
+    let classes = *pick(rng, &[4usize, 8]);
+    let bn = rng.random_bool(0.4);
+    let net = FnCell::new("ConvNet", move |b: &mut GraphBuilder, x: Value| {
+        let w = b.weight("conv_w", DT, &[cout, cin, 3, 3], init::normal(0.2))?;
+        let y = b.op(
+            OpKind::Conv2D,
+            &[x.into(), w.into()],
+            Attrs::new()
+                .with("out_channel", Attr::Int(cout as i64))
+                .with("kernel_size", Attr::ints(&[3, 3]))
+                .with("pad_mode", Attr::Str("pad".into()))
+                .with("pad", Attr::ints(&[1, 1, 1, 1])),
+        )?;
+        let bias = b.weight("conv_b", DT, &[cout], init::normal(0.1))?;
+        let y = b.bias_add(y, bias)?;
+        let y = if bn {
+            call_cell(b, "bn", &BatchNorm2d::new(cout), y)?
+        } else {
+            y
+        };
+        let y = b.relu(y)?;
+        let (y, side) = match pool {
+            0 => (y, hw),
+            k => {
+                let op = if k == 1 {
+                    OpKind::MaxPool
+                } else {
+                    OpKind::AvgPool
+                };
+                let p = b.op(
+                    op,
+                    &[y.into()],
+                    Attrs::new()
+                        .with("kernel_size", Attr::ints(&[2, 2]))
+                        .with("strides", Attr::ints(&[2, 2]))
+                        .with("pad_mode", Attr::Str("valid".into())),
+                )?;
+                (p, hw / 2)
+            }
+        };
+        let flat = b.reshape(y, &[batch as i64, (cout * side * side) as i64])?;
+        let fc = b.weight(
+            "fc_w",
+            DT,
+            &[cout * side * side, classes],
+            init::normal(0.1),
+        )?;
+        b.matmul(flat, fc)
+    });
+    build_network(
+        "ConvNet",
+        &net,
+        &SoftmaxCrossEntropyWithLogits::new(true, "mean"),
+        &[
+            ("x", DT, &[batch, cin, hw, hw]),
+            ("label", DType::Int32, &[batch]),
+        ],
+    )
+}
+
+fn pick<'a, T>(rng: &mut ChaCha8Rng, xs: &'a [T]) -> &'a T {
+    &xs[rng.random_range(0..xs.len())]
+}
+
+/// Annotates a random subset of the forward ops with random valid strategies.
+fn annotate(rng: &mut ChaCha8Rng, g: &mut Graph, device_num: usize, p: f64) -> Vec<String> {
+    let mut notes = Vec::new();
+    for i in 0..g.nodes.len() {
+        let node = &g.nodes[i];
+        // Users annotate computations, not the updates of weights (those follow the weight).
+        if matches!(node.op, OpKind::TupleGetItem | OpKind::Assign) || !rng.random_bool(p) {
+            continue;
+        }
+        let Ok(dims) = dims_of(g, node) else { continue };
+        let cands = candidates(g, node, &dims, device_num, 4);
+        if cands.is_empty() {
+            continue;
+        }
+        let splits = cands[rng.random_range(0..cands.len())].clone();
+        let s: Strategy = strategy_from_loops(g, node, &dims, &splits);
+        notes.push(format!("{} {}", node.instance, s));
+        g.nodes[i].in_strategy = Some(s);
+    }
+    notes
+}
+
+fn rel(a: f64, b: f64) -> f64 {
+    let d = (a - b).abs();
+    if d == 0.0 {
+        0.0
+    } else {
+        d / a.abs().max(b.abs()).max(1e-6)
+    }
+}
+
+fn tensor_rel(a: &Tensor, b: &Tensor) -> f64 {
+    let (a, b) = (a.to_f64_vec(), b.to_f64_vec());
+    let scale = b
+        .iter()
+        .fold(0.0f64, |m, x| m.max(x.abs()))
+        .max(WEIGHT_SCALE_FLOOR);
+    a.iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs() / scale)
+        .fold(0.0, f64::max)
+}
+
+/// Runs one case; `Err` describes the failure.
+fn run_case(seed: u64) -> Result<(), String> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let device_num = *pick(&mut rng, &[2usize, 4, 8]);
+    let batch = device_num * *pick(&mut rng, &[1usize, 2]);
+    let kind = seed % 3;
+    let model = match kind {
+        0 => mlp(&mut rng, batch),
+        1 => attention(&mut rng, batch),
+        _ => conv(&mut rng, batch),
+    }
+    .map_err(|e| format!("building the model: {e}"))?;
+    let mode = if rng.random_bool(0.5) {
+        Mode::SemiAutoParallel
+    } else {
+        Mode::AutoParallel
+    };
+    let mut annotated = model.clone();
+    let p = if mode == Mode::AutoParallel { 0.3 } else { 0.5 };
+    let notes = annotate(&mut rng, &mut annotated, device_num, p);
+    let dataset = if rng.random_bool(0.8) {
+        DatasetLayout::DataParallel
+    } else {
+        DatasetLayout::FullBatch
+    };
+    let alltoall = rng.random_bool(0.3);
+    let what = format!(
+        "seed {seed}: {} on {device_num} devices, {mode:?}, {dataset:?}, alltoall {alltoall}, strategies [{}]",
+        model.name,
+        notes.join("; ")
+    );
+    let opt = Momentum::new(0.1, 0.9).to_spec();
+    let single = compile(
+        model,
+        &CompileOptions {
+            optimizer: Some(opt),
+            ..Default::default()
+        },
+    )
+    .map_err(|e| format!("{what}: single-device compile: {e}"))?
+    .graph;
+    let par = compile(
+        annotated,
+        &CompileOptions {
+            optimizer: Some(opt),
+            parallel: Some(ParallelOptions {
+                mode,
+                device_num,
+                dataset,
+                gradients_mean: true,
+                enable_alltoall: alltoall,
+            }),
+            ..Default::default()
+        },
+    )
+    .map_err(|e| format!("{what}: parallel compile: {e}"))?
+    .parallel
+    .ok_or_else(|| format!("{what}: no per-rank graphs"))?;
+
+    let data = SyntheticData::new(&single, seed, STEPS as usize).map_err(|e| e.to_string())?;
+    let feeds = |step: u64| -> Vec<(String, Tensor)> {
+        data.feeds(step)
+            .into_iter()
+            .map(|(n, t)| (n.to_string(), t))
+            .collect()
+    };
+    let mut exec = Executor::new(single, Arc::new(shardc::cpu::CpuBackend::with_threads(1)))
+        .map_err(|e| format!("{what}: {e}"))?;
+    let mut losses = Vec::new();
+    for step in 0..STEPS {
+        let f = feeds(step);
+        let refs: Vec<(&str, Tensor)> = f.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+        let out = exec
+            .step(&refs)
+            .map_err(|e| format!("{what}: single step: {e}"))?;
+        losses.push(out[0].scalar_value().unwrap_or(f64::NAN));
+    }
+    let layouts: Vec<(String, TensorLayout)> = par
+        .begin
+        .params
+        .iter()
+        .zip(&par.assignment.param_layouts)
+        .map(|(p, l)| (p.name.clone(), l.clone()))
+        .collect();
+    let inputs: Vec<(String, TensorLayout)> = layouts
+        .iter()
+        .filter(|(n, _)| exec.param(n).is_none())
+        .cloned()
+        .collect();
+    let res =
+        run_ranks(par.ranks, &inputs, &feeds, STEPS, 1).map_err(|e| format!("{what}: {e:#}"))?;
+    for (k, &l) in losses.iter().enumerate() {
+        for (r, outs) in res.outputs.iter().enumerate() {
+            let v = outs[k][0].scalar_value().unwrap_or(f64::NAN);
+            if !(rel(v, l) <= TOLERANCE) {
+                return Err(format!(
+                    "{what}: step {} rank {r}: loss {v} vs single device {l}",
+                    k + 1
+                ));
+            }
+        }
+    }
+    for (name, layout) in &layouts {
+        let Some(reference) = exec.param(name) else {
+            continue;
+        };
+        let blocks: Vec<&Tensor> = res
+            .weights
+            .iter()
+            .map(|w| {
+                w.iter()
+                    .find(|(n, _)| n == name)
+                    .map(|(_, t)| t)
+                    .ok_or("missing weight")
+            })
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("{what}: {name}: {e}"))?;
+        let whole = gather_weight(name, layout, &blocks).map_err(|e| format!("{what}: {e}"))?;
+        let d = tensor_rel(&whole, reference);
+        if !(d <= TOLERANCE) {
+            if std::env::var("SHARDC_CASE").is_ok() {
+                eprintln!("reference {name}: {:?}", reference.to_f64_vec());
+                eprintln!("gathered  {name}: {:?}", whole.to_f64_vec());
+            }
+            return Err(format!(
+                "{what}: weight {name} differs by {d:.3e} after {STEPS} steps"
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn distributed_equals_single_device_on_random_models_and_strategies() {
+    let only: Option<u64> = std::env::var("SHARDC_CASE")
+        .ok()
+        .and_then(|s| s.parse().ok());
+    let seeds: Vec<u64> = match only {
+        Some(s) => vec![s],
+        None => (0..CASES).collect(),
+    };
+    let mut failures = Vec::new();
+    for seed in seeds {
+        if let Err(e) = run_case(seed) {
+            failures.push(e);
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {CASES} cases failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
