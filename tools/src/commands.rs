@@ -178,6 +178,7 @@ pub fn compile(a: &CompileArgs) -> Result<()> {
                 .map(|(param, l)| Ok((param.name.clone(), serde_json::to_value(l)?)))
                 .collect::<Result<_>>()?;
             extra.insert("layouts".into(), serde_json::Value::Object(layouts));
+            extra.insert("decisions".into(), crate::explain::decisions_json(&p));
             (p.ranks, ctx.parallel_mode.to_string())
         }
         None => (vec![g.clone()], "stand_alone".to_string()),

@@ -7,6 +7,7 @@
 
 mod bench;
 mod commands;
+mod explain;
 pub mod in_process;
 mod parallel_args;
 mod verify;
@@ -38,6 +39,9 @@ pub enum Command {
     /// the same batches (all ranks in this process), print the largest relative differences
     /// of the losses and of the gathered weights; exit status 1 beyond the tolerance.
     Verify(verify::VerifyArgs),
+    /// Explain one op of a parallel artifact: its strategy and where it came from, the
+    /// candidates weighed with their costs, and the communication around it.
+    Explain(explain::ExplainArgs),
     /// Benchmarks: shardc against numpy and PyTorch on this machine.
     Bench(bench::BenchArgs),
 }
@@ -56,6 +60,7 @@ pub fn main() -> i32 {
         Command::Compile(a) => commands::compile(a),
         Command::Run(a) => commands::run(a),
         Command::Print(a) => commands::print(a),
+        Command::Explain(a) => explain::explain(a),
         Command::Verify(a) => match verify::verify(a) {
             Ok(true) => Ok(()),
             Ok(false) => return 1,

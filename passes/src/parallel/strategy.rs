@@ -52,7 +52,7 @@ impl std::fmt::Display for Source {
             Source::FollowsWeight(w) => write!(f, "follows the layout of weight {w}"),
             Source::Propagated { from, cost } => write!(
                 f,
-                "sharding propagation from {} at redistribution cost {}",
+                "sharding propagation from {} at cost {} (bytes-equivalent)",
                 if from.is_empty() {
                     "nothing settled".to_string()
                 } else {
@@ -72,8 +72,27 @@ pub struct Decision {
     pub sharding: OpSharding,
     /// Where it came from.
     pub source: Source,
-    /// The candidates weighed (strategy, cost), in the order considered.
-    pub candidates: Vec<(Strategy, f64)>,
+    /// The candidates weighed, in the order considered.
+    pub candidates: Vec<Candidate>,
+}
+
+/// One strategy weighed by propagation, with its cost in bytes-equivalent.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Candidate {
+    /// The strategy.
+    pub strategy: Strategy,
+    /// Redistribution to and from the settled neighbours (bytes sent per rank, plus a latency
+    /// term per collective).
+    pub communication: f64,
+    /// The op's own work on one device ([`COMPUTE_BYTES_PER_ELEMENT`] per element).
+    pub compute: f64,
+}
+
+impl Candidate {
+    /// Communication plus compute.
+    pub fn total(&self) -> f64 {
+        self.communication + self.compute
+    }
 }
 
 /// The result of strategy assignment.
@@ -193,8 +212,9 @@ impl<'g> State<'g> {
         }
     }
 
-    /// Cost of candidate sharding `c` for node `n` against its known neighbours.
-    fn cost(&self, n: NodeId, c: &OpSharding, from: &mut Vec<String>) -> f64 {
+    /// Cost of candidate sharding `c` for node `n` against its known neighbours:
+    /// (communication, compute).
+    fn cost(&self, n: NodeId, c: &OpSharding, from: &mut Vec<String>) -> (f64, f64) {
         let node = self.g.node(n);
         let eb = |l: &TensorLayout| -> usize {
             let _ = l;
@@ -229,7 +249,7 @@ impl<'g> State<'g> {
             .chain(c.inputs.iter().flatten())
             .map(|l| l.slice_shape().iter().product::<usize>() as f64)
             .fold(0.0, f64::max);
-        cost + iters * COMPUTE_BYTES_PER_ELEMENT
+        (cost, iters * COMPUTE_BYTES_PER_ELEMENT)
     }
 
     fn choose(&self, n: NodeId) -> Result<Decision, ParallelError> {
@@ -244,8 +264,13 @@ impl<'g> State<'g> {
                 continue;
             };
             let mut from = Vec::new();
-            let cost = self.cost(n, &c, &mut from);
-            weighed.push((s, cost));
+            let (communication, compute) = self.cost(n, &c, &mut from);
+            let cost = communication + compute;
+            weighed.push(Candidate {
+                strategy: s,
+                communication,
+                compute,
+            });
             if best.as_ref().is_none_or(|(b, _, _)| cost < *b - 1e-9) {
                 best = Some((cost, c, from));
             }
