@@ -18,6 +18,9 @@ pub struct RanksResult {
     pub weights: Vec<Vec<(String, Tensor)>>,
 }
 
+/// One rank's result: its outputs per step and its weights at the end.
+type RankRun = (Vec<Vec<Tensor>>, Vec<(String, Tensor)>);
+
 /// Runs `graphs` (rank `r` = `graphs[r]`) for `steps` steps. `global_feeds(step)` gives the
 /// whole batch of every data input; rank `r` is fed the block `input_layouts[name].block(r)`.
 pub fn run_ranks(
@@ -29,13 +32,13 @@ pub fn run_ranks(
 ) -> Result<RanksResult> {
     let n = graphs.len();
     let comms = InProcessWorld::new(n);
-    let results: Vec<Result<(Vec<Vec<Tensor>>, Vec<(String, Tensor)>)>> = std::thread::scope(|s| {
+    let results: Vec<Result<RankRun>> = std::thread::scope(|s| {
         let handles: Vec<_> = graphs
                 .into_iter()
                 .zip(comms)
                 .enumerate()
                 .map(|(rank, (g, comm))| {
-                    s.spawn(move || -> Result<(Vec<Vec<Tensor>>, Vec<(String, Tensor)>)> {
+                    s.spawn(move || -> Result<RankRun> {
                         let backend = Arc::new(CpuBackend::with_threads(threads_per_rank));
                         let mut exec = Executor::with_communicator(g, backend, comm)
                             .with_context(|| format!("rank {rank}: preparing its graph"))?;
