@@ -96,7 +96,7 @@ pub enum CompileError {
     #[error(transparent)]
     Build(#[from] BuildError),
     /// The shape rules rejected a node.
-    #[error("infer_types: op `{instance}` ({op}, node %{index}): {source}")]
+    #[error("infer_types: op `{instance}` ({op}, node %{index}): {error}")]
     Infer {
         /// The node's instance name.
         instance: String,
@@ -104,19 +104,19 @@ pub enum CompileError {
         op: shardc_ir::OpKind,
         /// Its number as printed (`%3`).
         index: usize,
-        /// Why the shape rules rejected it (in the message).
-        source: Box<infer::InferError>,
+        /// Why the shape rules rejected it (in the message, not a separate cause, so that it
+        /// prints once).
+        error: Box<infer::InferError>,
     },
     /// A graph failed verification after a stage.
-    #[error("{stage}: graph `{graph}` failed verification: {source}")]
+    #[error("{stage}: graph `{graph}` failed verification: {error}")]
     Verify {
         /// The stage after which it failed.
         stage: &'static str,
         /// The graph's name.
         graph: String,
-        /// The verifier's error.
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
+        /// The verifier's error (in the message).
+        error: Box<dyn std::error::Error + Send + Sync>,
     },
     /// The optimizer's numbers are unusable.
     #[error("optimizer {optimizer}: {reason}")]
@@ -128,20 +128,20 @@ pub enum CompileError {
     },
     /// The parallel passes rejected the graph (an invalid strategy, a dataset strategy that
     /// does not fit, ...).
-    #[error("{stage}: {source}")]
+    #[error("{stage}: {error}")]
     Parallel {
         /// The stage.
         stage: &'static str,
         /// The error, naming the op instance and the reason (in the message, not as a
         /// separate cause, so that it prints once).
-        source: ParallelError,
+        error: ParallelError,
     },
     /// A strategy file could not be read, written or applied.
     #[error(transparent)]
     StrategyFile(#[from] StrategyFileError),
     /// Autodiff failed.
-    #[error("autodiff: {0}")]
-    Autodiff(#[source] Box<dyn std::error::Error + Send + Sync>),
+    #[error(transparent)]
+    Autodiff(Box<dyn std::error::Error + Send + Sync>),
     /// A dump could not be written.
     #[error("writing {path}: {source}")]
     Io {
@@ -186,7 +186,7 @@ fn run_infer_types(mut g: Graph, _: &CompileOptions) -> Result<Graph, CompileErr
             instance: node.instance.clone(),
             op: node.op,
             index: i + 1,
-            source: Box::new(source),
+            error: Box::new(source),
         })?;
         g.nodes[i].ty = ty;
     }
@@ -203,10 +203,10 @@ fn run_autodiff(g: Graph, opts: &CompileOptions) -> Result<Graph, CompileError> 
 
 /// Verifies `g`, naming `stage` on failure.
 fn check(g: &Graph, stage: &'static str) -> Result<(), CompileError> {
-    verify::verify(g).map_err(|source| CompileError::Verify {
+    verify::verify(g).map_err(|error| CompileError::Verify {
         stage,
         graph: g.name.clone(),
-        source: Box::new(source),
+        error: Box::new(error),
     })
 }
 
@@ -297,7 +297,7 @@ pub fn parallel_options(ctx: &ParallelContext) -> Result<Option<ParallelOptions>
             if ctx.search_mode != SearchMode::ShardingPropagation {
                 return Err(CompileError::Parallel {
                     stage: "step_parallel_begin",
-                    source: ParallelError::Options(format!(
+                    error: ParallelError::Options(format!(
                         "search_mode {} is not available in this build; use \
                          sharding_propagation (the default)",
                         ctx.search_mode
@@ -376,13 +376,13 @@ fn compile_parallel(
     };
     let assignment = strategy::assign(g, p).map_err(|source| CompileError::Parallel {
         stage: "step_parallel_begin",
-        source,
+        error: source,
     })?;
     let begin = annotated(g, &assignment);
     let ranks =
         partition::partition(g, &assignment, p).map_err(|source| CompileError::Parallel {
             stage: "step_parallel_end",
-            source,
+            error: source,
         })?;
     for (r, rg) in ranks.iter().enumerate() {
         check(rg, "step_parallel_end")?;

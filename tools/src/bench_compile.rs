@@ -10,7 +10,8 @@
 //!   the semi-auto default;
 //! - `auto_parallel` with only those annotations (the rest by sharding propagation).
 //!
-//! Each case times, as the median of `repeats` runs: (a) strategy assignment
+//! Each case times, as the median of `repeats` runs: the single-device training step (types,
+//! autodiff: the pipeline's part before the parallel stages), (a) strategy assignment
 //! ([`shardc_passes::parallel::strategy::assign`]) on the training step, (b) the partition into
 //! every rank's graph ([`shardc_passes::parallel::partition::partition`]), (c) the whole
 //! pipeline ([`shardc_compiler::pipeline::compile`]: types, autodiff, both parallel stages and
@@ -19,7 +20,7 @@
 //! and all ranks' total), the seconds, and the pipeline's time as a ratio of the 1 s goal:
 //!
 //! ```text
-//! compile transformer L=24 H=1024 A=16 S=512 B=8 mode=semi_auto_parallel devices=8 logical_nodes=… rank0_nodes=… comm_rank0={AllReduce: …} comm_all_ranks=… assign=0.012 s partition=0.345 s pipeline=0.678 s ratio_vs_goal=0.68 (goal <= 1 s: met)
+//! compile transformer L=24 H=1024 A=16 S=512 B=8 mode=semi_auto_parallel devices=8 logical_nodes=… rank0_nodes=… comm_rank0={AllReduce: …} comm_all_ranks=… train_step=0.100 s assign=0.012 s partition=0.345 s pipeline=0.678 s ratio_vs_goal=0.68 (goal <= 1 s: met)
 //! ```
 
 use anyhow::{Context, Result};
@@ -73,6 +74,9 @@ pub struct CaseResult {
     pub comm_rank0: BTreeMap<String, usize>,
     /// Communication ops over all ranks.
     pub comm_all_ranks: usize,
+    /// The single-device training step (types, autodiff, verification): the part of the
+    /// pipeline before the parallel stages (median).
+    pub train_step: Duration,
     /// Strategy assignment (median).
     pub assign: Duration,
     /// Partition into all ranks' graphs (median).
@@ -97,8 +101,8 @@ impl CaseResult {
         let ratio = self.ratio_vs_goal();
         format!(
             "compile transformer L={} H={} A={} S={} B={} mode={} devices={} logical_nodes={} \
-             rank0_nodes={} comm_rank0={{{}}} comm_all_ranks={} assign={:.3} s partition={:.3} s \
-             pipeline={:.3} s ratio_vs_goal={:.2} (goal <= {} s: {})",
+             rank0_nodes={} comm_rank0={{{}}} comm_all_ranks={} train_step={:.3} s assign={:.3} s \
+             partition={:.3} s pipeline={:.3} s ratio_vs_goal={:.2} (goal <= {} s: {})",
             model.layers,
             model.hidden,
             model.heads,
@@ -110,6 +114,7 @@ impl CaseResult {
             self.rank0_nodes,
             comm.join(", "),
             self.comm_all_ranks,
+            self.train_step.as_secs_f64(),
             self.assign.as_secs_f64(),
             self.partition.as_secs_f64(),
             self.pipeline.as_secs_f64(),
@@ -186,15 +191,17 @@ pub fn measure_case(
         Mode::AutoParallel => "auto_parallel",
     };
     let opts = options(mode, devices);
-    let step = compile(
-        forward.clone(),
-        &CompileOptions {
-            optimizer: Some(optimizer()),
-            ..Default::default()
-        },
-    )
-    .context("compiling the single-device training step")?
-    .graph;
+    let (train_step, step) = timed(repeats, || {
+        compile(
+            forward.clone(),
+            &CompileOptions {
+                optimizer: Some(optimizer()),
+                ..Default::default()
+            },
+        )
+        .map(|c| c.graph)
+        .context("compiling the single-device training step")
+    })?;
     let (assign, a) = timed(repeats, || {
         strategy::assign(&step, &opts)
             .with_context(|| format!("{mode_name} on {devices} devices: strategy assignment"))
@@ -231,6 +238,7 @@ pub fn measure_case(
         rank0_nodes: rank0.nodes.len(),
         comm_rank0,
         comm_all_ranks,
+        train_step,
         assign,
         partition,
         pipeline,

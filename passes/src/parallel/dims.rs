@@ -333,11 +333,17 @@ pub fn op_dims(g: &Graph, node: &Node) -> Result<OpDims, DimsError> {
                     .map(|l| if l < 2 { Dim::Loop(l) } else { Dim::Whole })
                     .collect()
             };
-            d.inputs = ins
-                .iter()
-                .map(|s| s.as_ref().map(|s| nc(s.len())))
-                .collect();
-            d.outputs = outs.iter().map(|o| nc(o.len())).collect();
+            // Tensors of x's shape carry the spatial loops (fixed below, so that a split is
+            // refused with its reason); the pooled shapes keep them whole.
+            let like_x = |s: &Vec<usize>| -> Vec<Dim> {
+                if *s == x {
+                    OpDims::identity(s.len())
+                } else {
+                    nc(s.len())
+                }
+            };
+            d.inputs = ins.iter().map(|s| s.as_ref().map(like_x)).collect();
+            d.outputs = outs.iter().map(like_x).collect();
             for l in 2..x.len() {
                 d.fix(
                     l,
@@ -431,9 +437,12 @@ pub fn op_dims(g: &Graph, node: &Node) -> Result<OpDims, DimsError> {
             let dims: Vec<Dim> = (0..x.len())
                 .map(|l| if l == axis { Dim::Whole } else { Dim::Loop(l) })
                 .collect();
+            // The inputs carry the axis loop (fixed below, so that a split is refused with its
+            // reason); the results keep the axis whole.
+            let carried = OpDims::identity(x.len());
             d.inputs = ins
                 .iter()
-                .map(|s| s.as_ref().map(|_| dims.clone()))
+                .map(|s| s.as_ref().map(|_| carried.clone()))
                 .collect();
             d.outputs = outs.iter().map(|_| dims.clone()).collect();
             d.fix(
@@ -459,11 +468,19 @@ pub fn op_dims(g: &Graph, node: &Node) -> Result<OpDims, DimsError> {
                     }
                 })
                 .collect();
-            d.inputs = ins
-                .iter()
-                .map(|s| s.as_ref().map(|_| dims.clone()))
-                .collect();
-            d.outputs = vec![dims.clone()];
+            // The full-size side carries every loop (the sliced ones fixed below, so that a
+            // split is refused with its reason).
+            if node.op == StridedSlice {
+                d.inputs = vec![Some(OpDims::identity(full.len()))];
+                d.inputs.extend((1..ins.len()).map(|_| None));
+                d.outputs = vec![dims.clone()];
+            } else {
+                d.inputs = ins
+                    .iter()
+                    .map(|s| s.as_ref().map(|_| dims.clone()))
+                    .collect();
+                d.outputs = vec![OpDims::identity(full.len())];
+            }
             for l in 0..full.len() {
                 if full[l] != sliced[l] {
                     d.fix(l, format!("dimension {l} is sliced"));
@@ -521,34 +538,58 @@ fn conv_dims(
 ) -> Result<OpDims, DimsError> {
     use OpKind::*;
     let group = node.attrs.int_or("group", 1);
-    let sp = |l: usize| -> Vec<Dim> { vec![Dim::Loop(l), Dim::Whole, Dim::Whole] };
-    // loops: n = 0, o = 1, c = 2 (spatial dims stay whole).
+    // loops: n = 0, o = 1, c = 2, and the input's spatial h = 3, w = 4 (fixed: a window would
+    // cross a split). Kernel and output spatial dims stay whole.
     let nd = |a: usize, b: usize| -> Vec<Dim> {
         let mut v = vec![Dim::Loop(a), Dim::Loop(b)];
         v.extend([Dim::Whole, Dim::Whole]);
         v
     };
-    let _ = sp;
+    let image = |a: usize, b: usize| -> Vec<Dim> {
+        vec![Dim::Loop(a), Dim::Loop(b), Dim::Loop(3), Dim::Loop(4)]
+    };
     let get = |i: usize| ins.get(i).cloned().flatten().unwrap_or_default();
     let (n, o, c) = match node.op {
         Conv2D => (get(0)[0], get(1)[0], get(0)[1]),
         Conv2DBackpropInput => (get(0)[0], get(0)[1], outs[0][1]),
         _ => (get(0)[0], get(0)[1], get(1)[1]),
     };
-    let mut d = OpDims::with_loops(vec![n, o, c]);
+    let x_hw = match node.op {
+        Conv2D | Conv2DBackpropFilter => {
+            let x = get(if node.op == Conv2D { 0 } else { 1 });
+            (
+                x.get(2).copied().unwrap_or(1),
+                x.get(3).copied().unwrap_or(1),
+            )
+        }
+        _ => (
+            outs[0].get(2).copied().unwrap_or(1),
+            outs[0].get(3).copied().unwrap_or(1),
+        ),
+    };
+    let mut d = OpDims::with_loops(vec![n, o, c, x_hw.0, x_hw.1]);
+    for l in [3, 4] {
+        d.fix(
+            l,
+            format!(
+                "dimension {} is spatial: a window would cross the split",
+                l - 1
+            ),
+        );
+    }
     match node.op {
         Conv2D => {
-            d.inputs = vec![Some(nd(0, 2)), Some(nd(1, 2))];
+            d.inputs = vec![Some(image(0, 2)), Some(nd(1, 2))];
             d.outputs = vec![nd(0, 1)];
             d.combine[2] = Some(ReduceOp::Sum);
         }
         Conv2DBackpropInput => {
             d.inputs = vec![Some(nd(0, 1)), Some(nd(1, 2)), None];
-            d.outputs = vec![nd(0, 2)];
+            d.outputs = vec![image(0, 2)];
             d.combine[1] = Some(ReduceOp::Sum);
         }
         _ => {
-            d.inputs = vec![Some(nd(0, 1)), Some(nd(0, 2)), None];
+            d.inputs = vec![Some(nd(0, 1)), Some(image(0, 2)), None];
             d.outputs = vec![nd(1, 2)];
             d.combine[0] = Some(ReduceOp::Sum);
         }

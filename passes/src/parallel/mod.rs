@@ -23,6 +23,7 @@ pub mod dims;
 pub mod partition;
 pub mod redistribute;
 pub mod rules;
+pub mod simplify;
 pub mod strategy;
 
 use shardc_ir::{OpKind, Strategy};

@@ -12,7 +12,8 @@
 //! different parts of the batch, `redistribution_op_<producer>_<user>_*` converts between two
 //! layouts; each carries a comment naming the edge and the rule.
 
-use super::redistribute::{group, plan, Step};
+use super::redistribute::{group, plan, Plan, Step};
+use super::simplify::simplify;
 use super::strategy::{Assignment, Decision};
 use super::{ParallelError, ParallelOptions};
 use crate::infer;
@@ -68,7 +69,12 @@ struct Edge {
     mirror_of: Option<String>,
 }
 
+/// Plans by (source layout, target layout, element bytes): a plan does not depend on the
+/// rank, so every rank's graph reuses it.
+pub type PlanCache = std::collections::HashMap<(TensorLayout, TensorLayout, usize), Plan>;
+
 struct RankBuilder<'a> {
+    cache: &'a mut PlanCache,
     g: &'a Graph,
     a: &'a Assignment,
     opts: &'a ParallelOptions,
@@ -150,7 +156,16 @@ impl RankBuilder<'_> {
         dtype_bytes: usize,
         edge: &Edge,
     ) -> Result<Operand, ParallelError> {
-        let p = plan(from, to, dtype_bytes, self.opts.enable_alltoall);
+        let key = (from.clone(), to.clone(), dtype_bytes);
+        let p = match self.cache.get(&key) {
+            Some(p) => p.clone(),
+            None => {
+                let direct = plan(from, to, dtype_bytes, self.opts.enable_alltoall);
+                let p = simplify(direct, &from.slice_shape(), dtype_bytes);
+                self.cache.insert(key, p.clone());
+                p
+            }
+        };
         let mut x = x;
         let edge_text = format!(
             "edge: {} -> {} input {}: {} -> {}",
@@ -388,6 +403,17 @@ pub fn rank_graph(
     opts: &ParallelOptions,
     rank: usize,
 ) -> Result<Graph, ParallelError> {
+    rank_graph_with(g, a, opts, rank, &mut PlanCache::new())
+}
+
+/// As [`rank_graph`], reusing (and filling) `cache`.
+pub fn rank_graph_with(
+    g: &Graph,
+    a: &Assignment,
+    opts: &ParallelOptions,
+    rank: usize,
+    cache: &mut PlanCache,
+) -> Result<Graph, ParallelError> {
     let mut out = Graph::new(g.name.clone());
     for (p, l) in g.params.iter().zip(&a.param_layouts) {
         let local = TensorType::new(p.ty.dtype, l.slice_shape());
@@ -419,6 +445,7 @@ pub fn rank_graph(
         });
     }
     let mut b = RankBuilder {
+        cache,
         g,
         a,
         opts,
@@ -549,7 +576,8 @@ pub fn partition(
     a: &Assignment,
     opts: &ParallelOptions,
 ) -> Result<Vec<Graph>, ParallelError> {
+    let mut cache = PlanCache::new();
     (0..opts.device_num)
-        .map(|r| rank_graph(g, a, opts, r))
+        .map(|r| rank_graph_with(g, a, opts, r, &mut cache))
         .collect()
 }

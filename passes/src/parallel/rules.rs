@@ -117,25 +117,30 @@ pub fn sharding_with(
                 )));
             }
             let split = split as usize;
+            if split > device_num {
+                return Err(bad(format!(
+                    "input {i} dimension {j} is split {split}, more than device_num {device_num}"
+                )));
+            }
+            let dim = in_dims.get(j).copied().unwrap_or(Dim::Whole);
+            if dim == Dim::Whole && split != 1 {
+                let why = if shape[j] == 1 {
+                    "it is broadcast (size 1)".to_string()
+                } else {
+                    format!("{} needs it whole", node.op.name())
+                };
+                return Err(bad(format!(
+                    "input {i} dimension {j} cannot be split ({why}), strategy has {split}"
+                )));
+            }
             if shape[j] % split != 0 {
                 return Err(bad(format!(
                     "input {i} dimension {j} of size {} is not divisible by {split}",
                     shape[j]
                 )));
             }
-            match in_dims.get(j).copied().unwrap_or(Dim::Whole) {
-                Dim::Whole => {
-                    if split != 1 {
-                        let why = if shape[j] == 1 {
-                            "it is broadcast (size 1)".to_string()
-                        } else {
-                            format!("{} needs it whole", node.op.name())
-                        };
-                        return Err(bad(format!(
-                            "input {i} dimension {j} cannot be split ({why}), strategy has {split}"
-                        )));
-                    }
-                }
+            match dim {
+                Dim::Whole => {}
                 Dim::Loop(l) => match loop_split[l] {
                     None => loop_split[l] = Some((split, i, j)),
                     Some((s0, i0, j0)) if s0 != split => {
@@ -179,7 +184,10 @@ pub fn sharding_with(
             }
         }
     }
-    let used: usize = splits.iter().product();
+    let used = splits
+        .iter()
+        .try_fold(1usize, |acc, &s| acc.checked_mul(s))
+        .unwrap_or(usize::MAX);
     if used > device_num {
         return Err(bad(format!(
             "the strategy uses {used} devices (the product of its splits) but device_num is \

@@ -424,8 +424,11 @@ fn dataset_layout(
             row.iter().map(|&x| x as usize).collect()
         }
     };
-    let used: usize = splits.iter().product();
-    if used == 0 || n % used != 0 {
+    let used = splits
+        .iter()
+        .try_fold(1usize, |acc, &s| acc.checked_mul(s))
+        .unwrap_or(0);
+    if used == 0 || used > n || n % used != 0 {
         return Err(ParallelError::Dataset {
             input: name.to_string(),
             reason: format!("its splits {splits:?} use {used} devices, which does not divide {n}"),
