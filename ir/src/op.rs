@@ -108,7 +108,9 @@ ops! {
     /// `Dropout(x)`; attrs `keep_prob` (0.5), `seed0` (0), `seed1` (0). Result `(y, mask)`:
     /// `mask` has x's shape and dtype and holds `0` or `1/keep_prob`, and `y = x * mask`.
     /// The mask depends only on the seeds, the step number and the element index: same
-    /// seeds, same masks.
+    /// seeds, same masks. Optional `global_shape` and `offset` (Ints) say the tensor is the
+    /// block at `offset` of a `global_shape` tensor (a rank's slice): masks are then drawn by
+    /// global index, as on one device.
     Dropout => "Dropout", Elementwise;
 
     // ---- reductions / normalisation ----
@@ -235,9 +237,11 @@ ops! {
     // ---- communication (inserted by the parallel passes) ----
     /// `AllReduce(x)`; attrs `op` (sum | max | min | prod), `group`, `rank_list`, `fusion`.
     AllReduce => "AllReduce", Communication;
-    /// `AllGather(x)`; concatenates along axis 0 over `rank_list`.
+    /// `AllGather(x)`; attrs `rank_list`, `axis` (0; shardc's addition, negative allowed):
+    /// concatenates the members' tensors along `axis` in ascending rank order.
     AllGather => "AllGather", Communication;
-    /// `ReduceScatter(x)`; reduces then splits along axis 0 over `rank_list`.
+    /// `ReduceScatter(x)`; attrs `op` (sum), `rank_list`, `axis` (0; shardc's addition):
+    /// reduces over `rank_list`, then member i keeps block i along `axis`.
     ReduceScatter => "ReduceScatter", Communication;
     /// `AlltoAll(x)`; attrs `split_dim`, `concat_dim`, `split_count`, `rank_list`.
     AllToAll => "AlltoAll", Communication;
