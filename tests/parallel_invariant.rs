@@ -409,3 +409,94 @@ fn distributed_equals_single_device_on_random_models_and_strategies() {
         failures.join("\n")
     );
 }
+
+/// `gradients_mean = false` is MindSpore's data-parallel sum of the replicas' gradients, each of
+/// its own local-mean loss: `N` times the single device's gradient of the global mean. One
+/// plain-SGD step on `N` ranks with learning rate `lr` must therefore equal one single-device
+/// step with `N * lr`; with `gradients_mean = true` it equals the step with `lr`.
+#[test]
+fn gradients_mean_false_sums_the_replicas_gradients() {
+    use shardc::compiler::optim::SGD;
+    let n = 4usize;
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    let model = mlp(&mut rng, 8).unwrap();
+    for mean in [true, false] {
+        let lr = 0.1;
+        let single_lr = if mean { lr } else { lr * n as f64 };
+        let single = compile(
+            model.clone(),
+            &CompileOptions {
+                optimizer: Some(SGD::new(single_lr).to_spec()),
+                ..Default::default()
+            },
+        )
+        .unwrap()
+        .graph;
+        let par = compile(
+            model.clone(),
+            &CompileOptions {
+                optimizer: Some(SGD::new(lr).to_spec()),
+                parallel: Some(ParallelOptions {
+                    mode: Mode::DataParallel,
+                    device_num: n,
+                    dataset: DatasetLayout::DataParallel,
+                    gradients_mean: mean,
+                    enable_alltoall: false,
+                }),
+                ..Default::default()
+            },
+        )
+        .unwrap()
+        .parallel
+        .unwrap();
+        let scaled = par.ranks[0]
+            .nodes
+            .iter()
+            .any(|nd| nd.instance.starts_with("mirror_grad_sum_"));
+        assert_eq!(
+            scaled, !mean,
+            "the mirror scale appears exactly without gradients_mean"
+        );
+        let data = SyntheticData::new(&single, 3, 1).unwrap();
+        let feeds = |step: u64| -> Vec<(String, Tensor)> {
+            data.feeds(step)
+                .into_iter()
+                .map(|(k, t)| (k.to_string(), t))
+                .collect()
+        };
+        let mut exec =
+            Executor::new(single, Arc::new(shardc::cpu::CpuBackend::with_threads(1))).unwrap();
+        let f = feeds(0);
+        let refs: Vec<(&str, Tensor)> = f.iter().map(|(k, t)| (k.as_str(), t.clone())).collect();
+        exec.step(&refs).unwrap();
+        let layouts: Vec<(String, TensorLayout)> = par
+            .begin
+            .params
+            .iter()
+            .zip(&par.assignment.param_layouts)
+            .map(|(p, l)| (p.name.clone(), l.clone()))
+            .collect();
+        let inputs: Vec<(String, TensorLayout)> = layouts
+            .iter()
+            .filter(|(k, _)| exec.param(k).is_none())
+            .cloned()
+            .collect();
+        let res = run_ranks(par.ranks, &inputs, &feeds, 1, 1).unwrap();
+        for (name, layout) in &layouts {
+            let Some(reference) = exec.param(name) else {
+                continue;
+            };
+            let blocks: Vec<&Tensor> = res
+                .weights
+                .iter()
+                .map(|w| w.iter().find(|(k, _)| k == name).map(|(_, t)| t).unwrap())
+                .collect();
+            let whole = gather_weight(name, layout, &blocks).unwrap();
+            let d = tensor_rel(&whole, reference);
+            assert!(
+                d <= TOLERANCE,
+                "gradients_mean {mean}: {name} differs by {d:.3e}"
+            );
+        }
+    }
+}
