@@ -385,7 +385,9 @@ fn compile_parallel(
             error: source,
         })?;
     for (r, rg) in ranks.iter().enumerate() {
-        check(rg, "step_parallel_end")?;
+        if cfg!(debug_assertions) {
+            check(rg, "step_parallel_end")?;
+        }
         if let Some(dir) = dump_dir {
             let rd = dir.join(format!("rank_{r}"));
             write_named_dump(&rd, "step_parallel_begin", &begin)?;

@@ -1,5 +1,8 @@
 //! Conv2D and its two gradients: im2col / col2im + gemm, NCHW.
 //!
+//! 3×3 stride-1 `same` convolutions with one group and at least 8 input channels go to
+//! [`crate::conv_winograd`] (Winograd F(2×2, 3×3)) instead; everything else comes here.
+//!
 //! The batch is cut into blocks of images whose size depends only on the shapes. A block's
 //! im2col matrices sit side by side in one `(C·kh·kw) × (B·P)` matrix, so each group needs one
 //! large GEMM per block instead of one skinny GEMM per image (late ResNet stages have only 16
@@ -7,6 +10,7 @@
 //! the GEMMs use every thread; either way no float sum is split in a thread-dependent way, so
 //! results are bit-identical for every thread count.
 
+use crate::conv_winograd;
 use crate::matmul::{gemm_checked, gemm_par, Dst, Src};
 use crate::real::Real;
 use crate::util::{for_chunks, Ctx, KResult};
@@ -240,8 +244,9 @@ fn shape_operand(ctx: &Ctx<'_>, inputs: &[Arg<'_>], i: usize, what: &str) -> KRe
     Ok(v.iter().map(|&d| d as usize).collect())
 }
 
-/// Most scratch vectors a thread keeps between calls.
-const SCRATCH_KEPT: usize = 4;
+/// Most scratch vectors a thread keeps between calls (the Winograd kernels hold three at
+/// once, im2col two, and sizes differ from layer to layer).
+const SCRATCH_KEPT: usize = 8;
 
 thread_local! {
     /// Scratch vectors (`Vec<f32>` / `Vec<f64>`) kept by this thread between kernel calls, so
@@ -249,33 +254,65 @@ thread_local! {
     static SCRATCH_POOL: RefCell<Vec<Box<dyn Any>>> = const { RefCell::new(Vec::new()) };
 }
 
+/// The length of a pooled vector of type `Vec<T>`, or `None` for another type.
+fn pooled_len<T: Real>(b: &dyn Any) -> Option<usize> {
+    b.downcast_ref::<Vec<T>>().map(Vec::len)
+}
+
 /// A vector of at least `len` elements of unspecified contents, from this thread's pool when
-/// it has one.
-fn take_vec<T: Real>(len: usize) -> Vec<T> {
+/// it has one: the smallest that is long enough, else the longest (grown).
+pub(crate) fn take_vec<T: Real>(len: usize) -> Vec<T> {
     let cached = SCRATCH_POOL.with(|pool| {
         let mut pool = pool.borrow_mut();
-        let i = pool.iter().position(|b| b.is::<Vec<T>>())?;
-        Some(pool.swap_remove(i))
+        let lens = pool
+            .iter()
+            .enumerate()
+            .filter_map(|(i, b)| Some((i, pooled_len::<T>(b.as_ref())?)));
+        let fit = lens
+            .clone()
+            .filter(|&(_, l)| l >= len)
+            .min_by_key(|&(_, l)| l)
+            .or_else(|| lens.max_by_key(|&(_, l)| l))?;
+        Some(pool.swap_remove(fit.0))
     });
     let mut v = cached
         .and_then(|b| b.downcast::<Vec<T>>().ok())
         .map(|b| *b)
         .unwrap_or_default();
     if v.len() < len {
+        // The old contents are not needed: drop them rather than copy them while growing.
+        v = Vec::new();
         v.resize(len, T::ZERO);
     }
     v
 }
 
-/// Returns a vector to this thread's pool.
-fn give_vec<T: Real>(v: Vec<T>) {
-    if v.capacity() == 0 {
+/// Returns a vector to this thread's pool; a full pool keeps its longest vectors.
+pub(crate) fn give_vec<T: Real>(v: Vec<T>) {
+    if v.is_empty() {
         return;
     }
     SCRATCH_POOL.with(|pool| {
         let mut pool = pool.borrow_mut();
         if pool.len() < SCRATCH_KEPT {
             pool.push(Box::new(v));
+            return;
+        }
+        let size = |b: &Box<dyn Any>| {
+            pooled_len::<f32>(b.as_ref())
+                .map(|l| l * 4)
+                .or_else(|| pooled_len::<f64>(b.as_ref()).map(|l| l * 8))
+                .unwrap_or(0)
+        };
+        let new_size = v.len() * std::mem::size_of::<T>();
+        if let Some((i, _)) = pool
+            .iter()
+            .enumerate()
+            .map(|(i, b)| (i, size(b)))
+            .filter(|&(_, s)| s < new_size)
+            .min_by_key(|&(_, s)| s)
+        {
+            pool[i] = Box::new(v);
         }
     });
 }
@@ -440,6 +477,9 @@ pub(crate) fn conv2d<T: Real>(
     if img_out == 0 || g.n == 0 {
         return Ok(());
     }
+    if conv_winograd::applies(&g) {
+        return conv_winograd::forward(ctx, &g, x, w, y);
+    }
     let work = g.n * img_out * g.kdim();
     let b = g.block(BLOCK_COLS);
     for_blocks(ctx, &g, y, img_out, b, work, |n0, yb, s, par| {
@@ -527,6 +567,9 @@ pub(crate) fn conv2d_backprop_input<T: Real>(
     let (img_in, img_out) = (g.c_in * g.h * g.w, g.c_out * g.p());
     if img_in == 0 || g.n == 0 {
         return Ok(());
+    }
+    if conv_winograd::applies(&g) {
+        return conv_winograd::backprop_input(ctx, &g, dy, w, dx);
     }
     let work = g.n * img_out * g.kdim();
     let b = g.block(BLOCK_COLS);
@@ -618,6 +661,9 @@ pub(crate) fn conv2d_backprop_filter<T: Real>(
     if g.n == 0 || g.p() == 0 {
         dw.fill(T::ZERO);
         return Ok(());
+    }
+    if conv_winograd::applies(&g) {
+        return conv_winograd::backprop_filter(ctx, &g, dy, x, dw);
     }
     let work = g.n * g.c_out * g.p() * g.kdim();
     let b = g.block(FILTER_BLOCK_COLS);

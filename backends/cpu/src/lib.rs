@@ -13,6 +13,7 @@
 #![warn(missing_docs)]
 
 mod conv;
+mod conv_winograd;
 mod elementwise;
 mod loss;
 mod matmul;

@@ -12,15 +12,17 @@
 //! different parts of the batch, `redistribution_op_<producer>_<user>_*` converts between two
 //! layouts; each carries a comment naming the edge and the rule.
 
-use super::redistribute::{group, plan, Plan, Step};
+use super::redistribute::{group, plan, Canon, Plan, Step};
 use super::simplify::simplify;
 use super::strategy::{Assignment, Decision};
 use super::{ParallelError, ParallelOptions};
 use crate::infer;
+use rayon::prelude::*;
 use shardc_ir::{
     Attr, Attrs, Const, Graph, Init, Node, NodeId, OpClass, OpKind, Operand, Param, ParamKind,
-    TensorLayout, TensorType,
+    TensorLayout, TensorType, Type,
 };
+use std::collections::HashMap;
 
 /// The group name MindSpore prints: the size, a dash, and a hash of the rank list.
 pub fn group_name(ranks: &[usize]) -> String {
@@ -69,36 +71,253 @@ struct Edge {
     mirror_of: Option<String>,
 }
 
-/// Plans by (source layout, target layout, element bytes): a plan does not depend on the
-/// rank, so every rank's graph reuses it.
-pub type PlanCache = std::collections::HashMap<(TensorLayout, TensorLayout, usize), Plan>;
+/// A conversion a value needs before one or more users: the same on every rank.
+struct Conversion {
+    plan: Plan,
+    edge: Edge,
+    /// `edge: producer -> user input k: FROM -> TO`, the comment on each inserted op.
+    text: String,
+}
+
+/// What every edge of the logical graph needs, computed once for all ranks: for each node
+/// input and each returned value, the conversion it needs (if any). Two users that need one
+/// value in the same placement share one conversion.
+pub struct Edges {
+    /// Per node: `strategy from: ...`, the comment every rank's copy carries.
+    sources: Vec<String>,
+    inputs: Vec<Vec<Option<usize>>>,
+    outputs: Vec<Option<usize>>,
+    convs: Vec<Conversion>,
+}
+
+/// A hashable name of a logical operand (constants never need conversions).
+fn operand_key(o: &Operand) -> Option<(u8, u32)> {
+    match o {
+        Operand::Node(n) => Some((0, n.0)),
+        Operand::Param(p) => Some((1, p.0)),
+        Operand::Const(_) => None,
+    }
+}
+
+/// The layout of a logical operand.
+fn operand_layout(g: &Graph, a: &Assignment, o: &Operand) -> Option<TensorLayout> {
+    let decision = |n: NodeId| a.decisions[n.index()].as_ref();
+    match o {
+        Operand::Param(p) => Some(a.param_layouts[p.index()].clone()),
+        Operand::Node(n) => {
+            let node = g.node(*n);
+            if node.op == OpKind::TupleGetItem {
+                let Some(Operand::Node(src)) = node.inputs.first() else {
+                    return None;
+                };
+                let idx = node.inputs.get(1)?.as_const()?.as_int()? as usize;
+                decision(*src)?.sharding.outputs.get(idx).cloned()
+            } else {
+                decision(*n)?.sharding.outputs.first().cloned()
+            }
+        }
+        Operand::Const(_) => None,
+    }
+}
+
+fn producer_name(g: &Graph, o: &Operand) -> String {
+    match o {
+        Operand::Param(p) => g.param(*p).name.clone(),
+        Operand::Node(n) => {
+            let node = g.node(*n);
+            if node.op == OpKind::TupleGetItem {
+                if let Some(Operand::Node(src)) = node.inputs.first() {
+                    return g.node(*src).instance.clone();
+                }
+            }
+            node.instance.clone()
+        }
+        Operand::Const(_) => String::new(),
+    }
+}
+
+type PlacementKey = (Vec<usize>, Vec<Vec<usize>>, Vec<usize>);
+
+fn placement(l: &TensorLayout) -> PlacementKey {
+    let c = Canon::of(l);
+    (c.primes, c.dims, c.partial)
+}
+
+struct EdgeBuilder<'a> {
+    g: &'a Graph,
+    opts: &'a ParallelOptions,
+    edges: Edges,
+    by_target: HashMap<((u8, u32), PlacementKey), usize>,
+    plans: HashMap<(TensorLayout, TensorLayout, usize), Plan>,
+}
+
+impl EdgeBuilder<'_> {
+    /// The conversion `o` (in `have`) needs to be in `want`, if any.
+    fn need(
+        &mut self,
+        o: &Operand,
+        have: TensorLayout,
+        want: TensorLayout,
+        user: &str,
+        input: usize,
+        mirror_of: Option<&String>,
+    ) -> Option<usize> {
+        let key = operand_key(o)?;
+        let target = placement(&want);
+        if placement(&have) == target {
+            return None;
+        }
+        if let Some(&c) = self.by_target.get(&(key, target.clone())) {
+            return Some(c);
+        }
+        let bytes = self
+            .g
+            .operand_tensor_type(o)
+            .map(|t| t.dtype.size_bytes())
+            .unwrap_or(4);
+        let pkey = (have.clone(), want.clone(), bytes);
+        let plan = match self.plans.get(&pkey) {
+            Some(p) => p.clone(),
+            None => {
+                let direct = plan(&have, &want, bytes, self.opts.enable_alltoall);
+                let p = simplify(direct, &have.slice_shape(), bytes);
+                self.plans.insert(pkey, p.clone());
+                p
+            }
+        };
+        let edge = Edge {
+            producer: producer_name(self.g, o),
+            user: user.to_string(),
+            input,
+            mirror_of: if have.is_partial() {
+                mirror_of.cloned()
+            } else {
+                None
+            },
+        };
+        let id = self.edges.convs.len();
+        let text = format!(
+            "edge: {} -> {} input {}: {} -> {}",
+            edge.producer, edge.user, edge.input, have, want
+        );
+        self.edges.convs.push(Conversion { plan, edge, text });
+        self.by_target.insert((key, target), id);
+        Some(id)
+    }
+}
+
+/// The conversions of every edge of `g` under `a`, for all ranks.
+pub fn edges(g: &Graph, a: &Assignment, opts: &ParallelOptions) -> Edges {
+    let mut b = EdgeBuilder {
+        g,
+        opts,
+        edges: Edges {
+            sources: a
+                .decisions
+                .iter()
+                .map(|d| {
+                    d.as_ref()
+                        .map(|d| format!("strategy from: {}", d.source))
+                        .unwrap_or_default()
+                })
+                .collect(),
+            inputs: vec![Vec::new(); g.nodes.len()],
+            outputs: Vec::new(),
+            convs: Vec::new(),
+        },
+        by_target: HashMap::new(),
+        plans: HashMap::new(),
+    };
+    for (i, node) in g.nodes.iter().enumerate() {
+        let Some(d) = a.decisions[i].as_ref() else {
+            continue;
+        };
+        let mirror_of = if node.op.class() == OpClass::Optimizer {
+            match node.inputs.first() {
+                Some(Operand::Param(p)) => Some(g.param(*p).name.clone()),
+                _ => None,
+            }
+        } else {
+            None
+        };
+        let mut ins = Vec::with_capacity(node.inputs.len());
+        for (j, o) in node.inputs.iter().enumerate() {
+            let need = match (operand_layout(g, a, o), d.sharding.inputs[j].clone()) {
+                (Some(have), Some(want)) => {
+                    b.need(o, have, want, &node.instance, j, mirror_of.as_ref())
+                }
+                _ => None,
+            };
+            ins.push(need);
+        }
+        b.edges.inputs[i] = ins;
+    }
+    for (k, o) in g.outputs.iter().enumerate() {
+        let need = operand_layout(g, a, o).and_then(|have| {
+            let want = TensorLayout::replicated(&have.tensor_shape, opts.device_num);
+            b.need(o, have, want, "Return", k, None)
+        });
+        b.edges.outputs.push(need);
+    }
+    b.edges
+}
 
 struct RankBuilder<'a> {
-    cache: &'a mut PlanCache,
-    g: &'a Graph,
-    a: &'a Assignment,
     opts: &'a ParallelOptions,
+    edges: &'a Edges,
     rank: usize,
     out: Graph,
     /// Per logical node: its value in the rank graph.
     values: Vec<Option<Operand>>,
+    /// Per conversion: its result in the rank graph, once made.
+    converted: Vec<Option<Operand>>,
     counter: usize,
     /// The scope of the logical node being partitioned (inserted ops take it).
     scope: String,
-    /// Redistributions already made: (logical operand, target layout) -> value. A value two
-    /// users need in the same layout is converted once.
-    converted: Vec<(Operand, TensorLayout, Operand)>,
 }
 
 impl RankBuilder<'_> {
+    /// Appends `node`, typed by the shape rules.
     fn emit(&mut self, mut node: Node) -> Result<Operand, ParallelError> {
-        let ty = infer::infer_node(&self.out, &node).map_err(|e| ParallelError::Partition {
+        node.ty = self.infer(&node)?;
+        Ok(Operand::Node(self.out.push_node(node)))
+    }
+
+    /// Appends `node` with the type its layouts give. Debug builds (and so the tests) check it
+    /// against the shape rules; release builds trust the layouts, which keeps partitioning
+    /// many ranks fast.
+    fn emit_typed(&mut self, mut node: Node, ty: Type) -> Result<Operand, ParallelError> {
+        if cfg!(debug_assertions) {
+            let inferred = self.infer(&node)?;
+            if inferred != ty {
+                return Err(ParallelError::Partition {
+                    rank: self.rank,
+                    instance: node.instance.clone(),
+                    reason: format!(
+                        "the layouts give {ty:?} but the shape rules give {inferred:?}"
+                    ),
+                });
+            }
+        }
+        node.ty = ty;
+        Ok(Operand::Node(self.out.push_node(node)))
+    }
+
+    fn infer(&self, node: &Node) -> Result<Type, ParallelError> {
+        infer::infer_node(&self.out, node).map_err(|e| ParallelError::Partition {
             rank: self.rank,
             instance: node.instance.clone(),
             reason: e.to_string(),
-        })?;
-        node.ty = ty;
-        Ok(Operand::Node(self.out.push_node(node)))
+        })
+    }
+
+    /// The type of a rank graph operand.
+    fn type_of(&self, x: &Operand) -> Option<Type> {
+        match x {
+            Operand::Node(n) => Some(self.out.node(*n).ty.clone()),
+            Operand::Param(p) => Some(Type::Tensor(self.out.param(*p).ty.clone())),
+            Operand::Const(_) => None,
+        }
     }
 
     fn map_operand(&self, o: &Operand) -> Operand {
@@ -108,69 +327,14 @@ impl RankBuilder<'_> {
         }
     }
 
-    /// The layout of a logical operand.
-    fn layout(&self, o: &Operand) -> Option<TensorLayout> {
-        match o {
-            Operand::Param(p) => Some(self.a.param_layouts[p.index()].clone()),
-            Operand::Node(n) => {
-                let node = self.g.node(*n);
-                if node.op == OpKind::TupleGetItem {
-                    let Some(Operand::Node(src)) = node.inputs.first() else {
-                        return None;
-                    };
-                    let idx = node.inputs.get(1)?.as_const()?.as_int()? as usize;
-                    self.decision(*src)?.sharding.outputs.get(idx).cloned()
-                } else {
-                    self.decision(*n)?.sharding.outputs.first().cloned()
-                }
-            }
-            Operand::Const(_) => None,
+    fn redistribute(&mut self, x: Operand, conv: usize) -> Result<Operand, ParallelError> {
+        if let Some(v) = &self.converted[conv] {
+            return Ok(v.clone());
         }
-    }
-
-    fn decision(&self, n: NodeId) -> Option<&Decision> {
-        self.a.decisions[n.index()].as_ref()
-    }
-
-    fn producer_name(&self, o: &Operand) -> String {
-        match o {
-            Operand::Param(p) => self.g.param(*p).name.clone(),
-            Operand::Node(n) => {
-                let node = self.g.node(*n);
-                if node.op == OpKind::TupleGetItem {
-                    if let Some(Operand::Node(src)) = node.inputs.first() {
-                        return self.g.node(*src).instance.clone();
-                    }
-                }
-                node.instance.clone()
-            }
-            Operand::Const(_) => String::new(),
-        }
-    }
-
-    fn redistribute(
-        &mut self,
-        x: Operand,
-        from: &TensorLayout,
-        to: &TensorLayout,
-        dtype_bytes: usize,
-        edge: &Edge,
-    ) -> Result<Operand, ParallelError> {
-        let key = (from.clone(), to.clone(), dtype_bytes);
-        let p = match self.cache.get(&key) {
-            Some(p) => p.clone(),
-            None => {
-                let direct = plan(from, to, dtype_bytes, self.opts.enable_alltoall);
-                let p = simplify(direct, &from.slice_shape(), dtype_bytes);
-                self.cache.insert(key, p.clone());
-                p
-            }
-        };
+        let edges = self.edges;
+        let c = &edges.convs[conv];
+        let (p, edge, edge_text) = (&c.plan, &c.edge, &c.text);
         let mut x = x;
-        let edge_text = format!(
-            "edge: {} -> {} input {}: {} -> {}",
-            edge.producer, edge.user, edge.input, from, to
-        );
         for (k, step) in p.steps.iter().enumerate() {
             self.counter += 1;
             let c = self.counter;
@@ -297,8 +461,14 @@ impl RankBuilder<'_> {
                 node.comments.push(edge_text.clone());
                 node.comments.push(format!("rule: {rule}"));
                 node.scope = self.scope.clone();
-                x = self.emit(node)?;
+                let dtype = self
+                    .out
+                    .operand_tensor_type(&x)
+                    .map_or(shardc_ir::DType::Float32, |t| t.dtype);
+                let ty = Type::Tensor(TensorType::new(dtype, p.shapes[k].clone()));
+                x = self.emit_typed(node, ty)?;
                 if completes && edge.mirror_of.is_some() && !self.opts.gradients_mean {
+                    let ty_x = self.type_of(&x).expect("a node's type");
                     let mut m = Node::new(
                         OpKind::Mul,
                         vec![x, Operand::Const(Const::Float(group_size as f64))],
@@ -309,10 +479,11 @@ impl RankBuilder<'_> {
                             .into(),
                     );
                     m.scope = self.scope.clone();
-                    x = self.emit(m)?;
+                    x = self.emit_typed(m, ty_x)?;
                 }
             }
         }
+        self.converted[conv] = Some(x.clone());
         Ok(x)
     }
 
@@ -403,16 +574,16 @@ pub fn rank_graph(
     opts: &ParallelOptions,
     rank: usize,
 ) -> Result<Graph, ParallelError> {
-    rank_graph_with(g, a, opts, rank, &mut PlanCache::new())
+    rank_graph_with(g, a, opts, &edges(g, a, opts), rank)
 }
 
-/// As [`rank_graph`], reusing (and filling) `cache`.
+/// As [`rank_graph`], with the edges' conversions already planned (see [`edges`]).
 pub fn rank_graph_with(
     g: &Graph,
     a: &Assignment,
     opts: &ParallelOptions,
+    edges: &Edges,
     rank: usize,
-    cache: &mut PlanCache,
 ) -> Result<Graph, ParallelError> {
     let mut out = Graph::new(g.name.clone());
     for (p, l) in g.params.iter().zip(&a.param_layouts) {
@@ -445,126 +616,89 @@ pub fn rank_graph_with(
         });
     }
     let mut b = RankBuilder {
-        cache,
-        g,
-        a,
         opts,
+        edges,
         rank,
         out,
         values: vec![None; g.nodes.len()],
+        converted: vec![None; edges.convs.len()],
         counter: 0,
         scope: String::new(),
-        converted: Vec::new(),
     };
     for (i, node) in g.nodes.iter().enumerate() {
-        b.scope = node.scope.clone();
+        b.scope.clone_from(&node.scope);
         if node.op == OpKind::TupleGetItem {
             let mut n = node.clone();
             n.inputs = node.inputs.iter().map(|o| b.map_operand(o)).collect();
             b.values[i] = Some(b.emit(n)?);
             continue;
         }
-        let d = b.a.decisions[i]
-            .clone()
-            .ok_or_else(|| ParallelError::Partition {
+        let Some(d) = a.decisions[i].as_ref() else {
+            return Err(ParallelError::Partition {
                 rank,
                 instance: node.instance.clone(),
                 reason: "the op has no strategy".into(),
-            })?;
-        let mirror_of = if node.op.class() == OpClass::Optimizer {
-            match node.inputs.first() {
-                Some(Operand::Param(p)) => Some(g.param(*p).name.clone()),
-                _ => None,
-            }
-        } else {
-            None
+            });
         };
         let mut inputs = Vec::with_capacity(node.inputs.len());
         for (j, o) in node.inputs.iter().enumerate() {
             let x = b.map_operand(o);
-            let (Some(have), Some(want)) = (b.layout(o), d.sharding.inputs[j].clone()) else {
-                inputs.push(x);
-                continue;
-            };
-            if super::redistribute::is_noop(&have, &want) {
-                inputs.push(x);
-                continue;
+            match edges.inputs[i].get(j).copied().flatten() {
+                Some(conv) => inputs.push(b.redistribute(x, conv)?),
+                None => inputs.push(x),
             }
-            if let Some((_, _, v)) = b
-                .converted
-                .iter()
-                .find(|(o2, l, _)| o2 == o && super::redistribute::is_noop(l, &want))
-            {
-                inputs.push(v.clone());
-                continue;
-            }
-            let bytes = g
-                .operand_tensor_type(o)
-                .map(|t| t.dtype.size_bytes())
-                .unwrap_or(4);
-            let edge = Edge {
-                producer: b.producer_name(o),
-                user: node.instance.clone(),
-                input: j,
-                mirror_of: if have.is_partial() {
-                    mirror_of.clone()
-                } else {
-                    None
-                },
-            };
-            let v = b.redistribute(x, &have, &want, bytes, &edge)?;
-            b.converted.push((o.clone(), want, v.clone()));
-            inputs.push(v);
         }
-        let mut n = node.clone();
-        n.inputs = inputs;
-        n.in_strategy = Some(d.sharding.strategy.clone());
-        n.comments.push(format!("strategy from: {}", d.source));
-        localize(&mut n, &d, rank);
-        let mut v = b.emit(n)?;
+        let mut n = Node {
+            op: node.op,
+            inputs,
+            attrs: node.attrs.clone(),
+            cnode_attrs: node.cnode_attrs.clone(),
+            ty: node.ty.clone(),
+            name: node.name.clone(),
+            instance: node.instance.clone(),
+            scope: node.scope.clone(),
+            in_strategy: Some(d.sharding.strategy.clone()),
+            out_strategy: node.out_strategy.clone(),
+            comments: node.comments.clone(),
+        };
+        n.comments.push(edges.sources[i].clone());
+        localize(&mut n, d, rank);
+        let local = |t: &TensorType, l: Option<&TensorLayout>| {
+            TensorType::new(
+                t.dtype,
+                l.map_or_else(|| t.shape.clone(), |l| l.slice_shape()),
+            )
+        };
+        let ty = match &node.ty {
+            Type::Tensor(t) => Type::Tensor(local(t, d.sharding.outputs.first())),
+            Type::Tuple(ts) => Type::Tuple(
+                ts.iter()
+                    .enumerate()
+                    .map(|(k, t)| local(t, d.sharding.outputs.get(k)))
+                    .collect(),
+            ),
+        };
+        let mut v = b.emit_typed(n, ty)?;
         if let Some(scale) = d.sharding.scale {
+            let ty_v = b.type_of(&v).expect("a node's type");
             let mut m = Node::new(OpKind::Mul, vec![v, Operand::Const(Const::Float(scale))]);
             m.instance = format!("forward_op_{}_mean_scale", node.instance);
             m.scope = node.scope.clone();
             m.comments.push(format!(
                 "rule: a mean over a split dimension is a term of the global mean after x{scale}"
             ));
-            v = b.emit(m)?;
+            v = b.emit_typed(m, ty_v)?;
         }
         b.values[i] = Some(v);
     }
     // Every returned value whole on every rank.
     let mut outputs = Vec::with_capacity(g.outputs.len());
-    for o in &g.outputs {
+    for (k, o) in g.outputs.iter().enumerate() {
         let x = b.map_operand(o);
-        let Some(have) = b.layout(o) else {
-            outputs.push(x);
-            continue;
-        };
-        let want = TensorLayout::replicated(&have.tensor_shape, opts.device_num);
-        if super::redistribute::is_noop(&have, &want) {
-            outputs.push(x);
-            continue;
+        match edges.outputs.get(k).copied().flatten() {
+            Some(conv) => outputs.push(b.redistribute(x, conv)?),
+            None => outputs.push(x),
         }
-        if let Some((_, _, v)) = b
-            .converted
-            .iter()
-            .find(|(o2, l, _)| o2 == o && super::redistribute::is_noop(l, &want))
-        {
-            outputs.push(v.clone());
-            continue;
-        }
-        let bytes = g
-            .operand_tensor_type(o)
-            .map(|t| t.dtype.size_bytes())
-            .unwrap_or(4);
-        let edge = Edge {
-            producer: b.producer_name(o),
-            user: "Return".into(),
-            input: outputs.len(),
-            mirror_of: None,
-        };
-        outputs.push(b.redistribute(x, &have, &want, bytes, &edge)?);
     }
     b.out.outputs = outputs;
     Ok(b.out)
@@ -576,8 +710,9 @@ pub fn partition(
     a: &Assignment,
     opts: &ParallelOptions,
 ) -> Result<Vec<Graph>, ParallelError> {
-    let mut cache = PlanCache::new();
+    let edges = edges(g, a, opts);
     (0..opts.device_num)
-        .map(|r| rank_graph_with(g, a, opts, r, &mut cache))
+        .into_par_iter()
+        .map(|r| rank_graph_with(g, a, opts, &edges, r))
         .collect()
 }

@@ -110,6 +110,8 @@ pub fn is_generated(node: &Node) -> bool {
 }
 
 struct State<'g> {
+    /// Redistribution costs already planned, by (from, to).
+    plan_costs: std::cell::RefCell<std::collections::HashMap<u64, f64>>,
     g: &'g Graph,
     opts: &'g ParallelOptions,
     users: Vec<Vec<NodeId>>,
@@ -212,6 +214,22 @@ impl<'g> State<'g> {
         }
     }
 
+    /// The cost of converting `from` into `to` (f32 elements), memoised.
+    fn plan_cost(&self, from: &TensorLayout, to: &TensorLayout) -> f64 {
+        use std::hash::{Hash, Hasher};
+        // A fixed-key hash of the pair (no clones on the hot path); a collision could only
+        // misprice a candidate, never change what a chosen strategy computes.
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (from, to).hash(&mut h);
+        let key = h.finish();
+        if let Some(&c) = self.plan_costs.borrow().get(&key) {
+            return c;
+        }
+        let c = plan(from, to, 4, self.opts.enable_alltoall).cost;
+        self.plan_costs.borrow_mut().insert(key, c);
+        c
+    }
+
     /// Cost of candidate sharding `c` for node `n` against its known neighbours:
     /// (communication, compute).
     fn cost(&self, n: NodeId, c: &OpSharding, from: &mut Vec<String>) -> (f64, f64) {
@@ -223,7 +241,7 @@ impl<'g> State<'g> {
         let mut cost = 0.0;
         for (i, o) in node.inputs.iter().enumerate() {
             if let (Some((l, who)), Some(want)) = (self.operand_layout(o), c.inputs[i].as_ref()) {
-                cost += plan(&l, want, eb(&l), self.opts.enable_alltoall).cost;
+                cost += self.plan_cost(&l, want) * eb(&l) as f64 / 4.0;
                 if !from.contains(&who) {
                     from.push(who);
                 }
@@ -233,7 +251,7 @@ impl<'g> State<'g> {
             if let Some(d) = &self.decisions[u.index()] {
                 if let (Some(want), Some(have)) = (d.sharding.inputs[j].as_ref(), c.outputs.get(k))
                 {
-                    cost += plan(have, want, 4, self.opts.enable_alltoall).cost;
+                    cost += self.plan_cost(have, want);
                     let who = self.g.node(u).instance.clone();
                     if !from.contains(&who) {
                         from.push(who);
@@ -461,6 +479,7 @@ fn dataset_layout(
 pub fn assign(g: &Graph, opts: &ParallelOptions) -> Result<Assignment, ParallelError> {
     let n = g.nodes.len();
     let mut st = State {
+        plan_costs: Default::default(),
         g,
         opts,
         users: g.users(),
