@@ -21,7 +21,7 @@ use shardc::passes::parallel::{DatasetLayout, Mode, ParallelOptions};
 use shardc::runtime::data::SyntheticData;
 use shardc::runtime::executor::Executor;
 use shardc::runtime::Tensor;
-use shardc_tools::in_process::{gather_weight, run_ranks};
+use shardc_tools::in_process::{gather_weight, rel, run_ranks, tensor_rel};
 use std::sync::Arc;
 
 const CASES: u64 = 300;
@@ -29,10 +29,6 @@ const STEPS: u64 = 2;
 /// The models run in f64, so that what is compared is the partitioning, not f32 rounding.
 const DT: DType = DType::Float64;
 const TOLERANCE: f64 = 1e-9;
-/// Differences of a weight are measured against its largest magnitude, or this when smaller:
-/// below it, f32 rounding in the gradient sums (which run in another order on several ranks)
-/// dominates, not the partitioning.
-const WEIGHT_SCALE_FLOOR: f64 = 1e-4;
 
 fn mlp(rng: &mut ChaCha8Rng, batch: usize) -> Result<Graph, BuildError> {
     let layers = rng.random_range(1..=3);
@@ -232,27 +228,6 @@ fn annotate(rng: &mut ChaCha8Rng, g: &mut Graph, device_num: usize, p: f64) -> V
         g.nodes[i].in_strategy = Some(s);
     }
     notes
-}
-
-fn rel(a: f64, b: f64) -> f64 {
-    let d = (a - b).abs();
-    if d == 0.0 {
-        0.0
-    } else {
-        d / a.abs().max(b.abs()).max(1e-6)
-    }
-}
-
-fn tensor_rel(a: &Tensor, b: &Tensor) -> f64 {
-    let (a, b) = (a.to_f64_vec(), b.to_f64_vec());
-    let scale = b
-        .iter()
-        .fold(0.0f64, |m, x| m.max(x.abs()))
-        .max(WEIGHT_SCALE_FLOOR);
-    a.iter()
-        .zip(&b)
-        .map(|(x, y)| (x - y).abs() / scale)
-        .fold(0.0, f64::max)
 }
 
 /// Runs one case; `Err` describes the failure.

@@ -274,7 +274,7 @@ pub fn run(bench: &CompileBench) -> Result<Vec<CaseResult>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::in_process::{gather_weight, run_ranks};
+    use crate::in_process::{gather_weight, rel, run_ranks};
     use shardc_backend_cpu::CpuBackend;
     use shardc_ir::{OpKind, ParamKind, TensorLayout};
     use shardc_runtime::data::SyntheticData;
@@ -350,11 +350,6 @@ mod tests {
             qkv_annotations(&m, 8)[1].1,
             Strategy(vec![vec![8, 1], vec![1, 1]])
         );
-    }
-
-    /// Largest relative difference of two numbers.
-    fn rel(a: f64, b: f64) -> f64 {
-        (a - b).abs() / a.abs().max(b.abs()).max(1e-6)
     }
 
     /// Trains the tiny transformer for 3 steps on one device and on `devices` devices in

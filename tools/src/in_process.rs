@@ -115,3 +115,31 @@ pub fn gather_weight(name: &str, layout: &TensorLayout, blocks: &[&Tensor]) -> R
     }
     Ok(whole)
 }
+
+/// Differences of a weight are measured against its largest magnitude, or this when smaller:
+/// below it, f32 rounding in the gradient sums (which run in another order on several ranks)
+/// dominates, not the partitioning.
+pub const WEIGHT_SCALE_FLOOR: f64 = 1e-4;
+
+/// Relative difference of two numbers, against the larger magnitude.
+pub fn rel(a: f64, b: f64) -> f64 {
+    let d = (a - b).abs();
+    if d == 0.0 {
+        0.0
+    } else {
+        d / a.abs().max(b.abs()).max(1e-6)
+    }
+}
+
+/// Largest elementwise difference, relative to the reference tensor's largest magnitude.
+pub fn tensor_rel(a: &Tensor, b: &Tensor) -> f64 {
+    let (a, b) = (a.to_f64_vec(), b.to_f64_vec());
+    let scale = b
+        .iter()
+        .fold(0.0f64, |m, x| m.max(x.abs()))
+        .max(WEIGHT_SCALE_FLOOR);
+    a.iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs() / scale)
+        .fold(0.0, f64::max)
+}
