@@ -362,13 +362,21 @@ pub fn candidates(
     max_loops: usize,
 ) -> Vec<Vec<usize>> {
     let nloops = dims.loop_sizes.len();
-    let free: Vec<usize> = (0..nloops)
-        .filter(|&l| {
-            (2..=device_num).any(|s| device_num % s == 0 && loop_admits(g, node, dims, l, s))
+    let divisors: Vec<usize> = (1..=device_num).filter(|d| device_num % d == 0).collect();
+    // Which divisor each loop admits, decided once per loop (the odometer below visits every
+    // combination).
+    let admits: Vec<Vec<bool>> = (0..nloops)
+        .map(|l| {
+            divisors
+                .iter()
+                .map(|&d| loop_admits(g, node, dims, l, d))
+                .collect()
         })
+        .collect();
+    let free: Vec<usize> = (0..nloops)
+        .filter(|&l| admits[l].iter().skip(1).any(|&a| a))
         .take(max_loops)
         .collect();
-    let divisors: Vec<usize> = (1..=device_num).filter(|d| device_num % d == 0).collect();
     // Odometer over the divisors of each free loop.
     let mut out = Vec::new();
     let mut idx = vec![0usize; free.len()];
@@ -379,7 +387,7 @@ pub fn candidates(
         for (k, &l) in free.iter().enumerate() {
             let d = divisors[idx[k]];
             used *= d;
-            if used > device_num || device_num % used != 0 || !loop_admits(g, node, dims, l, d) {
+            if used > device_num || device_num % used != 0 || !admits[l][idx[k]] {
                 ok = false;
                 break;
             }
