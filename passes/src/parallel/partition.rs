@@ -615,6 +615,10 @@ pub fn rank_graph_with(
             kind,
         });
     }
+    // Every logical node, plus the steps of the conversions: reserved once, so that pushing
+    // nodes never moves the graph.
+    let steps: usize = edges.convs.iter().map(|c| c.plan.steps.len() + 1).sum();
+    out.nodes.reserve(g.nodes.len() + steps);
     let mut b = RankBuilder {
         opts,
         edges,
