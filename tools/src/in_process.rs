@@ -32,16 +32,22 @@ pub fn run_ranks(
 ) -> Result<RanksResult> {
     let n = graphs.len();
     let comms = InProcessWorld::new(n);
+    // Every rank's executor first: a rank that cannot start must not leave the others waiting
+    // in their first collective until the communicator's timeout.
+    let mut execs = Vec::with_capacity(n);
+    for (rank, (g, comm)) in graphs.into_iter().zip(comms).enumerate() {
+        let backend = Arc::new(CpuBackend::with_threads(threads_per_rank));
+        execs.push(
+            Executor::with_communicator(g, backend, comm)
+                .with_context(|| format!("rank {rank}: preparing its graph"))?,
+        );
+    }
     let results: Vec<Result<RankRun>> = std::thread::scope(|s| {
-        let handles: Vec<_> = graphs
+        let handles: Vec<_> = execs
                 .into_iter()
-                .zip(comms)
                 .enumerate()
-                .map(|(rank, (g, comm))| {
+                .map(|(rank, mut exec)| {
                     s.spawn(move || -> Result<RankRun> {
-                        let backend = Arc::new(CpuBackend::with_threads(threads_per_rank));
-                        let mut exec = Executor::with_communicator(g, backend, comm)
-                            .with_context(|| format!("rank {rank}: preparing its graph"))?;
                         let mut outs = Vec::with_capacity(steps as usize);
                         for step in 0..steps {
                             let mut feeds = Vec::new();
