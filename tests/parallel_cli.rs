@@ -203,3 +203,49 @@ fn verify_needs_a_parallel_context() {
     assert_eq!(v.status.code(), Some(1));
     assert!(text(&v).contains("nothing to verify"), "{}", text(&v));
 }
+
+#[test]
+fn a_config_file_sets_the_parallel_context_and_flags_override_it() {
+    let cfg = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/parallel_8.toml");
+    let v = shardc(&[
+        "verify",
+        &model(),
+        "--config",
+        cfg.to_str().unwrap(),
+        "--steps",
+        "1",
+    ]);
+    let t = text(&v);
+    assert!(v.status.success(), "{t}");
+    assert!(t.contains("semi_auto_parallel on 8 devices"), "{t}");
+    let v = shardc(&[
+        "verify",
+        &model(),
+        "--config",
+        cfg.to_str().unwrap(),
+        "--device-num",
+        "4",
+        "--dataset-strategy",
+        "full_batch",
+        "--steps",
+        "1",
+    ]);
+    let t = text(&v);
+    // The file's matmul strategy ((2, 4), (4, 1)) needs 8 devices: on 4 it is refused by name.
+    assert_eq!(v.status.code(), Some(1), "{t}");
+    assert!(
+        t.contains("'matmul'") && t.contains("device_num is 4"),
+        "{t}"
+    );
+    let bad = std::env::temp_dir().join(format!("shardc-pcli-bad-{}.toml", std::process::id()));
+    std::fs::write(&bad, "device_num = 8\ndevce_num = 4\n").unwrap();
+    let v = shardc(&["verify", &model(), "--config", bad.to_str().unwrap()]);
+    let t = text(&v);
+    assert_eq!(v.status.code(), Some(1), "{t}");
+    assert!(
+        t.contains(":2: unknown key `devce_num` (did you mean `device_num`?)"),
+        "{t}"
+    );
+    assert_eq!(t.matches("unknown key").count(), 1, "printed once: {t}");
+    let _ = std::fs::remove_file(&bad);
+}

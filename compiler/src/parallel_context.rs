@@ -99,24 +99,24 @@ pub enum ParallelContextError {
     },
     /// The text is not TOML.
     #[error("{0}")]
-    Syntax(#[from] toml::de::Error),
+    Syntax(toml::de::Error),
     /// A configuration file that cannot be read.
-    #[error("cannot read {}: {source}", path.display())]
+    #[error("cannot read {}: {error}", path.display())]
     Read {
         /// The file.
         path: PathBuf,
         /// The I/O error.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// An error located in a TOML file: `file:line: error`, `file: error` or `line N: error`.
-    #[error("{}", located(file.as_deref(), *line, source))]
+    #[error("{}", located(file.as_deref(), *line, error))]
     Located {
         /// The file, when read from one.
         file: Option<PathBuf>,
         /// The 1-based line of the offending key, when known.
         line: Option<usize>,
         /// The error.
-        source: Box<ParallelContextError>,
+        error: Box<ParallelContextError>,
     },
 }
 
@@ -133,7 +133,7 @@ impl ParallelContextError {
     /// The error itself, without the file and line it was found at.
     pub fn root(&self) -> &ParallelContextError {
         match self {
-            ParallelContextError::Located { source, .. } => source.root(),
+            ParallelContextError::Located { error, .. } => error.root(),
             other => other,
         }
     }
@@ -886,7 +886,7 @@ impl ParallelSettings {
                 Some(_) => ParallelContextError::Located {
                     file: file.map(Path::to_path_buf),
                     line: None,
-                    source: Box::new(e),
+                    error: Box::new(e),
                 },
                 None => e,
             }
@@ -985,7 +985,7 @@ impl ParallelSettings {
 fn read_file(path: &Path) -> Result<String, ParallelContextError> {
     std::fs::read_to_string(path).map_err(|source| ParallelContextError::Read {
         path: path.to_path_buf(),
-        source,
+        error: source,
     })
 }
 
@@ -998,7 +998,7 @@ fn locate(text: &str, file: Option<&Path>, e: ParallelContextError) -> ParallelC
     ParallelContextError::Located {
         file: file.map(Path::to_path_buf),
         line,
-        source: Box::new(e),
+        error: Box::new(e),
     }
 }
 
