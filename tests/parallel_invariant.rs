@@ -21,7 +21,7 @@ use shardc::passes::parallel::{DatasetLayout, Mode, ParallelOptions};
 use shardc::runtime::data::SyntheticData;
 use shardc::runtime::executor::Executor;
 use shardc::runtime::Tensor;
-use shardc_tools::in_process::{gather_weight, rel, run_ranks, tensor_rel};
+use shardc_tools::in_process::{rel, run_ranks, tensor_rel};
 use std::sync::Arc;
 
 const CASES: u64 = 300;
@@ -336,18 +336,9 @@ fn run_case(seed: u64) -> Result<(), String> {
         let Some(reference) = exec.param(name) else {
             continue;
         };
-        let blocks: Vec<&Tensor> = res
-            .weights
-            .iter()
-            .map(|w| {
-                w.iter()
-                    .find(|(n, _)| n == name)
-                    .map(|(_, t)| t)
-                    .ok_or("missing weight")
-            })
-            .collect::<Result<_, _>>()
-            .map_err(|e| format!("{what}: {name}: {e}"))?;
-        let whole = gather_weight(name, layout, &blocks).map_err(|e| format!("{what}: {e}"))?;
+        let whole = res
+            .gathered_weight(name, layout)
+            .map_err(|e| format!("{what}: {e}"))?;
         let d = tensor_rel(&whole, reference);
         if d > TOLERANCE || d.is_nan() {
             if std::env::var("SHARDC_CASE").is_ok() {
@@ -461,12 +452,7 @@ fn gradients_mean_false_sums_the_replicas_gradients() {
             let Some(reference) = exec.param(name) else {
                 continue;
             };
-            let blocks: Vec<&Tensor> = res
-                .weights
-                .iter()
-                .map(|w| w.iter().find(|(k, _)| k == name).map(|(_, t)| t).unwrap())
-                .collect();
-            let whole = gather_weight(name, layout, &blocks).unwrap();
+            let whole = res.gathered_weight(name, layout).unwrap();
             let d = tensor_rel(&whole, reference);
             assert!(
                 d <= TOLERANCE,

@@ -182,6 +182,8 @@ impl Cell for Dense {
     }
 
     fn construct(&self, b: &mut GraphBuilder, x: Value) -> Result<Value, BuildError> {
+        // Parameters take the input's element type (f32 by default, f64 for gradient checks).
+        let dt = b.ty(&x).map_or(DType::Float32, |t| t.dtype);
         let shape = b.shape_of(x, "Dense")?;
         if shape.last() != Some(&self.in_channels) {
             return Err(cell_error(
@@ -199,7 +201,7 @@ impl Cell for Dense {
             .unwrap_or_else(|| init::he_uniform_default(self.in_channels));
         let weight = b.weight(
             "weight",
-            b.ty(&x).map_or(DType::Float32, |t| t.dtype),
+            dt,
             &[self.out_channels, self.in_channels],
             weight_init,
         )?;
@@ -208,12 +210,7 @@ impl Cell for Dense {
                 .bias_init
                 .clone()
                 .unwrap_or_else(|| init::he_uniform_default(self.in_channels));
-            Some(b.weight(
-                "bias",
-                b.ty(&x).map_or(DType::Float32, |t| t.dtype),
-                &[self.out_channels],
-                bias_init,
-            )?)
+            Some(b.weight("bias", dt, &[self.out_channels], bias_init)?)
         } else {
             None
         };
@@ -359,6 +356,8 @@ impl Cell for Conv2d {
     }
 
     fn construct(&self, b: &mut GraphBuilder, x: Value) -> Result<Value, BuildError> {
+        // Parameters take the input's element type (f32 by default, f64 for gradient checks).
+        let dt = b.ty(&x).map_or(DType::Float32, |t| t.dtype);
         let shape = b.shape_of(x, "Conv2d")?;
         let fail = |b: &GraphBuilder, reason: String| Err(cell_error(b, "Conv2d", reason));
         if shape.len() != 4 || shape[1] != self.in_channels {
@@ -405,7 +404,7 @@ impl Cell for Conv2d {
             .unwrap_or_else(|| init::he_uniform_default(fan_in));
         let weight = b.weight(
             "weight",
-            b.ty(&x).map_or(DType::Float32, |t| t.dtype),
+            dt,
             &[self.out_channels, self.in_channels / self.group, kh, kw],
             weight_init,
         )?;
@@ -414,12 +413,7 @@ impl Cell for Conv2d {
                 .bias_init
                 .clone()
                 .unwrap_or_else(|| init::he_uniform_default(fan_in));
-            Some(b.weight(
-                "bias",
-                b.ty(&x).map_or(DType::Float32, |t| t.dtype),
-                &[self.out_channels],
-                bias_init,
-            )?)
+            Some(b.weight("bias", dt, &[self.out_channels], bias_init)?)
         } else {
             None
         };
@@ -494,6 +488,8 @@ impl Cell for BatchNorm2d {
     }
 
     fn construct(&self, b: &mut GraphBuilder, x: Value) -> Result<Value, BuildError> {
+        // Parameters take the input's element type (f32 by default, f64 for gradient checks).
+        let dt = b.ty(&x).map_or(DType::Float32, |t| t.dtype);
         let shape = b.shape_of(x, "BatchNorm2d")?;
         if shape.len() != 4 || shape[1] != self.num_features {
             return Err(cell_error(
@@ -513,32 +509,10 @@ impl Cell for BatchNorm2d {
             ));
         }
         let c = [self.num_features];
-        let gamma = b.weight(
-            "gamma",
-            b.ty(&x).map_or(DType::Float32, |t| t.dtype),
-            &c,
-            init::ones(),
-        )?;
-        let beta = b.weight(
-            "beta",
-            b.ty(&x).map_or(DType::Float32, |t| t.dtype),
-            &c,
-            init::zeros(),
-        )?;
-        let mean = b.weight_with(
-            "moving_mean",
-            b.ty(&x).map_or(DType::Float32, |t| t.dtype),
-            &c,
-            init::zeros(),
-            false,
-        )?;
-        let var = b.weight_with(
-            "moving_variance",
-            b.ty(&x).map_or(DType::Float32, |t| t.dtype),
-            &c,
-            init::ones(),
-            false,
-        )?;
+        let gamma = b.weight("gamma", dt, &c, init::ones())?;
+        let beta = b.weight("beta", dt, &c, init::zeros())?;
+        let mean = b.weight_with("moving_mean", dt, &c, init::zeros(), false)?;
+        let var = b.weight_with("moving_variance", dt, &c, init::ones(), false)?;
         let training = b.is_training();
         // 1 - 0.9 is 0.09999999999999998 in binary; print and compute with 0.1.
         let batch_weight = ((1.0 - self.momentum) * 1e15).round() / 1e15;

@@ -274,7 +274,7 @@ pub fn run(bench: &CompileBench) -> Result<Vec<CaseResult>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::in_process::{gather_weight, rel, run_ranks};
+    use crate::in_process::{rel, run_ranks, tensor_rel};
     use shardc_backend_cpu::CpuBackend;
     use shardc_ir::{OpKind, ParamKind, TensorLayout};
     use shardc_runtime::data::SyntheticData;
@@ -423,17 +423,8 @@ mod tests {
             let Some(reference) = exec.param(name) else {
                 continue;
             };
-            let blocks: Vec<&Tensor> = res
-                .weights
-                .iter()
-                .map(|w| &w.iter().find(|(n, _)| n == name).unwrap().1)
-                .collect();
-            let whole = gather_weight(name, layout, &blocks).unwrap();
-            let (a, b) = (whole.to_f64_vec(), reference.to_f64_vec());
-            let scale = b.iter().fold(0.0f64, |m, x| m.max(x.abs())).max(1e-6);
-            for (x, y) in a.iter().zip(&b) {
-                weight_diff = weight_diff.max((x - y).abs() / scale);
-            }
+            let whole = res.gathered_weight(name, layout).unwrap();
+            weight_diff = weight_diff.max(tensor_rel(&whole, reference));
         }
         (loss_diff, weight_diff)
     }

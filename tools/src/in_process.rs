@@ -102,8 +102,27 @@ pub fn run_ranks(
     Ok(RanksResult { outputs, weights })
 }
 
+impl RanksResult {
+    /// Weight `name` as a whole tensor, assembled from every rank's block (`layout.block(r)`
+    /// on rank `r`).
+    pub fn gathered_weight(&self, name: &str, layout: &TensorLayout) -> Result<Tensor> {
+        let blocks: Vec<&Tensor> = self
+            .weights
+            .iter()
+            .enumerate()
+            .map(|(r, w)| {
+                w.iter()
+                    .find(|(n, _)| n == name)
+                    .map(|(_, t)| t)
+                    .ok_or_else(|| anyhow!("rank {r} lacks weight {name}"))
+            })
+            .collect::<Result<_>>()?;
+        gather_weight(name, layout, &blocks)
+    }
+}
+
 /// Assembles a weight from the ranks' blocks: rank `r` holds `layout.block(r)`.
-pub fn gather_weight(name: &str, layout: &TensorLayout, blocks: &[&Tensor]) -> Result<Tensor> {
+fn gather_weight(name: &str, layout: &TensorLayout, blocks: &[&Tensor]) -> Result<Tensor> {
     let first = blocks
         .first()
         .ok_or_else(|| anyhow!("weight {name}: no rank holds it"))?;

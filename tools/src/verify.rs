@@ -4,7 +4,7 @@
 //! weight (gathered from its slices) after the last step.
 
 use crate::commands::{load_model, OptimizerArgs};
-use crate::in_process::{gather_weight, rel, run_ranks, tensor_rel};
+use crate::in_process::{rel, run_ranks, tensor_rel};
 use crate::parallel_args::ParallelArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -155,17 +155,7 @@ pub fn verify(a: &VerifyArgs) -> Result<bool> {
         let Some(reference) = exec.param(name) else {
             continue;
         };
-        let blocks: Vec<&Tensor> = res
-            .weights
-            .iter()
-            .map(|w| {
-                w.iter()
-                    .find(|(n2, _)| n2 == name)
-                    .map(|(_, t)| t)
-                    .with_context(|| format!("a rank lacks weight {name}"))
-            })
-            .collect::<Result<_>>()?;
-        let whole = gather_weight(name, layout, &blocks)?;
+        let whole = res.gathered_weight(name, layout)?;
         let d = tensor_rel(&whole, reference);
         worst = worst.max(d);
         println!(
