@@ -4,11 +4,13 @@
 //! liveness-based memory plan. The runtime never compiles: it runs a graph it is given.
 
 pub mod backend;
+pub mod cluster;
 pub mod comm;
 pub mod data;
 pub mod error;
 pub mod executor;
 pub mod init;
+pub mod launcher;
 pub mod memory;
 pub mod tensor;
 

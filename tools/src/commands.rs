@@ -88,6 +88,11 @@ pub struct RunArgs {
     /// Print the memory plan and per-op timings at the end.
     #[arg(long)]
     pub stats: bool,
+    /// The communicator between worker processes: `native` (shared memory within a host,
+    /// TCP between hosts; ranks from the scheduler) or `mpi` (under `mpirun`; needs a build
+    /// with `--features mpi`).
+    #[arg(long, value_enum, default_value_t = crate::cluster_run::CommKind::Native)]
+    pub comm: crate::cluster_run::CommKind,
 }
 
 /// Arguments of `shardc print`.
@@ -208,6 +213,10 @@ pub fn compile(a: &CompileArgs) -> Result<()> {
 
 /// `shardc run`.
 pub fn run(a: &RunArgs) -> Result<()> {
+    // A process of a cluster (`shardc launch`, MS_ROLE, mpirun) runs its own rank only.
+    if let Some(role) = crate::cluster_run::role_from_env(a.comm)? {
+        return crate::cluster_run::run_rank(a, role);
+    }
     let art = Artifact::read(&a.artifact)?;
     if art.graphs.len() > 1 {
         return run_ranks_in_process(a, art);
@@ -311,6 +320,37 @@ fn run_ranks_in_process(a: &RunArgs, art: Artifact) -> Result<()> {
     if a.mnist.is_some() {
         bail!("--mnist runs one device; a multi-rank artifact trains on synthetic data here");
     }
+    let (data, inputs) = distributed_data(a, &art)?;
+    let feeds = |step: u64| -> Vec<(String, Tensor)> {
+        data.feeds(step)
+            .into_iter()
+            .map(|(n, t)| (n.to_string(), t))
+            .collect()
+    };
+    let per_epoch = a.steps_per_epoch.unwrap_or(a.data_pool as u64).max(1);
+    let res = crate::in_process::run_ranks(art.graphs, &inputs, &feeds, a.steps, 1)?;
+    for (step, outs) in res.outputs[0].iter().enumerate() {
+        let loss = outs
+            .first()
+            .and_then(Tensor::scalar_value)
+            .context("the graph's first output is not a scalar loss")?;
+        let step = step as u64;
+        println!(
+            "epoch: {} step: {}, loss is {}",
+            step / per_epoch + 1,
+            step % per_epoch + 1,
+            loss as f32
+        );
+    }
+    Ok(())
+}
+
+/// The synthetic data of a multi-rank artifact (global batches, from the manifest's global
+/// input shapes) and the data inputs' layouts (which block each rank is fed).
+pub(crate) fn distributed_data(
+    a: &RunArgs,
+    art: &Artifact,
+) -> Result<(SyntheticData, Vec<(String, TensorLayout)>)> {
     let layouts: Vec<(String, TensorLayout)> = match art.manifest.extra.get("layouts") {
         Some(serde_json::Value::Object(m)) => m
             .iter()
@@ -337,26 +377,5 @@ fn run_ranks_in_process(a: &RunArgs, art: Artifact) -> Result<()> {
         .filter(|(n, _)| art.manifest.inputs.iter().any(|e| &e.name == n))
         .cloned()
         .collect();
-    let feeds = |step: u64| -> Vec<(String, Tensor)> {
-        data.feeds(step)
-            .into_iter()
-            .map(|(n, t)| (n.to_string(), t))
-            .collect()
-    };
-    let per_epoch = a.steps_per_epoch.unwrap_or(a.data_pool as u64).max(1);
-    let res = crate::in_process::run_ranks(art.graphs, &inputs, &feeds, a.steps, 1)?;
-    for (step, outs) in res.outputs[0].iter().enumerate() {
-        let loss = outs
-            .first()
-            .and_then(Tensor::scalar_value)
-            .context("the graph's first output is not a scalar loss")?;
-        let step = step as u64;
-        println!(
-            "epoch: {} step: {}, loss is {}",
-            step / per_epoch + 1,
-            step % per_epoch + 1,
-            loss as f32
-        );
-    }
-    Ok(())
+    Ok((data, inputs))
 }

@@ -6,9 +6,11 @@
 //! `bench` (the benchmarks against numpy and PyTorch).
 
 mod bench;
+pub mod cluster_run;
 mod commands;
 mod explain;
 pub mod in_process;
+mod launch;
 mod parallel_args;
 mod verify;
 
@@ -44,6 +46,15 @@ pub enum Command {
     Explain(explain::ExplainArgs),
     /// Benchmarks: shardc against numpy and PyTorch on this machine.
     Bench(bench::BenchArgs),
+    /// Start the scheduler and this node's workers, as MindSpore's msrun: logs in
+    /// DIR/1/rank.R/stdout; with --join, wait and exit with the first non-zero status.
+    Launch(launch::LaunchArgs),
+    /// Run the scheduler of a dynamic cluster (MS_ROLE=MS_SCHED, MS_WORKER_NUM,
+    /// MS_SCHED_HOST, MS_SCHED_PORT); `shardc launch` starts it for you.
+    Scheduler,
+    /// In a cluster (under `shardc launch` or mpirun): run every collective on the world and
+    /// on sub-groups and check the results bit for bit.
+    CheckCollectives(cluster_run::CheckCollectivesArgs),
 }
 
 /// Runs the command line and returns the process exit status (0 success, 1 failure, 2 usage).
@@ -67,6 +78,12 @@ pub fn main() -> i32 {
             Err(e) => Err(e),
         },
         Command::Bench(a) => bench::run_bench(a),
+        Command::Launch(a) => match launch::launch(a) {
+            Ok(status) => return status,
+            Err(e) => Err(e),
+        },
+        Command::Scheduler => cluster_run::scheduler_main(),
+        Command::CheckCollectives(a) => cluster_run::check_collectives(a),
     };
     match result {
         Ok(()) => 0,

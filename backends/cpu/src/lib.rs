@@ -12,6 +12,7 @@
 
 #![warn(missing_docs)]
 
+pub mod collectives;
 mod conv;
 mod conv_winograd;
 mod elementwise;

@@ -12,6 +12,7 @@
 //! - Reductions work on Float32, Float64, Int32 and Int64 tensors; the data-movement
 //!   collectives (gather, all-to-all, broadcast, send/receive) on every dtype.
 
+pub mod conformance;
 mod in_process;
 mod tensor_ops;
 
@@ -131,6 +132,20 @@ pub enum CommError {
         /// The calling rank.
         rank: usize,
         /// Who has what.
+        reason: String,
+    },
+    /// The transport between processes failed: a peer's connection closed or broke, shared
+    /// memory could not be set up, a peer sent something unreadable, or the job was aborted.
+    /// The reason names the peer rank concerned where there is one.
+    #[error("{collective} on group {} at rank {rank}: {reason}", RankList(group))]
+    Transport {
+        /// The collective.
+        collective: Collective,
+        /// The group.
+        group: Vec<usize>,
+        /// The calling rank.
+        rank: usize,
+        /// What failed, naming the peer.
         reason: String,
     },
     /// Some members never arrived within the timeout.
