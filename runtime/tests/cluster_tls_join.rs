@@ -27,8 +27,7 @@ fn write_pki(dir: &Path) {
     for name in ["server", "client"] {
         let key = KeyPair::generate().unwrap();
         let mut p =
-            CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
-                .unwrap();
+            CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()]).unwrap();
         p.distinguished_name.push(DnType::CommonName, name);
         let cert = p.signed_by(&key, &issuer).unwrap();
         std::fs::write(dir.join(format!("{name}.crt")), cert.pem()).unwrap();
@@ -84,13 +83,19 @@ fn workers_join_over_tls_and_plain_tcp_is_closed_out() {
     plain.tls = None;
     let err = spawn_worker(plain).join().unwrap().err().unwrap();
     assert!(
-        matches!(err, ClusterError::SchedulerLost { .. } | ClusterError::Protocol { .. }),
+        matches!(
+            err,
+            ClusterError::SchedulerLost { .. } | ClusterError::Protocol { .. }
+        ),
         "{err:?}"
     );
     assert!(log.wait_for("TLS handshake failed"), "{:?}", log.lines());
 
     let second = spawn_worker(wc);
-    let workers = [first.join().unwrap().unwrap(), second.join().unwrap().unwrap()];
+    let workers = [
+        first.join().unwrap().unwrap(),
+        second.join().unwrap().unwrap(),
+    ];
     assert_eq!(workers[0].membership.peers, workers[1].membership.peers);
     for w in workers {
         w.membership.finish(0).unwrap();

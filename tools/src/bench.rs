@@ -28,6 +28,8 @@
 //! train mlp batch=32 threads=1 shardc=1.23 ms torch=2.34 ms ratio=0.53 (target <= 1.0: met)
 //! ```
 
+#[path = "bench_collectives.rs"]
+pub mod bench_collectives;
 #[path = "bench_compile.rs"]
 pub mod bench_compile;
 
@@ -180,6 +182,10 @@ pub struct BenchArgs {
     /// checkout containing the current directory, else of the one shardc was built from).
     #[arg(long)]
     pub bench_dir: Option<PathBuf>,
+    /// `shardc bench collectives`: AllReduce between processes against gloo and Open MPI
+    /// (its own options: `shardc bench collectives --help`).
+    #[command(subcommand)]
+    pub sub: Option<bench_collectives::BenchSubcommand>,
 }
 
 impl Default for BenchArgs {
@@ -196,6 +202,7 @@ impl Default for BenchArgs {
             no_reference: false,
             no_setup: false,
             bench_dir: None,
+            sub: None,
         }
     }
 }
@@ -212,6 +219,9 @@ fn parse_positive(s: &str) -> std::result::Result<usize, String> {
 /// Runs `shardc bench`: measures each case on shardc's side and then on the reference's,
 /// printing one line per case with the ratio and whether it meets the issue's target.
 pub fn run_bench(args: &BenchArgs) -> Result<()> {
+    if let Some(bench_collectives::BenchSubcommand::Collectives(c)) = &args.sub {
+        return bench_collectives::run(c);
+    }
     if args.what == BenchWhat::Compile {
         return bench_compile::run(&bench_compile::CompileBench::standard(args.quick)).map(drop);
     }

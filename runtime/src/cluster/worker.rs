@@ -117,7 +117,9 @@ fn missing_identity(env: &ClusterEnv, which: &str, key: &str) -> ClusterError {
                 .map(|t| t.config_file.display().to_string())
                 .unwrap_or_default()
         ),
-        reason: format!("SHARDC_ENABLE_SSL is on but the file names no {which} certificate ({key})"),
+        reason: format!(
+            "SHARDC_ENABLE_SSL is on but the file names no {which} certificate ({key})"
+        ),
     }
 }
 
@@ -128,7 +130,9 @@ pub(crate) fn server_tls_from_env(
 ) -> Result<Option<Arc<rustls::ServerConfig>>, ClusterError> {
     match tls_from_env(env)? {
         None => Ok(None),
-        Some(TlsConfigs { server: Some(s), .. }) => Ok(Some(s)),
+        Some(TlsConfigs {
+            server: Some(s), ..
+        }) => Ok(Some(s)),
         Some(_) => Err(missing_identity(env, "server", "server_cert_path")),
     }
 }
@@ -136,7 +140,9 @@ pub(crate) fn server_tls_from_env(
 fn client_tls_from_env(env: &ClusterEnv) -> Result<Option<WorkerTls>, ClusterError> {
     match tls_from_env(env)? {
         None => Ok(None),
-        Some(TlsConfigs { client: Some(c), .. }) => Ok(Some(c)),
+        Some(TlsConfigs {
+            client: Some(c), ..
+        }) => Ok(Some(c)),
         Some(_) => Err(missing_identity(env, "client", "client_cert_path")),
     }
 }
@@ -428,6 +434,7 @@ async fn connect_and_join(
 
     // Connect, retrying until the deadline.
     let mut backoff = Duration::from_millis(50);
+    let mut last_error: Option<String> = None;
     let tcp = loop {
         let reason = match timeout_at(
             deadline,
@@ -437,17 +444,22 @@ async fn connect_and_join(
         {
             Ok(Ok(s)) => break s,
             Ok(Err(e)) => io_reason(&e),
-            Err(_) => "the last connection attempt timed out".to_string(),
+            // Cut short by the deadline: the previous attempt's error says more.
+            Err(_) => last_error
+                .take()
+                .unwrap_or_else(|| "the connection attempt timed out".to_string()),
         };
         let now = Instant::now();
-        if now >= deadline {
+        let next = now + backoff;
+        if next >= deadline {
             return Err(ClusterError::Connect {
                 addr,
                 timeout: cfg.timeouts.join,
                 reason,
             });
         }
-        sleep(backoff.min(deadline - now)).await;
+        last_error = Some(reason);
+        sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(1));
     };
     let _ = tcp.set_nodelay(true);
