@@ -53,7 +53,7 @@ const MAGIC: u64 = 0x5348_4152_4443_534d; // "SHARDCSM"
 /// The layout version.
 const VERSION: u32 = 1;
 /// Data bytes of one box.
-pub const BOX_BYTES: usize = 512 * 1024;
+pub const BOX_BYTES: usize = 2048 * 1024;
 /// AllReduce is direct when (group size - 1) x tensor bytes is at most this.
 const DIRECT_LIMIT: usize = 64 * 1024;
 /// Bytes of the header page.
