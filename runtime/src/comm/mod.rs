@@ -14,7 +14,7 @@
 
 pub mod conformance;
 mod in_process;
-mod tensor_ops;
+pub mod tensor_ops;
 
 pub use in_process::{InProcessComm, InProcessWorld, DEFAULT_TIMEOUT};
 

@@ -1,6 +1,7 @@
-//! The tensor arithmetic of the collectives, shared by every communicator: splitting and
-//! concatenating along an axis (any dtype) and reducing in member order (numeric dtypes).
-//! Callers check shapes, axes and divisibility first.
+//! The tensor arithmetic of the collectives, shared by every communicator (the in-process
+//! world, and the process communicators of the CPU backend): splitting and concatenating along
+//! an axis (any dtype) and reducing in member order (numeric dtypes). Callers check shapes,
+//! axes and divisibility first.
 
 use crate::tensor::{Data, Tensor};
 use shardc_ir::{DType, ReduceOp};
@@ -35,7 +36,7 @@ fn split_vec<T: Copy>(
 
 /// Splits `t` along `axis` into `parts` equal parts (`parts` divides the dim; checked by the
 /// caller).
-pub(crate) fn split_axis(t: &Tensor, axis: usize, parts: usize) -> Vec<Tensor> {
+pub fn split_axis(t: &Tensor, axis: usize, parts: usize) -> Vec<Tensor> {
     let (outer, dim, inner) = around(&t.shape, axis);
     let mut shape = t.shape.clone();
     shape[axis] = dim / parts;
@@ -64,7 +65,7 @@ pub(crate) fn split_axis(t: &Tensor, axis: usize, parts: usize) -> Vec<Tensor> {
 
 /// Concatenates tensors of one shape and dtype along `axis`, in order (checked by the
 /// caller; `ts` is not empty).
-pub(crate) fn concat_axis(ts: &[&Tensor], axis: usize) -> Tensor {
+pub fn concat_axis(ts: &[&Tensor], axis: usize) -> Tensor {
     let first = ts[0];
     let (outer, dim, inner) = around(&first.shape, axis);
     let mut shape = first.shape.clone();
@@ -123,7 +124,7 @@ fn reduce_vec<T: Copy + PartialOrd + std::ops::Add<Output = T> + std::ops::Mul<O
 }
 
 /// Whether reductions support `dtype`.
-pub(crate) fn reducible(dtype: DType) -> bool {
+pub fn reducible(dtype: DType) -> bool {
     matches!(
         dtype,
         DType::Float32 | DType::Float64 | DType::Int32 | DType::Int64
@@ -132,7 +133,7 @@ pub(crate) fn reducible(dtype: DType) -> bool {
 
 /// Reduces tensors of one shape and a [`reducible`] dtype with `op`, left to right:
 /// `((t0 op t1) op t2) ...`. Checked by the caller; `ts` is not empty.
-pub(crate) fn reduce_in_order(ts: Vec<Tensor>, op: ReduceOp) -> Tensor {
+pub fn reduce_in_order(ts: Vec<Tensor>, op: ReduceOp) -> Tensor {
     let mut it = ts.into_iter();
     let mut acc = match it.next() {
         Some(t) => t,

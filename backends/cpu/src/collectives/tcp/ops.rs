@@ -1,7 +1,7 @@
 //! The tensor arithmetic of the TCP collectives: the same splitting, concatenation and
 //! member-order reductions as the in-process world, so that results are bit-identical.
 
-use shardc_ir::{DType, ReduceOp};
+use shardc_ir::ReduceOp;
 use shardc_runtime::tensor::{Data, Tensor};
 use std::ops::Range;
 
@@ -48,51 +48,7 @@ pub(super) fn split_part(t: &Tensor, axis: usize, k: usize, parts: usize) -> Ten
     Tensor { shape, data }
 }
 
-/// Concatenates tensors of one shape and dtype along `axis`, in order (`ts` not empty;
-/// checked by the caller).
-pub(super) fn concat_axis(ts: &[&Tensor], axis: usize) -> Tensor {
-    let first = ts[0];
-    let (outer, dim, inner) = around(&first.shape, axis);
-    let mut shape = first.shape.clone();
-    shape[axis] = dim * ts.len();
-    let chunk = dim * inner;
-    macro_rules! go {
-        ($variant:ident) => {{
-            let srcs: Vec<&[_]> = ts
-                .iter()
-                .filter_map(|t| match &t.data {
-                    Data::$variant(v) => Some(v.as_slice()),
-                    _ => None,
-                })
-                .collect();
-            let mut out = Vec::with_capacity(outer * chunk * srcs.len());
-            for o in 0..outer {
-                for s in &srcs {
-                    out.extend_from_slice(&s[o * chunk..(o + 1) * chunk]);
-                }
-            }
-            Data::$variant(out)
-        }};
-    }
-    let data = match &first.data {
-        Data::F32(_) => go!(F32),
-        Data::F64(_) => go!(F64),
-        Data::F16(_) => go!(F16),
-        Data::BF16(_) => go!(BF16),
-        Data::I32(_) => go!(I32),
-        Data::I64(_) => go!(I64),
-        Data::Bool(_) => go!(Bool),
-    };
-    Tensor { shape, data }
-}
-
-/// Whether reductions support `dtype`.
-pub(super) fn reducible(dtype: DType) -> bool {
-    matches!(
-        dtype,
-        DType::Float32 | DType::Float64 | DType::Int32 | DType::Int64
-    )
-}
+pub(super) use shardc_runtime::comm::tensor_ops::{concat_axis, reducible};
 
 fn reduce_float<T: Copy + PartialOrd + std::ops::Add<Output = T> + std::ops::Mul<Output = T>>(
     acc: &mut [T],
