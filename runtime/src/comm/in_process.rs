@@ -10,8 +10,8 @@
 //! every later arrival of that call also gets. Point-to-point messages go through FIFO
 //! mailboxes keyed by (source, destination, tag); `send` never blocks.
 
-use super::tensor_ops::{concat_axis, reduce_in_order, reducible, split_axis};
-use super::{assign, check_group, Collective, CommError, Communicator};
+use super::tensor_ops::{concat_axis, reduce_in_order, split_axis};
+use super::{arguments, assign, check_group, Collective, CommError, Communicator};
 use crate::tensor::{Data, Tensor};
 use shardc_ir::{ReduceOp, TensorType};
 use std::collections::{HashMap, VecDeque};
@@ -454,13 +454,9 @@ impl Communicator for InProcessComm {
         tensor: &mut Tensor,
     ) -> Result<(), CommError> {
         let c = Collective::Broadcast;
-        if !group.contains(&root) {
+        if let Some(reason) = arguments::root_outside(group, root) {
             check_group(c, group, self.rank, self.shared.size)?;
-            return Err(self.invalid(
-                c,
-                group,
-                format!("the root rank {root} is not in the group"),
-            ));
+            return Err(self.invalid(c, group, reason));
         }
         let rank = self.rank;
         let root_index = group.iter().position(|&r| r == root).unwrap_or(0);
@@ -549,18 +545,7 @@ fn check_reducible(
     rank: usize,
     t: &Tensor,
 ) -> Result<(), CommError> {
-    if reducible(t.dtype()) {
-        return Ok(());
-    }
-    Err(CommError::InvalidArgument {
-        collective,
-        group: group.to_vec(),
-        rank,
-        reason: format!(
-            "cannot reduce {}: reductions support Float32, Float64, Int32 and Int64",
-            t.ty()
-        ),
-    })
+    invalid_if(collective, group, rank, arguments::not_reducible(&t.ty()))
 }
 
 fn check_axis(
@@ -571,15 +556,12 @@ fn check_axis(
     axis: usize,
     what: &str,
 ) -> Result<(), CommError> {
-    if axis < t.shape.len() {
-        return Ok(());
-    }
-    Err(CommError::InvalidArgument {
+    invalid_if(
         collective,
-        group: group.to_vec(),
+        group,
         rank,
-        reason: format!("{what} {axis} is out of range for {}", t.ty()),
-    })
+        arguments::axis_out_of_range(&t.ty(), axis, what),
+    )
 }
 
 fn check_divides(
@@ -590,19 +572,26 @@ fn check_divides(
     axis: usize,
     what: &str,
 ) -> Result<(), CommError> {
-    let n = group.len();
-    if t.shape[axis] % n == 0 {
-        return Ok(());
+    let reason = arguments::not_divisible(&t.ty(), axis, group.len(), what);
+    invalid_if(collective, group, rank, reason)
+}
+
+/// `InvalidArgument` with `reason`, if there is one.
+fn invalid_if(
+    collective: Collective,
+    group: &[usize],
+    rank: usize,
+    reason: Option<String>,
+) -> Result<(), CommError> {
+    match reason {
+        None => Ok(()),
+        Some(reason) => Err(CommError::InvalidArgument {
+            collective,
+            group: group.to_vec(),
+            rank,
+            reason,
+        }),
     }
-    Err(CommError::InvalidArgument {
-        collective,
-        group: group.to_vec(),
-        rank,
-        reason: format!(
-            "the group of {n} ranks does not divide dim {axis} ({what}) of {}",
-            t.ty()
-        ),
-    })
 }
 
 /// A copy of tensor `k` of the outcome.

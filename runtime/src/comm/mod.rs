@@ -12,6 +12,7 @@
 //! - Reductions work on Float32, Float64, Int32 and Int64 tensors; the data-movement
 //!   collectives (gather, all-to-all, broadcast, send/receive) on every dtype.
 
+pub mod arguments;
 pub mod conformance;
 mod in_process;
 pub mod tensor_ops;

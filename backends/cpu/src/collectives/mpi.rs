@@ -56,7 +56,9 @@
 use half::{bf16, f16};
 use mpi::ffi;
 use shardc_ir::{DType, ReduceOp, TensorType};
-use shardc_runtime::comm::{check_group, Collective, CommError, Communicator, DEFAULT_TIMEOUT};
+use shardc_runtime::comm::{
+    arguments, check_group, Collective, CommError, Communicator, DEFAULT_TIMEOUT,
+};
 use shardc_runtime::tensor::{Data, Tensor};
 use std::collections::{HashMap, VecDeque};
 use std::os::raw::{c_char, c_int, c_void};
@@ -693,30 +695,16 @@ impl Ctx<'_> {
         }
     }
     fn check_reducible(&self, ty: &TensorType) -> Result<(), CommError> {
-        if matches!(
-            ty.dtype,
-            DType::Float32 | DType::Float64 | DType::Int32 | DType::Int64
-        ) {
-            return Ok(());
-        }
-        Err(self.invalid(format!(
-            "cannot reduce {ty}: reductions support Float32, Float64, Int32 and Int64"
-        )))
+        self.invalid_if(arguments::not_reducible(ty))
     }
     fn check_axis(&self, ty: &TensorType, axis: usize, what: &str) -> Result<(), CommError> {
-        if axis < ty.shape.len() {
-            return Ok(());
-        }
-        Err(self.invalid(format!("{what} {axis} is out of range for {ty}")))
+        self.invalid_if(arguments::axis_out_of_range(ty, axis, what))
     }
     fn check_divides(&self, ty: &TensorType, axis: usize, what: &str) -> Result<(), CommError> {
-        let n = self.group.len();
-        if ty.shape[axis] % n == 0 {
-            return Ok(());
-        }
-        Err(self.invalid(format!(
-            "the group of {n} ranks does not divide dim {axis} ({what}) of {ty}"
-        )))
+        self.invalid_if(arguments::not_divisible(ty, axis, self.group.len(), what))
+    }
+    fn invalid_if(&self, reason: Option<String>) -> Result<(), CommError> {
+        reason.map_or(Ok(()), |r| Err(self.invalid(r)))
     }
 }
 
@@ -1608,9 +1596,9 @@ impl Communicator for MpiComm {
             group,
             rank: self.rank,
         };
-        if !group.contains(&root) {
+        if let Some(reason) = arguments::root_outside(group, root) {
             check_group(ctx.c, group, self.rank, self.size)?;
-            return Err(ctx.invalid(format!("the root rank {root} is not in the group")));
+            return Err(ctx.invalid(reason));
         }
         let root_index = group.iter().position(|&r| r == root).unwrap_or(0);
         let ty = tensor.ty();

@@ -33,7 +33,7 @@
 
 use super::futex::{signal, wait_until};
 use shardc_ir::{DType, ReduceOp};
-use shardc_runtime::comm::{check_group, Collective, CommError, Communicator};
+use shardc_runtime::comm::{arguments, check_group, Collective, CommError, Communicator};
 use shardc_runtime::{Data, Tensor};
 use std::collections::HashMap;
 use std::fs::OpenOptions;
@@ -1110,14 +1110,8 @@ fn reduce_into(dtype: DType, op: ReduceOp, dst: &mut [u8], srcs: &[&[u8]]) {
 }
 
 fn not_reducible(comm: &ShmComm, c: Collective, group: &[usize], t: &Tensor) -> CommError {
-    comm.invalid(
-        c,
-        group,
-        format!(
-            "cannot reduce {}: reductions support Float32, Float64, Int32 and Int64",
-            t.ty()
-        ),
-    )
+    let reason = arguments::not_reducible(&t.ty()).unwrap_or_default();
+    comm.invalid(c, group, reason)
 }
 
 fn axis_error(
@@ -1128,13 +1122,7 @@ fn axis_error(
     axis: usize,
     what: &str,
 ) -> Option<CommError> {
-    (axis >= t.shape.len()).then(|| {
-        comm.invalid(
-            c,
-            group,
-            format!("{what} {axis} is out of range for {}", t.ty()),
-        )
-    })
+    arguments::axis_out_of_range(&t.ty(), axis, what).map(|r| comm.invalid(c, group, r))
 }
 
 fn divides_error(
@@ -1145,17 +1133,7 @@ fn divides_error(
     axis: usize,
     what: &str,
 ) -> Option<CommError> {
-    let n = group.len();
-    (t.shape[axis] % n != 0).then(|| {
-        comm.invalid(
-            c,
-            group,
-            format!(
-                "the group of {n} ranks does not divide dim {axis} ({what}) of {}",
-                t.ty()
-            ),
-        )
-    })
+    arguments::not_divisible(&t.ty(), axis, group.len(), what).map(|r| comm.invalid(c, group, r))
 }
 
 impl ShmComm {
@@ -1407,13 +1385,9 @@ impl ShmComm {
         t: &mut Tensor,
     ) -> Result<(), CommError> {
         let c = Collective::Broadcast;
-        if !group.contains(&root) {
+        if let Some(reason) = arguments::root_outside(group, root) {
             check_group(c, group, self.rank, self.size)?;
-            return Err(self.invalid(
-                c,
-                group,
-                format!("the root rank {root} is not in the group"),
-            ));
+            return Err(self.invalid(c, group, reason));
         }
         let ri = group.iter().position(|&r| r == root).unwrap_or(0);
         let dtype = t.dtype();

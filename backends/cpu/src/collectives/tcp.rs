@@ -43,7 +43,7 @@ use ops::{
     chunk, concat_axis, reduce_at, reduce_from, reduce_into, reducible, split_part, write_range,
 };
 use shardc_ir::{ReduceOp, TensorType};
-use shardc_runtime::comm::{check_group, Collective, CommError, Communicator};
+use shardc_runtime::comm::{arguments, check_group, Collective, CommError, Communicator};
 use shardc_runtime::tensor::{Data, Tensor};
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener};
@@ -429,15 +429,7 @@ impl TcpComm {
 }
 
 fn check_reducible(call: &Call, rank: usize, t: &TensorType) -> Result<(), CommError> {
-    if reducible(t.dtype) {
-        return Ok(());
-    }
-    Err(CommError::InvalidArgument {
-        collective: call.collective,
-        group: call.group.to_vec(),
-        rank,
-        reason: format!("cannot reduce {t}: reductions support Float32, Float64, Int32 and Int64"),
-    })
+    invalid_if(call, rank, arguments::not_reducible(t))
 }
 
 fn check_axis(
@@ -447,15 +439,7 @@ fn check_axis(
     axis: usize,
     what: &str,
 ) -> Result<(), CommError> {
-    if axis < t.shape.len() {
-        return Ok(());
-    }
-    Err(CommError::InvalidArgument {
-        collective: call.collective,
-        group: call.group.to_vec(),
-        rank,
-        reason: format!("{what} {axis} is out of range for {t}"),
-    })
+    invalid_if(call, rank, arguments::axis_out_of_range(t, axis, what))
 }
 
 fn check_divides(
@@ -465,16 +449,24 @@ fn check_divides(
     axis: usize,
     what: &str,
 ) -> Result<(), CommError> {
-    let n = call.group.len();
-    if t.shape[axis] % n == 0 {
-        return Ok(());
-    }
-    Err(CommError::InvalidArgument {
-        collective: call.collective,
-        group: call.group.to_vec(),
+    invalid_if(
+        call,
         rank,
-        reason: format!("the group of {n} ranks does not divide dim {axis} ({what}) of {t}"),
-    })
+        arguments::not_divisible(t, axis, call.group.len(), what),
+    )
+}
+
+/// `InvalidArgument` with `reason`, if there is one.
+fn invalid_if(call: &Call, rank: usize, reason: Option<String>) -> Result<(), CommError> {
+    match reason {
+        None => Ok(()),
+        Some(reason) => Err(CommError::InvalidArgument {
+            collective: call.collective,
+            group: call.group.to_vec(),
+            rank,
+            reason,
+        }),
+    }
 }
 
 /// Whether `axis` is in range and divisible by `n` for `shape`.
@@ -656,13 +648,13 @@ impl Communicator for TcpComm {
     ) -> Result<(), CommError> {
         let c = Collective::Broadcast;
         let rank = self.mesh.rank;
-        if !group.contains(&root) {
+        if let Some(reason) = arguments::root_outside(group, root) {
             check_group(c, group, rank, self.mesh.size)?;
             return Err(CommError::InvalidArgument {
                 collective: c,
                 group: group.to_vec(),
                 rank,
-                reason: format!("the root rank {root} is not in the group"),
+                reason,
             });
         }
         let (call, me) = self.begin(c, group, format!("root={root}"), tensor)?;
