@@ -1,31 +1,29 @@
 #!/usr/bin/env bash
-# The main job: set up, build, and train the MindSpore tutorial's quickstart net with shardc,
-# on one device and on 8 ranks (the tutorial's strategies, the rest by sharding propagation),
-# the 8 ranks as worker processes under `shardc launch` (a scheduler + 8 workers, collectives
-# through shared memory), then check that the 8 ranks compute what one device does.
+# The main job: set up, build, and train the MindSpore tutorials' networks with shardc:
+#  1. the parallel quickstart's net on one device (examples/quickstart.rs);
+#  2. the same net on 8 worker processes under `shardc launch`, auto_parallel with sharding
+#     propagation, through Model.train (examples/run_quickstart_parallel.sh): the tutorial's
+#     losses, dumps and per-rank checkpoints;
+#  3. the data-parallel tutorial's MLP on MNIST (a synthetic set in the real idx format),
+#     8 ranks, the tutorial's explicit value_and_grad / DistributedGradReducer loop
+#     (examples/run_mnist_dp.sh);
+#  4. `shardc verify`: the 8 ranks compute what one device does.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-cargo build --release --bin shardc --example quickstart
+cargo build --release --bin shardc --example quickstart --example quickstart_parallel \
+  --example mnist_data_parallel
 shardc=./target/release/shardc
-echo "== examples/quickstart.rs: the tutorial net built with the Rust frontend =="
-cargo run --release --quiet --example quickstart
 out=$(mktemp -d)
-echo "== shardc compile + run: the same net from models/quickstart.ir, one device =="
-$shardc compile models/quickstart.ir -o "$out/quickstart" \
-  --optimizer momentum --learning-rate 0.2 --momentum 0.1
-$shardc run "$out/quickstart" --steps 40 --stats
-echo "== the same net on 8 ranks: matmul ((2, 4), (4, 1)) as annotated, the rest by sharding propagation =="
-$shardc compile models/quickstart.ir -o "$out/quickstart8" --device-num 8 \
-  --parallel-mode auto_parallel --optimizer momentum --learning-rate 0.2 --momentum 0.1 \
-  --save-graphs-path "$out/saved_graph"
-$shardc launch --worker-num 8 --local-worker-num 8 --master-port "${SHARDC_PORT:-8118}" \
-  --log-dir "$out/log_output" --join -- "$shardc" run "$out/quickstart8" --steps 40
-echo "-- rank 0's log: $out/log_output/1/rank.0/stdout"
-cat "$out/log_output/1/rank.0/stdout"
-echo "-- rank 0's dumps: $out/saved_graph/rank_0/"
-ls "$out/saved_graph/rank_0/"
-$shardc explain "$out/quickstart8" --op relu
-echo "== shardc verify: 8 ranks against one device =="
+echo "== 1. examples/quickstart.rs: the tutorial net on one device =="
+./target/release/examples/quickstart
+echo "== 2. the parallel quickstart on 8 worker processes (auto_parallel, Model.train) =="
+OUT_DIR="$out/device" MASTER_PORT="${SHARDC_PORT:-8118}" bash examples/run_quickstart_parallel.sh
+echo "-- rank 0's dumps: $out/device/saved_graph/rank_0/; checkpoints: $out/device/ckpt/{0..7}/"
+ls "$out/device/saved_graph/rank_0/" "$out/device/ckpt/0/"
+echo "== 3. the MNIST MLP, data parallel on 8 ranks (value_and_grad + DistributedGradReducer) =="
+LOG_DIR="$out/log_output" MASTER_PORT="$(( ${SHARDC_PORT:-8118} + 1 ))" \
+  bash examples/run_mnist_dp.sh "$out/mnist" --epochs 2 --print-every 4
+echo "== 4. shardc verify: 8 ranks against one device =="
 $shardc verify models/quickstart.ir --device-num 8 --parallel-mode auto_parallel --steps 5 \
   --optimizer momentum --learning-rate 0.2 --momentum 0.1

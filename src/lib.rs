@@ -1,6 +1,12 @@
 //! shardc: an auto-parallel graph compiler and runtime.
 //!
-//! This facade re-exports the workspace crates under short names.
+//! This facade re-exports the workspace crates under short names, and holds what a user's
+//! training program calls, in MindSpore's words: [`communication::init`] (join the cluster,
+//! `get_rank`, `get_group_size`) and [`train`] (`Model::train` with callbacks, and the explicit
+//! `value_and_grad` / `DistributedGradReducer` loop).
+
+pub mod communication;
+pub mod train;
 
 pub use shardc_backend_cpu as cpu;
 pub use shardc_compiler as compiler;

@@ -22,6 +22,8 @@
 //!   the `step_parallel_begin` dump (MODE: `data_parallel`, `semi_auto_parallel`,
 //!   `auto_parallel`; dataset: `data_parallel`, `full_batch`);
 //! - `partition device_num=N mode=MODE rank=R [...]`: rank R's graph — the execute dump;
+//! - `grad_fusion auto|none|size:MB|index:I,J`: `passes::grad_fusion` on a per-rank graph
+//!   (a `step_parallel_end` dump): gradient AllReduces hoisted and bucketed;
 //!
 //! The output is compared with `NAME.expected` beside the file when that exists (exact text),
 //! and with the `CHECK` lines in order (`CHECK`, `CHECK-NEXT`, `CHECK-NOT`), FileCheck-style.
@@ -110,6 +112,31 @@ fn run_command(command: &str, src: &str, file: &str) -> Result<String, String> {
             let t = autodiff::training_graph(&g, &opt).map_err(|e| e.to_string())?;
             verify::verify(&t).map_err(|e| e.to_string())?;
             Ok(print_graph(&t))
+        }
+        "grad_fusion" => {
+            use shardc::passes::grad_fusion::{fuse, GradFusion};
+            verify::verify(&g).map_err(|e| e.to_string())?;
+            let mode = match rest {
+                ["auto"] => GradFusion::Auto,
+                ["none"] => GradFusion::Each,
+                [w] if w.starts_with("size:") => {
+                    GradFusion::SizeMb(w[5..].parse().map_err(|_| format!("bad size in {w}"))?)
+                }
+                [w] if w.starts_with("index:") => GradFusion::Index(
+                    w[6..]
+                        .split(',')
+                        .map(|x| x.parse().map_err(|_| format!("bad index in {w}")))
+                        .collect::<Result<_, String>>()?,
+                ),
+                _ => {
+                    return Err(format!(
+                        "grad_fusion needs auto, none, size:MB or index:I,J; got {rest:?}"
+                    ))
+                }
+            };
+            let (out, _) = fuse(&g, &mode).map_err(|e| e.to_string())?;
+            verify::verify(&out).map_err(|e| e.to_string())?;
+            Ok(print_graph(&out))
         }
         "strategy" | "partition" => {
             verify::verify(&g).map_err(|e| e.to_string())?;

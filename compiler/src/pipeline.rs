@@ -6,7 +6,7 @@
 //! | 01    | `autodiff`    | forward + backward + optimizer update (only with an optimizer) |
 //! | 02    | `step_parallel_begin` | a strategy for every op, a layout for every parameter (`passes::parallel::strategy`) |
 //! | 03    | `step_parallel_end`   | one graph per rank: sliced shapes, inserted communication (`passes::parallel::partition`) |
-//! | 04    | `execute`     | the graph each rank runs                                     |
+//! | 04    | `execute`     | the graph each rank runs, after `grad_fusion` (`passes::grad_fusion`: gradient AllReduces moved to just after their gradients and grouped into `fusion: k` buckets by [`CompileOptions::grad_fusion`]) |
 //!
 //! Stages 02-04 run only with [`CompileOptions::parallel`] set (more than one device). Their
 //! dumps are per rank, as MindSpore's: `DIR/rank_R/step_parallel_begin_NNNN.ir` (the logical
@@ -24,10 +24,13 @@
 
 use crate::builder::BuildError;
 use crate::optim;
-use crate::parallel_context::{DatasetStrategy, ParallelContext, ParallelMode, SearchMode};
+use crate::parallel_context::{
+    CommFusion, DatasetStrategy, ParallelContext, ParallelMode, SearchMode,
+};
 use crate::strategy_file::{StrategyFile, StrategyFileError};
 use shardc_ir::Graph;
 use shardc_passes::autodiff::{self, Optimizer};
+use shardc_passes::grad_fusion::{self, GradFusion};
 use shardc_passes::parallel::{
     partition, strategy, DatasetLayout, Mode, ParallelError, ParallelOptions,
 };
@@ -52,6 +55,9 @@ pub struct CompileOptions {
     pub save_strategy: Option<PathBuf>,
     /// The name of the parallel mode and searcher, for the strategy file.
     pub mode_names: Option<(String, String)>,
+    /// How the gradient AllReduces of each rank are bucketed (MindSpore's `comm_fusion`;
+    /// see [`grad_fusion_of`]). `None`: no `comm_fusion`, every gradient its own bucket.
+    pub grad_fusion: Option<GradFusion>,
 }
 
 /// The parallel part of a compilation.
@@ -321,6 +327,25 @@ pub fn parallel_options(ctx: &ParallelContext) -> Result<Option<ParallelOptions>
     }))
 }
 
+/// The gradient fusion of a context's `comm_fusion`.
+pub fn grad_fusion_of(c: &CommFusion) -> GradFusion {
+    match c {
+        CommFusion::Auto => GradFusion::Auto,
+        CommFusion::Size(mb) => GradFusion::SizeMb(*mb),
+        CommFusion::Index(ix) => GradFusion::Index(ix.clone()),
+    }
+}
+
+/// Runs `passes::grad_fusion` on rank `rank`'s graph.
+fn run_grad_fusion(g: &Graph, rank: usize, opts: &CompileOptions) -> Result<Graph, CompileError> {
+    let mode = opts.grad_fusion.clone().unwrap_or(GradFusion::Each);
+    let (out, _) = grad_fusion::fuse(g, &mode).map_err(|e| CompileError::Parallel {
+        stage: "grad_fusion",
+        error: ParallelError::Options(format!("rank {rank}: {e}")),
+    })?;
+    Ok(out)
+}
+
 /// The `NN` of the execute dump.
 const EXECUTE_INDEX: usize = 4;
 
@@ -379,21 +404,27 @@ fn compile_parallel(
         error: source,
     })?;
     let begin = annotated(g, &assignment);
-    let ranks =
+    let partitioned =
         partition::partition(g, &assignment, p).map_err(|source| CompileError::Parallel {
             stage: "step_parallel_end",
             error: source,
         })?;
-    for (r, rg) in ranks.iter().enumerate() {
+    let mut ranks = Vec::with_capacity(partitioned.len());
+    for (r, rg) in partitioned.iter().enumerate() {
         if cfg!(debug_assertions) {
             check(rg, "step_parallel_end")?;
+        }
+        let fused = run_grad_fusion(rg, r, opts)?;
+        if cfg!(debug_assertions) {
+            check(&fused, "grad_fusion")?;
         }
         if let Some(dir) = dump_dir {
             let rd = dir.join(format!("rank_{r}"));
             write_named_dump(&rd, "step_parallel_begin", &begin)?;
             write_named_dump(&rd, "step_parallel_end", rg)?;
-            write_dump(&rd, EXECUTE_INDEX, "execute", rg)?;
+            write_dump(&rd, EXECUTE_INDEX, "execute", &fused)?;
         }
+        ranks.push(fused);
     }
     let compiled = ParallelCompiled {
         options: p.clone(),

@@ -59,18 +59,7 @@ pub fn mlp(batch: usize, dims: &[usize]) -> Result<Graph, BuildError> {
             reason: format!("needs at least an input and an output size, got {dims:?}"),
         });
     }
-    let mut seq = SequentialCell::new(Vec::new());
-    for (i, pair) in dims.windows(2).enumerate() {
-        if i > 0 {
-            seq.push(Box::new(ReLU));
-        }
-        seq.push(Box::new(
-            Dense::new(pair[0], pair[1])
-                .weight_init(init::normal(0.01))
-                .bias_init(init::zeros()),
-        ));
-    }
-    let net = Network { seq };
+    let net = MlpNetwork::new(dims);
     build_network(
         "Network",
         &net,
@@ -82,17 +71,53 @@ pub fn mlp(batch: usize, dims: &[usize]) -> Result<Graph, BuildError> {
     )
 }
 
-/// The MLP's backbone.
-struct Network {
+/// The data-parallel tutorial's `Network`: optionally `nn.Flatten()`, then `Dense` layers of
+/// the given sizes with ReLU between them in a `SequentialCell` called
+/// `dense_relu_sequential`; weights `normal(0.01)`, biases zeros.
+pub struct MlpNetwork {
+    flatten: bool,
     seq: SequentialCell,
 }
 
-impl Cell for Network {
+impl MlpNetwork {
+    /// Dense layers `dims[0] -> dims[1] -> ...` with ReLU between them (no flatten).
+    pub fn new(dims: &[usize]) -> Self {
+        let mut seq = SequentialCell::new(Vec::new());
+        for (i, pair) in dims.windows(2).enumerate() {
+            if i > 0 {
+                seq.push(Box::new(ReLU));
+            }
+            seq.push(Box::new(
+                Dense::new(pair[0], pair[1])
+                    .weight_init(init::normal(0.01))
+                    .bias_init(init::zeros()),
+            ));
+        }
+        MlpNetwork {
+            flatten: false,
+            seq,
+        }
+    }
+
+    /// With `nn.Flatten()` first, as the tutorial's net (images in, `(N, C*H*W)` to the
+    /// first Dense).
+    pub fn with_flatten(mut self) -> Self {
+        self.flatten = true;
+        self
+    }
+}
+
+impl Cell for MlpNetwork {
     fn class_name(&self) -> &str {
         "Network"
     }
 
     fn construct(&self, b: &mut GraphBuilder, x: Value) -> Result<Value, BuildError> {
+        let x = if self.flatten {
+            call_cell(b, "flatten", &Flatten, x)?
+        } else {
+            x
+        };
         call_cell(b, "dense_relu_sequential", &self.seq, x)
     }
 }
@@ -250,6 +275,169 @@ pub fn resnet18_cifar(batch: usize) -> Result<Graph, BuildError> {
         &SoftmaxCrossEntropyWithLogits::new(true, "mean"),
         &[
             ("x", DType::Float32, &[batch, 3, 32, 32]),
+            ("label", DType::Int32, &[batch]),
+        ],
+    )
+}
+
+/// MindSpore's `ResidualBlock` (ResNet-50's bottleneck, expansion 4): `conv1` 1x1 to
+/// `out_channels / 4`, `bn1`, ReLU, `conv2` 3x3 with the stride, `bn2`, ReLU, `conv3` 1x1 to
+/// `out_channels`, `bn3`; the shortcut (`down_sample_layer`: 1x1 conv with the stride and
+/// BatchNorm) when the stride or the width changes; the sum, then ReLU.
+#[derive(Clone, Copy, Debug)]
+pub struct ResidualBlock {
+    /// Input channels.
+    pub in_channels: usize,
+    /// Output channels (4x the bottleneck width).
+    pub out_channels: usize,
+    /// Stride of the 3x3 convolution and of the shortcut.
+    pub stride: usize,
+}
+
+impl Cell for ResidualBlock {
+    fn class_name(&self) -> &str {
+        "ResidualBlock"
+    }
+
+    fn construct(&self, b: &mut GraphBuilder, x: Value) -> Result<Value, BuildError> {
+        let mid = self.out_channels / 4;
+        if mid == 0 {
+            return Err(BuildError::InvalidArgument {
+                instance: "ResidualBlock".into(),
+                reason: format!(
+                    "out_channels {} is below the expansion 4: the bottleneck would have no channel",
+                    self.out_channels
+                ),
+            });
+        }
+        let mut y = call_cell(b, "conv1", &Conv2d::new(self.in_channels, mid, 1), x)?;
+        y = call_cell(b, "bn1", &BatchNorm2d::new(mid), y)?;
+        y = call_cell(b, "relu", &ReLU, y)?;
+        let conv2 = Conv2d::new(mid, mid, 3).stride(self.stride);
+        y = call_cell(b, "conv2", &conv2, y)?;
+        y = call_cell(b, "bn2", &BatchNorm2d::new(mid), y)?;
+        y = call_cell(b, "relu", &ReLU, y)?;
+        y = call_cell(b, "conv3", &Conv2d::new(mid, self.out_channels, 1), y)?;
+        y = call_cell(b, "bn3", &BatchNorm2d::new(self.out_channels), y)?;
+        let identity = if self.stride != 1 || self.in_channels != self.out_channels {
+            let down = SequentialCell::new(vec![
+                Box::new(Conv2d::new(self.in_channels, self.out_channels, 1).stride(self.stride)),
+                Box::new(BatchNorm2d::new(self.out_channels)),
+            ]);
+            call_cell(b, "down_sample_layer", &down, x)?
+        } else {
+            x
+        };
+        let sum = b.add(y, identity)?;
+        call_cell(b, "relu", &ReLU, sum)
+    }
+}
+
+/// MindSpore's `resnet50(class_num)` (the CPU data-parallel tutorial's net): a 7x7 stride-2
+/// stem of 64 channels, BatchNorm, ReLU, 3x3 stride-2 max pooling (`same`); four stages
+/// (`layer1`..`layer4`) of 3, 4, 6 and 3 [`ResidualBlock`]s with 256, 512, 1024 and 2048
+/// output channels (stages 2-4 start with stride 2); global average pooling as `ReduceMean`
+/// over (2, 3); `Dense(2048, class_num)` called `end_point`.
+///
+/// `width_divisor` divides every channel count (1 is the real ResNet-50; 8 or 16 give the same
+/// depth and structure at a size the tests can train in seconds).
+#[derive(Clone, Copy, Debug)]
+pub struct ResNet50 {
+    /// Number of classes.
+    pub num_classes: usize,
+    /// Divides every channel count (1: the real net).
+    pub width_divisor: usize,
+}
+
+impl ResNet50 {
+    /// The real ResNet-50 for `num_classes` classes.
+    pub fn new(num_classes: usize) -> Self {
+        ResNet50 {
+            num_classes,
+            width_divisor: 1,
+        }
+    }
+
+    /// Every channel count divided by `d` (same depth, smaller widths).
+    pub fn width_divisor(mut self, d: usize) -> Self {
+        self.width_divisor = d;
+        self
+    }
+}
+
+impl Cell for ResNet50 {
+    fn class_name(&self) -> &str {
+        "ResNet"
+    }
+
+    fn construct(&self, b: &mut GraphBuilder, x: Value) -> Result<Value, BuildError> {
+        let d = self.width_divisor;
+        if d == 0 || 64 % d != 0 {
+            return Err(BuildError::InvalidArgument {
+                instance: "ResNet".into(),
+                reason: format!(
+                    "width_divisor {d} must divide 64 (the stem's channels) so that every stage keeps whole channels"
+                ),
+            });
+        }
+        let stem = 64 / d;
+        let conv1 = Conv2d::new(3, stem, 7).stride(2).pad_mode("pad").padding(3);
+        let mut y = call_cell(b, "conv1", &conv1, x)?;
+        y = call_cell(b, "bn1", &BatchNorm2d::new(stem), y)?;
+        y = call_cell(b, "relu", &ReLU, y)?;
+        let pool = MaxPool2d::new(3, 2).pad_mode("same");
+        y = call_cell(b, "maxpool", &pool, y)?;
+        let mut in_channels = stem;
+        for (i, (&blocks, &out)) in [3usize, 4, 6, 3]
+            .iter()
+            .zip(&[256usize, 512, 1024, 2048])
+            .enumerate()
+        {
+            let out = out / d;
+            let stride = if i == 0 { 1 } else { 2 };
+            let mut cells: Vec<Box<dyn Cell>> = Vec::with_capacity(blocks);
+            for k in 0..blocks {
+                cells.push(Box::new(ResidualBlock {
+                    in_channels: if k == 0 { in_channels } else { out },
+                    out_channels: out,
+                    stride: if k == 0 { stride } else { 1 },
+                }));
+            }
+            y = call_cell(
+                b,
+                &format!("layer{}", i + 1),
+                &SequentialCell::new(cells),
+                y,
+            )?;
+            in_channels = out;
+        }
+        let pooled = ops::ReduceMean::new()
+            .keep_dims(false)
+            .instance("mean")
+            .call(b, y, &[2, 3])?;
+        call_cell(
+            b,
+            "end_point",
+            &Dense::new(in_channels, self.num_classes),
+            pooled,
+        )
+    }
+}
+
+/// ResNet-50 with the tutorial's `SoftmaxCrossEntropyExpand(sparse=True)`: inputs
+/// `x (batch, 3, size, size)` Float32 and `label (batch)` Int32.
+pub fn resnet50(
+    batch: usize,
+    size: usize,
+    num_classes: usize,
+    width_divisor: usize,
+) -> Result<Graph, BuildError> {
+    build_network(
+        "ResNet",
+        &ResNet50::new(num_classes).width_divisor(width_divisor),
+        &crate::loss::SoftmaxCrossEntropyExpand::new(true),
+        &[
+            ("x", DType::Float32, &[batch, 3, size, size]),
             ("label", DType::Int32, &[batch]),
         ],
     )

@@ -4,6 +4,7 @@
 //! backend and no file system.
 
 pub mod autodiff;
+pub mod grad_fusion;
 pub mod infer;
 pub mod parallel;
 pub mod verify;

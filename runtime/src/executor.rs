@@ -11,6 +11,18 @@
 //! Communication nodes run through a [`Communicator`] (see [`Executor::with_communicator`]);
 //! their attributes are read and checked when the executor is created, and their results
 //! live in ordinary plan buffers.
+//!
+//! **Overlap.** Compute runs on the calling thread; every collective runs on one
+//! communication thread per executor, in program order (so all ranks issue their collectives
+//! in the same order, and the communicator is never called from two threads at once). An
+//! ordinary communication node is submitted and waited for right away. The AllReduces of a
+//! gradient bucket (`fusion: k`, k > 0, written by `passes::grad_fusion`) are packed, as their
+//! inputs appear, into one flat buffer per bucket; when the last member is packed, ONE
+//! AllReduce of the flat buffer is submitted and compute goes on. The first node that reads a
+//! member's result waits for that bucket (and only then) and unpacks the member. Packing does
+//! not change the per-element reduction order, so the results are bit-identical to unfused
+//! AllReduces. [`ExecStats::gradient_comm`] records the buckets' communication time and how
+//! much of it the main thread spent waiting.
 
 use crate::backend::{Arg, Backend, KernelContext, KernelError};
 use crate::comm::{CommError, Communicator};
@@ -23,6 +35,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+mod comm_thread;
+use comm_thread::{CommThread, Job, Reply};
 
 /// Where an operand's tensor comes from at run time.
 #[derive(Clone, Copy, Debug)]
@@ -57,11 +72,47 @@ enum Step {
     /// A communication node: its collective, its tensor operand (none for `Receive`), its
     /// output buffer and type.
     Comm {
-        call: CommCall,
+        call: Arc<CommCall>,
         input: Option<Src>,
         out: usize,
-        ty: TensorType,
+        ty: Arc<TensorType>,
     },
+    /// A member of a gradient bucket: its input is packed into the bucket's flat buffer; the
+    /// bucket's last member submits the bucket's AllReduce.
+    Pack { member: usize, input: Src },
+}
+
+/// One AllReduce of a gradient bucket.
+#[derive(Debug)]
+struct Member {
+    /// Its node.
+    node: usize,
+    /// Its bucket (index into the executor's buckets).
+    bucket: usize,
+    /// Where its elements sit in the flat buffer.
+    offset: usize,
+    /// How many elements it has.
+    len: usize,
+    /// Its result buffer.
+    out: usize,
+    /// Its result type.
+    ty: TensorType,
+}
+
+/// A gradient bucket (`fusion: id`) at run time.
+#[derive(Debug)]
+struct BucketRt {
+    /// The `fusion` id.
+    id: i64,
+    /// Its group and reduction.
+    group: Arc<[usize]>,
+    op: ReduceOp,
+    /// The node of its last member (it submits the bucket).
+    last: usize,
+    /// The flat buffer; `None` while the communication thread has it.
+    flat: Option<Tensor>,
+    /// The ticket of the bucket's AllReduce while it is in flight.
+    ticket: Option<u64>,
 }
 
 /// A communication node's call, its attributes resolved (groups sorted, axes normalised).
@@ -120,6 +171,81 @@ pub struct ExecStats {
     /// Buffer allocations: one per plan buffer when the executor is created, plus one for
     /// every time a step had to allocate a buffer (which a correct plan never does).
     pub buffer_allocations: u64,
+    /// Gradient buckets: their communication time and how much of it was not hidden.
+    pub gradient_comm: GradCommStats,
+}
+
+/// Communication of the gradient buckets (`fusion: k`), cumulative over steps, with the last
+/// step's numbers.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GradCommStats {
+    /// Buckets in the graph (one AllReduce each per step).
+    pub buckets: usize,
+    /// Steps that ran every bucket.
+    pub steps: u64,
+    /// Time the communication thread spent in the buckets' AllReduces, all steps.
+    pub comm: Duration,
+    /// Time the main thread spent blocked waiting for buckets, all steps.
+    pub wait: Duration,
+    /// The last step's bucket communication time.
+    pub last_comm: Duration,
+    /// The last step's waiting time.
+    pub last_wait: Duration,
+}
+
+impl GradCommStats {
+    /// The fraction of the buckets' communication hidden behind compute: 1 − wait / comm,
+    /// clamped to [0, 1] (0 when nothing was communicated).
+    pub fn hidden_fraction(&self) -> f64 {
+        hidden(self.comm, self.wait)
+    }
+
+    /// The last step's hidden fraction.
+    pub fn last_hidden_fraction(&self) -> f64 {
+        hidden(self.last_comm, self.last_wait)
+    }
+
+    /// Mean bucket communication time per step.
+    pub fn comm_per_step(&self) -> Duration {
+        per_step(self.comm, self.steps)
+    }
+
+    /// Mean waiting time per step.
+    pub fn wait_per_step(&self) -> Duration {
+        per_step(self.wait, self.steps)
+    }
+}
+
+fn hidden(comm: Duration, wait: Duration) -> f64 {
+    if comm.is_zero() {
+        return 0.0;
+    }
+    (1.0 - wait.as_secs_f64() / comm.as_secs_f64()).clamp(0.0, 1.0)
+}
+
+fn per_step(d: Duration, steps: u64) -> Duration {
+    match u32::try_from(steps) {
+        Ok(0) => Duration::ZERO,
+        Ok(n) => d / n,
+        Err(_) => Duration::from_secs_f64(d.as_secs_f64() / steps as f64),
+    }
+}
+
+impl fmt::Display for GradCommStats {
+    /// `gradient communication: 4 buckets, 12.3 ms/step, 9.1 ms hidden (74%)`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let comm = self.comm_per_step().as_secs_f64() * 1e3;
+        let hidden_ms = (comm - self.wait_per_step().as_secs_f64() * 1e3).max(0.0);
+        write!(
+            f,
+            "gradient communication: {} bucket{}, {:.1} ms/step, {:.1} ms hidden ({:.0}%)",
+            self.buckets,
+            if self.buckets == 1 { "" } else { "s" },
+            comm,
+            hidden_ms,
+            100.0 * self.hidden_fraction()
+        )
+    }
 }
 
 impl fmt::Display for ExecStats {
@@ -168,7 +294,11 @@ impl fmt::Display for ExecStats {
             per_step,
             kernel_total.as_secs_f64() * 1e3,
             self.buffer_allocations
-        )
+        )?;
+        if self.gradient_comm.buckets > 0 {
+            write!(f, "\n{}", self.gradient_comm)?;
+        }
+        Ok(())
     }
 }
 
@@ -190,6 +320,21 @@ pub struct Executor {
     scratch: Vec<Tensor>,
     step_count: u64,
     stats: ExecStats,
+    /// The communication thread (with a communicator).
+    comm_thread: Option<CommThread>,
+    /// Gradient bucket members, in program order.
+    members: Vec<Member>,
+    /// Gradient buckets, by first member.
+    buckets: Vec<BucketRt>,
+    /// Per node: the members whose results it reads.
+    needs: Vec<Vec<usize>>,
+    /// The members the graph's outputs read.
+    output_needs: Vec<usize>,
+    /// Per member: whether its result is unpacked in this step.
+    unpacked: Vec<bool>,
+    /// Per node: a buffer for a communication node's data-input operand (the communication
+    /// thread gets its own copy of a feed).
+    staging: Vec<Option<Tensor>>,
 }
 
 impl fmt::Debug for Executor {
@@ -573,10 +718,10 @@ impl Executor {
                         )
                     })?;
                     Step::Comm {
-                        call,
+                        call: Arc::new(call),
                         input,
                         out,
-                        ty,
+                        ty: Arc::new(ty),
                     }
                 }
                 _ => {
@@ -609,6 +754,74 @@ impl Executor {
             }
         }
 
+        // Gradient buckets.
+        let (members, buckets) = plan_buckets(&graph, &mut steps)?;
+        let mut member_of = vec![usize::MAX; graph.nodes.len()];
+        for (m, mem) in members.iter().enumerate() {
+            member_of[mem.node] = m;
+        }
+        let mut needs: Vec<Vec<usize>> = vec![Vec::new(); graph.nodes.len()];
+        for (i, node) in graph.nodes.iter().enumerate() {
+            for o in &node.inputs {
+                if let Operand::Node(s) = o {
+                    let m = member_of[s.index()];
+                    if m == usize::MAX || needs[i].contains(&m) {
+                        continue;
+                    }
+                    let last = buckets[members[m].bucket].last;
+                    if i <= last {
+                        return Err(graph_err(
+                            node_text(&graph, i),
+                            format!(
+                                "it reads {}, a member of gradient bucket fusion {}, before the \
+                                 bucket's last member {} (a bucket is reduced only once all its \
+                                 members exist)",
+                                node_text(&graph, s.index()),
+                                buckets[members[m].bucket].id,
+                                node_text(&graph, last)
+                            ),
+                        ));
+                    }
+                    needs[i].push(m);
+                }
+            }
+        }
+        let mut output_needs = Vec::new();
+        for o in &graph.outputs {
+            if let Operand::Node(s) = o {
+                let m = member_of[s.index()];
+                if m != usize::MAX && !output_needs.contains(&m) {
+                    output_needs.push(m);
+                }
+            }
+        }
+        let staging: Vec<Option<Tensor>> = steps
+            .iter()
+            .map(|st| match st {
+                Step::Comm {
+                    input: Some(Src::Input(p)),
+                    ..
+                } => {
+                    let ty = &graph.params[*p].ty;
+                    Some(Tensor {
+                        shape: ty.shape.clone(),
+                        data: Data::zeros(ty.dtype, ty.num_elements()),
+                    })
+                }
+                _ => None,
+            })
+            .collect();
+        let comm_thread = match &comm {
+            Some(c) => Some(
+                CommThread::start(c.clone()).map_err(|e| RuntimeError::Graph {
+                    graph: gname.clone(),
+                    location: "communication thread".into(),
+                    reason: format!("cannot start it: {e}"),
+                })?,
+            ),
+            None => None,
+        };
+
         let pool: Vec<Tensor> = plan
             .buffers
             .iter()
@@ -618,9 +831,14 @@ impl Executor {
             })
             .collect();
         let stats = ExecStats {
-            buffer_allocations: pool.len() as u64,
+            buffer_allocations: (pool.len() + buckets.len()) as u64,
+            gradient_comm: GradCommStats {
+                buckets: buckets.len(),
+                ..GradCommStats::default()
+            },
             ..ExecStats::default()
         };
+        let nmembers = members.len();
         let nparams = graph.params.len();
         Ok(Executor {
             graph,
@@ -635,6 +853,13 @@ impl Executor {
             scratch: Vec::new(),
             step_count: 0,
             stats,
+            comm_thread,
+            members,
+            buckets,
+            needs,
+            output_needs,
+            unpacked: vec![false; nmembers],
+            staging,
         })
     }
 
@@ -643,10 +868,41 @@ impl Executor {
     /// elements. Weights persist across steps; `Assign` nodes update them.
     ///
     /// A step that fails in a kernel may have updated some weights already (those assigned
-    /// before the failing node).
+    /// before the failing node). A failing step first waits for every gradient bucket still in
+    /// flight (each ends, at the latest, in the communicator's timeout), so the executor stays
+    /// usable.
     pub fn step(&mut self, feeds: &[(&str, Tensor)]) -> Result<Vec<Tensor>, RuntimeError> {
         let start = Instant::now();
         self.bind_feeds(feeds)?;
+        let result = self.run_step(feeds);
+        if result.is_err() {
+            self.drain();
+        } else {
+            self.step_count += 1;
+            self.stats.steps += 1;
+            self.stats.total += start.elapsed();
+        }
+        result
+    }
+
+    /// Takes back every bucket still with the communication thread.
+    fn drain(&mut self) {
+        let mut tickets: Vec<(u64, usize)> = self
+            .buckets
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(b, bk)| bk.ticket.take().map(|t| (t, b)))
+            .collect();
+        tickets.sort_unstable();
+        for (t, b) in tickets {
+            if let Some(r) = self.comm_thread.as_mut().and_then(|c| c.wait(t)) {
+                self.buckets[b].flat = Some(r.dst);
+            }
+        }
+        self.unpacked.fill(false);
+    }
+
+    fn run_step(&mut self, feeds: &[(&str, Tensor)]) -> Result<Vec<Tensor>, RuntimeError> {
         let ctx = KernelContext {
             step: self.step_count,
             rank: self
@@ -665,9 +921,30 @@ impl Executor {
             scratch,
             stats,
             outputs,
+            comm_thread,
+            members,
+            buckets,
+            needs,
+            output_needs,
+            unpacked,
+            staging,
             ..
         } = self;
+        let mut bucket_time = BucketTime::default();
         for (i, (node, step)) in graph.nodes.iter().zip(steps.iter()).enumerate() {
+            for &m in &needs[i] {
+                ensure_member(
+                    m,
+                    graph,
+                    members,
+                    buckets,
+                    unpacked,
+                    pool,
+                    comm_thread,
+                    &mut bucket_time,
+                    stats,
+                )?;
+            }
             match step {
                 Step::Alias => {}
                 Step::Compute { args, outs, types } => {
@@ -738,22 +1015,21 @@ impl Executor {
                     ty,
                 } => {
                     let t0 = Instant::now();
-                    let comm_err = |error: CommError| RuntimeError::Comm {
-                        node: i,
-                        op: node.op,
-                        instance: node.instance.clone(),
-                        error,
-                    };
                     let graph_error = |reason: String| RuntimeError::Graph {
                         graph: graph.name.clone(),
                         location: node_text(graph, i),
                         reason,
                     };
-                    let Some(comm) = comm.as_deref() else {
+                    if comm.is_none() {
                         return Err(RuntimeError::NeedsCommunicator {
                             op: node.op,
                             instance: node.instance.clone(),
                         });
+                    }
+                    let Some(thread) = comm_thread.as_mut() else {
+                        return Err(graph_error(
+                            "the communication thread is not running".into(),
+                        ));
                     };
                     let Some(slot) = pool.get_mut(*out) else {
                         return Err(graph_error("the result has no buffer".into()));
@@ -762,20 +1038,138 @@ impl Executor {
                     if shape_buffer(&mut dst, ty) {
                         stats.buffer_allocations += 1;
                     }
-                    let src = match input {
-                        Some(s) => fetch(*s, pool, weights, feeds, feed_index),
-                        None => None,
+                    // The communication thread gets the operand by value and gives it back.
+                    let (operand, taken) = match input {
+                        Some(Src::Buffer(b)) if *b == *out => (Some(dst.clone()), Taken::Nothing),
+                        Some(Src::Buffer(b)) if *b < pool.len() => (
+                            Some(std::mem::replace(&mut pool[*b], empty_tensor())),
+                            Taken::Buffer(*b),
+                        ),
+                        Some(Src::Weight(p)) => match weights.get_mut(*p).and_then(Option::take) {
+                            Some(t) => (Some(t), Taken::Weight(*p)),
+                            None => (None, Taken::Nothing),
+                        },
+                        Some(Src::Input(p)) => {
+                            let feed = fetch(Src::Input(*p), pool, weights, feeds, feed_index);
+                            match (staging[i].take(), feed) {
+                                (Some(mut st), Some(f)) => {
+                                    if copy_into(&mut st, f) {
+                                        (Some(st), Taken::Staging)
+                                    } else {
+                                        staging[i] = Some(st);
+                                        (None, Taken::Nothing)
+                                    }
+                                }
+                                (st, _) => {
+                                    staging[i] = st;
+                                    (None, Taken::Nothing)
+                                }
+                            }
+                        }
+                        _ => (None, Taken::Nothing),
                     };
-                    let result = run_comm(comm, call, src, &mut dst, ty);
-                    pool[*out] = dst;
+                    let job = Job::Node {
+                        call: call.clone(),
+                        input: operand,
+                        dst,
+                        ty: ty.clone(),
+                    };
+                    let reply = match thread.submit(job) {
+                        Ok(ticket) => thread.wait(ticket),
+                        Err(job) => match *job {
+                            Job::Node { input, dst, .. } => Some(Reply {
+                                input,
+                                dst,
+                                result: Err(CommFailure::Local(
+                                    "the communication thread has ended".into(),
+                                )),
+                                elapsed: Duration::ZERO,
+                            }),
+                            Job::Bucket { .. } => None,
+                        },
+                    };
+                    let Some(reply) = reply else {
+                        return Err(graph_error(
+                            "the communication thread ended during the collective".into(),
+                        ));
+                    };
+                    pool[*out] = reply.dst;
+                    match (taken, reply.input) {
+                        (Taken::Buffer(b), Some(t)) => pool[b] = t,
+                        (Taken::Weight(p), Some(t)) => weights[p] = Some(t),
+                        (Taken::Staging, Some(t)) => staging[i] = Some(t),
+                        _ => {}
+                    }
                     let entry = stats.per_op.entry(node.op).or_default();
                     entry.count += 1;
                     entry.time += t0.elapsed();
-                    match result {
+                    match reply.result {
                         Ok(()) => {}
-                        Err(CommFailure::Comm(e)) => return Err(comm_err(e)),
+                        Err(CommFailure::Comm(error)) => {
+                            return Err(RuntimeError::Comm {
+                                node: i,
+                                op: node.op,
+                                instance: node.instance.clone(),
+                                error,
+                            })
+                        }
                         Err(CommFailure::Local(reason)) => return Err(graph_error(reason)),
                     }
+                }
+                Step::Pack { member, input } => {
+                    let t0 = Instant::now();
+                    let mem = &members[*member];
+                    let bk = &mut buckets[mem.bucket];
+                    let graph_error = |reason: String| RuntimeError::Graph {
+                        graph: graph.name.clone(),
+                        location: node_text(graph, i),
+                        reason,
+                    };
+                    let Some(flat) = bk.flat.as_mut() else {
+                        return Err(graph_error(format!(
+                            "the buffer of gradient bucket fusion {} was lost with the \
+                             communication thread",
+                            bk.id
+                        )));
+                    };
+                    let packed = match fetch(*input, pool, weights, feeds, feed_index) {
+                        Some(t) if t.len() == mem.len => pack_into(flat, mem.offset, t),
+                        _ => false,
+                    };
+                    if !packed {
+                        return Err(graph_error(format!(
+                            "the executor has no {} value for operand 0 to pack into gradient \
+                             bucket fusion {}",
+                            mem.ty, bk.id
+                        )));
+                    }
+                    if i == bk.last {
+                        let Some(thread) = comm_thread.as_mut() else {
+                            return Err(graph_error(
+                                "the communication thread is not running".into(),
+                            ));
+                        };
+                        let flat = bk.flat.take().unwrap_or_else(empty_tensor);
+                        let job = Job::Bucket {
+                            group: bk.group.clone(),
+                            op: bk.op,
+                            flat,
+                        };
+                        match thread.submit(job) {
+                            Ok(ticket) => bk.ticket = Some(ticket),
+                            Err(job) => {
+                                if let Job::Bucket { flat, .. } = *job {
+                                    bk.flat = Some(flat);
+                                }
+                                return Err(graph_error(
+                                    "the communication thread has ended".into(),
+                                ));
+                            }
+                        }
+                    }
+                    let entry = stats.per_op.entry(node.op).or_default();
+                    entry.count += 1;
+                    entry.time += t0.elapsed();
                 }
                 Step::Assign { param, value, swap } => {
                     let t0 = Instant::now();
@@ -805,15 +1199,47 @@ impl Executor {
                 }
             }
         }
+        for &m in output_needs.iter() {
+            ensure_member(
+                m,
+                graph,
+                members,
+                buckets,
+                unpacked,
+                pool,
+                comm_thread,
+                &mut bucket_time,
+                stats,
+            )?;
+        }
+        // Buckets whose results nobody read this step.
+        for m in 0..members.len() {
+            if buckets[members[m].bucket].ticket.is_some() {
+                wait_bucket(
+                    members[m].bucket,
+                    members[m].node,
+                    graph,
+                    buckets,
+                    comm_thread,
+                    &mut bucket_time,
+                )?;
+            }
+        }
+        unpacked.fill(false);
+        let g = &mut stats.gradient_comm;
+        if g.buckets > 0 {
+            g.steps += 1;
+            g.comm += bucket_time.comm;
+            g.wait += bucket_time.wait;
+            g.last_comm = bucket_time.comm;
+            g.last_wait = bucket_time.wait;
+        }
         let mut result = Vec::with_capacity(outputs.len());
         for &src in outputs.iter() {
             if let Some(t) = fetch(src, pool, weights, feeds, feed_index) {
                 result.push(t.clone());
             }
         }
-        self.step_count += 1;
-        self.stats.steps += 1;
-        self.stats.total += start.elapsed();
         Ok(result)
     }
 
@@ -945,6 +1371,267 @@ impl Executor {
     /// Cumulative execution statistics.
     pub fn stats(&self) -> &ExecStats {
         &self.stats
+    }
+}
+
+/// What a communication node lent the communication thread.
+enum Taken {
+    Nothing,
+    Buffer(usize),
+    Weight(usize),
+    Staging,
+}
+
+/// Bucket times of one step.
+#[derive(Default)]
+struct BucketTime {
+    /// In the communicator.
+    comm: Duration,
+    /// The main thread blocked.
+    wait: Duration,
+}
+
+/// Waits for bucket `b` if it is in flight (timing the wait); errors name `node`.
+fn wait_bucket(
+    b: usize,
+    node: usize,
+    graph: &Graph,
+    buckets: &mut [BucketRt],
+    comm_thread: &mut Option<CommThread>,
+    time: &mut BucketTime,
+) -> Result<(), RuntimeError> {
+    let bk = &mut buckets[b];
+    let Some(ticket) = bk.ticket.take() else {
+        return Ok(());
+    };
+    let t0 = Instant::now();
+    let reply = comm_thread.as_mut().and_then(|c| c.wait(ticket));
+    time.wait += t0.elapsed();
+    let n = &graph.nodes[node];
+    let Some(reply) = reply else {
+        return Err(RuntimeError::Graph {
+            graph: graph.name.clone(),
+            location: node_text(graph, node),
+            reason: format!(
+                "the communication thread ended during gradient bucket fusion {}",
+                bk.id
+            ),
+        });
+    };
+    time.comm += reply.elapsed;
+    bk.flat = Some(reply.dst);
+    match reply.result {
+        Ok(()) => Ok(()),
+        Err(CommFailure::Comm(error)) => Err(RuntimeError::Comm {
+            node,
+            op: n.op,
+            instance: n.instance.clone(),
+            error,
+        }),
+        Err(CommFailure::Local(reason)) => Err(RuntimeError::Graph {
+            graph: graph.name.clone(),
+            location: node_text(graph, node),
+            reason,
+        }),
+    }
+}
+
+/// Makes member `m`'s result available in its buffer: waits for its bucket, then unpacks it.
+#[allow(clippy::too_many_arguments)]
+fn ensure_member(
+    m: usize,
+    graph: &Graph,
+    members: &[Member],
+    buckets: &mut [BucketRt],
+    unpacked: &mut [bool],
+    pool: &mut [Tensor],
+    comm_thread: &mut Option<CommThread>,
+    time: &mut BucketTime,
+    stats: &mut ExecStats,
+) -> Result<(), RuntimeError> {
+    if unpacked[m] {
+        return Ok(());
+    }
+    let mem = &members[m];
+    wait_bucket(mem.bucket, mem.node, graph, buckets, comm_thread, time)?;
+    let bk = &buckets[mem.bucket];
+    let err = |reason: String| RuntimeError::Graph {
+        graph: graph.name.clone(),
+        location: node_text(graph, mem.node),
+        reason,
+    };
+    let Some(flat) = bk.flat.as_ref() else {
+        return Err(err(format!(
+            "gradient bucket fusion {} was never submitted",
+            bk.id
+        )));
+    };
+    let Some(dst) = pool.get_mut(mem.out) else {
+        return Err(err("the result has no buffer".into()));
+    };
+    if shape_buffer(dst, &mem.ty) {
+        stats.buffer_allocations += 1;
+    }
+    if !unpack_from(dst, flat, mem.offset) {
+        return Err(err(format!(
+            "gradient bucket fusion {} does not hold this member's {} elements",
+            bk.id, mem.len
+        )));
+    }
+    unpacked[m] = true;
+    Ok(())
+}
+
+/// Finds the gradient buckets (`fusion: k`, k > 0, on AllReduce nodes), checks that each
+/// bucket's members agree on group, reduction and dtype, turns their steps into
+/// [`Step::Pack`] and allocates each bucket's flat buffer.
+fn plan_buckets(
+    graph: &Graph,
+    steps: &mut [Step],
+) -> Result<(Vec<Member>, Vec<BucketRt>), RuntimeError> {
+    let mut members: Vec<Member> = Vec::new();
+    let mut buckets: Vec<BucketRt> = Vec::new();
+    let mut lens: Vec<usize> = Vec::new();
+    let mut dtypes = Vec::new();
+    for (i, node) in graph.nodes.iter().enumerate() {
+        let err = |reason: String| RuntimeError::Graph {
+            graph: graph.name.clone(),
+            location: node_text(graph, i),
+            reason,
+        };
+        let id = match node.attrs.get("fusion") {
+            None => continue,
+            Some(Attr::Int(k)) if *k > 0 => *k,
+            Some(Attr::Int(k)) if *k == 0 => continue,
+            Some(other) => {
+                return Err(err(format!(
+                    "attribute `fusion` must be 0 (not fused) or a bucket id > 0, got {other}"
+                )))
+            }
+        };
+        let Step::Comm {
+            call,
+            input: Some(input),
+            out,
+            ty,
+        } = &steps[i]
+        else {
+            return Err(err(format!(
+                "attribute `fusion` {id}: only AllReduce nodes can be fused, this is {}",
+                node.op
+            )));
+        };
+        let CommCall::AllReduce { group, op } = &**call else {
+            return Err(err(format!(
+                "attribute `fusion` {id}: only AllReduce nodes can be fused, this is {}",
+                node.op
+            )));
+        };
+        if *out == usize::MAX {
+            return Err(err("the result has no buffer".into()));
+        }
+        let b = match buckets.iter().position(|b| b.id == id) {
+            Some(b) => {
+                let bk = &buckets[b];
+                if *bk.group != **group || bk.op != *op || dtypes[b] != ty.dtype {
+                    return Err(err(format!(
+                        "it is in gradient bucket fusion {id} with {}, but their groups, \
+                         reductions or dtypes differ ({} {} {} vs. {} {} {})",
+                        node_text(graph, bk.last),
+                        crate::comm::RankList(&bk.group),
+                        bk.op.name(),
+                        dtypes[b],
+                        crate::comm::RankList(group),
+                        op.name(),
+                        ty.dtype
+                    )));
+                }
+                b
+            }
+            None => {
+                buckets.push(BucketRt {
+                    id,
+                    group: group.as_slice().into(),
+                    op: *op,
+                    last: i,
+                    flat: None,
+                    ticket: None,
+                });
+                lens.push(0);
+                dtypes.push(ty.dtype);
+                buckets.len() - 1
+            }
+        };
+        let len = ty.num_elements();
+        members.push(Member {
+            node: i,
+            bucket: b,
+            offset: lens[b],
+            len,
+            out: *out,
+            ty: TensorType::clone(ty),
+        });
+        lens[b] += len;
+        buckets[b].last = i;
+        let input = *input;
+        steps[i] = Step::Pack {
+            member: members.len() - 1,
+            input,
+        };
+    }
+    for (b, bk) in buckets.iter_mut().enumerate() {
+        bk.flat = Some(Tensor {
+            shape: vec![lens[b]],
+            data: Data::zeros(dtypes[b], lens[b]),
+        });
+    }
+    Ok((members, buckets))
+}
+
+/// Copies `src`'s elements into `flat[offset..]` (same dtype). False when they do not fit.
+fn pack_into(flat: &mut Tensor, offset: usize, src: &Tensor) -> bool {
+    fn put<T: Copy>(d: &mut [T], offset: usize, s: &[T]) -> bool {
+        match d.get_mut(offset..offset + s.len()) {
+            Some(dst) => {
+                dst.copy_from_slice(s);
+                true
+            }
+            None => false,
+        }
+    }
+    match (&mut flat.data, &src.data) {
+        (Data::F32(d), Data::F32(s)) => put(d, offset, s),
+        (Data::F64(d), Data::F64(s)) => put(d, offset, s),
+        (Data::F16(d), Data::F16(s)) => put(d, offset, s),
+        (Data::BF16(d), Data::BF16(s)) => put(d, offset, s),
+        (Data::I32(d), Data::I32(s)) => put(d, offset, s),
+        (Data::I64(d), Data::I64(s)) => put(d, offset, s),
+        (Data::Bool(d), Data::Bool(s)) => put(d, offset, s),
+        _ => false,
+    }
+}
+
+/// Copies `flat[offset..offset + dst.len()]` into `dst` (same dtype). False when it does not
+/// fit.
+fn unpack_from(dst: &mut Tensor, flat: &Tensor, offset: usize) -> bool {
+    fn get<T: Copy>(d: &mut [T], offset: usize, s: &[T]) -> bool {
+        match s.get(offset..offset + d.len()) {
+            Some(src) => {
+                d.copy_from_slice(src);
+                true
+            }
+            None => false,
+        }
+    }
+    match (&mut dst.data, &flat.data) {
+        (Data::F32(d), Data::F32(s)) => get(d, offset, s),
+        (Data::F64(d), Data::F64(s)) => get(d, offset, s),
+        (Data::F16(d), Data::F16(s)) => get(d, offset, s),
+        (Data::BF16(d), Data::BF16(s)) => get(d, offset, s),
+        (Data::I32(d), Data::I32(s)) => get(d, offset, s),
+        (Data::I64(d), Data::I64(s)) => get(d, offset, s),
+        (Data::Bool(d), Data::Bool(s)) => get(d, offset, s),
+        _ => false,
     }
 }
 

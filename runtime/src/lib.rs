@@ -4,6 +4,7 @@
 //! liveness-based memory plan. The runtime never compiles: it runs a graph it is given.
 
 pub mod backend;
+pub mod checkpoint;
 pub mod cluster;
 pub mod comm;
 pub mod data;

@@ -32,6 +32,8 @@
 pub mod bench_collectives;
 #[path = "bench_compile.rs"]
 pub mod bench_compile;
+#[path = "bench_ddp.rs"]
+pub mod bench_ddp;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, ValueEnum};
@@ -120,9 +122,12 @@ impl TrainModel {
         }
     }
 
-    /// The training graph: the zoo's forward graph compiled with the model's optimizer.
-    pub fn training_graph(self, batch: usize) -> Result<Graph> {
-        let (forward, optimizer) = match self {
+    /// The zoo's forward graph (with its loss) at `batch` and the model's optimizer.
+    pub fn forward_and_optimizer(
+        self,
+        batch: usize,
+    ) -> Result<(Graph, shardc_passes::autodiff::Optimizer)> {
+        Ok(match self {
             TrainModel::Quickstart => (zoo::quickstart(16)?, Momentum::new(0.2, 0.1).to_spec()),
             TrainModel::Mlp => (
                 zoo::mlp(batch, &[784, 512, 512, 10])?,
@@ -132,7 +137,12 @@ impl TrainModel {
                 zoo::resnet18_cifar(batch)?,
                 Momentum::new(0.01, 0.9).to_spec(),
             ),
-        };
+        })
+    }
+
+    /// The training graph: the zoo's forward graph compiled with the model's optimizer.
+    pub fn training_graph(self, batch: usize) -> Result<Graph> {
+        let (forward, optimizer) = self.forward_and_optimizer(batch)?;
         let opts = CompileOptions {
             optimizer: Some(optimizer),
             dump_dir: None,
@@ -182,6 +192,16 @@ pub struct BenchArgs {
     /// checkout containing the current directory, else of the one shardc was built from).
     #[arg(long)]
     pub bench_dir: Option<PathBuf>,
+    /// `train` with more than one rank: data-parallel training in this many worker processes
+    /// against PyTorch DDP (gloo) in as many (models mlp and resnet18; `--batch` per rank).
+    #[arg(long, value_parser = parse_positive, default_value_t = 1)]
+    pub ranks: usize,
+    /// Untimed warm-up steps of a data-parallel worker (set by the parent).
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub warmup: usize,
+    /// Run as one worker of the data-parallel benchmark on this artifact (set by the parent).
+    #[arg(long, hide = true)]
+    pub worker_artifact: Option<PathBuf>,
     /// `shardc bench collectives`: AllReduce between processes against gloo and Open MPI
     /// (its own options: `shardc bench collectives --help`).
     #[command(subcommand)]
@@ -202,6 +222,9 @@ impl Default for BenchArgs {
             no_reference: false,
             no_setup: false,
             bench_dir: None,
+            ranks: 1,
+            warmup: 0,
+            worker_artifact: None,
             sub: None,
         }
     }
@@ -221,6 +244,9 @@ fn parse_positive(s: &str) -> std::result::Result<usize, String> {
 pub fn run_bench(args: &BenchArgs) -> Result<()> {
     if let Some(bench_collectives::BenchSubcommand::Collectives(c)) = &args.sub {
         return bench_collectives::run(c);
+    }
+    if args.what == BenchWhat::Train && (args.ranks > 1 || args.worker_artifact.is_some()) {
+        return bench_ddp::run(args);
     }
     if args.what == BenchWhat::Compile {
         return bench_compile::run(&bench_compile::CompileBench::standard(args.quick)).map(drop);
@@ -488,7 +514,7 @@ fn train_line(
 }
 
 /// Milliseconds with three significant digits at least.
-fn ms(v: f64) -> String {
+pub(crate) fn ms(v: f64) -> String {
     if v < 1.0 {
         format!("{v:.3}")
     } else {
@@ -602,7 +628,7 @@ impl Drop for Reference {
 
 /// The `bench/` directory: `--bench-dir`, else `bench/` of the nearest ancestor of the current
 /// directory that has `bench/reference.py`, else the one next to this crate's sources.
-fn bench_dir(args: &BenchArgs) -> Result<PathBuf> {
+pub(crate) fn bench_dir(args: &BenchArgs) -> Result<PathBuf> {
     if let Some(dir) = &args.bench_dir {
         if dir.join("reference.py").is_file() {
             return Ok(dir.clone());

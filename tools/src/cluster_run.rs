@@ -255,8 +255,8 @@ fn train_rank(a: &RunArgs, art: Artifact, joined: &Joined) -> Result<()> {
     let (data, inputs) = crate::commands::distributed_data(a, &art)?;
     let graph = art
         .graphs
-        .into_iter()
-        .nth(rank)
+        .get(rank)
+        .cloned()
         .context("rank graph missing")?;
     let threads = if a.threads == 0 { 1 } else { a.threads };
     let mut exec = Executor::with_communicator(
@@ -266,7 +266,28 @@ fn train_rank(a: &RunArgs, art: Artifact, joined: &Joined) -> Result<()> {
     )
     .with_context(|| format!("rank {rank}: preparing its graph"))?;
     let per_epoch = a.steps_per_epoch.unwrap_or(a.data_pool as u64).max(1);
-    for step in 0..a.steps {
+    // Checkpoints: every rank reads the shared directory and computes the same newest
+    // complete step (it checks every rank's file of it), then loads its own file; a barrier
+    // keeps any rank from saving (and pruning) before all have chosen.
+    let start = match &a.checkpoint.resume_from {
+        Some(dir) => {
+            let graphs: Vec<&shardc_ir::Graph> = art.graphs.iter().collect();
+            let who = format!("rank {rank}: ");
+            let mut rp = crate::ckpt::resume_point(dir, &graphs, &|r| r == rank, &who, a.steps)?;
+            crate::ckpt::apply(&mut rp, rank, size, &mut exec)?;
+            let all: Vec<usize> = (0..size).collect();
+            joined.comm.barrier(&all).map_err(|e| {
+                anyhow!("rank {rank}: waiting for every rank to load its checkpoint: {e}")
+            })?;
+            rp.step
+        }
+        None => 0,
+    };
+    let saver = crate::ckpt::Saver::new(&a.checkpoint, &art.manifest.model, per_epoch, rank, size)?;
+    if let Some(s) = &saver {
+        s.write_strategy(&a.artifact, &art)?;
+    }
+    for step in start..a.steps {
         let mut feeds: Vec<(&str, Tensor)> = Vec::new();
         for (name, t) in data.feeds(step) {
             let layout = inputs
@@ -295,6 +316,9 @@ fn train_rank(a: &RunArgs, art: Artifact, joined: &Joined) -> Result<()> {
             step % per_epoch + 1,
             loss as f32
         );
+        if let Some(s) = &saver {
+            s.after_step(&exec, exec.step_count() == a.steps)?;
+        }
     }
     if a.stats {
         println!("{}", exec.stats());

@@ -93,6 +93,9 @@ pub struct RunArgs {
     /// with `--features mpi`).
     #[arg(long, value_enum, default_value_t = crate::cluster_run::CommKind::Native)]
     pub comm: crate::cluster_run::CommKind,
+    /// Checkpoints: saving, keeping, resuming.
+    #[command(flatten)]
+    pub checkpoint: crate::ckpt::CheckpointArgs,
 }
 
 /// Arguments of `shardc print`.
@@ -169,6 +172,7 @@ pub fn compile(a: &CompileArgs) -> Result<()> {
         load_strategy: ctx.strategy_ckpt_config.load_file.clone(),
         save_strategy: ctx.strategy_ckpt_config.save_file.clone(),
         mode_names: Some((ctx.parallel_mode.to_string(), ctx.search_mode.to_string())),
+        grad_fusion: Some(pipeline::grad_fusion_of(&ctx.comm_fusion)),
     };
     let compiled = pipeline::compile(graph, &opts)?;
     let g = compiled.graph;
@@ -221,7 +225,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
     if art.graphs.len() > 1 {
         return run_ranks_in_process(a, art);
     }
-    let Some(graph) = art.graphs.into_iter().next() else {
+    let Some(graph) = art.graphs.first().cloned() else {
         bail!("{}: the artifact holds no graph", a.artifact.display());
     };
     let threads = if a.threads == 0 {
@@ -238,6 +242,16 @@ pub fn run(a: &RunArgs) -> Result<()> {
         .map(|p| (p.name.clone(), p.ty.shape.clone()))
         .collect();
     let mut exec = Executor::new(graph, Arc::new(CpuBackend::with_threads(threads)))?;
+    // Resume: the weights, the optimizer state and the step count of the newest valid
+    // checkpoint; steps continue from there (`--steps` counts the total).
+    let start = match &a.checkpoint.resume_from {
+        Some(dir) => {
+            let mut rp = crate::ckpt::resume_point(dir, &[exec.graph()], &|_| true, "", a.steps)?;
+            crate::ckpt::apply(&mut rp, 0, 1, &mut exec)?;
+            rp.step
+        }
+        None => 0,
+    };
     enum Source {
         Synthetic(SyntheticData),
         Mnist(MnistData, usize),
@@ -262,8 +276,12 @@ pub fn run(a: &RunArgs) -> Result<()> {
         ),
     };
     let per_epoch = a.steps_per_epoch.unwrap_or(pool).max(1);
+    let saver = crate::ckpt::Saver::new(&a.checkpoint, &art.manifest.model, per_epoch, 0, 1)?;
+    if let Some(s) = &saver {
+        s.write_strategy(&a.artifact, &art)?;
+    }
     let names: Vec<&str> = inputs.iter().map(|(n, _)| n.as_str()).collect();
-    for step in 0..a.steps {
+    for step in start..a.steps {
         let feeds: Vec<(&str, Tensor)> = match &source {
             Source::Synthetic(s) => s.feeds(step),
             Source::Mnist(m, batch) => {
@@ -282,6 +300,9 @@ pub fn run(a: &RunArgs) -> Result<()> {
             step % per_epoch + 1,
             loss as f32
         );
+        if let Some(s) = &saver {
+            s.after_step(&exec, exec.step_count() == a.steps)?;
+        }
     }
     if a.stats {
         println!("{}", exec.memory_plan().summary());
@@ -328,13 +349,67 @@ fn run_ranks_in_process(a: &RunArgs, art: Artifact) -> Result<()> {
             .collect()
     };
     let per_epoch = a.steps_per_epoch.unwrap_or(a.data_pool as u64).max(1);
-    let res = crate::in_process::run_ranks(art.graphs, &inputs, &feeds, a.steps, 1)?;
-    for (step, outs) in res.outputs[0].iter().enumerate() {
+    let n = art.graphs.len();
+    // Checkpoints: every rank loads its file of the newest complete step, saves its own.
+    let mut resume = match &a.checkpoint.resume_from {
+        Some(dir) => {
+            let graphs: Vec<&Graph> = art.graphs.iter().collect();
+            Some(crate::ckpt::resume_point(
+                dir,
+                &graphs,
+                &|_| true,
+                "",
+                a.steps,
+            )?)
+        }
+        None => None,
+    };
+    let start = resume.as_ref().map_or(0, |rp| rp.step);
+    let savers: Vec<Option<crate::ckpt::Saver>> = (0..n)
+        .map(|r| crate::ckpt::Saver::new(&a.checkpoint, &art.manifest.model, per_epoch, r, n))
+        .collect::<Result<_>>()?;
+    if let Some(Some(s)) = savers.first() {
+        s.write_strategy(&a.artifact, &art)?;
+    }
+    let loaded: Vec<std::sync::Mutex<Option<(PathBuf, shardc_runtime::checkpoint::Checkpoint)>>> =
+        (0..n)
+            .map(|r| {
+                std::sync::Mutex::new(
+                    resume.as_mut().and_then(|rp| {
+                        rp.checkpoints[r].take().map(|cp| (rp.files[r].clone(), cp))
+                    }),
+                )
+            })
+            .collect();
+    let prepare = |rank: usize, exec: &mut Executor| -> Result<()> {
+        let taken = loaded[rank]
+            .lock()
+            .map_err(|_| anyhow::anyhow!("rank {rank}: checkpoint lock poisoned"))?
+            .take();
+        if let Some((path, cp)) = taken {
+            cp.apply_to(&path, exec, rank as u32, n as u32)?;
+        }
+        Ok(())
+    };
+    let steps = a.steps;
+    let after_step = |rank: usize, exec: &Executor| -> Result<()> {
+        match &savers[rank] {
+            Some(s) => s.after_step(exec, exec.step_count() == steps),
+            None => Ok(()),
+        }
+    };
+    let hooks = crate::in_process::RankHooks {
+        prepare: &prepare,
+        after_step: &after_step,
+    };
+    let res =
+        crate::in_process::run_ranks_with(art.graphs, &inputs, &feeds, a.steps, 1, Some(&hooks))?;
+    for (i, outs) in res.outputs[0].iter().enumerate() {
         let loss = outs
             .first()
             .and_then(Tensor::scalar_value)
             .context("the graph's first output is not a scalar loss")?;
-        let step = step as u64;
+        let step = start + i as u64;
         println!(
             "epoch: {} step: {}, loss is {}",
             step / per_epoch + 1,

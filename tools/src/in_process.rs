@@ -30,6 +30,35 @@ pub fn run_ranks(
     steps: u64,
     threads_per_rank: usize,
 ) -> Result<RanksResult> {
+    run_ranks_with(
+        graphs,
+        input_layouts,
+        global_feeds,
+        steps,
+        threads_per_rank,
+        None,
+    )
+}
+
+/// Per-rank hooks of [`run_ranks_with`] (checkpoints).
+pub struct RankHooks<'a> {
+    /// Called on each rank's executor before any step runs (loading a checkpoint: the run
+    /// continues from the executor's step count).
+    pub prepare: &'a (dyn Fn(usize, &mut Executor) -> Result<()> + Sync),
+    /// Called on each rank after each of its steps (saving a checkpoint).
+    pub after_step: &'a (dyn Fn(usize, &Executor) -> Result<()> + Sync),
+}
+
+/// [`run_ranks`] with hooks: the steps run are `step_count..steps`, where `step_count` is the
+/// executors' step count after `prepare` (0 without hooks); the outputs hold those steps only.
+pub fn run_ranks_with(
+    graphs: Vec<Graph>,
+    input_layouts: &[(String, TensorLayout)],
+    global_feeds: &(dyn Fn(u64) -> Vec<(String, Tensor)> + Sync),
+    steps: u64,
+    threads_per_rank: usize,
+    hooks: Option<&RankHooks<'_>>,
+) -> Result<RanksResult> {
     let n = graphs.len();
     let comms = InProcessWorld::new(n);
     // Every rank's executor first: a rank that cannot start must not leave the others waiting
@@ -37,10 +66,12 @@ pub fn run_ranks(
     let mut execs = Vec::with_capacity(n);
     for (rank, (g, comm)) in graphs.into_iter().zip(comms).enumerate() {
         let backend = Arc::new(CpuBackend::with_threads(threads_per_rank));
-        execs.push(
-            Executor::with_communicator(g, backend, comm)
-                .with_context(|| format!("rank {rank}: preparing its graph"))?,
-        );
+        let mut exec = Executor::with_communicator(g, backend, comm)
+            .with_context(|| format!("rank {rank}: preparing its graph"))?;
+        if let Some(h) = hooks {
+            (h.prepare)(rank, &mut exec)?;
+        }
+        execs.push(exec);
     }
     let results: Vec<Result<RankRun>> = std::thread::scope(|s| {
         let handles: Vec<_> = execs
@@ -48,8 +79,9 @@ pub fn run_ranks(
                 .enumerate()
                 .map(|(rank, mut exec)| {
                     s.spawn(move || -> Result<RankRun> {
-                        let mut outs = Vec::with_capacity(steps as usize);
-                        for step in 0..steps {
+                        let start = exec.step_count();
+                        let mut outs = Vec::with_capacity(steps.saturating_sub(start) as usize);
+                        for step in start..steps {
                             let mut feeds = Vec::new();
                             for (name, t) in global_feeds(step) {
                                 let layout = input_layouts
@@ -71,6 +103,9 @@ pub fn run_ranks(
                                 .step(&refs)
                                 .with_context(|| format!("rank {rank}, step {}", step + 1))?;
                             outs.push(o);
+                            if let Some(h) = hooks {
+                                (h.after_step)(rank, &exec)?;
+                            }
                         }
                         let weights = exec
                             .weights()

@@ -6,13 +6,16 @@
 //! `bench` (the benchmarks against numpy and PyTorch).
 
 mod bench;
+pub mod ckpt;
 pub mod cluster_run;
 mod commands;
+mod data_cmd;
 mod explain;
 pub mod in_process;
 mod launch;
 mod parallel_args;
 mod verify;
+mod zoo_cmd;
 
 use clap::{Parser, Subcommand};
 
@@ -55,6 +58,15 @@ pub enum Command {
     /// In a cluster (under `shardc launch` or mpirun): run every collective on the world and
     /// on sub-groups and check the results bit for bit.
     CheckCollectives(cluster_run::CheckCollectivesArgs),
+    /// Data-set utilities: `data synth --format cifar10|mnist --out DIR` writes a seeded
+    /// synthetic set in the real file format.
+    Data(data_cmd::DataArgs),
+    /// Print one of the tutorials' networks (forward graph with its loss) as text IR, for
+    /// `shardc compile`.
+    Zoo(zoo_cmd::ZooArgs),
+    /// Checkpoints: merge the ranks' files of a step into one single-device file, or inspect
+    /// a file.
+    Ckpt(ckpt::CkptArgs),
 }
 
 /// Runs the command line and returns the process exit status (0 success, 1 failure, 2 usage).
@@ -84,6 +96,9 @@ pub fn main() -> i32 {
         },
         Command::Scheduler => cluster_run::scheduler_main(),
         Command::CheckCollectives(a) => cluster_run::check_collectives(a),
+        Command::Data(a) => data_cmd::data(a),
+        Command::Ckpt(a) => ckpt::ckpt(a),
+        Command::Zoo(a) => zoo_cmd::zoo(a),
     };
     match result {
         Ok(()) => 0,

@@ -20,7 +20,7 @@
 mod optimizer;
 mod rules;
 
-pub use optimizer::Optimizer;
+pub use optimizer::{append_update, Optimizer};
 
 use crate::infer::{infer_node, InferError};
 use shardc_ir::{

@@ -89,8 +89,12 @@ fn add_state(
     }))
 }
 
-/// Appends the optimizer update of every `(weight, gradient)` to `g`.
-pub(super) fn append_update(
+/// Appends the optimizer update of every `(weight, gradient)` to `g`: the update ops, then an
+/// `Assign` of every weight's and every state's new value (states are added as parameters,
+/// named after their weight as MindSpore names them). The gradients may be any operands of `g`
+/// of their weight's type: backward nodes, or data inputs (an optimizer applied to gradients
+/// computed elsewhere, as in MindSpore's `optimizer(grads)`).
+pub fn append_update(
     g: Graph,
     grads: &[(ParamId, Operand)],
     opt: &Optimizer,

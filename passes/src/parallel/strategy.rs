@@ -42,6 +42,12 @@ pub enum Source {
     },
     /// No neighbour was settled: the default.
     Unconstrained,
+    /// `data_parallel` split the batch and ignored the user's `in_strategy` (as MindSpore
+    /// does: `shard` takes effect only in `semi_auto_parallel` and `auto_parallel`).
+    AnnotationIgnored {
+        /// The annotation that was ignored, as written.
+        annotation: String,
+    },
 }
 
 impl std::fmt::Display for Source {
@@ -61,6 +67,12 @@ impl std::fmt::Display for Source {
                 cost.round()
             ),
             Source::Unconstrained => f.write_str("no settled neighbour: batch-split default"),
+            Source::AnnotationIgnored { annotation } => write!(
+                f,
+                "data_parallel default (batch split); the annotation {annotation} was ignored \
+                 because parallel_mode is data_parallel (shard takes effect only in \
+                 semi_auto_parallel and auto_parallel)"
+            ),
         }
     }
 }
@@ -476,8 +488,32 @@ fn dataset_layout(
 }
 
 /// Assigns a strategy to every op of `g` (types inferred) and a layout to every parameter.
+///
+/// In `data_parallel` every user annotation is ignored (MindSpore applies `shard` only in
+/// `semi_auto_parallel` and `auto_parallel`): every forward op splits the batch over all
+/// devices, weights stay replicated, and the decision's source says which annotation was
+/// ignored ([`Source::AnnotationIgnored`]).
 pub fn assign(g: &Graph, opts: &ParallelOptions) -> Result<Assignment, ParallelError> {
     let n = g.nodes.len();
+    let ignored: Vec<Option<String>> = if opts.mode == Mode::DataParallel {
+        g.nodes
+            .iter()
+            .map(|node| node.in_strategy.as_ref().map(|s| s.to_string()))
+            .collect()
+    } else {
+        vec![None; n]
+    };
+    let stripped;
+    let g = if ignored.iter().any(Option::is_some) {
+        let mut c = g.clone();
+        for node in &mut c.nodes {
+            node.in_strategy = None;
+        }
+        stripped = c;
+        &stripped
+    } else {
+        g
+    };
     let mut st = State {
         plan_costs: Default::default(),
         g,
@@ -504,7 +540,12 @@ pub fn assign(g: &Graph, opts: &ParallelOptions) -> Result<Assignment, ParallelE
             Some(s) => (s.clone(), Source::User),
             None if opts.mode != Mode::AutoParallel && !is_generated(node) => (
                 rules::default_strategy(g, node, opts.device_num)?,
-                Source::SemiAutoDefault,
+                match ignored.get(i) {
+                    Some(Some(annotation)) => Source::AnnotationIgnored {
+                        annotation: annotation.clone(),
+                    },
+                    _ => Source::SemiAutoDefault,
+                },
             ),
             None => continue,
         };

@@ -1,0 +1,474 @@
+//! Gradient fusion: moves every gradient AllReduce (the `mirror_grad_*` ones the partitioner
+//! inserts) to just after its gradient is produced, and groups them into buckets, MindSpore's
+//! `comm_fusion={"allreduce": {...}}`.
+//!
+//! The partitioner places a weight's gradient AllReduce just before the weight's optimizer
+//! update, after the whole backward pass, so nothing could overlap it. This pass:
+//!
+//! 1. **Hoists** each gradient AllReduce, with the `mirror_grad_*` nodes that feed it (a
+//!    ReduceScatter, a scale), to just after the last node it reads. Nodes that read the
+//!    AllReduce's result (the `mirror_grad_sum_*` scale, the optimizer update) stay where they
+//!    are. Every other node keeps its relative order, so the graph stays a schedule.
+//! 2. **Buckets** the gradient AllReduces in production order (the backward order). Only
+//!    AllReduces with the same group (`rank_list`), the same `op` and the same dtype share a
+//!    bucket. The mode ([`GradFusion`]):
+//!    - [`GradFusion::Auto`]: buckets of up to 64 MB (MindSpore's `"auto"`);
+//!    - [`GradFusion::SizeMb`]: buckets of up to this many MB (`"size"`): a gradient that
+//!      would make the bucket exceed the size starts a new one (a single larger gradient is a
+//!      bucket of its own);
+//!    - [`GradFusion::Index`]: the trainable parameters (in parameter order) are split before
+//!      each listed index (`"index"`, `[20, 35]` = parameters 0–19, 20–34, 35–end); gradients
+//!      of one part share a bucket;
+//!    - [`GradFusion::Each`]: no `comm_fusion`: every gradient is its own bucket (still given
+//!      a bucket id, so that the runtime overlaps it with the rest of the backward pass).
+//!
+//!    A bucket is also closed before a gradient whose position comes after a node that
+//!    already reads a member's result (the runtime launches a bucket when its last member's
+//!    input exists, so no member may be needed before that).
+//! 3. Writes the bucket id into each member's `fusion` attribute (`fusion: k`, k > 0; 0 = not
+//!    fused), numbered from 1 in the order buckets open, and a comment saying which bucket and
+//!    why.
+//!
+//! The pass is deterministic and depends only on the graph's structure and types, so every
+//! rank of a data-parallel job gets the same buckets in the same order.
+
+use shardc_ir::{Attr, Graph, NodeId, OpKind, Operand};
+use std::collections::HashMap;
+use thiserror::Error;
+
+/// The prefix of the gradient reducers the partitioner inserts.
+pub const MIRROR_PREFIX: &str = "mirror_grad_";
+
+/// Bytes in one MB of a fusion size (MindSpore's MB are MiB).
+const MB: f64 = 1024.0 * 1024.0;
+
+/// How gradient AllReduces are grouped into buckets (MindSpore's `comm_fusion.allreduce`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum GradFusion {
+    /// `"auto"`: buckets of up to [`GradFusion::AUTO_BUCKET_MB`] MB.
+    Auto,
+    /// `"size"`: buckets of up to this many MB (finite, > 0).
+    SizeMb(f64),
+    /// `"index"`: split the trainable parameter list before each of these strictly increasing
+    /// indices.
+    Index(Vec<usize>),
+    /// No `comm_fusion`: every gradient its own bucket.
+    Each,
+}
+
+impl GradFusion {
+    /// The bucket size of [`GradFusion::Auto`], in MB.
+    pub const AUTO_BUCKET_MB: f64 = 64.0;
+
+    /// Checks the configuration: a size must be finite and > 0, indices strictly increasing
+    /// and non-empty.
+    pub fn validate(&self) -> Result<(), GradFusionError> {
+        match self {
+            GradFusion::SizeMb(mb) if !(mb.is_finite() && *mb > 0.0) => {
+                Err(GradFusionError::Config {
+                    value: format!("size {mb}"),
+                    reason: "the fusion size in MB must be finite and greater than 0".into(),
+                })
+            }
+            GradFusion::Index(ix) if ix.is_empty() => Err(GradFusionError::Config {
+                value: "index []".into(),
+                reason: "index mode needs at least one parameter index".into(),
+            }),
+            GradFusion::Index(ix) => match ix.windows(2).find(|w| w[1] <= w[0]) {
+                Some(w) => Err(GradFusionError::Config {
+                    value: format!("index {ix:?}"),
+                    reason: format!(
+                        "parameter indices must be strictly increasing, but {} follows {}",
+                        w[1], w[0]
+                    ),
+                }),
+                None => Ok(()),
+            },
+            _ => Ok(()),
+        }
+    }
+
+    /// How the mode reads in a dump comment.
+    fn describe(&self) -> String {
+        match self {
+            GradFusion::Auto => format!("comm_fusion auto: {} MB buckets", Self::AUTO_BUCKET_MB),
+            GradFusion::SizeMb(mb) => format!("comm_fusion size: {mb} MB buckets"),
+            GradFusion::Index(ix) => format!("comm_fusion index: parameters split at {ix:?}"),
+            GradFusion::Each => "no comm_fusion: one bucket per gradient".into(),
+        }
+    }
+}
+
+/// An error of the gradient fusion pass.
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum GradFusionError {
+    /// The fusion configuration is unusable.
+    #[error("comm_fusion `{value}`: {reason}")]
+    Config {
+        /// The configuration, as text.
+        value: String,
+        /// Why.
+        reason: String,
+    },
+    /// A gradient AllReduce that cannot be fused (no tensor type, an unreadable attribute).
+    #[error("grad_fusion: AllReduce '{instance}': {reason}")]
+    Node {
+        /// The node's instance name.
+        instance: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// One bucket of the result: its id and members, in production order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Bucket {
+    /// The `fusion` id (> 0).
+    pub id: i64,
+    /// The member nodes (in the returned graph), in production order.
+    pub members: Vec<NodeId>,
+    /// The bytes of all members together.
+    pub bytes: usize,
+}
+
+/// Whether `g`'s node is a gradient AllReduce this pass fuses.
+pub fn is_gradient_all_reduce(node: &shardc_ir::Node) -> bool {
+    node.op == OpKind::AllReduce && node.instance.starts_with(MIRROR_PREFIX)
+}
+
+/// Runs the pass (see the module doc); returns the new graph and its buckets.
+pub fn fuse(g: &Graph, mode: &GradFusion) -> Result<(Graph, Vec<Bucket>), GradFusionError> {
+    mode.validate()?;
+    let out = hoist(g);
+    let buckets = bucket(&out, mode)?;
+    let mut out = out;
+    let how = mode.describe();
+    for b in &buckets {
+        for (k, m) in b.members.iter().enumerate() {
+            let node = &mut out.nodes[m.index()];
+            node.attrs.set("fusion", Attr::Int(b.id));
+            node.comments.push(format!(
+                "gradient fusion: bucket {} member {} of {} ({} bytes in the bucket; {how})",
+                b.id,
+                k + 1,
+                b.members.len(),
+                b.bytes
+            ));
+        }
+    }
+    Ok((out, buckets))
+}
+
+/// Moves every gradient AllReduce, and the `mirror_grad_*` nodes feeding it, to just after the
+/// last node it reads.
+fn hoist(g: &Graph) -> Graph {
+    let n = g.nodes.len();
+    let mut hoisted = vec![false; n];
+    let mut stack: Vec<usize> = (0..n)
+        .filter(|&i| is_gradient_all_reduce(&g.nodes[i]))
+        .collect();
+    while let Some(i) = stack.pop() {
+        if hoisted[i] {
+            continue;
+        }
+        hoisted[i] = true;
+        for o in &g.nodes[i].inputs {
+            if let Operand::Node(s) = o {
+                if g.nodes[s.index()].instance.starts_with(MIRROR_PREFIX) && !hoisted[s.index()] {
+                    stack.push(s.index());
+                }
+            }
+        }
+    }
+    if !hoisted.iter().any(|&h| h) {
+        return g.clone();
+    }
+    // New order: the other nodes in their order; each hoisted node as soon as every node it
+    // reads is placed (hoisted nodes among themselves keep their order).
+    let mut order: Vec<usize> = Vec::with_capacity(n);
+    let mut placed = vec![false; n];
+    let ready = |i: usize, placed: &[bool]| {
+        g.nodes[i].inputs.iter().all(|o| match o {
+            Operand::Node(s) => placed[s.index()],
+            _ => true,
+        })
+    };
+    let mut pending: Vec<usize> = (0..n).filter(|&i| hoisted[i]).collect();
+    let flush = |order: &mut Vec<usize>, placed: &mut Vec<bool>, pending: &mut Vec<usize>| loop {
+        let before = pending.len();
+        let mut k = 0;
+        while k < pending.len() {
+            let i = pending[k];
+            if ready(i, placed) {
+                order.push(i);
+                placed[i] = true;
+                pending.remove(k);
+            } else {
+                k += 1;
+            }
+        }
+        if pending.len() == before {
+            break;
+        }
+    };
+    flush(&mut order, &mut placed, &mut pending);
+    for i in 0..n {
+        if hoisted[i] {
+            continue;
+        }
+        order.push(i);
+        placed[i] = true;
+        flush(&mut order, &mut placed, &mut pending);
+    }
+    // Every hoisted node becomes ready by the end (the old order was a schedule).
+    order.extend(pending);
+    let mut new_index = vec![0u32; n];
+    for (new, &old) in order.iter().enumerate() {
+        new_index[old] = new as u32;
+    }
+    let remap = |o: &Operand| match o {
+        Operand::Node(s) => Operand::Node(NodeId(new_index[s.index()])),
+        other => other.clone(),
+    };
+    let mut out = g.clone();
+    out.nodes = order
+        .iter()
+        .map(|&old| {
+            let mut node = g.nodes[old].clone();
+            node.inputs = node.inputs.iter().map(remap).collect();
+            node
+        })
+        .collect();
+    out.outputs = g.outputs.iter().map(remap).collect();
+    out
+}
+
+/// The trainable-parameter index of the weight whose gradient `instance` reduces
+/// (`mirror_grad_<weight>_AllReduce<c>`), the longest matching name winning.
+fn weight_index(g: &Graph, instance: &str) -> Option<usize> {
+    let rest = instance.strip_prefix(MIRROR_PREFIX)?;
+    g.params
+        .iter()
+        .filter(|p| p.requires_grad())
+        .enumerate()
+        .filter(|(_, p)| {
+            rest.strip_prefix(p.name.as_str())
+                .and_then(|r| r.strip_prefix('_'))
+                .is_some()
+        })
+        .max_by_key(|(_, p)| p.name.len())
+        .map(|(k, _)| k)
+}
+
+/// An open bucket while walking the gradients.
+struct Open {
+    id: i64,
+    members: Vec<NodeId>,
+    bytes: usize,
+    /// The earliest position of a node reading a member's result.
+    first_use: usize,
+    /// The index-mode segment.
+    segment: Option<usize>,
+}
+
+/// Groups the gradient AllReduces of `g` (already hoisted) into buckets.
+fn bucket(g: &Graph, mode: &GradFusion) -> Result<Vec<Bucket>, GradFusionError> {
+    let users = g.users();
+    let n = g.nodes.len();
+    let mut open: HashMap<(String, String, String), Open> = HashMap::new();
+    let mut order_of_keys: Vec<(String, String, String)> = Vec::new();
+    let mut done: Vec<Open> = Vec::new();
+    let mut next_id = 1i64;
+    for (i, node) in g.nodes.iter().enumerate() {
+        if !is_gradient_all_reduce(node) {
+            continue;
+        }
+        let err = |reason: String| GradFusionError::Node {
+            instance: node.instance.clone(),
+            reason,
+        };
+        let ty = node
+            .ty
+            .as_tensor()
+            .ok_or_else(|| err("its result is not a tensor".into()))?;
+        let group = node
+            .attrs
+            .get("rank_list")
+            .map_or_else(|| "world".to_string(), |a| a.to_string());
+        let op = match node.attrs.get("op") {
+            None => "sum".to_string(),
+            Some(Attr::Str(s)) => s.clone(),
+            Some(other) => return Err(err(format!("attribute `op` {other} is not a name"))),
+        };
+        let key = (group, op, ty.dtype.to_string());
+        let bytes = ty.size_bytes();
+        let first_use = users[i].iter().map(|u| u.index()).min().unwrap_or(n);
+        let segment = match mode {
+            GradFusion::Index(ix) => Some(match weight_index(g, &node.instance) {
+                Some(w) => ix.iter().filter(|&&s| s <= w).count(),
+                // Not a weight's gradient: a segment of its own.
+                None => usize::MAX - i,
+            }),
+            _ => None,
+        };
+        let limit = match mode {
+            GradFusion::Auto => Some(GradFusion::AUTO_BUCKET_MB * MB),
+            GradFusion::SizeMb(mb) => Some(mb * MB),
+            _ => None,
+        };
+        let close = match open.get(&key) {
+            None => false,
+            Some(b) => {
+                b.first_use < i
+                    || matches!(mode, GradFusion::Each)
+                    || limit.is_some_and(|l| (b.bytes + bytes) as f64 > l)
+                    || b.segment != segment
+            }
+        };
+        if close {
+            if let Some(b) = open.remove(&key) {
+                done.push(b);
+            }
+        }
+        let b = open.entry(key.clone()).or_insert_with(|| {
+            let id = next_id;
+            next_id += 1;
+            Open {
+                id,
+                members: Vec::new(),
+                bytes: 0,
+                first_use: n,
+                segment,
+            }
+        });
+        b.members.push(NodeId(i as u32));
+        b.bytes += bytes;
+        b.first_use = b.first_use.min(first_use);
+        if !order_of_keys.contains(&key) {
+            order_of_keys.push(key);
+        }
+    }
+    for key in order_of_keys {
+        if let Some(b) = open.remove(&key) {
+            done.push(b);
+        }
+    }
+    done.sort_by_key(|b| b.id);
+    Ok(done
+        .into_iter()
+        .map(|b| Bucket {
+            id: b.id,
+            members: b.members,
+            bytes: b.bytes,
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shardc_ir::Node;
+
+    #[test]
+    fn invalid_configs_are_errors_naming_the_value() {
+        let e = GradFusion::SizeMb(0.0).validate().unwrap_err();
+        assert!(e.to_string().contains("size 0"), "{e}");
+        let e = GradFusion::SizeMb(f64::NAN).validate().unwrap_err();
+        assert!(e.to_string().contains("finite"), "{e}");
+        let e = GradFusion::Index(vec![3, 2]).validate().unwrap_err();
+        assert!(e.to_string().contains("2 follows 3"), "{e}");
+        assert!(GradFusion::Index(vec![]).validate().is_err());
+        assert!(GradFusion::Index(vec![1, 5]).validate().is_ok());
+        assert!(GradFusion::Auto.validate().is_ok());
+    }
+
+    use shardc_ir::{Const, DType, Param, ParamKind, TensorType, Type};
+
+    /// `x -> grad<k> = x*2 -> AllReduce` per gradient, named `mirror_grad_w<k>_AllReduce<k>`;
+    /// with `reader_after_first`, a node reading the first AllReduce right after it.
+    /// Outputs: the reader and every AllReduce.
+    fn graph(grads: usize, reader_after_first: bool) -> Graph {
+        let mut g = Graph::new("t");
+        let t = TensorType::new(DType::Float32, vec![4]);
+        let x = Operand::Param(g.add_param(Param {
+            name: "x".into(),
+            ty: t.clone(),
+            kind: ParamKind::Input,
+        }));
+        let mut outs = Vec::new();
+        for k in 0..grads {
+            let mut m = Node::new(
+                OpKind::Mul,
+                vec![x.clone(), Operand::Const(Const::Float(2.0))],
+            );
+            m.ty = Type::Tensor(t.clone());
+            m.instance = format!("grad{k}");
+            let m = Operand::Node(g.push_node(m));
+            let mut a = Node::new(OpKind::AllReduce, vec![m]);
+            a.ty = Type::Tensor(t.clone());
+            a.instance = format!("{MIRROR_PREFIX}w{k}_AllReduce{k}");
+            a.attrs.set("fusion", Attr::Int(0));
+            let a = Operand::Node(g.push_node(a));
+            if k == 0 && reader_after_first {
+                let mut r = Node::new(
+                    OpKind::Mul,
+                    vec![a.clone(), Operand::Const(Const::Float(3.0))],
+                );
+                r.ty = Type::Tensor(t.clone());
+                r.instance = "reader".into();
+                outs.push(Operand::Node(g.push_node(r)));
+            }
+            outs.push(a);
+        }
+        g.outputs = outs;
+        g
+    }
+
+    fn ids(g: &Graph) -> Vec<i64> {
+        g.nodes
+            .iter()
+            .filter(|n| is_gradient_all_reduce(n))
+            .map(|n| match n.attrs.get("fusion") {
+                Some(Attr::Int(k)) => *k,
+                _ => -1,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn buckets_by_mode() {
+        let g = graph(4, false);
+        assert_eq!(ids(&fuse(&g, &GradFusion::Auto).unwrap().0), [1, 1, 1, 1]);
+        assert_eq!(ids(&fuse(&g, &GradFusion::Each).unwrap().0), [1, 2, 3, 4]);
+        // 16 bytes each; 40 bytes per bucket: two gradients fit, the third opens a new one.
+        let mb = 40.0 / MB;
+        let (out, buckets) = fuse(&g, &GradFusion::SizeMb(mb)).unwrap();
+        assert_eq!(ids(&out), [1, 1, 2, 2]);
+        assert_eq!(
+            buckets.iter().map(|b| b.bytes).collect::<Vec<_>>(),
+            [32, 32]
+        );
+        // No trainable weights are named: every gradient is a segment of its own.
+        assert_eq!(
+            ids(&fuse(&g, &GradFusion::Index(vec![1])).unwrap().0),
+            [1, 2, 3, 4]
+        );
+    }
+
+    #[test]
+    fn a_bucket_closes_before_a_gradient_produced_after_a_reader_of_a_member() {
+        let g = graph(3, true);
+        let (out, buckets) = fuse(&g, &GradFusion::Auto).unwrap();
+        assert_eq!(ids(&out), [1, 2, 2]);
+        assert_eq!(buckets.len(), 2);
+        crate::verify::verify(&out).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    #[test]
+    fn a_graph_without_gradients_is_unchanged() {
+        let g = Graph::new("empty");
+        let (out, buckets) = fuse(&g, &GradFusion::Auto).unwrap();
+        assert_eq!(out, g);
+        assert!(buckets.is_empty());
+    }
+}

@@ -1,0 +1,153 @@
+//! The executor's communication thread: every collective of one executor runs here, one at a
+//! time, in the order the main thread submits them (program order), so that all ranks issue
+//! their collectives in the same order and the communicator is never called from two threads
+//! at once. The main thread submits a job and gets a ticket; it later waits for that ticket
+//! (right away for an ordinary communication node, at the first reader for a gradient bucket).
+
+use super::{run_comm, CommCall, CommFailure};
+use crate::comm::Communicator;
+use crate::tensor::Tensor;
+use shardc_ir::{ReduceOp, TensorType};
+use std::collections::HashMap;
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// What the communication thread runs.
+pub(super) enum Job {
+    /// One communication node, as [`run_comm`] runs it: the operand (moved in and given back)
+    /// and the result buffer, already of type `ty`.
+    Node {
+        call: Arc<CommCall>,
+        input: Option<Tensor>,
+        dst: Tensor,
+        ty: Arc<TensorType>,
+    },
+    /// One gradient bucket: a single AllReduce over the packed members.
+    Bucket {
+        group: Arc<[usize]>,
+        op: ReduceOp,
+        flat: Tensor,
+    },
+}
+
+/// A finished job: its tensors given back, the outcome and the time spent in the
+/// communicator.
+pub(super) struct Reply {
+    /// The operand of a node job.
+    pub input: Option<Tensor>,
+    /// The result buffer of a node job, or the reduced flat buffer of a bucket.
+    pub dst: Tensor,
+    /// Whether it worked.
+    pub result: Result<(), CommFailure>,
+    /// Time inside the communicator.
+    pub elapsed: Duration,
+}
+
+/// The thread and its two queues.
+pub(super) struct CommThread {
+    jobs: Option<Sender<(u64, Job)>>,
+    replies: Receiver<(u64, Reply)>,
+    handle: Option<JoinHandle<()>>,
+    next: u64,
+    /// Replies that arrived while waiting for a later ticket.
+    stash: HashMap<u64, Reply>,
+}
+
+impl CommThread {
+    /// Starts the thread for `comm` (named after the rank).
+    pub fn start(comm: Arc<dyn Communicator>) -> std::io::Result<CommThread> {
+        let (jobs, job_rx) = channel::<(u64, Job)>();
+        let (reply_tx, replies) = channel::<(u64, Reply)>();
+        let handle = std::thread::Builder::new()
+            .name(format!("shardc-comm-{}", comm.rank()))
+            .spawn(move || {
+                while let Ok((ticket, job)) = job_rx.recv() {
+                    let t0 = Instant::now();
+                    let reply = match job {
+                        Job::Node {
+                            call,
+                            input,
+                            mut dst,
+                            ty,
+                        } => {
+                            let result = run_comm(&*comm, &call, input.as_ref(), &mut dst, &ty);
+                            Reply {
+                                input,
+                                dst,
+                                result,
+                                elapsed: t0.elapsed(),
+                            }
+                        }
+                        Job::Bucket {
+                            group,
+                            op,
+                            mut flat,
+                        } => {
+                            let result = comm
+                                .all_reduce(&group, op, &mut flat)
+                                .map_err(CommFailure::Comm);
+                            Reply {
+                                input: None,
+                                dst: flat,
+                                result,
+                                elapsed: t0.elapsed(),
+                            }
+                        }
+                    };
+                    if reply_tx.send((ticket, reply)).is_err() {
+                        break;
+                    }
+                }
+            })?;
+        Ok(CommThread {
+            jobs: Some(jobs),
+            replies,
+            handle: Some(handle),
+            next: 0,
+            stash: HashMap::new(),
+        })
+    }
+
+    /// Queues `job`; returns its ticket, or the job back when the thread is gone.
+    pub fn submit(&mut self, job: Job) -> Result<u64, Box<Job>> {
+        let ticket = self.next;
+        match &self.jobs {
+            Some(tx) => match tx.send((ticket, job)) {
+                Ok(()) => {
+                    self.next += 1;
+                    Ok(ticket)
+                }
+                Err(e) => Err(Box::new(e.0 .1)),
+            },
+            None => Err(Box::new(job)),
+        }
+    }
+
+    /// Blocks until `ticket` is done; `None` when the thread died (a panic in a
+    /// communicator).
+    pub fn wait(&mut self, ticket: u64) -> Option<Reply> {
+        if let Some(r) = self.stash.remove(&ticket) {
+            return Some(r);
+        }
+        loop {
+            let (t, r) = self.replies.recv().ok()?;
+            if t == ticket {
+                return Some(r);
+            }
+            self.stash.insert(t, r);
+        }
+    }
+}
+
+impl Drop for CommThread {
+    fn drop(&mut self) {
+        // Closing the queue ends the thread once its current collective returns (bounded by
+        // the communicator's timeout).
+        self.jobs.take();
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}

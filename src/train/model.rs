@@ -1,0 +1,447 @@
+//! [`Model`]: MindSpore's `Model(net, loss_fn, optimizer).train(epoch, dataset, callbacks)`.
+
+use super::callbacks::{Callback, StepInfo};
+use super::TrainError;
+use crate::communication::Communication;
+use shardc_backend_cpu::CpuBackend;
+use shardc_compiler::builder::GraphBuilder;
+use shardc_compiler::loss::LossFn;
+use shardc_compiler::model::build_network_with;
+use shardc_compiler::nn::Cell;
+use shardc_compiler::optim::OptimizerSpec;
+use shardc_compiler::parallel_context::{DatasetStrategy, ParallelContext};
+use shardc_compiler::pipeline::{self, CompileOptions};
+use shardc_ir::{Graph, ParamKind, TensorLayout};
+use shardc_passes::autodiff::Optimizer;
+use shardc_runtime::comm::Communicator;
+use shardc_runtime::data::Dataset;
+use shardc_runtime::{Executor, Tensor};
+use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// What a [`Model::train`] run did.
+#[derive(Clone, Debug, Default)]
+pub struct TrainSummary {
+    /// The loss of every step, in order (the global batch's loss on every rank).
+    pub losses: Vec<f64>,
+    /// Steps run.
+    pub steps: u64,
+    /// Wall-clock seconds of the whole run (compilation included).
+    pub seconds: f64,
+}
+
+/// A network, its loss and its optimizer, trained on a data set: MindSpore's
+/// `mindspore.train.Model`.
+///
+/// The training step is compiled on the first call to [`Model::train`], from the data set's
+/// first batch (its shapes become the graph's inputs: column 0 the network's input, column 1
+/// the label). Under a parallel context (`with_context`) the graph is compiled for
+/// `device_num` ranks and this process runs its own rank's graph with the cluster's
+/// communicator (`with_communication`); how each rank's data set relates to the global batch
+/// follows `dataset_strategy`:
+/// - `data_parallel` (the default): each rank reads its own shard (`num_shards` /
+///   `shard_id`), so the global batch is `device_num` times the rank's batch;
+/// - `full_batch`: every rank reads the whole global batch and feeds its block;
+/// - an explicit strategy: each rank's batch is its block, the global shape its shape times
+///   the strategy.
+pub struct Model {
+    net: Box<dyn Cell>,
+    loss: Box<dyn LossFn>,
+    optimizer: Optimizer,
+    name: String,
+    seed: u64,
+    context: ParallelContext,
+    comm: Option<Arc<dyn Communicator>>,
+    rank: usize,
+    size: usize,
+    threads: usize,
+    dump_dir: Option<PathBuf>,
+    compiled: Option<Compiled>,
+}
+
+/// The compiled step this process runs.
+struct Compiled {
+    exec: Executor,
+    /// Per data input: its name, and the block of a global batch this rank feeds when the
+    /// data set yields the global batch (full batch).
+    inputs: Vec<(String, Vec<Range<usize>>)>,
+    /// Per parameter of the logical graph: its layout (several ranks), for gathering.
+    layouts: Vec<(String, TensorLayout)>,
+}
+
+impl Model {
+    /// `Model(net, loss_fn, optimizer)`, on one device until told otherwise. The network is
+    /// built with the name `net`'s class name and seed 0 (every initializer derives its seed
+    /// from it, so every rank and every run starts from the same weights).
+    pub fn new(
+        net: impl Cell + 'static,
+        loss_fn: impl LossFn + 'static,
+        optimizer: &dyn OptimizerSpec,
+    ) -> Model {
+        let name = net.class_name().to_string();
+        Model {
+            net: Box::new(net),
+            loss: Box::new(loss_fn),
+            optimizer: optimizer.to_spec(),
+            name,
+            seed: 0,
+            context: ParallelContext::default(),
+            comm: None,
+            rank: 0,
+            size: 1,
+            threads: 0,
+            dump_dir: None,
+            compiled: None,
+        }
+    }
+
+    /// The parallel context (MindSpore's `set_auto_parallel_context`). `device_num` 1 with
+    /// several ranks in the cluster is taken as "all of them".
+    pub fn with_context(mut self, context: ParallelContext) -> Model {
+        self.context = context;
+        self
+    }
+
+    /// The cluster this process is a rank of (from [`crate::communication::init`]).
+    pub fn with_communication(mut self, comm: &Communication) -> Model {
+        self.comm = comm.communicator().cloned();
+        self.rank = comm.get_rank();
+        self.size = comm.get_group_size();
+        self
+    }
+
+    /// The builder's seed (every initializer's seed derives from it).
+    pub fn with_seed(mut self, seed: u64) -> Model {
+        self.seed = seed;
+        self
+    }
+
+    /// The graph's name (default: the network's class name).
+    pub fn with_name(mut self, name: &str) -> Model {
+        self.name = name.to_string();
+        self
+    }
+
+    /// Kernel threads (0: all cores on one device, 1 per rank in a cluster).
+    pub fn with_threads(mut self, threads: usize) -> Model {
+        self.threads = threads;
+        self
+    }
+
+    /// Write the compiler's dumps here (MindSpore's `save_graphs_path`): per rank
+    /// `rank_R/step_parallel_begin_NNNN.ir` and `04_execute_NNNN.ir`.
+    pub fn with_save_graphs(mut self, dir: impl Into<PathBuf>) -> Model {
+        self.dump_dir = Some(dir.into());
+        self
+    }
+
+    /// This rank's executor, once compiled (weights, stats, memory plan).
+    pub fn executor(&self) -> Option<&Executor> {
+        self.compiled.as_ref().map(|c| &c.exec)
+    }
+
+    /// This rank's executor, mutable (to load weights before training).
+    pub fn executor_mut(&mut self) -> Option<&mut Executor> {
+        self.compiled.as_mut().map(|c| &mut c.exec)
+    }
+
+    /// Every parameter's layout over the ranks (empty on one device), to gather weights.
+    pub fn param_layouts(&self) -> &[(String, TensorLayout)] {
+        self.compiled.as_ref().map_or(&[], |c| c.layouts.as_slice())
+    }
+
+    /// This process's rank and the rank count.
+    pub fn rank(&self) -> (usize, usize) {
+        (self.rank, self.size)
+    }
+
+    /// Compiles the training step for batches shaped like `columns` (this rank's batch, one
+    /// tensor per column), unless already compiled.
+    pub fn build(&mut self, columns: &[Tensor], names: &[String]) -> Result<(), TrainError> {
+        if self.compiled.is_some() {
+            return Ok(());
+        }
+        if columns.len() != 2 {
+            return Err(TrainError::Mismatch(format!(
+                "Model({}): the data set yields {} column(s) {names:?}; Model with a loss function takes two (the network's input, then the label)",
+                self.name,
+                columns.len()
+            )));
+        }
+        let mut ctx = self.context.clone();
+        if ctx.is_parallel() && ctx.device_num <= 1 {
+            ctx.device_num = self.size;
+        }
+        let parallel = ctx.is_parallel() && ctx.device_num > 1;
+        if parallel && ctx.device_num != self.size {
+            return Err(TrainError::Mismatch(format!(
+                "Model({}): the parallel context has device_num {} but the cluster has {} rank(s)",
+                self.name, ctx.device_num, self.size
+            )));
+        }
+        if parallel && self.comm.is_none() {
+            return Err(TrainError::Mismatch(format!(
+                "Model({}): {} over {} devices needs the cluster's communicator: call communication::init() and Model::with_communication",
+                self.name, ctx.parallel_mode, ctx.device_num
+            )));
+        }
+        ctx.global_rank = self.rank;
+        // The global shape of each input, from this rank's batch.
+        let global: Vec<Vec<usize>> = columns
+            .iter()
+            .enumerate()
+            .map(|(i, t)| global_shape(&ctx, parallel, i, &t.shape, &names[i]))
+            .collect::<Result<_, _>>()?;
+        let inputs: Vec<(&str, shardc_ir::DType, &[usize])> = names
+            .iter()
+            .zip(columns)
+            .zip(&global)
+            .map(|((n, t), g)| (n.as_str(), t.dtype(), g.as_slice()))
+            .collect();
+        let builder = GraphBuilder::new(&self.name).with_seed(self.seed);
+        let forward = build_network_with(builder, self.net.as_ref(), self.loss.as_ref(), &inputs)?;
+        let opts = CompileOptions {
+            optimizer: Some(self.optimizer),
+            dump_dir: self.dump_dir.clone(),
+            parallel: if parallel {
+                pipeline::parallel_options(&ctx)?
+            } else {
+                None
+            },
+            load_strategy: ctx.strategy_ckpt_config.load_file.clone(),
+            save_strategy: if self.rank == 0 {
+                ctx.strategy_ckpt_config.save_file.clone()
+            } else {
+                None
+            },
+            mode_names: Some((ctx.parallel_mode.to_string(), ctx.search_mode.to_string())),
+            grad_fusion: Some(pipeline::grad_fusion_of(&ctx.comm_fusion)),
+        };
+        let compiled = pipeline::compile(forward, &opts)?;
+        let threads = match self.threads {
+            0 if self.size > 1 => 1,
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        };
+        let backend = Arc::new(CpuBackend::with_threads(threads));
+        let (graph, layouts): (Graph, Vec<(String, TensorLayout)>) = match compiled.parallel {
+            Some(p) => {
+                let layouts = p
+                    .begin
+                    .params
+                    .iter()
+                    .zip(&p.assignment.param_layouts)
+                    .map(|(param, l)| (param.name.clone(), l.clone()))
+                    .collect();
+                let g = p.ranks.into_iter().nth(self.rank).ok_or_else(|| {
+                    TrainError::Mismatch(format!("no graph for rank {}", self.rank))
+                })?;
+                (g, layouts)
+            }
+            None => (compiled.graph, Vec::new()),
+        };
+        // Which block of a global batch this rank feeds (used when the data set yields
+        // global batches).
+        let mut feed = Vec::new();
+        for (i, name) in names.iter().enumerate() {
+            let block = match layouts.iter().find(|(n, _)| n == name) {
+                Some((_, l)) => l.block(self.rank),
+                None => global[i].iter().map(|&d| 0..d).collect(),
+            };
+            feed.push((name.clone(), block));
+        }
+        let exec = match (&self.comm, parallel || self.size > 1) {
+            (Some(c), true) => Executor::with_communicator(graph, backend, c.clone())?,
+            _ => Executor::new(graph, backend)?,
+        };
+        self.compiled = Some(Compiled {
+            exec,
+            inputs: feed,
+            layouts,
+        });
+        Ok(())
+    }
+
+    /// Runs one training step on this rank's batch (one tensor per column); returns the loss.
+    pub fn train_step(&mut self, columns: Vec<Tensor>) -> Result<f64, TrainError> {
+        let name = self.name.clone();
+        let c = self
+            .compiled
+            .as_mut()
+            .ok_or_else(|| TrainError::Mismatch(format!("Model({name}): not built yet")))?;
+        let mut feeds: Vec<(&str, Tensor)> = Vec::with_capacity(columns.len());
+        for ((input, block), t) in c.inputs.iter().zip(columns) {
+            let want = c
+                .exec
+                .graph()
+                .params
+                .iter()
+                .find(|p| p.kind == ParamKind::Input && &p.name == input)
+                .map(|p| p.ty.shape.clone())
+                .unwrap_or_default();
+            let t = if t.shape == want {
+                t
+            } else {
+                let whole: Vec<usize> = block.iter().map(|r| r.end - r.start).collect();
+                match t.block(block) {
+                    Some(b) if whole == want => b,
+                    _ => {
+                        return Err(TrainError::Mismatch(format!(
+                            "Model({name}): column {input} has shape {:?}, but this rank's graph takes {want:?} (its batch) and the global batch would be larger: check num_shards/shard_id against dataset_strategy",
+                            t.shape
+                        )))
+                    }
+                }
+            };
+            feeds.push((input.as_str(), t));
+        }
+        let outputs = c.exec.step(&feeds)?;
+        outputs
+            .first()
+            .and_then(Tensor::scalar_value)
+            .ok_or_else(|| TrainError::Mismatch(format!("Model({name}): the loss is not a scalar")))
+    }
+
+    /// `model.train(epoch, dataset, callbacks)`: `epochs` passes over `dataset`, every
+    /// callback told of every step. Returns the losses.
+    pub fn train(
+        &mut self,
+        epochs: usize,
+        dataset: &Dataset,
+        callbacks: &mut [&mut dyn Callback],
+    ) -> Result<TrainSummary, TrainError> {
+        let start = Instant::now();
+        let names = dataset.column_names();
+        let steps_per_epoch = dataset.get_dataset_size();
+        let mut summary = TrainSummary::default();
+        let mut begun = false;
+        for epoch in 0..epochs {
+            let mut step_in_epoch = 0usize;
+            for batch in dataset.iter(epoch as u64)? {
+                let batch = batch?;
+                if !begun {
+                    self.build(&batch, &names)?;
+                    for cb in callbacks.iter_mut() {
+                        cb.on_train_begin(epochs, steps_per_epoch)?;
+                    }
+                    begun = true;
+                }
+                let t0 = Instant::now();
+                let loss = self.train_step(batch)?;
+                step_in_epoch += 1;
+                summary.steps += 1;
+                summary.losses.push(loss);
+                let exec = &self.compiled.as_ref().expect("built above").exec;
+                let info = StepInfo {
+                    model: &self.name,
+                    epoch: epoch + 1,
+                    epochs,
+                    step_in_epoch,
+                    steps_per_epoch,
+                    global_step: summary.steps,
+                    loss,
+                    step_seconds: t0.elapsed().as_secs_f64(),
+                    rank: self.rank,
+                    size: self.size,
+                    exec,
+                };
+                for cb in callbacks.iter_mut() {
+                    cb.on_step_end(&info)?;
+                }
+            }
+            if begun {
+                let exec = &self.compiled.as_ref().expect("built above").exec;
+                let info = StepInfo {
+                    model: &self.name,
+                    epoch: epoch + 1,
+                    epochs,
+                    step_in_epoch,
+                    steps_per_epoch,
+                    global_step: summary.steps,
+                    loss: summary.losses.last().copied().unwrap_or(f64::NAN),
+                    step_seconds: 0.0,
+                    rank: self.rank,
+                    size: self.size,
+                    exec,
+                };
+                for cb in callbacks.iter_mut() {
+                    cb.on_epoch_end(&info)?;
+                }
+            }
+        }
+        if !begun {
+            return Err(TrainError::Mismatch(format!(
+                "Model({}): the data set yielded no batch (size {steps_per_epoch}); check batch_size against the shard's size",
+                self.name
+            )));
+        }
+        let exec = &self.compiled.as_ref().expect("built above").exec;
+        let info = StepInfo {
+            model: &self.name,
+            epoch: epochs,
+            epochs,
+            step_in_epoch: 0,
+            steps_per_epoch,
+            global_step: summary.steps,
+            loss: summary.losses.last().copied().unwrap_or(f64::NAN),
+            step_seconds: 0.0,
+            rank: self.rank,
+            size: self.size,
+            exec,
+        };
+        for cb in callbacks.iter_mut() {
+            cb.on_train_end(&info)?;
+        }
+        summary.seconds = start.elapsed().as_secs_f64();
+        Ok(summary)
+    }
+}
+
+/// The global shape of input `i` given this rank's batch shape, by `dataset_strategy`.
+fn global_shape(
+    ctx: &ParallelContext,
+    parallel: bool,
+    i: usize,
+    local: &[usize],
+    name: &str,
+) -> Result<Vec<usize>, TrainError> {
+    if !parallel {
+        return Ok(local.to_vec());
+    }
+    match &ctx.dataset_strategy {
+        DatasetStrategy::FullBatch => Ok(local.to_vec()),
+        DatasetStrategy::DataParallel => {
+            let mut g = local.to_vec();
+            match g.first_mut() {
+                Some(b) => *b *= ctx.device_num,
+                None => {
+                    return Err(TrainError::Mismatch(format!(
+                        "column {name} is a scalar per batch: data_parallel splits the batch dimension, so batch the data set"
+                    )))
+                }
+            }
+            Ok(g)
+        }
+        DatasetStrategy::Explicit(s) => {
+            let splits = s.0.get(i).ok_or_else(|| {
+                TrainError::Mismatch(format!(
+                    "dataset_strategy {:?} has no entry for input {i} ({name})",
+                    s.0
+                ))
+            })?;
+            if splits.len() != local.len() {
+                return Err(TrainError::Mismatch(format!(
+                    "dataset_strategy entry {splits:?} for input {name} has {} dims, the column has shape {local:?}",
+                    splits.len()
+                )));
+            }
+            Ok(local
+                .iter()
+                .zip(splits)
+                .map(|(&d, &k)| d * k.max(1) as usize)
+                .collect())
+        }
+    }
+}

@@ -1,0 +1,492 @@
+//! Training through the user-facing API (`shardc::train`): `Model::train` and the explicit
+//! `value_and_grad` loop give the same weights; data-parallel and auto-parallel ranks (threads
+//! of this process on the in-process communicator) give the single-device weights on the
+//! global batch; the callbacks print and save what MindSpore's do.
+
+use shardc::communication::Communication;
+use shardc::compiler::loss::{MSELoss, SoftmaxCrossEntropyWithLogits};
+use shardc::compiler::optim::{Momentum, SGD};
+use shardc::compiler::parallel_context::{ParallelContext, ParallelMode};
+use shardc::compiler::zoo::{MlpNetwork, QuickstartNet};
+use shardc::ir::DType;
+use shardc::runtime::data::{Dataset, GeneratorDataset, SourceOptions};
+use shardc::runtime::{InProcessWorld, Tensor};
+use shardc::train::{
+    value_and_grad, Callback, CheckpointConfig, DistributedGradReducer, Model, ModelCheckpoint,
+    OptimizerCell, TrainError,
+};
+use std::collections::BTreeMap;
+
+/// A seeded value in [-1, 1) for (row, column, stream).
+fn value(row: usize, col: usize, stream: u64) -> f32 {
+    let mut z = (row as u64) << 32 ^ (col as u64) << 8 ^ stream;
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+}
+
+/// Rows of a classification set: `x (in_dim)` and an Int32 label below `classes`.
+fn classification(rows: usize, in_dim: usize, classes: usize, opts: SourceOptions) -> Dataset {
+    GeneratorDataset::new(
+        &["x", "label"],
+        rows,
+        move |i| {
+            let x: Vec<f32> = (0..in_dim).map(|c| value(i, c, 1)).collect();
+            let label = (value(i, 0, 2).abs() * classes as f32) as i32 % classes as i32;
+            Ok(vec![
+                Tensor::from_f32(vec![in_dim], x).expect("shape"),
+                Tensor::from_i32(vec![], vec![label]).expect("shape"),
+            ])
+        },
+        opts,
+    )
+    .expect("generator")
+}
+
+/// Rows of the quickstart's regression: `input (32)`, `label (16)`.
+fn regression(rows: usize, opts: SourceOptions) -> Dataset {
+    GeneratorDataset::new(
+        &["input", "label"],
+        rows,
+        |i| {
+            Ok(vec![
+                Tensor::from_f32(vec![32], (0..32).map(|c| value(i, c, 3)).collect())
+                    .expect("shape"),
+                Tensor::from_f32(vec![16], (0..16).map(|c| value(i, c, 4)).collect())
+                    .expect("shape"),
+            ])
+        },
+        opts,
+    )
+    .expect("generator")
+}
+
+fn sharded(num_shards: usize, shard_id: usize) -> SourceOptions {
+    SourceOptions {
+        num_shards,
+        shard_id,
+        ..SourceOptions::default()
+    }
+}
+
+fn weights_of(model: &Model) -> BTreeMap<String, Tensor> {
+    model
+        .executor()
+        .expect("trained")
+        .weights()
+        .map(|(n, t)| (n.to_string(), t.clone()))
+        .collect()
+}
+
+/// The largest |a - b| / (1 + |b|) over the weights both have; panics if `a` lacks one of
+/// `names`.
+fn max_rel_diff(
+    a: &BTreeMap<String, Tensor>,
+    b: &BTreeMap<String, Tensor>,
+    names: &[String],
+) -> f64 {
+    let mut worst: f64 = 0.0;
+    for n in names {
+        let (x, y) = (&a[n], &b[n]);
+        assert_eq!(x.shape, y.shape, "weight {n}");
+        for (p, q) in x.to_f64_vec().iter().zip(y.to_f64_vec()) {
+            worst = worst.max((p - q).abs() / (1.0 + q.abs()));
+        }
+    }
+    worst
+}
+
+fn trainable(model: &Model) -> Vec<String> {
+    model
+        .executor()
+        .expect("trained")
+        .graph()
+        .params
+        .iter()
+        .filter(|p| p.requires_grad())
+        .map(|p| p.name.clone())
+        .collect()
+}
+
+#[test]
+fn model_train_and_explicit_loop_give_the_same_weights() {
+    let net = || MlpNetwork::new(&[12, 16, 5]);
+    let loss = || SoftmaxCrossEntropyWithLogits::new(true, "mean");
+    let opt = Momentum::new(0.1, 0.9);
+    let data = classification(64, 12, 5, SourceOptions::default())
+        .batch(8, true)
+        .expect("batch");
+
+    let mut model = Model::new(net(), loss(), &opt).with_threads(1);
+    let summary = model.train(2, &data, &mut []).expect("Model.train");
+    assert_eq!(summary.steps, 16);
+
+    let mut grad_fn = None;
+    let mut cell = None;
+    let reducer = DistributedGradReducer::new(&Communication::single(), true);
+    let mut losses = Vec::new();
+    for epoch in 0..2 {
+        for batch in data.iter(epoch).expect("iter") {
+            let batch = batch.expect("batch");
+            if grad_fn.is_none() {
+                let shapes: Vec<(&str, DType, &[usize])> = vec![
+                    ("x", batch[0].dtype(), &batch[0].shape),
+                    ("label", batch[1].dtype(), &batch[1].shape),
+                ];
+                let g = value_and_grad(&net(), &loss(), &shapes, 0, 1).expect("value_and_grad");
+                cell = Some(OptimizerCell::new(&opt, &g).expect("optimizer"));
+                grad_fn = Some(g);
+            }
+            let g = grad_fn.as_mut().expect("built");
+            let (l, grads) = g.call(&batch).expect("grad_fn");
+            let grads = reducer.reduce(grads).expect("reduce");
+            cell.as_mut()
+                .expect("built")
+                .apply(g, grads)
+                .expect("optimizer");
+            losses.push(l);
+        }
+    }
+    // One device, the same graph arithmetic: the losses agree to rounding.
+    assert_eq!(losses.len(), summary.losses.len());
+    for (a, b) in losses.iter().zip(&summary.losses) {
+        assert!((a - b).abs() <= 1e-6 * (1.0 + b.abs()), "{a} vs {b}");
+    }
+    let g = grad_fn.expect("built");
+    let loop_weights: BTreeMap<String, Tensor> = g
+        .executor()
+        .weights()
+        .map(|(n, t)| (n.to_string(), t.clone()))
+        .collect();
+    let names = trainable(&model);
+    assert_eq!(names, g.trainable_params());
+    let d = max_rel_diff(&loop_weights, &weights_of(&model), &names);
+    assert!(d <= 1e-6, "weights differ by {d}");
+    assert!(losses.last() < losses.first(), "the loss falls: {losses:?}");
+}
+
+/// Runs `body(rank, communication)` on `n` threads with an in-process world.
+fn on_ranks<T: Send + 'static>(
+    n: usize,
+    body: impl Fn(usize, Communication) -> T + Send + Sync + Clone + 'static,
+) -> Vec<T> {
+    let comms = InProcessWorld::new(n);
+    let handles: Vec<_> = comms
+        .into_iter()
+        .enumerate()
+        .map(|(r, c)| {
+            let body = body.clone();
+            std::thread::spawn(move || body(r, Communication::from_communicator(c)))
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("rank thread"))
+        .collect()
+}
+
+#[test]
+fn data_parallel_ranks_train_the_single_device_model_on_the_global_batch() {
+    let (ranks, local_batch, steps) = (4, 4, 20usize);
+    let rows = ranks * local_batch * steps;
+    let net = || MlpNetwork::new(&[10, 16, 4]);
+    let loss = || SoftmaxCrossEntropyWithLogits::new(true, "mean");
+    let opt = SGD::new(0.2).momentum(0.9);
+
+    let single_data = classification(rows, 10, 4, SourceOptions::default())
+        .batch(ranks * local_batch, true)
+        .expect("batch");
+    let mut single = Model::new(net(), loss(), &opt).with_threads(1);
+    let single_summary = single.train(1, &single_data, &mut []).expect("single");
+    let names = trainable(&single);
+    let single_w = weights_of(&single);
+
+    for (mode, style) in [
+        (ParallelMode::DataParallel, "Model.train"),
+        (ParallelMode::DataParallel, "loop"),
+    ] {
+        let out = on_ranks(
+            ranks,
+            move |r, comm| -> Result<(Vec<f64>, BTreeMap<String, Tensor>), TrainError> {
+                let data =
+                    classification(rows, 10, 4, sharded(ranks, r)).batch(local_batch, true)?;
+                let opt = SGD::new(0.2).momentum(0.9);
+                if style == "loop" {
+                    let mut losses = Vec::new();
+                    let mut g = None;
+                    let mut cell = None;
+                    let reducer = DistributedGradReducer::new(&comm, true);
+                    for batch in data.iter(0)? {
+                        let batch = batch?;
+                        if g.is_none() {
+                            let shapes: Vec<(&str, DType, &[usize])> = vec![
+                                ("x", batch[0].dtype(), &batch[0].shape),
+                                ("label", batch[1].dtype(), &batch[1].shape),
+                            ];
+                            let f = value_and_grad(&net(), &loss(), &shapes, 0, 1)?;
+                            cell = Some(OptimizerCell::new(&opt, &f)?);
+                            g = Some(f);
+                        }
+                        let f = g.as_mut().expect("built");
+                        let (l, grads) = f.call(&batch)?;
+                        cell.as_mut()
+                            .expect("built")
+                            .apply(f, reducer.reduce(grads)?)?;
+                        losses.push(l);
+                    }
+                    let f = g.expect("built");
+                    let w = f
+                        .executor()
+                        .weights()
+                        .map(|(n, t)| (n.to_string(), t.clone()))
+                        .collect();
+                    return Ok((losses, w));
+                }
+                let ctx = ParallelContext {
+                    parallel_mode: mode,
+                    gradients_mean: true,
+                    device_num: ranks,
+                    ..ParallelContext::default()
+                };
+                let mut m = Model::new(net(), loss(), &opt)
+                    .with_context(ctx)
+                    .with_communication(&comm)
+                    .with_threads(1);
+                let s = m.train(1, &data, &mut [])?;
+                Ok((s.losses, weights_of(&m)))
+            },
+        );
+        for (r, res) in out.into_iter().enumerate() {
+            let (losses, w) = res.unwrap_or_else(|e| panic!("{style} rank {r}: {e}"));
+            assert_eq!(losses.len(), steps, "{style} rank {r}");
+            if style == "Model.train" {
+                // Every rank prints the global batch's loss.
+                for (a, b) in losses.iter().zip(&single_summary.losses) {
+                    assert!(
+                        (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                        "{style} rank {r}: loss {a} vs {b}"
+                    );
+                }
+            }
+            let d = max_rel_diff(&w, &single_w, &names);
+            assert!(
+                d <= 1e-5,
+                "{style} rank {r}: weights differ from one device by {d}"
+            );
+        }
+    }
+}
+
+#[test]
+fn auto_parallel_quickstart_on_8_ranks_equals_one_device() {
+    let (ranks, local_batch, steps) = (8, 2, 8usize);
+    let rows = ranks * local_batch * steps;
+    let opt = Momentum::new(0.2, 0.1);
+    let single_data = regression(rows, SourceOptions::default())
+        .batch(ranks * local_batch, true)
+        .expect("batch");
+    let mut single = Model::new(QuickstartNet, MSELoss::new(), &opt).with_threads(1);
+    let single_summary = single.train(1, &single_data, &mut []).expect("single");
+    let single_w = weights_of(&single);
+    let dumps = tempfile::tempdir().expect("tempdir");
+    let dump_dir = dumps.path().to_path_buf();
+    let out = on_ranks(ranks, move |r, comm| -> Result<_, TrainError> {
+        let data = regression(rows, sharded(ranks, r)).batch(local_batch, true)?;
+        let ctx = ParallelContext {
+            parallel_mode: ParallelMode::AutoParallel,
+            device_num: ranks,
+            // The mean of the replicas' gradients is the single-device gradient of the
+            // mean loss (without it MindSpore sums them, a different optimizer step).
+            gradients_mean: true,
+            ..ParallelContext::default()
+        };
+        let mut m = Model::new(QuickstartNet, MSELoss::new(), &Momentum::new(0.2, 0.1))
+            .with_context(ctx)
+            .with_communication(&comm)
+            .with_threads(1)
+            .with_save_graphs(dump_dir.clone());
+        let s = m.train(1, &data, &mut [])?;
+        Ok((s.losses, weights_of(&m), m.param_layouts().to_vec()))
+    });
+    let mut gathered: BTreeMap<String, Tensor> = BTreeMap::new();
+    for (r, res) in out.into_iter().enumerate() {
+        let (losses, w, layouts) = res.unwrap_or_else(|e| panic!("rank {r}: {e}"));
+        for (a, b) in losses.iter().zip(&single_summary.losses) {
+            assert!(
+                (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                "rank {r}: loss {a} vs {b}: {losses:?} vs {:?}",
+                single_summary.losses
+            );
+        }
+        for name in ["w", "w2"] {
+            let (_, layout) = layouts.iter().find(|(n, _)| n == name).expect("layout");
+            let full = gathered.entry(name.to_string()).or_insert_with(|| {
+                Tensor::from_f32(
+                    layout.tensor_shape.clone(),
+                    vec![0.0; layout.tensor_shape.iter().product()],
+                )
+                .expect("shape")
+            });
+            assert!(
+                full.set_block(&layout.block(r), &w[name]),
+                "rank {r}: block of {name}"
+            );
+        }
+    }
+    let d = max_rel_diff(&gathered, &single_w, &["w".into(), "w2".into()]);
+    assert!(d <= 1e-5, "gathered weights differ from one device by {d}");
+    // The dumps a MindSpore user greps: the annotated matmul and a propagated relu.
+    let begin = std::fs::read_dir(dumps.path().join("rank_0"))
+        .expect("rank_0 dumps")
+        .filter_map(|e| e.ok())
+        .find(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("step_parallel_begin")
+        })
+        .expect("step_parallel_begin dump");
+    let text = std::fs::read_to_string(begin.path()).expect("read dump");
+    assert!(text.contains("in_strategy: ((2, 4), (4, 1))"), "{text}");
+}
+
+/// Records what the callbacks are told, and the progress bar's text.
+#[derive(Default)]
+struct Recorder {
+    steps: Vec<(usize, usize)>,
+    bars: Vec<String>,
+    epochs_ended: usize,
+    ended: bool,
+}
+
+impl Callback for Recorder {
+    fn on_step_end(&mut self, info: &shardc::train::StepInfo<'_>) -> Result<(), TrainError> {
+        self.steps.push((info.epoch, info.step_in_epoch));
+        self.bars
+            .push(shardc::train::ProgressBar::always().render(info));
+        assert!(info.loss.is_finite() && info.exec.param("w").is_some());
+        Ok(())
+    }
+    fn on_epoch_end(&mut self, _: &shardc::train::StepInfo<'_>) -> Result<(), TrainError> {
+        self.epochs_ended += 1;
+        Ok(())
+    }
+    fn on_train_end(&mut self, _: &shardc::train::StepInfo<'_>) -> Result<(), TrainError> {
+        self.ended = true;
+        Ok(())
+    }
+}
+
+#[test]
+fn model_checkpoint_saves_every_k_steps_and_at_the_end_keeping_the_newest() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = regression(16 * 5, SourceOptions::default())
+        .batch(16, true)
+        .expect("batch");
+    let mut model =
+        Model::new(QuickstartNet, MSELoss::new(), &Momentum::new(0.2, 0.1)).with_threads(1);
+    let mut ckpt = ModelCheckpoint::new(
+        "checkpoint_Net",
+        dir.path(),
+        CheckpointConfig {
+            save_checkpoint_steps: 2,
+            keep_checkpoint_max: 2,
+        },
+    );
+    let mut seen = Recorder::default();
+    let mut cbs: Vec<&mut dyn Callback> = vec![&mut ckpt, &mut seen];
+    model.train(1, &data, &mut cbs).expect("train");
+    assert_eq!(seen.steps, [(1, 1), (1, 2), (1, 3), (1, 4), (1, 5)]);
+    assert_eq!((seen.epochs_ended, seen.ended), (1, true));
+    assert!(
+        seen.bars[0].starts_with("epoch 1/1 [======") && seen.bars[0].contains(" 1/5 loss "),
+        "{:?}",
+        seen.bars
+    );
+    assert!(
+        seen.bars[4].contains("[==============================] 5/5"),
+        "{:?}",
+        seen.bars
+    );
+    // Steps 2 and 4, then the end (5); the newest two are kept.
+    let saved: Vec<String> = ckpt
+        .saved()
+        .iter()
+        .map(|p| p.file_name().expect("name").to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        saved,
+        [
+            "checkpoint_Net-1_2.safetensors",
+            "checkpoint_Net-1_4.safetensors",
+            "checkpoint_Net-1_5.safetensors"
+        ]
+    );
+    let mut left: Vec<String> = std::fs::read_dir(dir.path().join("0"))
+        .expect("rank dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(
+        left,
+        [
+            "checkpoint_Net-1_4.safetensors",
+            "checkpoint_Net-1_5.safetensors"
+        ]
+    );
+    // The last file holds the trained weights.
+    let cp =
+        shardc::runtime::checkpoint::load(&dir.path().join("0/checkpoint_Net-1_5.safetensors"))
+            .expect("load");
+    assert_eq!(cp.meta.step, 5);
+    let w = model
+        .executor()
+        .expect("trained")
+        .param("w")
+        .expect("w")
+        .clone();
+    assert_eq!(cp.tensor("w").expect("w in file"), &w);
+}
+
+#[test]
+fn a_mismatch_between_data_and_context_is_an_error_naming_both() {
+    // Four ranks' context on a single device.
+    let data = regression(32, SourceOptions::default())
+        .batch(8, true)
+        .expect("batch");
+    let ctx = ParallelContext {
+        parallel_mode: ParallelMode::DataParallel,
+        device_num: 4,
+        ..ParallelContext::default()
+    };
+    let mut m =
+        Model::new(QuickstartNet, MSELoss::new(), &Momentum::new(0.2, 0.1)).with_context(ctx);
+    let e = m
+        .train(1, &data, &mut [])
+        .expect_err("no cluster of 4")
+        .to_string();
+    assert!(e.contains("device_num 4") && e.contains("1 rank"), "{e}");
+    // Three columns for a model with a loss.
+    let three = GeneratorDataset::new(
+        &["a", "b", "c"],
+        4,
+        |_| {
+            let t = Tensor::from_f32(vec![2], vec![0.0, 1.0]).expect("shape");
+            Ok(vec![t.clone(), t.clone(), t])
+        },
+        SourceOptions::default(),
+    )
+    .expect("generator")
+    .batch(2, true)
+    .expect("batch");
+    let mut m = Model::new(QuickstartNet, MSELoss::new(), &Momentum::new(0.2, 0.1));
+    let e = m
+        .train(1, &three, &mut [])
+        .expect_err("three columns")
+        .to_string();
+    assert!(
+        e.contains("3 column(s)") && e.contains("[\"a\", \"b\", \"c\"]"),
+        "{e}"
+    );
+}
