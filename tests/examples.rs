@@ -308,5 +308,19 @@ fn quickstart_parallel_example_trains_8_ranks_under_auto_parallel_with_dumps_and
             .any(|p| p.to_string_lossy().contains("04_execute_")),
         "{begin:?}"
     );
+    // ModelCheckpoint wrote the strategy file beside the ranks' files: they merge into one
+    // single-device checkpoint with the logical shapes.
+    let merged = dir.join("merged.safetensors");
+    run(Command::new(shardc_exe())
+        .args(["ckpt", "merge", "--strategy"])
+        .arg(dir.join("ckpt/strategy.json"))
+        .arg("--input")
+        .arg(dir.join("ckpt"))
+        .arg("-o")
+        .arg(&merged));
+    let cp = checkpoint::load(&merged).expect("merged checkpoint");
+    assert_eq!(cp.tensor("w").expect("w").shape, [32, 16]);
+    assert_eq!(cp.tensor("w2").expect("w2").shape, [16, 16]);
+    assert_eq!(cp.meta.step, 12);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -29,6 +29,8 @@ pub struct StepInfo<'a> {
     pub size: usize,
     /// This rank's executor (its weights and optimizer state).
     pub exec: &'a Executor,
+    /// The strategy file of a parallel run (every weight's layout), for checkpoints.
+    pub strategy: Option<&'a shardc_compiler::strategy_file::StrategyFile>,
 }
 
 /// A hook into training (MindSpore's `Callback`): every method does nothing by default.
@@ -224,7 +226,8 @@ impl Default for CheckpointConfig {
 /// MindSpore's `ModelCheckpoint(prefix, directory, config)`: every rank writes its weights and
 /// optimizer state as `DIR/{rank_id}/{prefix}-{epoch}_{step}.safetensors` (atomically: a
 /// temporary file renamed), every `save_checkpoint_steps` steps and at the end of training.
-/// The default directory `.` gives the tutorial's `./{rank_id}/`.
+/// The default directory `.` gives the tutorial's `./{rank_id}/`. In a parallel run rank 0
+/// also writes the strategy file as `DIR/strategy.json`, which `shardc ckpt merge` reads.
 #[derive(Clone, Debug)]
 pub struct ModelCheckpoint {
     prefix: String,
@@ -279,6 +282,12 @@ impl ModelCheckpoint {
             self.config.keep_checkpoint_max,
         )?;
         self.saved.push(path);
+        if self.last_saved.is_none() && info.rank == 0 {
+            if let Some(sf) = info.strategy {
+                sf.save(&self.directory.join("strategy.json"))
+                    .map_err(|e| TrainError::Mismatch(format!("ModelCheckpoint: {e}")))?;
+            }
+        }
         self.last_saved = Some(info.global_step);
         Ok(())
     }

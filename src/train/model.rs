@@ -11,6 +11,7 @@ use shardc_compiler::nn::Cell;
 use shardc_compiler::optim::OptimizerSpec;
 use shardc_compiler::parallel_context::{DatasetStrategy, ParallelContext};
 use shardc_compiler::pipeline::{self, CompileOptions};
+use shardc_compiler::strategy_file::StrategyFile;
 use shardc_ir::{Graph, ParamKind, TensorLayout};
 use shardc_passes::autodiff::Optimizer;
 use shardc_runtime::comm::Communicator;
@@ -69,6 +70,8 @@ struct Compiled {
     inputs: Vec<(String, Vec<Range<usize>>)>,
     /// Per parameter of the logical graph: its layout (several ranks), for gathering.
     layouts: Vec<(String, TensorLayout)>,
+    /// The strategy file of a parallel compilation (written beside checkpoints).
+    strategy: Option<StrategyFile>,
 }
 
 impl Model {
@@ -226,8 +229,14 @@ impl Model {
             n => n,
         };
         let backend = Arc::new(CpuBackend::with_threads(threads));
+        let mut strategy = None;
         let (graph, layouts): (Graph, Vec<(String, TensorLayout)>) = match compiled.parallel {
             Some(p) => {
+                strategy = Some(StrategyFile::of(
+                    &p,
+                    &ctx.parallel_mode.to_string(),
+                    &ctx.search_mode.to_string(),
+                ));
                 let layouts = p
                     .begin
                     .params
@@ -260,6 +269,7 @@ impl Model {
             exec,
             inputs: feed,
             layouts,
+            strategy,
         });
         Ok(())
     }
@@ -333,7 +343,8 @@ impl Model {
                 step_in_epoch += 1;
                 summary.steps += 1;
                 summary.losses.push(loss);
-                let exec = &self.compiled.as_ref().expect("built above").exec;
+                let c = self.compiled.as_ref().expect("built above");
+                let (exec, strategy) = (&c.exec, c.strategy.as_ref());
                 let info = StepInfo {
                     model: &self.name,
                     epoch: epoch + 1,
@@ -346,13 +357,15 @@ impl Model {
                     rank: self.rank,
                     size: self.size,
                     exec,
+                    strategy,
                 };
                 for cb in callbacks.iter_mut() {
                     cb.on_step_end(&info)?;
                 }
             }
             if begun {
-                let exec = &self.compiled.as_ref().expect("built above").exec;
+                let c = self.compiled.as_ref().expect("built above");
+                let (exec, strategy) = (&c.exec, c.strategy.as_ref());
                 let info = StepInfo {
                     model: &self.name,
                     epoch: epoch + 1,
@@ -365,6 +378,7 @@ impl Model {
                     rank: self.rank,
                     size: self.size,
                     exec,
+                    strategy,
                 };
                 for cb in callbacks.iter_mut() {
                     cb.on_epoch_end(&info)?;
@@ -377,7 +391,8 @@ impl Model {
                 self.name
             )));
         }
-        let exec = &self.compiled.as_ref().expect("built above").exec;
+        let c = self.compiled.as_ref().expect("built above");
+        let (exec, strategy) = (&c.exec, c.strategy.as_ref());
         let info = StepInfo {
             model: &self.name,
             epoch: epochs,
@@ -390,6 +405,7 @@ impl Model {
             rank: self.rank,
             size: self.size,
             exec,
+            strategy,
         };
         for cb in callbacks.iter_mut() {
             cb.on_train_end(&info)?;
