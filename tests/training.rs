@@ -490,3 +490,40 @@ fn a_mismatch_between_data_and_context_is_an_error_naming_both() {
         "{e}"
     );
 }
+
+#[test]
+fn full_batch_ranks_read_the_whole_batch_and_feed_their_block() {
+    // semi_auto_parallel with dataset_strategy full_batch: every rank reads the global batch
+    // (an unsharded data set) and feeds the block its input layout gives it.
+    use shardc::compiler::parallel_context::DatasetStrategy;
+    let (ranks, batch, steps) = (8, 16, 4usize);
+    let data = move || {
+        regression(batch * steps, SourceOptions::default())
+            .batch(batch, true)
+            .expect("batch")
+    };
+    let mut single =
+        Model::new(QuickstartNet, MSELoss::new(), &Momentum::new(0.2, 0.1)).with_threads(1);
+    let want = single.train(1, &data(), &mut []).expect("single").losses;
+    let out = on_ranks(ranks, move |_, comm| -> Result<Vec<f64>, TrainError> {
+        let ctx = ParallelContext {
+            parallel_mode: ParallelMode::SemiAutoParallel,
+            device_num: ranks,
+            gradients_mean: true,
+            dataset_strategy: DatasetStrategy::FullBatch,
+            ..ParallelContext::default()
+        };
+        let mut m = Model::new(QuickstartNet, MSELoss::new(), &Momentum::new(0.2, 0.1))
+            .with_context(ctx)
+            .with_communication(&comm)
+            .with_threads(1);
+        Ok(m.train(1, &data(), &mut [])?.losses)
+    });
+    for (r, res) in out.into_iter().enumerate() {
+        let got = res.unwrap_or_else(|e| panic!("rank {r}: {e}"));
+        assert_eq!(got.len(), steps);
+        for (a, b) in got.iter().zip(&want) {
+            assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "rank {r}: {got:?} vs {want:?}");
+        }
+    }
+}
