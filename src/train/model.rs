@@ -343,7 +343,10 @@ impl Model {
                 step_in_epoch += 1;
                 summary.steps += 1;
                 summary.losses.push(loss);
-                let c = self.compiled.as_ref().expect("built above");
+                let c = self
+                    .compiled
+                    .as_ref()
+                    .ok_or_else(|| not_built(&self.name))?;
                 let (exec, strategy) = (&c.exec, c.strategy.as_ref());
                 let info = StepInfo {
                     model: &self.name,
@@ -364,7 +367,10 @@ impl Model {
                 }
             }
             if begun {
-                let c = self.compiled.as_ref().expect("built above");
+                let c = self
+                    .compiled
+                    .as_ref()
+                    .ok_or_else(|| not_built(&self.name))?;
                 let (exec, strategy) = (&c.exec, c.strategy.as_ref());
                 let info = StepInfo {
                     model: &self.name,
@@ -391,7 +397,10 @@ impl Model {
                 self.name
             )));
         }
-        let c = self.compiled.as_ref().expect("built above");
+        let c = self
+            .compiled
+            .as_ref()
+            .ok_or_else(|| not_built(&self.name))?;
         let (exec, strategy) = (&c.exec, c.strategy.as_ref());
         let info = StepInfo {
             model: &self.name,
@@ -460,4 +469,11 @@ fn global_shape(
                 .collect())
         }
     }
+}
+
+/// The error of a step taken before the graph is compiled (an internal order mistake).
+fn not_built(name: &str) -> TrainError {
+    TrainError::Mismatch(format!(
+        "Model({name}): the training step is not compiled yet"
+    ))
 }
