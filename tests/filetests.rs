@@ -191,6 +191,12 @@ fn run_parallel(what: &str, words: &[&str], g: &shardc::ir::Graph) -> Result<Str
         use_nesterov: false,
     };
     let t = autodiff::training_graph(g, &opt).map_err(|e| e.to_string())?;
+    // As the pipeline: for several devices, BatchNorm as SyncBatchNorm first.
+    let t = if opts.device_num > 1 {
+        shardc::passes::parallel::sync_bn::sync_batch_norm(&t).map_err(|e| e.to_string())?
+    } else {
+        t
+    };
     let a = strategy::assign(&t, &opts).map_err(|e| e.to_string())?;
     if what == "strategy" {
         let mut out = t.clone();

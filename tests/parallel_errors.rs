@@ -527,7 +527,7 @@ fn cases() -> Vec<Case> {
             ],
         },
         Case {
-            name: "batchnorm_batch_dim",
+            name: "batchnorm_scale_unlike_channel",
             params: &[
                 "x: F32 (16, 4, 8, 8)",
                 "scale: W (4)",
@@ -535,14 +535,14 @@ fn cases() -> Vec<Case> {
                 "mean: W (4)",
                 "var: W (4)",
             ],
-            body: "  %1(out) = BatchNorm(%para1_x, %para2_scale, %para3_bias, %para4_mean, %para5_var) {instance name: batch_norm} primitive_attrs: {is_training: true, in_strategy: ((2, 1, 1, 1), (1), (1), (1), (1))}\n  %2(y) = TupleGetItem(%1, 0)",
+            body: "  %1(out) = BatchNorm(%para1_x, %para2_scale, %para3_bias, %para4_mean, %para5_var) {instance name: batch_norm} primitive_attrs: {is_training: true, in_strategy: ((1, 4, 1, 1), (2), (4), (4), (4))}\n  %2(y) = TupleGetItem(%1, 0)",
             device_num: 8,
             data: Data::Parallel,
             kind: Kind::Strategy,
             expect: &[
                 "BatchNorm 'batch_norm'",
-                "input 0 dimension 0 cannot be split",
-                "batch statistics",
+                "input 1 dimension 0 is split 2",
+                "split alike",
             ],
         },
         Case {
@@ -1142,7 +1142,7 @@ const CLI_ROWS: &[(&str, &str, &[&str])] = &[
     ("matmul_product_three_on_eight", "(0, 1)", &[]),
     ("dataset_batch_not_divisible", "(0, 1)", &[]),
     (
-        "batchnorm_batch_dim",
+        "batchnorm_scale_unlike_channel",
         "(0, 1, 2, 3)",
         &["--optimizer", "sgd"],
     ),
@@ -1351,6 +1351,20 @@ fn valid_neighbours_of_the_rows_compile() {
                 "var: W (4)",
             ],
             "  %1(out) = BatchNorm(%para1_x, %para2_scale, %para3_bias, %para4_mean, %para5_var) {instance name: batch_norm} primitive_attrs: {is_training: true, in_strategy: ((1, 4, 1, 1), (4), (4), (4), (4))}\n  %2(y) = TupleGetItem(%1, 0)",
+            8,
+        ),
+        // A batch split of a training-mode BatchNorm is SyncBatchNorm (per-channel sums
+        // completed by AllReduce), no longer an error.
+        ok(
+            "batchnorm_batch_dim",
+            &[
+                "x: F32 (16, 4, 8, 8)",
+                "scale: W (4)",
+                "bias: W (4)",
+                "mean: W (4)",
+                "var: W (4)",
+            ],
+            "  %1(out) = BatchNorm(%para1_x, %para2_scale, %para3_bias, %para4_mean, %para5_var) {instance name: batch_norm} primitive_attrs: {is_training: true, in_strategy: ((2, 1, 1, 1), (1), (1), (1), (1))}\n  %2(y) = TupleGetItem(%1, 0)",
             8,
         ),
         ok(

@@ -523,7 +523,10 @@ fn full_batch_ranks_read_the_whole_batch_and_feed_their_block() {
         let got = res.unwrap_or_else(|e| panic!("rank {r}: {e}"));
         assert_eq!(got.len(), steps);
         for (a, b) in got.iter().zip(&want) {
-            assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "rank {r}: {got:?} vs {want:?}");
+            assert!(
+                (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                "rank {r}: {got:?} vs {want:?}"
+            );
         }
     }
 }

@@ -4,7 +4,7 @@
 //! |-------|---------------|-------------------------------------------------------------|
 //! | 00    | `infer_types` | fills every node's type by the shape rules, then verifies   |
 //! | 01    | `autodiff`    | forward + backward + optimizer update (only with an optimizer) |
-//! | 02    | `step_parallel_begin` | a strategy for every op, a layout for every parameter (`passes::parallel::strategy`) |
+//! | 02    | `step_parallel_begin` | training-mode BatchNorm as SyncBatchNorm pairs (`passes::parallel::sync_bn`), then a strategy for every op, a layout for every parameter (`passes::parallel::strategy`) |
 //! | 03    | `step_parallel_end`   | one graph per rank: sliced shapes, inserted communication (`passes::parallel::partition`) |
 //! | 04    | `execute`     | the graph each rank runs, after `grad_fusion` (`passes::grad_fusion`: gradient AllReduces moved to just after their gradients and grouped into `fusion: k` buckets by [`CompileOptions::grad_fusion`]) |
 //!
@@ -32,7 +32,7 @@ use shardc_ir::Graph;
 use shardc_passes::autodiff::{self, Optimizer};
 use shardc_passes::grad_fusion::{self, GradFusion};
 use shardc_passes::parallel::{
-    partition, strategy, DatasetLayout, Mode, ParallelError, ParallelOptions,
+    partition, strategy, sync_bn, DatasetLayout, Mode, ParallelError, ParallelOptions,
 };
 use shardc_passes::{infer, verify};
 use std::path::{Path, PathBuf};
@@ -383,6 +383,12 @@ fn compile_parallel(
     opts: &CompileOptions,
 ) -> Result<ParallelCompiled, CompileError> {
     let dump_dir = opts.dump_dir.as_deref();
+    // Batch-split BatchNorm as SyncBatchNorm (per-channel AllReduces, no gathering).
+    let synced = sync_bn::sync_batch_norm(g).map_err(|source| CompileError::Parallel {
+        stage: "step_parallel_begin",
+        error: source,
+    })?;
+    let g = &synced;
     let loaded;
     let g = match &opts.load_strategy {
         Some(path) => {

@@ -234,6 +234,29 @@ ops! {
     /// the slices of x with equal id: result `(num_segments) ++ x.shape[ids.rank..]`.
     UnsortedSegmentSum => "UnsortedSegmentSum", Gradient;
 
+    // ---- synchronised BatchNorm (a batch split over devices; see passes::parallel::sync_bn) ----
+    /// `BNTrainingReduce(x)`; x `(N, C, ...)`. Result `(sum, square_sum)`, both `(C)`: the
+    /// per-channel sums of `x` and of `x * x` over every axis but 1. Over a split batch each
+    /// device's result is a partial sum (completed by an AllReduce).
+    BNTrainingReduce => "BNTrainingReduce", Reduction;
+    /// `BNTrainingUpdate(x, sum, square_sum, scale, bias)`; attrs `epsilon` (1e-5), `count`
+    /// (required: the GLOBAL number of elements per channel, N·H·W of the logical shape, which
+    /// the partitioner never localises). With `mean = sum / count` and the biased
+    /// `var = square_sum / count - mean^2`: the same 5-tuple as training-mode BatchNorm,
+    /// `(y, batch_mean, batch_variance, saved_mean, saved_rstd)`, `y = (x - mean) * rstd *
+    /// scale + bias`, `rstd = (var + epsilon)^(-1/2)`, `batch_variance` the unbiased
+    /// `var * count / (count - 1)`.
+    BNTrainingUpdate => "BNTrainingUpdate", Reduction;
+    /// `BNTrainingUpdateGrad(dy, x, saved_mean, saved_rstd)`. Result `(dscale, dbias)`, both
+    /// `(C)`: `dscale = sum(dy * (x - saved_mean) * saved_rstd)`, `dbias = sum(dy)` over every
+    /// axis but 1 (partial sums over a split batch).
+    BNTrainingUpdateGrad => "BNTrainingUpdateGrad", Gradient;
+    /// `BNTrainingReduceGrad(dy, x, dscale, dbias, scale, saved_mean, saved_rstd)`; attr
+    /// `count` (required, global as BNTrainingUpdate's). Result dx of x's shape:
+    /// `scale * rstd * (dy - dbias / count - xhat * dscale / count)` with
+    /// `xhat = (x - saved_mean) * rstd` (BatchNormGrad's dx, from the global sums).
+    BNTrainingReduceGrad => "BNTrainingReduceGrad", Gradient;
+
     // ---- communication (inserted by the parallel passes) ----
     /// `AllReduce(x)`; attrs `op` (sum | max | min | prod), `group`, `rank_list`, `fusion`.
     AllReduce => "AllReduce", Communication;

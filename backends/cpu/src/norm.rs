@@ -1,5 +1,7 @@
 //! BatchNorm and LayerNorm, forward and backward (two-pass statistics, per-channel / per-row
-//! folds on one thread each).
+//! folds on one thread each), and the synchronised BatchNorm ops (`BNTrainingReduce`,
+//! `BNTrainingUpdate`, `BNTrainingUpdateGrad`, `BNTrainingReduceGrad`) that compute the same
+//! from per-channel sums that an AllReduce completes over a split batch.
 
 use crate::real::Real;
 use crate::util::{chunk_of, for_chunks, for_chunks2, par_map, Ctx, KResult, ELEMWISE_CHUNK};
@@ -108,9 +110,26 @@ pub(crate) fn batch_norm<T: Real>(
         outs[3].1[ch] = stats[ch].0;
         outs[4].1[ch] = rstd[ch];
     }
-    let y = &mut *outs[0].1;
+    let mean: Vec<T> = stats.iter().map(|st| st.0).collect();
+    normalize(ctx, x, dims, &mean, &rstd, scale, bias, &mut *outs[0].1);
+    Ok(())
+}
+
+/// `y = (x - mean) * (rstd * scale) + bias` per channel of an `(n, c, s)` tensor, in
+/// chunks of whole planes (split by shape only).
+#[allow(clippy::too_many_arguments)]
+fn normalize<T: Real>(
+    ctx: &Ctx<'_>,
+    x: &[T],
+    (_, c, s): (usize, usize, usize),
+    mean: &[T],
+    rstd: &[T],
+    scale: &[T],
+    bias: &[T],
+    y: &mut [T],
+) {
     if s == 0 {
-        return Ok(());
+        return;
     }
     for_chunks(
         ctx.par,
@@ -123,12 +142,212 @@ pub(crate) fn batch_norm<T: Real>(
                 let plane = start / s + pi;
                 let ch = plane % c;
                 let k = rstd[ch] * scale[ch];
-                let (mu, b) = (stats[ch].0, bias[ch]);
+                let (mu, b) = (mean[ch], bias[ch]);
                 for (o, &v) in yp.iter_mut().zip(&x[(start / s + pi) * s..][..s]) {
                     *o = (v - mu) * k + b;
                 }
             }
         },
+    );
+}
+
+/// The `count` attribute of the synchronised BatchNorm ops (the global elements per channel).
+fn bn_count<T: Real>(ctx: &Ctx<'_>) -> KResult<T> {
+    let n = ctx.node.attrs.int_or("count", 0);
+    ctx.ensure(n >= 1, || {
+        format!(
+            "attribute `count` must be >= 1 (the global number of elements per channel), got {n}"
+        )
+    })?;
+    Ok(T::from_f64(n as f64))
+}
+
+/// `BNTrainingReduce(x)` -> `(sum, square_sum)` per channel, each channel folded in memory
+/// order on one thread.
+pub(crate) fn bn_training_reduce<T: Real>(
+    ctx: &Ctx<'_>,
+    inputs: &[Arg<'_>],
+    outputs: &mut [Tensor],
+) -> KResult {
+    let (sx, x) = ctx.data::<T>(inputs, 0)?;
+    let dims @ (_, c, _) = ncs(ctx, sx)?;
+    let mut outs = ctx.outs::<T>(outputs, 2)?;
+    ctx.check_shape("sum", outs[0].0, &[c])?;
+    ctx.check_shape("square_sum", outs[1].0, &[c])?;
+    let sums: Vec<(T, T)> = par_map(ctx.par, c, x.len(), |ch| {
+        let (mut sum, mut sq) = (T::ZERO, T::ZERO);
+        channel_fold(x, dims, ch, |_, v| {
+            sum += v;
+            sq += v * v;
+        });
+        (sum, sq)
+    });
+    for (ch, &(sum, sq)) in sums.iter().enumerate() {
+        outs[0].1[ch] = sum;
+        outs[1].1[ch] = sq;
+    }
+    Ok(())
+}
+
+/// `BNTrainingUpdate(x, sum, square_sum, scale, bias)` -> `(y, batch_mean, batch_variance,
+/// saved_mean, saved_rstd)` from the global sums and attr `count`.
+pub(crate) fn bn_training_update<T: Real>(
+    ctx: &Ctx<'_>,
+    inputs: &[Arg<'_>],
+    outputs: &mut [Tensor],
+) -> KResult {
+    let (sx, x) = ctx.data::<T>(inputs, 0)?;
+    let dims @ (_, c, _) = ncs(ctx, sx)?;
+    let sum = channel_vec::<T>(ctx, inputs, 1, "sum", c)?;
+    let square_sum = channel_vec::<T>(ctx, inputs, 2, "square_sum", c)?;
+    let scale = channel_vec::<T>(ctx, inputs, 3, "scale", c)?;
+    let bias = channel_vec::<T>(ctx, inputs, 4, "bias", c)?;
+    let count = bn_count::<T>(ctx)?;
+    let eps = T::from_f64(ctx.node.attrs.float_or("epsilon", 1e-5));
+    let mut outs = ctx.outs::<T>(outputs, 5)?;
+    ctx.check_shape("y", outs[0].0, sx)?;
+    for (i, name) in [
+        (1, "batch_mean"),
+        (2, "batch_variance"),
+        (3, "saved_mean"),
+        (4, "saved_rstd"),
+    ] {
+        ctx.check_shape(name, outs[i].0, &[c])?;
+    }
+    let mut mean = vec![T::ZERO; c];
+    let mut rstd = vec![T::ZERO; c];
+    for ch in 0..c {
+        let mu = sum[ch] / count;
+        // The biased variance E[x^2] - E[x]^2 (never below zero through rounding).
+        let mut var = square_sum[ch] / count - mu * mu;
+        if var < T::ZERO {
+            var = T::ZERO;
+        }
+        let unbiased = if count > T::ONE {
+            var * count / (count - T::ONE)
+        } else {
+            var
+        };
+        mean[ch] = mu;
+        rstd[ch] = T::ONE / (var + eps).sqrt();
+        outs[1].1[ch] = mu;
+        outs[2].1[ch] = unbiased;
+        outs[3].1[ch] = mu;
+        outs[4].1[ch] = rstd[ch];
+    }
+    normalize(ctx, x, dims, &mean, &rstd, scale, bias, &mut *outs[0].1);
+    Ok(())
+}
+
+/// `BNTrainingUpdateGrad(dy, x, saved_mean, saved_rstd)` -> `(dscale, dbias)` per channel.
+pub(crate) fn bn_training_update_grad<T: Real>(
+    ctx: &Ctx<'_>,
+    inputs: &[Arg<'_>],
+    outputs: &mut [Tensor],
+) -> KResult {
+    let (sdy, dy) = ctx.data::<T>(inputs, 0)?;
+    let (sx, x) = ctx.data::<T>(inputs, 1)?;
+    ctx.check_shape("dy", sdy, sx)?;
+    let dims @ (_, c, _) = ncs(ctx, sx)?;
+    let mean = channel_vec::<T>(ctx, inputs, 2, "saved_mean", c)?;
+    let rstd = channel_vec::<T>(ctx, inputs, 3, "saved_rstd", c)?;
+    let mut outs = ctx.outs::<T>(outputs, 2)?;
+    ctx.check_shape("dscale", outs[0].0, &[c])?;
+    ctx.check_shape("dbias", outs[1].0, &[c])?;
+    let sums = grad_sums(ctx, dy, x, dims, mean, rstd);
+    for (ch, &(ds, db)) in sums.iter().enumerate() {
+        outs[0].1[ch] = ds;
+        outs[1].1[ch] = db;
+    }
+    Ok(())
+}
+
+/// `(sum(dy * xhat), sum(dy))` per channel, each folded in memory order on one thread.
+fn grad_sums<T: Real>(
+    ctx: &Ctx<'_>,
+    dy: &[T],
+    x: &[T],
+    dims: (usize, usize, usize),
+    mean: &[T],
+    rstd: &[T],
+) -> Vec<(T, T)> {
+    par_map(ctx.par, dims.1, x.len(), |ch| {
+        let (mut ds, mut db) = (T::ZERO, T::ZERO);
+        channel_fold(x, dims, ch, |i, v| {
+            let xhat = (v - mean[ch]) * rstd[ch];
+            ds += dy[i] * xhat;
+            db += dy[i];
+        });
+        (ds, db)
+    })
+}
+
+/// `dx = scale * rstd / m * (m * dy - dbias - xhat * dscale)` (training mode), `m` the
+/// global count per channel.
+#[allow(clippy::too_many_arguments)]
+fn batch_norm_dx<T: Real>(
+    ctx: &Ctx<'_>,
+    dy: &[T],
+    x: &[T],
+    (_, c, s): (usize, usize, usize),
+    m: T,
+    scale: &[T],
+    mean: &[T],
+    rstd: &[T],
+    sums: &[(T, T)],
+    dx: &mut [T],
+) {
+    if s == 0 {
+        return;
+    }
+    let chunk = chunk_of(s, ELEMWISE_CHUNK);
+    for_chunks(ctx.par, dx, chunk, x.len(), |ci, dc| {
+        for (pi, dp) in dc.chunks_mut(s).enumerate() {
+            let plane = ci * chunk / s + pi;
+            let ch = plane % c;
+            let base = plane * s;
+            let (mu, r, g) = (mean[ch], rstd[ch], scale[ch]);
+            let (ds, db) = sums[ch];
+            for (j, o) in dp.iter_mut().enumerate() {
+                let i = base + j;
+                let xhat = (x[i] - mu) * r;
+                *o = g * r / m * (m * dy[i] - db - xhat * ds);
+            }
+        }
+    });
+}
+
+/// `BNTrainingReduceGrad(dy, x, dscale, dbias, scale, saved_mean, saved_rstd)` -> dx, from
+/// the global sums and attr `count`.
+pub(crate) fn bn_training_reduce_grad<T: Real>(
+    ctx: &Ctx<'_>,
+    inputs: &[Arg<'_>],
+    outputs: &mut [Tensor],
+) -> KResult {
+    let (sdy, dy) = ctx.data::<T>(inputs, 0)?;
+    let (sx, x) = ctx.data::<T>(inputs, 1)?;
+    ctx.check_shape("dy", sdy, sx)?;
+    let dims @ (_, c, _) = ncs(ctx, sx)?;
+    let dscale = channel_vec::<T>(ctx, inputs, 2, "dscale", c)?;
+    let dbias = channel_vec::<T>(ctx, inputs, 3, "dbias", c)?;
+    let scale = channel_vec::<T>(ctx, inputs, 4, "scale", c)?;
+    let mean = channel_vec::<T>(ctx, inputs, 5, "saved_mean", c)?;
+    let rstd = channel_vec::<T>(ctx, inputs, 6, "saved_rstd", c)?;
+    let count = bn_count::<T>(ctx)?;
+    let mut outs = ctx.outs::<T>(outputs, 1)?;
+    ctx.check_shape("dx", outs[0].0, sx)?;
+    let sums: Vec<(T, T)> = dscale.iter().zip(dbias).map(|(&a, &b)| (a, b)).collect();
+    batch_norm_dx(
+        ctx,
+        dy,
+        x,
+        dims,
+        count,
+        scale,
+        mean,
+        rstd,
+        &sums,
+        &mut *outs[0].1,
     );
     Ok(())
 }
@@ -152,21 +371,17 @@ pub(crate) fn batch_norm_grad<T: Real>(
     ctx.check_shape("dscale", outs[1].0, &[c])?;
     ctx.check_shape("dbias", outs[2].0, &[c])?;
     // (dscale, dbias) per channel.
-    let sums: Vec<(T, T)> = par_map(ctx.par, c, x.len(), |ch| {
-        let (mut ds, mut db) = (T::ZERO, T::ZERO);
-        channel_fold(x, dims, ch, |i, v| {
-            let xhat = (v - mean[ch]) * rstd[ch];
-            ds += dy[i] * xhat;
-            db += dy[i];
-        });
-        (ds, db)
-    });
+    let sums = grad_sums(ctx, dy, x, dims, mean, rstd);
     for (ch, &(ds, db)) in sums.iter().enumerate() {
         outs[1].1[ch] = ds;
         outs[2].1[ch] = db;
     }
     let m = T::from_f64((n * s) as f64);
     let dx = &mut *outs[0].1;
+    if training {
+        batch_norm_dx(ctx, dy, x, dims, m, scale, mean, rstd, &sums, dx);
+        return Ok(());
+    }
     if s == 0 {
         return Ok(());
     }
@@ -176,16 +391,9 @@ pub(crate) fn batch_norm_grad<T: Real>(
             let plane = ci * chunk / s + pi;
             let ch = plane % c;
             let base = plane * s;
-            let (mu, r, g) = (mean[ch], rstd[ch], scale[ch]);
-            let (ds, db) = sums[ch];
+            let (r, g) = (rstd[ch], scale[ch]);
             for (j, o) in dp.iter_mut().enumerate() {
-                let i = base + j;
-                *o = if training {
-                    let xhat = (x[i] - mu) * r;
-                    g * r / m * (m * dy[i] - db - xhat * ds)
-                } else {
-                    dy[i] * g * r
-                };
+                *o = dy[base + j] * g * r;
             }
         }
     });

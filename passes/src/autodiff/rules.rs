@@ -278,9 +278,14 @@ impl Rule<'_> {
                 .no_gradient("Assign stores a parameter; read the value it stores instead")),
             ReluGrad | GeLUGrad | SigmoidGrad | TanhGrad | SqrtGrad | BiasAddGrad | SoftmaxGrad
             | LogSoftmaxGrad | Conv2DBackpropInput | Conv2DBackpropFilter | MaxPoolGrad
-            | AvgPoolGrad | BatchNormGrad | LayerNormGrad => Err(self
+            | AvgPoolGrad | BatchNormGrad | LayerNormGrad | BNTrainingUpdateGrad
+            | BNTrainingReduceGrad => Err(self
                 .em
                 .no_gradient("it is a gradient kernel (second-order gradients are not supported)")),
+            BNTrainingReduce | BNTrainingUpdate => Err(self.em.no_gradient(
+                "the synchronised BatchNorm ops appear only after autodiff (differentiate \
+                 BatchNorm instead)",
+            )),
             Equal | OneHot | ZerosLike | OnesLike => Err(self
                 .em
                 .no_gradient("its result does not vary continuously with its operands")),

@@ -3,7 +3,7 @@
 use super::{
     geometry::{conv2d_geometry, pool2d_geometry},
     movement::slice_shape,
-    reduction::{channels, layer_norm_layout},
+    reduction::{bn_count, channels, layer_norm_layout},
     sh, softmax_axis, Cx, InferError,
 };
 use shardc_ir::{OpKind, TensorType, Type};
@@ -91,6 +91,30 @@ pub(super) fn infer(cx: &Cx<'_>) -> Result<Type, InferError> {
             cx.attr_float("epsilon", 1e-5)?;
             let stat = TensorType::new(x.dtype, vec![c]);
             Ok(Type::Tuple(vec![x.clone(), stat.clone(), stat]))
+        }
+        BNTrainingUpdateGrad => {
+            let x = cx.float_tensor(1)?;
+            cx.same_type(1, 0)?;
+            let c = channels(cx, 1)?;
+            let why = format!("x of shape {} ({c} channels)", sh(&x.shape));
+            for i in 2..4 {
+                cx.same_dtype(1, i)?;
+                cx.expect_shape(i, &[c], &why)?;
+            }
+            let stat = TensorType::new(x.dtype, vec![c]);
+            Ok(Type::Tuple(vec![stat.clone(), stat]))
+        }
+        BNTrainingReduceGrad => {
+            let x = cx.float_tensor(1)?;
+            cx.same_type(1, 0)?;
+            let c = channels(cx, 1)?;
+            let why = format!("x of shape {} ({c} channels)", sh(&x.shape));
+            for i in 2..7 {
+                cx.same_dtype(1, i)?;
+                cx.expect_shape(i, &[c], &why)?;
+            }
+            bn_count(cx)?;
+            Ok(Type::Tensor(x.clone()))
         }
         LayerNormGrad => {
             let x = cx.float_tensor(0)?;

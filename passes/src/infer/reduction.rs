@@ -16,6 +16,34 @@ pub(super) fn infer(cx: &Cx<'_>) -> Result<Type, InferError> {
             Ok(Type::Tensor(x.clone()))
         }
         BatchNorm => batch_norm(cx),
+        BNTrainingReduce => {
+            let x = cx.float_tensor(0)?;
+            let c = channels(cx, 0)?;
+            let stat = TensorType::new(x.dtype, vec![c]);
+            Ok(Type::Tuple(vec![stat.clone(), stat]))
+        }
+        BNTrainingUpdate => {
+            let x = cx.float_tensor(0)?;
+            let c = channels(cx, 0)?;
+            let why = format!("x of shape {} ({c} channels)", sh(&x.shape));
+            for i in 1..5 {
+                cx.same_dtype(0, i)?;
+                cx.expect_shape(i, &[c], &why)?;
+            }
+            let eps = cx.attr_float("epsilon", 1e-5)?;
+            if eps.is_nan() || eps < 0.0 {
+                return Err(cx.err(format!("attribute `epsilon` must be >= 0, got {eps}")));
+            }
+            bn_count(cx)?;
+            let stat = TensorType::new(x.dtype, vec![c]);
+            Ok(Type::Tuple(vec![
+                x.clone(),
+                stat.clone(),
+                stat.clone(),
+                stat.clone(),
+                stat,
+            ]))
+        }
         LayerNorm => layer_norm(cx),
         MaxPool | AvgPool => {
             let x = cx.float_tensor(0)?;
@@ -47,6 +75,17 @@ fn reduce(cx: &Cx<'_>) -> Result<Type, InferError> {
 pub(crate) fn channels(cx: &Cx<'_>, i: usize) -> Result<usize, InferError> {
     let x = cx.expect_min_rank(i, 2, "(N, C, ...)")?;
     Ok(x.shape[1])
+}
+
+/// The `count` attribute of the synchronised BatchNorm ops: required, at least 1.
+pub(crate) fn bn_count(cx: &Cx<'_>) -> Result<usize, InferError> {
+    let n = cx.attr_int_req("count")?;
+    if n < 1 {
+        return Err(cx.err(format!(
+            "attribute `count` must be >= 1 (the global number of elements per channel), got {n}"
+        )));
+    }
+    Ok(n as usize)
 }
 
 fn batch_norm(cx: &Cx<'_>) -> Result<Type, InferError> {

@@ -34,6 +34,10 @@ pub struct OpDims {
     /// Loops whose split count also divides the results (a mean computed over a local block
     /// must be scaled by `1/split` to be a term of the global mean).
     pub mean_loops: Vec<usize>,
+    /// Per loop: a result that lacks the loop is the same on every part of its split (it is
+    /// computed from per-channel inputs that are already complete), so it is replicated, not
+    /// partial (BNTrainingUpdate's statistics).
+    pub uniform: Vec<bool>,
 }
 
 impl OpDims {
@@ -46,6 +50,7 @@ impl OpDims {
             combine: vec![None; n],
             fixed: vec![None; n],
             mean_loops: Vec::new(),
+            uniform: vec![false; n],
         }
     }
 
@@ -285,6 +290,35 @@ pub fn op_dims(g: &Graph, node: &Node) -> Result<OpDims, DimsError> {
                              reduction across devices (split the channel dimension instead)"
                         ),
                     );
+                }
+            }
+            d
+        }
+        BNTrainingReduce | BNTrainingUpdateGrad | BNTrainingUpdate | BNTrainingReduceGrad => {
+            // x (N, C, ...); per-channel vectors (C) carry the channel loop only.
+            let x = in_shape(match node.op {
+                BNTrainingReduce | BNTrainingUpdate => 0,
+                _ => 1,
+            })?;
+            let mut d = OpDims::with_loops(x.clone());
+            let chan = vec![Dim::Loop(1)];
+            let classify = |s: &Vec<usize>| -> Vec<Dim> {
+                if s.len() == 1 {
+                    chan.clone()
+                } else {
+                    OpDims::identity(x.len())
+                }
+            };
+            d.inputs = ins.iter().map(|s| s.as_ref().map(classify)).collect();
+            d.outputs = outs.iter().map(classify).collect();
+            for l in (0..x.len()).filter(|&l| l != 1) {
+                match node.op {
+                    // Per-channel sums: a split batch or spatial loop gives partial sums, which
+                    // an AllReduce completes.
+                    BNTrainingReduce | BNTrainingUpdateGrad => d.combine[l] = Some(ReduceOp::Sum),
+                    // Elementwise given the (complete) per-channel vectors; the statistics
+                    // they return are the same on every part of the split.
+                    _ => d.uniform[l] = true,
                 }
             }
             d

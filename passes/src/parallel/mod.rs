@@ -8,7 +8,11 @@
 //!   propagation) and a layout for every parameter;
 //! - [`redistribute`]: the cheapest collectives between two layouts of a value;
 //! - [`partition`]: the per-rank graphs, with sliced shapes, sliced parameter initialisers and
-//!   concrete communication groups.
+//!   concrete communication groups;
+//! - [`sync_bn`]: run first, on graphs for several devices: training-mode BatchNorm and its
+//!   gradient become MindSpore's SyncBatchNorm pairs (`BNTrainingReduce` / `BNTrainingUpdate`,
+//!   `BNTrainingUpdateGrad` / `BNTrainingReduceGrad`), so a split batch needs per-channel
+//!   AllReduces only, never its activations gathered.
 //!
 //! Semantics (the invariant): the per-rank graphs compute the logical training step. The loss
 //! every rank returns is the loss of the whole global batch (as MindSpore's auto-parallel
@@ -25,6 +29,7 @@ pub mod redistribute;
 pub mod rules;
 pub mod simplify;
 pub mod strategy;
+pub mod sync_bn;
 
 use shardc_ir::{OpKind, Strategy};
 use thiserror::Error;

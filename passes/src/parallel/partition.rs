@@ -147,7 +147,10 @@ struct EdgeBuilder<'a> {
     g: &'a Graph,
     opts: &'a ParallelOptions,
     edges: Edges,
-    by_target: HashMap<((u8, u32), PlacementKey), usize>,
+    /// Conversions made, by (value, target placement, whether it completes a weight's
+    /// gradient for its update): a mirror is never shared with an ordinary user, since it
+    /// may be scaled (`gradients_mean` false) and is bucketed by `grad_fusion`.
+    by_target: HashMap<((u8, u32), PlacementKey, bool), usize>,
     plans: HashMap<(TensorLayout, TensorLayout, usize), Plan>,
 }
 
@@ -167,7 +170,8 @@ impl EdgeBuilder<'_> {
         if placement(&have) == target {
             return None;
         }
-        if let Some(&c) = self.by_target.get(&(key, target.clone())) {
+        let mirror = mirror_of.is_some() && have.is_partial();
+        if let Some(&c) = self.by_target.get(&(key, target.clone(), mirror)) {
             return Some(c);
         }
         let bytes = self
@@ -201,7 +205,7 @@ impl EdgeBuilder<'_> {
             edge.producer, edge.user, edge.input, have, want
         );
         self.edges.convs.push(Conversion { plan, edge, text });
-        self.by_target.insert((key, target), id);
+        self.by_target.insert((key, target, mirror), id);
         Some(id)
     }
 }

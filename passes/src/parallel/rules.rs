@@ -176,7 +176,7 @@ pub fn sharding_with(
             )));
         }
         for (o, out) in dims.outputs.iter().enumerate() {
-            if !out.contains(&Dim::Loop(l)) && dims.combine[l].is_none() {
+            if !out.contains(&Dim::Loop(l)) && dims.combine[l].is_none() && !dims.uniform[l] {
                 return Err(bad(format!(
                     "input {i} dimension {j} cannot be split: result {o} does not have it and \
                      cannot be completed from parts"
@@ -253,7 +253,7 @@ pub fn sharding_with(
         let mut partial = Vec::new();
         let mut op = ReduceOp::Sum;
         for (l, &split) in splits.iter().enumerate() {
-            if split > 1 && !out.contains(&Dim::Loop(l)) {
+            if split > 1 && !out.contains(&Dim::Loop(l)) && !dims.uniform[l] {
                 partial.push(axis_of(l) as usize);
                 op = dims.combine[l].unwrap_or(ReduceOp::Sum);
             }
@@ -303,7 +303,10 @@ fn loop_admits(g: &Graph, node: &Node, dims: &OpDims, l: usize, s: usize) -> boo
     if dims.fixed[l].is_some() {
         return false;
     }
-    if dims.outputs.iter().any(|o| !o.contains(&Dim::Loop(l))) && dims.combine[l].is_none() {
+    if dims.outputs.iter().any(|o| !o.contains(&Dim::Loop(l)))
+        && dims.combine[l].is_none()
+        && !dims.uniform[l]
+    {
         return false;
     }
     let shapes = operand_shapes(g, node);
