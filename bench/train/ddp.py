@@ -7,7 +7,7 @@ rank, optimizer and step count as shardc's data-parallel run, in N processes on 
 Method (shared with shardc's side):
   - every rank trains on its own seeded batch (fixed across steps) with one compute thread;
   - a step is forward, loss, backward (DDP's bucketed gradient AllReduce, overlapped with the
-    backward pass, bucket_cap_mb 25) and the optimizer step;
+    backward pass, bucket_cap_mb --bucket-mb, 25 by default) and the optimizer step;
   - every step is timed on every rank; the figure of a step is the slowest rank's (an
     AllReduce MAX of the samples after the loop); the step time is the median of those.
 
@@ -51,7 +51,7 @@ def _worker(rank, args, port, result_path):
     # Each rank its own batch, as data parallel reads its own shard.
     g = torch.Generator().manual_seed(1 + rank)
     x = torch.randn(x.shape, generator=g)
-    model = DistributedDataParallel(net)
+    model = DistributedDataParallel(net, bucket_cap_mb=args.bucket_mb)
     lr, momentum = (0.01, 0.0) if args.model == "mlp" else (0.01, 0.9)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
 
@@ -99,6 +99,7 @@ def main():
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--bucket-mb", type=float, default=25.0)
     args = p.parse_args()
     if args.ranks < 1 or args.batch < 1 or args.steps < 1 or args.threads < 1:
         p.error("--ranks, --batch, --steps and --threads must be positive")

@@ -196,6 +196,10 @@ pub struct BenchArgs {
     /// against PyTorch DDP (gloo) in as many (models mlp and resnet18; `--batch` per rank).
     #[arg(long, value_parser = parse_positive, default_value_t = 1)]
     pub ranks: usize,
+    /// Gradient bucket size of the data-parallel benchmark in MB, on both sides (shardc's
+    /// `comm_fusion` size mode, DDP's `bucket_cap_mb`; DDP's default 25).
+    #[arg(long, default_value_t = 25.0)]
+    pub bucket_mb: f64,
     /// Untimed warm-up steps of a data-parallel worker (set by the parent).
     #[arg(long, hide = true, default_value_t = 0)]
     pub warmup: usize,
@@ -223,6 +227,7 @@ impl Default for BenchArgs {
             no_setup: false,
             bench_dir: None,
             ranks: 1,
+            bucket_mb: 25.0,
             warmup: 0,
             worker_artifact: None,
             sub: None,

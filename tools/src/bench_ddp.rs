@@ -3,8 +3,8 @@
 //! optimizer and step counts, measured the same way.
 //!
 //! shardc's side: the model is compiled for `data_parallel` over N devices (global batch N ×
-//! the batch per rank, `gradients_mean`, the gradients fused into buckets by `comm_fusion`
-//! auto); a scheduler and N workers are started as `shardc launch` starts them (shared-memory
+//! the batch per rank, `gradients_mean`, the gradients fused into buckets of `--bucket-mb`
+//! MB, DDP's `bucket_cap_mb` on the reference side, 25 by default); a scheduler and N workers are started as `shardc launch` starts them (shared-memory
 //! collectives), each worker being this executable again in worker mode
 //! (`--worker-artifact`). Each worker runs its rank's graph with one kernel thread on its own
 //! synthetic batch. Every step is timed on every rank; a step's figure is the slowest rank's
@@ -63,6 +63,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         return worker(args, artifact);
     }
     let ranks = args.ranks;
+    if !(args.bucket_mb.is_finite() && args.bucket_mb > 0.0) {
+        bail!(
+            "--bucket-mb {}: a bucket size in MB must be positive",
+            args.bucket_mb
+        );
+    }
     let models: Vec<TrainModel> = if args.models.is_empty() {
         vec![TrainModel::Mlp, TrainModel::Resnet18]
     } else {
@@ -109,14 +115,21 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             model.name()
         );
         let art = dir.join("artifact");
-        write_artifact(model, batch, ranks, &art)?;
+        write_artifact(model, batch, ranks, args.bucket_mb, &art)?;
         eprintln!(
             "measuring {} on {ranks} worker processes ({warmup} warm-up + {steps} steps) ...",
             model.name()
         );
         let ours = launch_workers(&exe, &art, &dir, ranks, warmup, steps, model, batch)?;
         let torch = match &python {
-            Some((py, script)) => Some(ddp(py, script, model, ranks, batch, warmup, steps)?),
+            Some((py, script)) => Some(ddp(
+                py,
+                script,
+                model,
+                (ranks, batch, args.bucket_mb),
+                warmup,
+                steps,
+            )?),
             None => None,
         };
         let mut line = format!(
@@ -148,7 +161,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 }
 
 /// Compiles `model` for data parallel over `ranks` devices into an artifact at `dir`.
-fn write_artifact(model: TrainModel, batch: usize, ranks: usize, dir: &Path) -> Result<()> {
+fn write_artifact(
+    model: TrainModel,
+    batch: usize,
+    ranks: usize,
+    bucket_mb: f64,
+    dir: &Path,
+) -> Result<()> {
     let (forward, optimizer) = model.forward_and_optimizer(batch * ranks)?;
     let opts = CompileOptions {
         optimizer: Some(optimizer),
@@ -159,7 +178,7 @@ fn write_artifact(model: TrainModel, batch: usize, ranks: usize, dir: &Path) -> 
             gradients_mean: true,
             enable_alltoall: false,
         }),
-        grad_fusion: Some(GradFusion::Auto),
+        grad_fusion: Some(GradFusion::SizeMb(bucket_mb)),
         ..Default::default()
     };
     let compiled = compile(forward, &opts)
@@ -262,8 +281,7 @@ fn ddp(
     python: &Path,
     script: &Path,
     model: TrainModel,
-    ranks: usize,
-    batch: usize,
+    (ranks, batch, bucket_mb): (usize, usize, f64),
     warmup: usize,
     steps: usize,
 ) -> Result<f64> {
@@ -279,6 +297,7 @@ fn ddp(
         .args(["--steps", &steps.to_string()])
         .args(["--warmup", &warmup.to_string()])
         .args(["--threads", "1"])
+        .args(["--bucket-mb", &bucket_mb.to_string()])
         .output()
         .with_context(|| format!("running {}", script.display()))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
