@@ -6,7 +6,9 @@
 //! `DIR/{rank_id}/`.
 //!
 //! `examples/run_quickstart_parallel.sh` starts it with `shardc launch` (8 workers); options:
-//! `--epochs 5`, `--save-graphs-path saved_graph`, `--checkpoint-dir .`.
+//! `--epochs 5`, `--save-graphs-path saved_graph`, `--checkpoint-dir .`, `--gradients-mean
+//! false` (the tutorial's default: the replicas' gradients are summed; `true` averages them,
+//! which makes the 8 ranks train exactly what one device does on the same batches).
 
 use shardc::communication::{self, Communication};
 use shardc::compiler::loss::MSELoss;
@@ -63,6 +65,7 @@ fn train(comm: &Communication) -> Result<(), TrainError> {
     let mut epochs = 5;
     let mut graphs = PathBuf::from("saved_graph");
     let mut ckpt_dir = PathBuf::from(".");
+    let mut gradients_mean = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let v = args
@@ -76,6 +79,11 @@ fn train(comm: &Communication) -> Result<(), TrainError> {
             }
             "--save-graphs-path" => graphs = PathBuf::from(v),
             "--checkpoint-dir" => ckpt_dir = PathBuf::from(v),
+            "--gradients-mean" => {
+                gradients_mean = v.parse().map_err(|_| {
+                    TrainError::Mismatch(format!("--gradients-mean {v}: expected true or false"))
+                })?
+            }
             _ => return Err(TrainError::Mismatch(format!("unknown option {a}"))),
         }
     }
@@ -83,6 +91,7 @@ fn train(comm: &Communication) -> Result<(), TrainError> {
         parallel_mode: ParallelMode::AutoParallel,
         search_mode: SearchMode::ShardingPropagation,
         device_num: comm.get_group_size(),
+        gradients_mean,
         ..ParallelContext::default()
     };
     let dataset = get_dataset()?;

@@ -324,3 +324,79 @@ fn quickstart_parallel_example_trains_8_ranks_under_auto_parallel_with_dumps_and
     assert_eq!(cp.meta.step, 12);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn quickstart_on_8_processes_with_gradients_mean_equals_one_device() {
+    // Every rank yields the tutorial's fixed batch, so the 8-rank global batch is 8 copies of
+    // it: with gradients_mean the step is exactly one device's on that batch.
+    let dir = tmp("quickstart-mean");
+    let bin = example("quickstart_parallel");
+    let one = dir.join("one");
+    let single = run(Command::new(&bin)
+        .args(["--epochs", "2", "--gradients-mean", "true"])
+        .arg("--save-graphs-path")
+        .arg(dir.join("g1"))
+        .arg("--checkpoint-dir")
+        .arg(&one));
+    let log = dir.join("device");
+    run(Command::new(shardc_exe())
+        .args([
+            "launch",
+            "--worker-num",
+            "8",
+            "--local-worker-num",
+            "8",
+            "--join",
+        ])
+        .args(["--master-port", &free_port().to_string()])
+        .arg("--log-dir")
+        .arg(&log)
+        .arg("--")
+        .arg(&bin)
+        .args(["--epochs", "2", "--gradients-mean", "true"])
+        .arg("--save-graphs-path")
+        .arg(dir.join("g8"))
+        .arg("--checkpoint-dir")
+        .arg(dir.join("ckpt")));
+    let want = losses(&single);
+    let got = losses(&read(&log.join("1/rank.0/stdout")));
+    assert_eq!(got.len(), 8);
+    for (a, b) in got.iter().zip(&want) {
+        assert!(
+            (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+            "{got:?} vs {want:?}"
+        );
+    }
+    let merged = dir.join("merged.safetensors");
+    run(Command::new(shardc_exe())
+        .args(["ckpt", "merge", "--strategy"])
+        .arg(dir.join("ckpt/strategy.json"))
+        .arg("--input")
+        .arg(dir.join("ckpt"))
+        .arg("-o")
+        .arg(&merged));
+    let m = checkpoint::load(&merged).expect("merged");
+    assert_eq!(m.meta.step, 8);
+    // The single device's newest checkpoint (step 8).
+    let newest = std::fs::read_dir(one.join("0"))
+        .expect("single-device checkpoints")
+        .map(|e| e.expect("entry").path())
+        .filter_map(|p| checkpoint::load(&p).ok())
+        .max_by_key(|c| c.meta.step)
+        .expect("a checkpoint");
+    assert_eq!(newest.meta.step, 8);
+    for name in ["w", "w2"] {
+        let a = m.tensor(name).expect("merged weight").to_f64_vec();
+        let b = newest.tensor(name).expect("single weight").to_f64_vec();
+        let d = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).abs() / (1.0 + y.abs()))
+            .fold(0.0, f64::max);
+        assert!(
+            d <= 1e-5,
+            "{name}: the 8 ranks' gathered weights differ from one device by {d}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
