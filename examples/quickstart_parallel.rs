@@ -117,11 +117,5 @@ fn train(comm: &Communication) -> Result<(), TrainError> {
 }
 
 fn main() -> ExitCode {
-    match communication::run(train) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    communication::main(train)
 }

@@ -141,11 +141,5 @@ fn train_resnet50_with_cifar10(comm: &Communication) -> Result<(), TrainError> {
 }
 
 fn main() -> ExitCode {
-    match communication::run(train_resnet50_with_cifar10) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    communication::main(train_resnet50_with_cifar10)
 }

@@ -159,3 +159,18 @@ where
     result?;
     finished
 }
+
+/// A training program's `main`: [`run`] with `body`, the error (if any) printed as
+/// `error: ...` on stderr, and the exit status (1 on failure).
+pub fn main<F>(body: F) -> std::process::ExitCode
+where
+    F: FnOnce(&Communication) -> Result<(), TrainError>,
+{
+    match run(body) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

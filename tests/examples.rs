@@ -86,6 +86,20 @@ fn tensors(dir: &Path) -> BTreeMap<String, Vec<f64>> {
         .collect()
 }
 
+/// `shardc ckpt merge` of the ranks' newest checkpoints in `ckpt` (with the strategy file
+/// beside them), loaded.
+fn merge(ckpt: &Path) -> checkpoint::Checkpoint {
+    let merged = ckpt.with_extension("merged.safetensors");
+    run(Command::new(shardc_exe())
+        .args(["ckpt", "merge", "--strategy"])
+        .arg(ckpt.join("strategy.json"))
+        .arg("--input")
+        .arg(ckpt)
+        .arg("-o")
+        .arg(&merged));
+    checkpoint::load(&merged).expect("a merged checkpoint")
+}
+
 #[test]
 fn mnist_data_parallel_on_4_processes_equals_one_device_in_both_styles() {
     let dir = tmp("mnist");
@@ -310,15 +324,7 @@ fn quickstart_parallel_example_trains_8_ranks_under_auto_parallel_with_dumps_and
     );
     // ModelCheckpoint wrote the strategy file beside the ranks' files: they merge into one
     // single-device checkpoint with the logical shapes.
-    let merged = dir.join("merged.safetensors");
-    run(Command::new(shardc_exe())
-        .args(["ckpt", "merge", "--strategy"])
-        .arg(dir.join("ckpt/strategy.json"))
-        .arg("--input")
-        .arg(dir.join("ckpt"))
-        .arg("-o")
-        .arg(&merged));
-    let cp = checkpoint::load(&merged).expect("merged checkpoint");
+    let cp = merge(&dir.join("ckpt"));
     assert_eq!(cp.tensor("w").expect("w").shape, [32, 16]);
     assert_eq!(cp.tensor("w2").expect("w2").shape, [16, 16]);
     assert_eq!(cp.meta.step, 12);
@@ -367,15 +373,7 @@ fn quickstart_on_8_processes_with_gradients_mean_equals_one_device() {
             "{got:?} vs {want:?}"
         );
     }
-    let merged = dir.join("merged.safetensors");
-    run(Command::new(shardc_exe())
-        .args(["ckpt", "merge", "--strategy"])
-        .arg(dir.join("ckpt/strategy.json"))
-        .arg("--input")
-        .arg(dir.join("ckpt"))
-        .arg("-o")
-        .arg(&merged));
-    let m = checkpoint::load(&merged).expect("merged");
+    let m = merge(&dir.join("ckpt"));
     assert_eq!(m.meta.step, 8);
     // The single device's newest checkpoint (step 8).
     let newest = std::fs::read_dir(one.join("0"))

@@ -207,18 +207,32 @@ impl Cell for BasicBlock {
         y = call_cell(b, "relu", &ReLU, y)?;
         y = call_cell(b, "conv2", &conv2, y)?;
         y = call_cell(b, "bn2", &BatchNorm2d::new(self.out_channels), y)?;
-        let identity = if self.stride != 1 || self.in_channels != self.out_channels {
-            let down = SequentialCell::new(vec![
-                Box::new(Conv2d::new(self.in_channels, self.out_channels, 1).stride(self.stride)),
-                Box::new(BatchNorm2d::new(self.out_channels)),
-            ]);
-            call_cell(b, "down_sample_layer", &down, x)?
-        } else {
-            x
-        };
-        let sum = b.add(y, identity)?;
-        call_cell(b, "relu", &ReLU, sum)
+        residual_sum(b, x, y, self.in_channels, self.out_channels, self.stride)
     }
+}
+
+/// A residual block's end: `y` plus the shortcut of `x` (`down_sample_layer`: a 1x1
+/// convolution with the stride and BatchNorm when the stride or the width changes, else `x`
+/// itself), then ReLU.
+fn residual_sum(
+    b: &mut GraphBuilder,
+    x: Value,
+    y: Value,
+    in_channels: usize,
+    out_channels: usize,
+    stride: usize,
+) -> Result<Value, BuildError> {
+    let identity = if stride != 1 || in_channels != out_channels {
+        let down = SequentialCell::new(vec![
+            Box::new(Conv2d::new(in_channels, out_channels, 1).stride(stride)),
+            Box::new(BatchNorm2d::new(out_channels)),
+        ]);
+        call_cell(b, "down_sample_layer", &down, x)?
+    } else {
+        x
+    };
+    let sum = b.add(y, identity)?;
+    call_cell(b, "relu", &ReLU, sum)
 }
 
 /// ResNet-18 for CIFAR-10: a 3x3 convolution stem of 64 channels (stride 1), BatchNorm, ReLU;
@@ -319,17 +333,7 @@ impl Cell for ResidualBlock {
         y = call_cell(b, "relu", &ReLU, y)?;
         y = call_cell(b, "conv3", &Conv2d::new(mid, self.out_channels, 1), y)?;
         y = call_cell(b, "bn3", &BatchNorm2d::new(self.out_channels), y)?;
-        let identity = if self.stride != 1 || self.in_channels != self.out_channels {
-            let down = SequentialCell::new(vec![
-                Box::new(Conv2d::new(self.in_channels, self.out_channels, 1).stride(self.stride)),
-                Box::new(BatchNorm2d::new(self.out_channels)),
-            ]);
-            call_cell(b, "down_sample_layer", &down, x)?
-        } else {
-            x
-        };
-        let sum = b.add(y, identity)?;
-        call_cell(b, "relu", &ReLU, sum)
+        residual_sum(b, x, y, self.in_channels, self.out_channels, self.stride)
     }
 }
 

@@ -314,6 +314,35 @@ impl Model {
             .ok_or_else(|| TrainError::Mismatch(format!("Model({name}): the loss is not a scalar")))
     }
 
+    /// What the callbacks are told: (epoch, epochs), (step in epoch, steps per epoch), the
+    /// global step, (loss, step seconds).
+    fn step_info(
+        &self,
+        (epoch, epochs): (usize, usize),
+        (step_in_epoch, steps_per_epoch): (usize, usize),
+        global_step: u64,
+        (loss, step_seconds): (f64, f64),
+    ) -> Result<StepInfo<'_>, TrainError> {
+        let c = self
+            .compiled
+            .as_ref()
+            .ok_or_else(|| not_built(&self.name))?;
+        Ok(StepInfo {
+            model: &self.name,
+            epoch,
+            epochs,
+            step_in_epoch,
+            steps_per_epoch,
+            global_step,
+            loss,
+            step_seconds,
+            rank: self.rank,
+            size: self.size,
+            exec: &c.exec,
+            strategy: c.strategy.as_ref(),
+        })
+    }
+
     /// `model.train(epoch, dataset, callbacks)`: `epochs` passes over `dataset`, every
     /// callback told of every step. Returns the losses.
     pub fn train(
@@ -343,49 +372,24 @@ impl Model {
                 step_in_epoch += 1;
                 summary.steps += 1;
                 summary.losses.push(loss);
-                let c = self
-                    .compiled
-                    .as_ref()
-                    .ok_or_else(|| not_built(&self.name))?;
-                let (exec, strategy) = (&c.exec, c.strategy.as_ref());
-                let info = StepInfo {
-                    model: &self.name,
-                    epoch: epoch + 1,
-                    epochs,
-                    step_in_epoch,
-                    steps_per_epoch,
-                    global_step: summary.steps,
-                    loss,
-                    step_seconds: t0.elapsed().as_secs_f64(),
-                    rank: self.rank,
-                    size: self.size,
-                    exec,
-                    strategy,
-                };
+                let info = self.step_info(
+                    (epoch + 1, epochs),
+                    (step_in_epoch, steps_per_epoch),
+                    summary.steps,
+                    (loss, t0.elapsed().as_secs_f64()),
+                )?;
                 for cb in callbacks.iter_mut() {
                     cb.on_step_end(&info)?;
                 }
             }
             if begun {
-                let c = self
-                    .compiled
-                    .as_ref()
-                    .ok_or_else(|| not_built(&self.name))?;
-                let (exec, strategy) = (&c.exec, c.strategy.as_ref());
-                let info = StepInfo {
-                    model: &self.name,
-                    epoch: epoch + 1,
-                    epochs,
-                    step_in_epoch,
-                    steps_per_epoch,
-                    global_step: summary.steps,
-                    loss: summary.losses.last().copied().unwrap_or(f64::NAN),
-                    step_seconds: 0.0,
-                    rank: self.rank,
-                    size: self.size,
-                    exec,
-                    strategy,
-                };
+                let last = summary.losses.last().copied().unwrap_or(f64::NAN);
+                let info = self.step_info(
+                    (epoch + 1, epochs),
+                    (step_in_epoch, steps_per_epoch),
+                    summary.steps,
+                    (last, 0.0),
+                )?;
                 for cb in callbacks.iter_mut() {
                     cb.on_epoch_end(&info)?;
                 }
@@ -397,25 +401,13 @@ impl Model {
                 self.name
             )));
         }
-        let c = self
-            .compiled
-            .as_ref()
-            .ok_or_else(|| not_built(&self.name))?;
-        let (exec, strategy) = (&c.exec, c.strategy.as_ref());
-        let info = StepInfo {
-            model: &self.name,
-            epoch: epochs,
-            epochs,
-            step_in_epoch: 0,
-            steps_per_epoch,
-            global_step: summary.steps,
-            loss: summary.losses.last().copied().unwrap_or(f64::NAN),
-            step_seconds: 0.0,
-            rank: self.rank,
-            size: self.size,
-            exec,
-            strategy,
-        };
+        let last = summary.losses.last().copied().unwrap_or(f64::NAN);
+        let info = self.step_info(
+            (epochs, epochs),
+            (0, steps_per_epoch),
+            summary.steps,
+            (last, 0.0),
+        )?;
         for cb in callbacks.iter_mut() {
             cb.on_train_end(&info)?;
         }

@@ -76,79 +76,15 @@ impl MnistData {
     /// Reads an idx3 image file and an idx1 label file; checks magic numbers, sizes and label
     /// range, and says which file is wrong and how.
     pub fn load(images: &Path, labels: &Path) -> Result<MnistData, DataError> {
-        let ib = read_file(images)?;
-        let magic = be_u32(&ib, 0, images)?;
-        if magic != IMAGES_MAGIC {
-            return Err(format_err(
-                images,
-                format!("bad magic number {magic:#010x}, expected {IMAGES_MAGIC:#010x} (idx3 unsigned byte images)"),
-            ));
-        }
-        let n = be_u32(&ib, 4, images)? as usize;
-        let rows = be_u32(&ib, 8, images)? as usize;
-        let cols = be_u32(&ib, 12, images)? as usize;
-        let need = n
-            .checked_mul(rows)
-            .and_then(|x| x.checked_mul(cols))
-            .and_then(|x| x.checked_add(16))
-            .ok_or_else(|| {
-                format_err(
-                    images,
-                    format!("header sizes overflow: {n} x {rows} x {cols}"),
-                )
-            })?;
-        if ib.len() != need {
-            return Err(format_err(
-                images,
-                format!(
-                    "{} bytes, but the header ({n} images of {rows}x{cols}) needs {need}{}",
-                    ib.len(),
-                    if ib.len() < need {
-                        ": file is truncated"
-                    } else {
-                        ""
-                    }
-                ),
-            ));
-        }
-        let lb = read_file(labels)?;
-        let magic = be_u32(&lb, 0, labels)?;
-        if magic != LABELS_MAGIC {
-            return Err(format_err(
-                labels,
-                format!("bad magic number {magic:#010x}, expected {LABELS_MAGIC:#010x} (idx1 unsigned byte labels)"),
-            ));
-        }
-        let nl = be_u32(&lb, 4, labels)? as usize;
-        if nl != n {
-            return Err(format_err(
-                labels,
-                format!("{nl} labels but {} holds {n} images", images.display()),
-            ));
-        }
-        if lb.len() != 8 + nl {
-            return Err(format_err(
-                labels,
-                format!(
-                    "{} bytes, but the header ({nl} labels) needs {}",
-                    lb.len(),
-                    8 + nl
-                ),
-            ));
-        }
-        let label_bytes = &lb[8..];
-        if let Some(pos) = label_bytes.iter().position(|&l| l > 9) {
-            return Err(format_err(
-                labels,
-                format!("label {} at index {pos} is outside 0..=9", label_bytes[pos]),
-            ));
-        }
+        let part = MnistPart::open(images, labels)?;
+        let mut pixels = vec![0u8; part.len * part.rows * part.cols];
+        part.images.read_at(&mut pixels, 16)?;
         Ok(MnistData {
-            len: n,
-            rows,
-            cols,
-            images: ib[16..].iter().map(|&p| p as f32 / 255.0).collect(),
-            labels: label_bytes.iter().map(|&l| l as i32).collect(),
+            len: part.len,
+            rows: part.rows,
+            cols: part.cols,
+            images: pixels.iter().map(|&p| p as f32 / 255.0).collect(),
+            labels: part.labels.iter().map(|&l| l as i32).collect(),
         })
     }
 
@@ -250,18 +186,22 @@ impl MnistPart {
     fn open(images: &Path, labels: &Path) -> Result<MnistPart, DataError> {
         let file = RandomAccessFile::open(images)?;
         let mut head = [0u8; 16];
-        if file.len() < 16 {
+        // The magic first (a file that is not idx3 at all says so), then the header's length.
+        let have = usize::try_from(file.len()).unwrap_or(usize::MAX).min(16);
+        file.read_at(&mut head[..have], 0)?;
+        if have >= 4 {
+            let magic = be_u32(&head, 0, images)?;
+            if magic != IMAGES_MAGIC {
+                return Err(format_err(
+                    images,
+                    format!("bad magic number {magic:#010x}, expected {IMAGES_MAGIC:#010x} (idx3 unsigned byte images)"),
+                ));
+            }
+        }
+        if have < 16 {
             return Err(format_err(
                 images,
                 format!("truncated header: {} bytes, need at least 16", file.len()),
-            ));
-        }
-        file.read_at(&mut head, 0)?;
-        let magic = be_u32(&head, 0, images)?;
-        if magic != IMAGES_MAGIC {
-            return Err(format_err(
-                images,
-                format!("bad magic number {magic:#010x}, expected {IMAGES_MAGIC:#010x} (idx3 unsigned byte images)"),
             ));
         }
         let n = be_u32(&head, 4, images)? as usize;
