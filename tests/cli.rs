@@ -104,3 +104,28 @@ fn bad_inputs_get_clear_errors_and_status() {
     assert!(help.status.success());
     let _ = std::fs::remove_dir_all(&out);
 }
+
+#[test]
+fn bench_calibrate_writes_a_device_description_the_cost_model_reads() {
+    let dir = std::env::temp_dir().join(format!("shardc-calibrate-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("device.toml");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_shardc"))
+        .args(["bench", "calibrate", "--quick", "--device-file"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let d = shardc::compiler::device::DeviceDescription::load(&file).unwrap();
+    assert_eq!(
+        d.devices_per_host,
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    );
+    assert!(d.flops > 1e8 && d.intra_host.bandwidth_gbs > 0.0, "{d:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("inter_host cannot be measured"));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -39,6 +39,7 @@
 #![warn(missing_docs)]
 
 pub mod builder;
+pub mod device;
 pub mod init;
 pub mod loss;
 pub mod model;

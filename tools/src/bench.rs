@@ -28,6 +28,8 @@
 //! train mlp batch=32 threads=1 shardc=1.23 ms torch=2.34 ms ratio=0.53 (target <= 1.0: met)
 //! ```
 
+#[path = "bench_calibrate.rs"]
+pub mod bench_calibrate;
 #[path = "bench_collectives.rs"]
 pub mod bench_collectives;
 #[path = "bench_compile.rs"]
@@ -64,6 +66,9 @@ pub enum BenchWhat {
     /// The parallel compiler's compile time on a 24-layer transformer (shardc only; see
     /// [`bench_compile`]).
     Compile,
+    /// Measure this machine for the cost model and write a device description (TOML,
+    /// `--device-file`; see [`bench_calibrate`]).
+    Calibrate,
 }
 
 /// A model of the training-step benchmark.
@@ -200,6 +205,9 @@ pub struct BenchArgs {
     /// `comm_fusion` size mode, DDP's `bucket_cap_mb`; DDP's default 25).
     #[arg(long, default_value_t = 25.0)]
     pub bucket_mb: f64,
+    /// `calibrate`: where to write the device description.
+    #[arg(long, default_value = "device.toml")]
+    pub device_file: PathBuf,
     /// Untimed warm-up steps of a data-parallel worker (set by the parent).
     #[arg(long, hide = true, default_value_t = 0)]
     pub warmup: usize,
@@ -228,6 +236,7 @@ impl Default for BenchArgs {
             bench_dir: None,
             ranks: 1,
             bucket_mb: 25.0,
+            device_file: PathBuf::from("device.toml"),
             warmup: 0,
             worker_artifact: None,
             sub: None,
@@ -252,6 +261,9 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
     }
     if args.what == BenchWhat::Train && (args.ranks > 1 || args.worker_artifact.is_some()) {
         return bench_ddp::run(args);
+    }
+    if args.what == BenchWhat::Calibrate {
+        return bench_calibrate::run(args);
     }
     if args.what == BenchWhat::Compile {
         return bench_compile::run(&bench_compile::CompileBench::standard(args.quick)).map(drop);
@@ -333,7 +345,7 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
 // --- gemm -------------------------------------------------------------------------------------
 
 /// shardc's GFLOP/s for an n×n×n f32 product on `threads` threads.
-fn shardc_gemm(n: usize, threads: usize, quick: bool) -> Result<f64> {
+pub(crate) fn shardc_gemm(n: usize, threads: usize, quick: bool) -> Result<f64> {
     let a = values(n * n, 1);
     let b = values(n * n, 2);
     let mut c = vec![0f32; n * n];

@@ -393,7 +393,7 @@ fn job_id(procs: usize) -> String {
 }
 
 /// Starts `procs` workers, hands them each other's ports, and collects rank 0's rows.
-fn run_processes(args: &CollectivesArgs, procs: usize) -> Result<Vec<Row>> {
+pub(crate) fn run_processes(args: &CollectivesArgs, procs: usize) -> Result<Vec<Row>> {
     let exe = std::env::current_exe().context("finding the current executable")?;
     let sizes: Vec<String> = args.sizes.iter().map(|s| s.to_string()).collect();
     let job = job_id(procs);

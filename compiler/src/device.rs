@@ -1,0 +1,351 @@
+//! The device description: what the cost model knows of the machines a job runs on, as a
+//! TOML file (`shardc bench calibrate` writes one for this machine) or a preset.
+//!
+//! ```toml
+//! name = "8xH100-SXM"
+//! devices_per_host = 8
+//! flops = 6.7e13                # FLOP/s of one device (f32)
+//! memory_bytes = 85899345920    # memory of one device
+//!
+//! [intra_host]                  # between devices of one host (NVLink, shared memory, HCCS)
+//! bandwidth_gbs = 450.0         # 10^9 bytes per second, one direction
+//! latency_us = 3.0
+//!
+//! [inter_host]                  # between hosts (InfiniBand, RoCE, Ethernet)
+//! bandwidth_gbs = 50.0
+//! latency_us = 6.0
+//! ```
+//!
+//! Communication follows an α–β model per link class: a message of `b` bytes costs
+//! `α + b / β`; a ring AllReduce over `p` devices moves `2 (p − 1) / p` of the buffer through
+//! `2 (p − 1)` steps, AllGather and ReduceScatter half of that. A group that spans hosts is
+//! limited by the inter-host link.
+
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+/// One link class: bandwidth and latency.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Link {
+    /// Bandwidth in 10⁹ bytes per second, one direction.
+    pub bandwidth_gbs: f64,
+    /// Latency of one message, in microseconds.
+    pub latency_us: f64,
+}
+
+impl Link {
+    /// Seconds to send `bytes` in one message.
+    pub fn message_seconds(&self, bytes: f64) -> f64 {
+        self.latency_us * 1e-6 + bytes / (self.bandwidth_gbs * 1e9)
+    }
+}
+
+/// What the cost model knows of the devices of a job.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceDescription {
+    /// A name for messages (`8xH100-SXM`).
+    pub name: String,
+    /// Devices in one host (ranks `h * devices_per_host ..` share host `h`).
+    pub devices_per_host: usize,
+    /// Floating-point operations per second of one device (f32).
+    pub flops: f64,
+    /// Memory of one device, in bytes (`max_device_memory` may lower it).
+    pub memory_bytes: u64,
+    /// Between devices of one host.
+    pub intra_host: Link,
+    /// Between hosts.
+    pub inter_host: Link,
+}
+
+/// A device description that cannot be read or makes no sense.
+#[derive(Debug, Error)]
+pub enum DeviceError {
+    /// The file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The file is not a device description.
+    #[error("{path}: {reason}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong (TOML's message, with line and column).
+        reason: String,
+    },
+    /// A value is out of range.
+    #[error("device description {name}: {field} = {value}: {reason}")]
+    Invalid {
+        /// The description's name.
+        name: String,
+        /// The field.
+        field: &'static str,
+        /// Its value.
+        value: String,
+        /// Why it is refused.
+        reason: &'static str,
+    },
+    /// No preset of that name.
+    #[error("no device preset {0:?}; the presets are {presets}", presets = DeviceDescription::PRESETS.join(", "))]
+    UnknownPreset(String),
+}
+
+impl DeviceDescription {
+    /// The names of the presets.
+    pub const PRESETS: &'static [&'static str] = &["cpu", "8xh100", "ascend910"];
+
+    /// A preset: `cpu` (one worker process per core of a small x86 host, shared memory
+    /// between them, Ethernet between hosts: the machine class shardc's CI runs on),
+    /// `8xh100` (a DGX-class host: 8 H100 SXM, NVLink 4, 400 Gb/s InfiniBand per GPU) or
+    /// `ascend910` (an Atlas 800 host: 8 Ascend 910, HCCS, 100 Gb/s RoCE per NPU). Figures are
+    /// vendor peaks derated to what collectives and dense kernels reach; calibrate for real
+    /// figures.
+    pub fn preset(name: &str) -> Result<DeviceDescription, DeviceError> {
+        let d = match name {
+            "cpu" => DeviceDescription {
+                name: "cpu".into(),
+                devices_per_host: 2,
+                flops: 1.0e11,
+                memory_bytes: 12 << 30,
+                intra_host: Link {
+                    bandwidth_gbs: 4.0,
+                    latency_us: 3.0,
+                },
+                inter_host: Link {
+                    bandwidth_gbs: 1.0,
+                    latency_us: 50.0,
+                },
+            },
+            "8xh100" => DeviceDescription {
+                name: "8xH100-SXM".into(),
+                devices_per_host: 8,
+                flops: 6.7e13,
+                memory_bytes: 80 << 30,
+                intra_host: Link {
+                    bandwidth_gbs: 360.0,
+                    latency_us: 3.0,
+                },
+                inter_host: Link {
+                    bandwidth_gbs: 45.0,
+                    latency_us: 6.0,
+                },
+            },
+            "ascend910" => DeviceDescription {
+                name: "8xAscend910".into(),
+                devices_per_host: 8,
+                flops: 1.28e14,
+                memory_bytes: 32 << 30,
+                intra_host: Link {
+                    bandwidth_gbs: 90.0,
+                    latency_us: 5.0,
+                },
+                inter_host: Link {
+                    bandwidth_gbs: 11.0,
+                    latency_us: 10.0,
+                },
+            },
+            other => return Err(DeviceError::UnknownPreset(other.to_string())),
+        };
+        Ok(d)
+    }
+
+    /// Reads and checks a TOML description.
+    pub fn load(path: &Path) -> Result<DeviceDescription, DeviceError> {
+        let text = std::fs::read_to_string(path).map_err(|source| DeviceError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(&text, path)
+    }
+
+    /// Parses and checks a TOML description (`path` names it in errors).
+    pub fn parse(text: &str, path: &Path) -> Result<DeviceDescription, DeviceError> {
+        let d: DeviceDescription = toml::from_str(text).map_err(|e| DeviceError::Parse {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+        d.validate()?;
+        Ok(d)
+    }
+
+    /// The TOML text of this description, with a comment line per field.
+    pub fn to_toml(&self) -> String {
+        format!(
+            "# shardc device description (the cost model's machine)\n\
+             name = {:?}\n\
+             # devices (worker processes, GPUs, NPUs) in one host\n\
+             devices_per_host = {}\n\
+             # f32 FLOP/s of one device\n\
+             flops = {:e}\n\
+             # memory of one device, bytes\n\
+             memory_bytes = {}\n\n\
+             # between devices of one host: bandwidth in 1e9 bytes/s, latency in microseconds\n\
+             [intra_host]\n\
+             bandwidth_gbs = {:?}\n\
+             latency_us = {:?}\n\n\
+             # between hosts\n\
+             [inter_host]\n\
+             bandwidth_gbs = {:?}\n\
+             latency_us = {:?}\n",
+            self.name,
+            self.devices_per_host,
+            self.flops,
+            self.memory_bytes,
+            self.intra_host.bandwidth_gbs,
+            self.intra_host.latency_us,
+            self.inter_host.bandwidth_gbs,
+            self.inter_host.latency_us,
+        )
+    }
+
+    /// Writes [`DeviceDescription::to_toml`] to `path`.
+    pub fn save(&self, path: &Path) -> Result<(), DeviceError> {
+        std::fs::write(path, self.to_toml()).map_err(|source| DeviceError::Io {
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+
+    /// Checks every value: positive and finite.
+    pub fn validate(&self) -> Result<(), DeviceError> {
+        let bad = |field: &'static str, value: String, reason: &'static str| DeviceError::Invalid {
+            name: self.name.clone(),
+            field,
+            value,
+            reason,
+        };
+        if self.devices_per_host == 0 {
+            return Err(bad(
+                "devices_per_host",
+                "0".into(),
+                "a host has at least one device",
+            ));
+        }
+        if !(self.flops.is_finite() && self.flops > 0.0) {
+            return Err(bad(
+                "flops",
+                self.flops.to_string(),
+                "must be a positive number",
+            ));
+        }
+        if self.memory_bytes == 0 {
+            return Err(bad("memory_bytes", "0".into(), "a device has some memory"));
+        }
+        for (field, v) in [
+            ("intra_host.bandwidth_gbs", self.intra_host.bandwidth_gbs),
+            ("inter_host.bandwidth_gbs", self.inter_host.bandwidth_gbs),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(bad(field, v.to_string(), "must be a positive number"));
+            }
+        }
+        for (field, v) in [
+            ("intra_host.latency_us", self.intra_host.latency_us),
+            ("inter_host.latency_us", self.inter_host.latency_us),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(bad(field, v.to_string(), "must be a non-negative number"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The link a group of ranks communicates over: the inter-host one if its members are on
+    /// more than one host.
+    pub fn link_of(&self, group: &[usize]) -> &Link {
+        let host = |r: usize| r / self.devices_per_host;
+        match group.first() {
+            Some(&first) if group.iter().any(|&r| host(r) != host(first)) => &self.inter_host,
+            _ => &self.intra_host,
+        }
+    }
+
+    /// Seconds of a ring AllReduce of `bytes` per member over `group`.
+    pub fn all_reduce_seconds(&self, bytes: f64, group: &[usize]) -> f64 {
+        let p = group.len() as f64;
+        if p <= 1.0 {
+            return 0.0;
+        }
+        let link = self.link_of(group);
+        2.0 * (p - 1.0) * (link.latency_us * 1e-6)
+            + 2.0 * (p - 1.0) / p * bytes / (link.bandwidth_gbs * 1e9)
+    }
+
+    /// Seconds of a ring AllGather (or ReduceScatter) whose full result is `bytes`.
+    pub fn all_gather_seconds(&self, bytes: f64, group: &[usize]) -> f64 {
+        let p = group.len() as f64;
+        if p <= 1.0 {
+            return 0.0;
+        }
+        let link = self.link_of(group);
+        (p - 1.0) * (link.latency_us * 1e-6) + (p - 1.0) / p * bytes / (link.bandwidth_gbs * 1e9)
+    }
+
+    /// Seconds to compute `flops` floating-point operations on one device.
+    pub fn compute_seconds(&self, flops: f64) -> f64 {
+        flops / self.flops
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_validate_and_round_trip_through_toml() {
+        for name in DeviceDescription::PRESETS {
+            let d = DeviceDescription::preset(name).unwrap();
+            d.validate().unwrap();
+            let back = DeviceDescription::parse(&d.to_toml(), Path::new("x.toml")).unwrap();
+            assert_eq!(back, d, "{name}");
+        }
+        let e = DeviceDescription::preset("tpu").unwrap_err().to_string();
+        assert!(e.contains("\"tpu\"") && e.contains("8xh100"), "{e}");
+    }
+
+    #[test]
+    fn bad_files_name_the_file_the_field_and_the_reason() {
+        let p = Path::new("dev.toml");
+        let d = DeviceDescription::preset("8xh100").unwrap();
+        let e = DeviceDescription::parse(&d.to_toml().replace("flops = 6.7e13", "flops = -1.0"), p)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("flops = -1") && e.contains("positive"), "{e}");
+        let e = DeviceDescription::parse("name = \"x\"\n", p)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("dev.toml:") && e.contains("devices_per_host"),
+            "{e}"
+        );
+        let e = DeviceDescription::parse(&format!("{}\nspeed = 3\n", d.to_toml()), p)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("speed"), "{e}");
+    }
+
+    #[test]
+    fn the_alpha_beta_model_follows_the_ring_and_the_host_boundary() {
+        let d = DeviceDescription::preset("8xh100").unwrap();
+        let mb = 1e6;
+        // One device communicates nothing; within a host NVLink, across hosts InfiniBand.
+        assert_eq!(d.all_reduce_seconds(mb, &[3]), 0.0);
+        let intra = d.all_reduce_seconds(64.0 * mb, &[0, 1, 2, 3, 4, 5, 6, 7]);
+        let inter = d.all_reduce_seconds(64.0 * mb, &[0, 8]);
+        let want_intra = 14.0 * 3e-6 + 2.0 * 7.0 / 8.0 * 64e6 / 360e9;
+        assert!(
+            (intra - want_intra).abs() < 1e-12,
+            "{intra} vs {want_intra}"
+        );
+        assert!(inter > intra, "{inter} vs {intra}");
+        assert!((d.all_gather_seconds(64.0 * mb, &[0, 1]) - (3e-6 + 32e6 / 360e9)).abs() < 1e-12);
+        assert!((d.compute_seconds(6.7e13) - 1.0).abs() < 1e-12);
+        assert_eq!(d.link_of(&[8, 9, 15]), &d.intra_host);
+    }
+}

@@ -1,0 +1,106 @@
+//! `shardc bench calibrate`: measures this machine for the cost model and writes a device
+//! description ([`shardc_compiler::device::DeviceDescription`], TOML).
+//!
+//! A device here is one worker process with one kernel thread, as `shardc launch` runs them:
+//! - `devices_per_host`: the logical CPUs;
+//! - `flops`: shardc's f32 GEMM (n = 1024, one thread), the median rate;
+//! - `memory_bytes`: `MemTotal` of `/proc/meminfo` divided by the devices;
+//! - `intra_host`: AllReduce between 2 worker processes over shared memory (the cluster's data
+//!   plane, measured as `shardc bench collectives` does) at 4 KiB and 16 MiB, fitted to the
+//!   ring's `t = 2 (p − 1) α + 2 (p − 1) / p · S / β`;
+//! - `inter_host`: not measurable on one host: the `cpu` preset's Ethernet figures, said so
+//!   on stderr.
+
+use super::bench_collectives::{run_processes, CollectivesArgs, Transport};
+use super::{shardc_gemm, BenchArgs};
+use anyhow::{anyhow, Context, Result};
+use shardc_compiler::device::{DeviceDescription, Link};
+
+/// Runs the calibration and writes the description to `args.device_file`.
+pub fn run(args: &BenchArgs) -> Result<()> {
+    let devices = std::thread::available_parallelism().map_or(1, |n| n.get());
+    eprintln!("calibrate: f32 GEMM n=1024 on one thread ...");
+    let gflops = shardc_gemm(1024, 1, args.quick)?;
+    let memory = mem_total()? / devices as u64;
+    eprintln!("calibrate: AllReduce between 2 worker processes (shared memory) ...");
+    let (small, large) = (4usize << 10, 16usize << 20);
+    let rows = run_processes(
+        &CollectivesArgs {
+            sizes: vec![small, large],
+            procs: vec![2],
+            iters: if args.quick { Some(5) } else { None },
+            json: true,
+            timeout: 120,
+            transport: Transport::Processes,
+        },
+        2,
+    )?;
+    let time = |size: usize| -> Result<f64> {
+        rows.iter()
+            .find(|r| r.size_bytes == size)
+            .map(|r| r.median_us * 1e-6)
+            .ok_or_else(|| anyhow!("no AllReduce measurement of {size} bytes"))
+    };
+    let intra = fit_ring_two(small as f64, time(small)?, large as f64, time(large)?);
+    let preset = DeviceDescription::preset("cpu")?;
+    eprintln!(
+        "calibrate: inter_host cannot be measured on one host: the cpu preset's {} GB/s, {} us (edit the file for your network)",
+        preset.inter_host.bandwidth_gbs, preset.inter_host.latency_us
+    );
+    let d = DeviceDescription {
+        name: format!("this-host-{devices}x1-thread"),
+        devices_per_host: devices,
+        flops: gflops * 1e9,
+        memory_bytes: memory,
+        intra_host: intra,
+        inter_host: preset.inter_host,
+    };
+    d.validate()?;
+    d.save(&args.device_file)?;
+    print!("{}", d.to_toml());
+    eprintln!("calibrate: wrote {}", args.device_file.display());
+    Ok(())
+}
+
+/// α and β of a 2-member ring AllReduce (`t = 2α + S/β`) from a small and a large message.
+pub fn fit_ring_two(s_small: f64, t_small: f64, s_large: f64, t_large: f64) -> Link {
+    let mut alpha = (t_small / 2.0).max(0.0);
+    let mut beta = s_large / (t_large - 2.0 * alpha).max(1e-12);
+    for _ in 0..4 {
+        alpha = ((t_small - s_small / beta) / 2.0).max(0.0);
+        beta = s_large / (t_large - 2.0 * alpha).max(1e-12);
+    }
+    Link {
+        bandwidth_gbs: beta / 1e9,
+        latency_us: alpha * 1e6,
+    }
+}
+
+/// `MemTotal` of `/proc/meminfo`, in bytes.
+fn mem_total() -> Result<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").context("reading /proc/meminfo")?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+        .ok_or_else(|| anyhow!("/proc/meminfo has no MemTotal line"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ring_fit_recovers_alpha_and_beta() {
+        // alpha 3 us, beta 4 GB/s.
+        let t = |s: f64| 2.0 * 3e-6 + s / 4e9;
+        let l = fit_ring_two(4096.0, t(4096.0), 16.0 * 1048576.0, t(16.0 * 1048576.0));
+        assert!((l.latency_us - 3.0).abs() < 1e-6, "{l:?}");
+        assert!((l.bandwidth_gbs - 4.0).abs() < 1e-6, "{l:?}");
+    }
+
+    #[test]
+    fn memory_is_read() {
+        assert!(mem_total().unwrap() > 1 << 20);
+    }
+}
