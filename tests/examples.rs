@@ -53,6 +53,26 @@ fn text(o: &Output) -> String {
     )
 }
 
+/// `shardc launch` of `workers` local workers with logs in `log`, joined; the program and its
+/// arguments follow with `.arg`.
+fn launch(workers: usize, log: &Path) -> Command {
+    let mut c = Command::new(shardc_exe());
+    let n = workers.to_string();
+    c.args([
+        "launch",
+        "--worker-num",
+        &n,
+        "--local-worker-num",
+        &n,
+        "--join",
+    ])
+    .args(["--master-port", &free_port().to_string()])
+    .arg("--log-dir")
+    .arg(log)
+    .arg("--");
+    c
+}
+
 fn run(cmd: &mut Command) -> String {
     let o = cmd.output().expect("runs");
     let t = text(&o);
@@ -132,19 +152,7 @@ fn mnist_data_parallel_on_4_processes_equals_one_device_in_both_styles() {
         assert_eq!(single.len(), 20, "{out}");
         let four = dir.join(format!("four-{style}"));
         let log = dir.join(format!("log-{style}"));
-        run(Command::new(shardc_exe())
-            .args([
-                "launch",
-                "--worker-num",
-                "4",
-                "--local-worker-num",
-                "4",
-                "--join",
-            ])
-            .args(["--master-port", &free_port().to_string()])
-            .arg("--log-dir")
-            .arg(&log)
-            .arg("--")
+        run(launch(4, &log)
             .arg(&bin)
             .args([
                 "--epochs",
@@ -273,19 +281,7 @@ fn resnet50_tutorial_script_trains_with_a_scheduler_and_workers_from_ms_variable
 fn quickstart_parallel_example_trains_8_ranks_under_auto_parallel_with_dumps_and_checkpoints() {
     let dir = tmp("quickstart");
     let log = dir.join("device");
-    run(Command::new(shardc_exe())
-        .args([
-            "launch",
-            "--worker-num",
-            "8",
-            "--local-worker-num",
-            "8",
-            "--join",
-        ])
-        .args(["--master-port", &free_port().to_string()])
-        .arg("--log-dir")
-        .arg(&log)
-        .arg("--")
+    run(launch(8, &log)
         .arg(example("quickstart_parallel"))
         .args(["--epochs", "3"])
         .arg("--save-graphs-path")
@@ -345,19 +341,7 @@ fn quickstart_on_8_processes_with_gradients_mean_equals_one_device() {
         .arg("--checkpoint-dir")
         .arg(&one));
     let log = dir.join("device");
-    run(Command::new(shardc_exe())
-        .args([
-            "launch",
-            "--worker-num",
-            "8",
-            "--local-worker-num",
-            "8",
-            "--join",
-        ])
-        .args(["--master-port", &free_port().to_string()])
-        .arg("--log-dir")
-        .arg(&log)
-        .arg("--")
+    run(launch(8, &log)
         .arg(&bin)
         .args(["--epochs", "2", "--gradients-mean", "true"])
         .arg("--save-graphs-path")
