@@ -155,6 +155,7 @@ fn run_parallel(what: &str, words: &[&str], g: &shardc::ir::Graph) -> Result<Str
         dataset: DatasetLayout::DataParallel,
         gradients_mean: true,
         enable_alltoall: false,
+        search: Default::default(),
     };
     let mut rank = 0usize;
     for w in words {

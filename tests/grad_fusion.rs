@@ -32,6 +32,7 @@ fn options(n: usize, mean: bool, fusion: Option<GradFusion>) -> CompileOptions {
             dataset: DatasetLayout::DataParallel,
             gradients_mean: mean,
             enable_alltoall: false,
+            search: Default::default(),
         }),
         grad_fusion: fusion,
         ..Default::default()

@@ -116,6 +116,7 @@ fn options(c: &Case) -> CompileOptions {
             dataset,
             gradients_mean: false,
             enable_alltoall: false,
+            search: Default::default(),
         }),
         ..Default::default()
     }

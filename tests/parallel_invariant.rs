@@ -17,7 +17,7 @@ use shardc::compiler::nn::{call_cell, BatchNorm2d, FnCell};
 use shardc::compiler::{compile, init, optim::Momentum, CompileOptions};
 use shardc::ir::{Attr, Attrs, DType, Graph, OpKind, Strategy, TensorLayout};
 use shardc::passes::parallel::rules::{candidates, dims_of, strategy_from_loops};
-use shardc::passes::parallel::{DatasetLayout, Mode, ParallelOptions};
+use shardc::passes::parallel::{DatasetLayout, Mode, ParallelOptions, SearchMode, SearchOptions};
 use shardc::runtime::data::SyntheticData;
 use shardc::runtime::executor::Executor;
 use shardc::runtime::Tensor;
@@ -25,6 +25,11 @@ use shardc_tools::in_process::{rel, run_ranks, tensor_rel};
 use std::sync::Arc;
 
 const CASES: u64 = 300;
+/// The searchers the auto_parallel cases rotate through.
+const SEARCHERS: [SearchMode; 2] = [
+    SearchMode::ShardingPropagation,
+    SearchMode::RecursiveProgramming,
+];
 const STEPS: u64 = 2;
 /// The models run in f64, so that what is compared is the partitioning, not f32 rounding.
 const DT: DType = DType::Float64;
@@ -256,9 +261,16 @@ fn run_case(seed: u64) -> Result<(), String> {
         DatasetLayout::FullBatch
     };
     let alltoall = rng.random_bool(0.3);
+    // In auto_parallel, every searcher in turn decides what the annotations leave open.
+    let search = if mode == Mode::AutoParallel {
+        SEARCHERS[(seed / 3) as usize % SEARCHERS.len()]
+    } else {
+        SearchMode::ShardingPropagation
+    };
     let what = format!(
-        "seed {seed}: {} on {device_num} devices, {mode:?}, {dataset:?}, alltoall {alltoall}, strategies [{}]",
+        "seed {seed}: {} on {device_num} devices, {mode:?} ({}), {dataset:?}, alltoall {alltoall}, strategies [{}]",
         model.name,
+        search.name(),
         notes.join("; ")
     );
     let opt = Momentum::new(0.1, 0.9).to_spec();
@@ -281,6 +293,10 @@ fn run_case(seed: u64) -> Result<(), String> {
                 dataset,
                 gradients_mean: true,
                 enable_alltoall: alltoall,
+                search: SearchOptions {
+                    mode: search,
+                    ..Default::default()
+                },
             }),
             ..Default::default()
         },
@@ -408,6 +424,7 @@ fn gradients_mean_false_sums_the_replicas_gradients() {
                     dataset: DatasetLayout::DataParallel,
                     gradients_mean: mean,
                     enable_alltoall: false,
+                    search: Default::default(),
                 }),
                 ..Default::default()
             },

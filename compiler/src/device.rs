@@ -22,6 +22,7 @@
 //! limited by the inter-host link.
 
 use serde::{Deserialize, Serialize};
+use shardc_passes::parallel::cost::{LinkCost, Machine};
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 
@@ -54,6 +55,10 @@ pub struct DeviceDescription {
     pub flops: f64,
     /// Memory of one device, in bytes (`max_device_memory` may lower it).
     pub memory_bytes: u64,
+    /// Memory bandwidth of one device in 10⁹ bytes per second (the roofline of memory-bound
+    /// ops); when absent, `flops / 10` bytes per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bandwidth_gbs: Option<f64>,
     /// Between devices of one host.
     pub intra_host: Link,
     /// Between hosts.
@@ -113,6 +118,7 @@ impl DeviceDescription {
                 devices_per_host: 2,
                 flops: 1.0e11,
                 memory_bytes: 12 << 30,
+                memory_bandwidth_gbs: Some(10.0),
                 intra_host: Link {
                     bandwidth_gbs: 4.0,
                     latency_us: 3.0,
@@ -127,6 +133,7 @@ impl DeviceDescription {
                 devices_per_host: 8,
                 flops: 6.7e13,
                 memory_bytes: 80 << 30,
+                memory_bandwidth_gbs: Some(2500.0),
                 intra_host: Link {
                     bandwidth_gbs: 360.0,
                     latency_us: 3.0,
@@ -141,6 +148,7 @@ impl DeviceDescription {
                 devices_per_host: 8,
                 flops: 1.28e14,
                 memory_bytes: 32 << 30,
+                memory_bandwidth_gbs: Some(1000.0),
                 intra_host: Link {
                     bandwidth_gbs: 90.0,
                     latency_us: 5.0,
@@ -184,7 +192,9 @@ impl DeviceDescription {
              # f32 FLOP/s of one device\n\
              flops = {:e}\n\
              # memory of one device, bytes\n\
-             memory_bytes = {}\n\n\
+             memory_bytes = {}\n\
+             # memory bandwidth of one device, 1e9 bytes/s\n\
+             memory_bandwidth_gbs = {:?}\n\n\
              # between devices of one host: bandwidth in 1e9 bytes/s, latency in microseconds\n\
              [intra_host]\n\
              bandwidth_gbs = {:?}\n\
@@ -197,6 +207,7 @@ impl DeviceDescription {
             self.devices_per_host,
             self.flops,
             self.memory_bytes,
+            self.memory_bandwidth(),
             self.intra_host.bandwidth_gbs,
             self.intra_host.latency_us,
             self.inter_host.bandwidth_gbs,
@@ -237,6 +248,15 @@ impl DeviceDescription {
         if self.memory_bytes == 0 {
             return Err(bad("memory_bytes", "0".into(), "a device has some memory"));
         }
+        if let Some(v) = self.memory_bandwidth_gbs {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(bad(
+                    "memory_bandwidth_gbs",
+                    v.to_string(),
+                    "must be a positive number",
+                ));
+            }
+        }
         for (field, v) in [
             ("intra_host.bandwidth_gbs", self.intra_host.bandwidth_gbs),
             ("inter_host.bandwidth_gbs", self.inter_host.bandwidth_gbs),
@@ -256,40 +276,37 @@ impl DeviceDescription {
         Ok(())
     }
 
-    /// The link a group of ranks communicates over: the inter-host one if its members are on
-    /// more than one host.
-    pub fn link_of(&self, group: &[usize]) -> &Link {
-        let host = |r: usize| r / self.devices_per_host;
-        match group.first() {
-            Some(&first) if group.iter().any(|&r| host(r) != host(first)) => &self.inter_host,
-            _ => &self.intra_host,
+    /// Memory bandwidth of one device, 10⁹ bytes per second.
+    pub fn memory_bandwidth(&self) -> f64 {
+        self.memory_bandwidth_gbs.unwrap_or(self.flops / 10.0 / 1e9)
+    }
+
+    /// The cost model's machine (SI units) of this description.
+    pub fn machine(&self) -> Machine {
+        let link = |l: &Link| LinkCost {
+            bandwidth: l.bandwidth_gbs * 1e9,
+            latency: l.latency_us * 1e-6,
+        };
+        Machine {
+            devices_per_host: self.devices_per_host,
+            flops: self.flops,
+            memory_bandwidth: self.memory_bandwidth() * 1e9,
+            memory_bytes: self.memory_bytes as f64,
+            intra_host: link(&self.intra_host),
+            inter_host: link(&self.inter_host),
         }
     }
 
     /// Seconds of a ring AllReduce of `bytes` per member over `group`.
     pub fn all_reduce_seconds(&self, bytes: f64, group: &[usize]) -> f64 {
-        let p = group.len() as f64;
-        if p <= 1.0 {
-            return 0.0;
-        }
-        let link = self.link_of(group);
-        2.0 * (p - 1.0) * (link.latency_us * 1e-6)
-            + 2.0 * (p - 1.0) / p * bytes / (link.bandwidth_gbs * 1e9)
+        let m = self.machine();
+        Machine::all_reduce_seconds(m.link_of(group), bytes, group.len())
     }
 
     /// Seconds of a ring AllGather (or ReduceScatter) whose full result is `bytes`.
     pub fn all_gather_seconds(&self, bytes: f64, group: &[usize]) -> f64 {
-        let p = group.len() as f64;
-        if p <= 1.0 {
-            return 0.0;
-        }
-        let link = self.link_of(group);
-        (p - 1.0) * (link.latency_us * 1e-6) + (p - 1.0) / p * bytes / (link.bandwidth_gbs * 1e9)
-    }
-
-    /// Seconds to compute `flops` floating-point operations on one device.
-    pub fn compute_seconds(&self, flops: f64) -> f64 {
-        flops / self.flops
+        let m = self.machine();
+        Machine::all_gather_seconds(m.link_of(group), bytes, group.len())
     }
 }
 
@@ -345,7 +362,10 @@ mod tests {
         );
         assert!(inter > intra, "{inter} vs {intra}");
         assert!((d.all_gather_seconds(64.0 * mb, &[0, 1]) - (3e-6 + 32e6 / 360e9)).abs() < 1e-12);
-        assert!((d.compute_seconds(6.7e13) - 1.0).abs() < 1e-12);
-        assert_eq!(d.link_of(&[8, 9, 15]), &d.intra_host);
+        let m = d.machine();
+        assert!((m.compute_seconds(6.7e13, 0.0) - 1.0).abs() < 1e-12);
+        assert_eq!(m.link_of(&[8, 9, 15]), &m.intra_host);
+        assert_eq!(m.link_of(&[7, 8]), &m.inter_host);
+        assert_eq!(m.memory_bandwidth, 2500e9);
     }
 }

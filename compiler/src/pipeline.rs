@@ -33,6 +33,7 @@ use shardc_passes::autodiff::{self, Optimizer};
 use shardc_passes::grad_fusion::{self, GradFusion};
 use shardc_passes::parallel::{
     partition, strategy, sync_bn, DatasetLayout, Mode, ParallelError, ParallelOptions,
+    SearchMode as PassSearchMode, SearchOptions,
 };
 use shardc_passes::{infer, verify};
 use std::path::{Path, PathBuf};
@@ -292,26 +293,15 @@ pub fn compile(graph: Graph, opts: &CompileOptions) -> Result<Compiled, CompileE
 }
 
 /// The parallel passes' options for a parallel context: `None` for one device (stand_alone,
-/// or a single device). Errors: a search mode this build does not have.
+/// or a single device). The cost model's machine is the `cpu` preset; callers with a device
+/// description replace `search.machine`.
 pub fn parallel_options(ctx: &ParallelContext) -> Result<Option<ParallelOptions>, CompileError> {
     let mode = match ctx.parallel_mode {
         ParallelMode::StandAlone => return Ok(None),
         _ if ctx.device_num <= 1 => return Ok(None),
         ParallelMode::DataParallel => Mode::DataParallel,
         ParallelMode::SemiAutoParallel => Mode::SemiAutoParallel,
-        ParallelMode::AutoParallel => {
-            if ctx.search_mode != SearchMode::ShardingPropagation {
-                return Err(CompileError::Parallel {
-                    stage: "step_parallel_begin",
-                    error: ParallelError::Options(format!(
-                        "search_mode {} is not available in this build; use \
-                         sharding_propagation (the default)",
-                        ctx.search_mode
-                    )),
-                });
-            }
-            Mode::AutoParallel
-        }
+        ParallelMode::AutoParallel => Mode::AutoParallel,
     };
     let dataset = match &ctx.dataset_strategy {
         DatasetStrategy::DataParallel => DatasetLayout::DataParallel,
@@ -324,6 +314,16 @@ pub fn parallel_options(ctx: &ParallelContext) -> Result<Option<ParallelOptions>
         dataset,
         gradients_mean: ctx.gradients_mean,
         enable_alltoall: ctx.enable_alltoall,
+        search: SearchOptions {
+            mode: match ctx.search_mode {
+                SearchMode::ShardingPropagation => PassSearchMode::ShardingPropagation,
+                SearchMode::RecursiveProgramming => PassSearchMode::RecursiveProgramming,
+                SearchMode::DynamicProgramming => PassSearchMode::DynamicProgramming,
+                SearchMode::Ilp => PassSearchMode::Ilp,
+            },
+            machine: Default::default(),
+            max_device_memory: ctx.max_device_memory.map(|b| b as f64),
+        },
     }))
 }
 

@@ -9,6 +9,7 @@
 use crate::pipeline::ParallelCompiled;
 use serde::{Deserialize, Serialize};
 use shardc_ir::{Graph, OpClass, OpKind, Strategy};
+use shardc_passes::parallel::search;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use thiserror::Error;
@@ -38,6 +39,21 @@ pub struct OpEntry {
     pub source: String,
 }
 
+/// The cost model's prediction of one training step (`shardc_passes::parallel::cost`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PredictedStep {
+    /// Compute plus communication, seconds.
+    pub step_seconds: f64,
+    /// Compute, seconds.
+    pub compute_seconds: f64,
+    /// Communication, seconds.
+    pub communication_seconds: f64,
+    /// Bytes kept per device.
+    pub memory_bytes: f64,
+    /// Whether the searcher proved the strategies optimal under the cost model.
+    pub exact: bool,
+}
+
 /// The whole file.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StrategyFile {
@@ -51,6 +67,9 @@ pub struct StrategyFile {
     pub parallel_mode: String,
     /// The searcher that decided unannotated ops.
     pub searcher: String,
+    /// The cost model's prediction of one training step under these strategies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicted: Option<PredictedStep>,
     /// Per parameter (weights and data inputs): its layout.
     pub parameters: BTreeMap<String, ParamLayout>,
     /// Per op instance: its strategy.
@@ -122,12 +141,23 @@ impl StrategyFile {
                 ))
             })
             .collect();
+        let (predicted, exact) = match &p.assignment.search {
+            Some(r) => (Some(r.predicted), r.exact),
+            None => (search::predict(g, &p.options, &p.assignment).ok(), false),
+        };
         StrategyFile {
             format: FORMAT.into(),
             model: g.name.clone(),
             device_num: p.options.device_num,
             parallel_mode: parallel_mode.into(),
             searcher: searcher.into(),
+            predicted: predicted.map(|b| PredictedStep {
+                step_seconds: b.seconds(),
+                compute_seconds: b.compute,
+                communication_seconds: b.communication,
+                memory_bytes: b.memory,
+                exact,
+            }),
             parameters,
             ops,
         }

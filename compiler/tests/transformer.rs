@@ -21,6 +21,7 @@ fn parallel(mode: Mode, devices: usize) -> ParallelOptions {
         dataset: DatasetLayout::DataParallel,
         gradients_mean: true,
         enable_alltoall: false,
+        search: Default::default(),
     }
 }
 

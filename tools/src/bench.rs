@@ -14,6 +14,9 @@
 //!   MLP and ResNet-18 at most 1.0×.
 //! - `compile`: the parallel compiler's compile time on a 24-layer transformer, shardc only
 //!   (see [`bench_compile`]). Goal: the whole pipeline within 1 s.
+//! - `search`: the strategy searchers on the 24-layer transformer at 8 to 4096 devices and on
+//!   a generated 10⁵-op graph (see [`bench_search`]). Goals: 512 devices within 2 s whole,
+//!   10⁵ ops at 4096 devices within 60 s, under 2 GiB.
 //!
 //! The reference side is `bench/reference.py`, run by the interpreter of `bench/.venv`; when
 //! the virtual environment is missing, `bench/setup_venv.sh` creates it first (unless
@@ -36,6 +39,8 @@ pub mod bench_collectives;
 pub mod bench_compile;
 #[path = "bench_ddp.rs"]
 pub mod bench_ddp;
+#[path = "bench_search.rs"]
+pub mod bench_search;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, ValueEnum};
@@ -69,6 +74,9 @@ pub enum BenchWhat {
     /// Measure this machine for the cost model and write a device description (TOML,
     /// `--device-file`; see [`bench_calibrate`]).
     Calibrate,
+    /// The strategy searchers' speed on a 24-layer transformer at 8 to 4096 devices and on a
+    /// generated 10^5-op graph (shardc only; see [`bench_search`]).
+    Search,
 }
 
 /// A model of the training-step benchmark.
@@ -264,6 +272,9 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
     }
     if args.what == BenchWhat::Calibrate {
         return bench_calibrate::run(args);
+    }
+    if args.what == BenchWhat::Search {
+        return bench_search::run(args);
     }
     if args.what == BenchWhat::Compile {
         return bench_compile::run(&bench_compile::CompileBench::standard(args.quick)).map(drop);

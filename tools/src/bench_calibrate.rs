@@ -5,6 +5,8 @@
 //! - `devices_per_host`: the logical CPUs;
 //! - `flops`: shardc's f32 GEMM (n = 1024, one thread), the median rate;
 //! - `memory_bytes`: `MemTotal` of `/proc/meminfo` divided by the devices;
+//! - `memory_bandwidth_gbs`: one thread adding two 64 MiB f32 arrays into a third (bytes read
+//!   and written per second, the median of 5), the roofline of memory-bound ops;
 //! - `intra_host`: AllReduce between 2 worker processes over shared memory (the cluster's data
 //!   plane, measured as `shardc bench collectives` does) at 4 KiB and 16 MiB, fitted to the
 //!   ring's `t = 2 (p − 1) α + 2 (p − 1) / p · S / β`;
@@ -22,6 +24,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     eprintln!("calibrate: f32 GEMM n=1024 on one thread ...");
     let gflops = shardc_gemm(1024, 1, args.quick)?;
     let memory = mem_total()? / devices as u64;
+    eprintln!("calibrate: memory bandwidth (one thread, c = a + b over 64 MiB) ...");
+    let membw = memory_bandwidth_gbs(if args.quick { 3 } else { 5 });
     eprintln!("calibrate: AllReduce between 2 worker processes (shared memory) ...");
     let (small, large) = (4usize << 10, 16usize << 20);
     let rows = run_processes(
@@ -52,6 +56,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         devices_per_host: devices,
         flops: gflops * 1e9,
         memory_bytes: memory,
+        memory_bandwidth_gbs: Some(membw),
         intra_host: intra,
         inter_host: preset.inter_host,
     };
@@ -60,6 +65,26 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     print!("{}", d.to_toml());
     eprintln!("calibrate: wrote {}", args.device_file.display());
     Ok(())
+}
+
+/// Bytes per second (10⁹) one thread reads and writes adding two 64 MiB f32 arrays.
+fn memory_bandwidth_gbs(reps: usize) -> f64 {
+    let n = 16 << 20;
+    let a = vec![1.0f32; n];
+    let b = vec![2.0f32; n];
+    let mut c = vec![0.0f32; n];
+    let mut rates: Vec<f64> = (0..reps)
+        .map(|_| {
+            let t = std::time::Instant::now();
+            for ((c, a), b) in c.iter_mut().zip(&a).zip(&b) {
+                *c = a + b;
+            }
+            std::hint::black_box(&mut c);
+            (3 * 4 * n) as f64 / t.elapsed().as_secs_f64().max(1e-9) / 1e9
+        })
+        .collect();
+    rates.sort_by(f64::total_cmp);
+    rates[rates.len() / 2]
 }
 
 /// α and β of a 2-member ring AllReduce (`t = 2α + S/β`) from a small and a large message.

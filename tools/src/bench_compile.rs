@@ -155,6 +155,7 @@ fn options(mode: Mode, devices: usize) -> ParallelOptions {
         dataset: DatasetLayout::DataParallel,
         gradients_mean: true,
         enable_alltoall: false,
+        search: Default::default(),
     }
 }
 

@@ -177,6 +177,7 @@ fn write_artifact(
             dataset: DatasetLayout::DataParallel,
             gradients_mean: true,
             enable_alltoall: false,
+            search: Default::default(),
         }),
         grad_fusion: Some(GradFusion::SizeMb(bucket_mb)),
         ..Default::default()

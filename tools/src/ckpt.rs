@@ -201,6 +201,7 @@ pub fn strategy_of(art_dir: &Path, art: &Artifact) -> Result<StrategyFile> {
             .and_then(|v| v.as_str())
             .unwrap_or("not recorded in the artifact")
             .to_string(),
+        predicted: None,
         parameters,
         ops,
     })

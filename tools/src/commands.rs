@@ -164,7 +164,7 @@ pub fn compile(a: &CompileArgs) -> Result<()> {
     let graph = load_model(&a.model)?;
     let opt = optimizer_of(&a.optimizer);
     let ctx = a.parallel.to_context()?;
-    let popts = pipeline::parallel_options(&ctx)?;
+    let popts = a.parallel.options(&ctx)?;
     let opts = CompileOptions {
         optimizer: Some(opt),
         dump_dir: a.save_graphs_path.clone(),
@@ -188,6 +188,23 @@ pub fn compile(a: &CompileArgs) -> Result<()> {
                 .collect::<Result<_>>()?;
             extra.insert("layouts".into(), serde_json::Value::Object(layouts));
             extra.insert("decisions".into(), crate::explain::decisions_json(&p));
+            if let Some(r) = &p.assignment.search {
+                extra.insert(
+                    "search".into(),
+                    serde_json::json!({
+                        "searcher": r.searcher,
+                        "predicted_step_seconds": r.predicted.seconds(),
+                        "predicted_compute_seconds": r.predicted.compute,
+                        "predicted_communication_seconds": r.predicted.communication,
+                        "predicted_memory_bytes": r.predicted.memory,
+                        "memory_limit_bytes": r.memory_limit,
+                        "exact": r.exact,
+                        "notes": r.notes,
+                        "search_seconds": r.search_seconds,
+                        "searched_ops": r.searched_ops,
+                    }),
+                );
+            }
             (p.ranks, ctx.parallel_mode.to_string())
         }
         None => (vec![g.clone()], "stand_alone".to_string()),

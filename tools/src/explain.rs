@@ -11,6 +11,7 @@ use serde_json::{json, Map, Value};
 use shardc_compiler::pipeline::ParallelCompiled;
 use shardc_ir::artifact::Artifact;
 use shardc_ir::{Graph, OpKind};
+use shardc_passes::parallel::strategy::Source;
 use std::path::PathBuf;
 
 /// Arguments of `shardc explain`.
@@ -46,7 +47,9 @@ pub fn decisions_json(p: &ParallelCompiled) -> Value {
                     "strategy": c.strategy.to_string(),
                     "communication": c.communication,
                     "compute": c.compute,
+                    "memory": c.memory,
                 })).collect::<Vec<_>>(),
+                "searched": matches!(d.source, Source::Searched { .. }),
             }),
         );
     }
@@ -143,14 +146,43 @@ pub fn explain(a: &ExplainArgs) -> Result<()> {
         .and_then(Value::as_array)
         .cloned()
         .unwrap_or_default();
+    let searched = d.get("searched").and_then(Value::as_bool).unwrap_or(false);
+    let chosen = s("strategy");
+    let field = |c: &Value, k: &str| num(&c[k]);
     if cands.is_empty() {
         println!("  candidates: none weighed (the strategy was given, or follows a weight)");
+    } else if searched {
+        println!(
+            "  candidates weighed by the search ({}), against the chosen neighbours: step time = compute + communication, and memory per device:",
+            cands.len()
+        );
+        let mut rows: Vec<&Value> = cands.iter().collect();
+        rows.sort_by(|x, y| {
+            (field(x, "compute") + field(x, "communication"))
+                .total_cmp(&(field(y, "compute") + field(y, "communication")))
+        });
+        println!(
+            "    {:<28} {:>12} {:>12} {:>14} {:>12}",
+            "strategy", "total us", "compute us", "comm. us", "memory KiB"
+        );
+        for c in rows {
+            let st = c.get("strategy").and_then(Value::as_str).unwrap_or("");
+            let (comp, comm) = (field(c, "compute"), field(c, "communication"));
+            println!(
+                "    {:<28} {:>12.3} {:>12.3} {:>14.3} {:>12.1}{}",
+                st,
+                (comp + comm) * 1e6,
+                comp * 1e6,
+                comm * 1e6,
+                field(c, "memory") / 1024.0,
+                if st == chosen { "   <- chosen" } else { "" }
+            );
+        }
     } else {
         println!(
             "  candidates weighed ({}), cost in bytes-equivalent = communication + compute:",
             cands.len()
         );
-        let chosen = s("strategy");
         let mut rows: Vec<(String, f64, f64)> = cands
             .iter()
             .map(|c| {

@@ -3,6 +3,10 @@
 
 use std::path::PathBuf;
 
+use shardc_compiler::device::DeviceDescription;
+use shardc_compiler::pipeline;
+use shardc_passes::parallel::ParallelOptions;
+
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use shardc_compiler::parallel_context::{
     parse_memory_size, CommFusion, DatasetStrategy, ParallelContext, ParallelContextError,
@@ -71,6 +75,12 @@ pub struct ParallelArgs {
     /// Device memory limit, e.g. 16GB, 512MB, 3.5GB (binary units).
     #[arg(long, value_name = "SIZE", value_parser = memory_size_parser)]
     pub max_device_memory: Option<u64>,
+
+    /// The machine the strategy search's cost model prices: a preset (cpu, 8xh100,
+    /// ascend910) or a device description file (`shardc bench calibrate` writes one)
+    /// [default: cpu].
+    #[arg(long, value_name = "PRESET|FILE.toml")]
+    pub device: Option<String>,
 }
 
 fn parallel_mode_parser() -> impl TypedValueParser<Value = ParallelMode> {
@@ -94,6 +104,32 @@ fn memory_size_parser(s: &str) -> Result<u64, ParallelContextError> {
 }
 
 impl ParallelArgs {
+    /// The device description `--device` names (the `cpu` preset by default).
+    pub fn device_description(&self) -> anyhow::Result<DeviceDescription> {
+        let name = self.device.as_deref().unwrap_or("cpu");
+        if DeviceDescription::PRESETS.contains(&name) {
+            return Ok(DeviceDescription::preset(name)?);
+        }
+        let path = std::path::Path::new(name);
+        if !path.exists() {
+            anyhow::bail!(
+                "--device {name}: neither a preset ({}) nor an existing file",
+                DeviceDescription::PRESETS.join(", ")
+            );
+        }
+        Ok(DeviceDescription::load(path)?)
+    }
+
+    /// The parallel passes' options of `ctx` with `--device`'s machine (`None` for one
+    /// device).
+    pub fn options(&self, ctx: &ParallelContext) -> anyhow::Result<Option<ParallelOptions>> {
+        let Some(mut o) = pipeline::parallel_options(ctx)? else {
+            return Ok(None);
+        };
+        o.search.machine = self.device_description()?.machine();
+        Ok(Some(o))
+    }
+
     /// The options the flags set (the file is not read).
     pub fn flag_settings(&self) -> ParallelSettings {
         ParallelSettings {

@@ -58,7 +58,7 @@ pub fn verify(a: &VerifyArgs) -> Result<bool> {
         }
     }
     let ctx = pargs.to_context()?;
-    let Some(popts) = pipeline::parallel_options(&ctx)? else {
+    let Some(popts) = pargs.options(&ctx)? else {
         bail!(
             "nothing to verify: parallel_mode {} on {} device(s) compiles for one device (give --device-num N and a parallel mode)",
             ctx.parallel_mode,

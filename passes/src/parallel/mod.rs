@@ -23,10 +23,12 @@
 //! it, MindSpore sums the replicas' gradients, each of its own local-mean loss, so shardc then
 //! multiplies the sum by the group size to give the same numbers.
 
+pub mod cost;
 pub mod dims;
 pub mod partition;
 pub mod redistribute;
 pub mod rules;
+pub mod search;
 pub mod simplify;
 pub mod strategy;
 pub mod sync_bn;
@@ -69,6 +71,55 @@ pub struct ParallelOptions {
     pub gradients_mean: bool,
     /// Whether redistribution may use AllToAll.
     pub enable_alltoall: bool,
+    /// How `auto_parallel` searches, and the cost model's machine.
+    pub search: SearchOptions,
+}
+
+/// How `auto_parallel` searches strategies (MindSpore's `search_mode`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SearchMode {
+    /// From the annotated ops outward, each op the least redistribution to its settled
+    /// neighbours ([`strategy`]).
+    #[default]
+    ShardingPropagation,
+    /// log2(N) rounds of two-way cuts ([`search::recursive`]).
+    RecursiveProgramming,
+    /// Exact elimination over the cost graph, with a reported fallback ([`search::dynamic`]).
+    DynamicProgramming,
+    /// An exact integer program ([`search::ilp`]), the optimality oracle for small graphs.
+    Ilp,
+}
+
+impl SearchMode {
+    /// MindSpore's name of the mode (`ilp` is shardc's own).
+    pub fn name(self) -> &'static str {
+        match self {
+            SearchMode::ShardingPropagation => "sharding_propagation",
+            SearchMode::RecursiveProgramming => "recursive_programming",
+            SearchMode::DynamicProgramming => "dynamic_programming",
+            SearchMode::Ilp => "ilp",
+        }
+    }
+}
+
+/// The search's settings.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SearchOptions {
+    /// The searcher.
+    pub mode: SearchMode,
+    /// The machine the cost model prices.
+    pub machine: cost::Machine,
+    /// A hard limit on the bytes one device keeps (MindSpore's `max_device_memory`); the
+    /// machine's memory when `None`.
+    pub max_device_memory: Option<f64>,
+}
+
+impl SearchOptions {
+    /// The memory limit in force: the smaller of `max_device_memory` and the machine's.
+    pub fn memory_limit(&self) -> f64 {
+        let m = self.machine.memory_bytes;
+        self.max_device_memory.map_or(m, |l| l.min(m))
+    }
 }
 
 /// An error of the parallel passes, naming the op instance (or value) and the reason.
@@ -104,6 +155,10 @@ pub enum ParallelError {
         /// Why.
         reason: String,
     },
+    /// The strategy search found nothing (no strategy fits the memory limit, a solver
+    /// failed).
+    #[error("strategy search: {0}")]
+    Search(String),
     /// The options are unusable.
     #[error("parallel options: {0}")]
     Options(String),

@@ -296,7 +296,7 @@ pub fn strategy_from_loops(g: &Graph, node: &Node, dims: &OpDims, splits: &[usiz
 }
 
 /// Whether loop `l` may be split by `s` for this node (not fixed, completable, divisible).
-fn loop_admits(g: &Graph, node: &Node, dims: &OpDims, l: usize, s: usize) -> bool {
+pub fn loop_admits(g: &Graph, node: &Node, dims: &OpDims, l: usize, s: usize) -> bool {
     if s == 1 {
         return true;
     }

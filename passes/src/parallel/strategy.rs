@@ -19,7 +19,8 @@
 
 use super::redistribute::plan;
 use super::rules::{self, candidates, dims_of, sharding, sharding_with, OpSharding};
-use super::{DatasetLayout, Mode, ParallelError, ParallelOptions};
+use super::search::{self, problem::Problem, SearchReport};
+use super::{DatasetLayout, Mode, ParallelError, ParallelOptions, SearchMode};
 use shardc_ir::{
     Graph, Node, NodeId, OpClass, OpKind, Operand, ParamKind, ReduceOp, Strategy, TensorLayout,
 };
@@ -33,6 +34,13 @@ pub enum Source {
     SemiAutoDefault,
     /// An optimizer update or Assign follows the layout of the weight it updates.
     FollowsWeight(String),
+    /// A searcher chose it ([`super::search`]).
+    Searched {
+        /// The searcher (`recursive_programming`, ...).
+        searcher: &'static str,
+        /// The op's own predicted seconds: compute plus the communication it takes part in.
+        seconds: f64,
+    },
     /// Sharding propagation chose it: the least cost to the named settled neighbours.
     Propagated {
         /// The settled neighbours it was weighed against (instance names).
@@ -66,6 +74,11 @@ impl std::fmt::Display for Source {
                 },
                 cost.round()
             ),
+            Source::Searched { searcher, seconds } => write!(
+                f,
+                "searched by {searcher}: {:.3} us predicted (compute + communication)",
+                seconds * 1e6
+            ),
             Source::Unconstrained => f.write_str("no settled neighbour: batch-split default"),
             Source::AnnotationIgnored { annotation } => write!(
                 f,
@@ -88,7 +101,8 @@ pub struct Decision {
     pub candidates: Vec<Candidate>,
 }
 
-/// One strategy weighed by propagation, with its cost in bytes-equivalent.
+/// One strategy weighed: by sharding propagation in bytes-equivalent, by a searcher in
+/// seconds (compute, communication) and bytes (memory).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Candidate {
     /// The strategy.
@@ -98,6 +112,8 @@ pub struct Candidate {
     pub communication: f64,
     /// The op's own work on one device ([`COMPUTE_BYTES_PER_ELEMENT`] per element).
     pub compute: f64,
+    /// Bytes it keeps on one device (searched ops only; propagation leaves 0).
+    pub memory: f64,
 }
 
 impl Candidate {
@@ -114,11 +130,25 @@ pub struct Assignment {
     pub decisions: Vec<Option<Decision>>,
     /// Per parameter: its layout.
     pub param_layouts: Vec<TensorLayout>,
+    /// What the searcher decided, when one ran (`auto_parallel` with a search mode other than
+    /// sharding propagation).
+    pub search: Option<SearchReport>,
 }
 
 /// Whether `node` was made by autodiff or the optimizer (not written by the user).
 pub fn is_generated(node: &Node) -> bool {
     node.scope.starts_with("Gradients") || node.scope.starts_with("Default/optimizer")
+}
+
+/// The weight an optimizer update or Assign writes, if its first operand is one.
+pub fn updated_weight(g: &Graph, node: &Node) -> Option<usize> {
+    if node.op.class() != OpClass::Optimizer && node.op != OpKind::Assign {
+        return None;
+    }
+    match node.inputs.first() {
+        Some(Operand::Param(p)) if g.param(*p).is_weight() => Some(p.index()),
+        _ => None,
+    }
 }
 
 struct State<'g> {
@@ -215,15 +245,8 @@ impl<'g> State<'g> {
         self.decisions[n.index()] = Some(d);
     }
 
-    /// The weight an optimizer update or Assign writes, if its first operand is one.
     fn updated_weight(&self, node: &Node) -> Option<usize> {
-        if node.op.class() != OpClass::Optimizer && node.op != OpKind::Assign {
-            return None;
-        }
-        match node.inputs.first() {
-            Some(Operand::Param(p)) if self.g.param(*p).is_weight() => Some(p.index()),
-            _ => None,
-        }
+        updated_weight(self.g, node)
     }
 
     /// The cost of converting `from` into `to` (f32 elements), memoised.
@@ -300,6 +323,7 @@ impl<'g> State<'g> {
                 strategy: s,
                 communication,
                 compute,
+                memory: 0.0,
             });
             if best.as_ref().is_none_or(|(b, _, _)| cost < *b - 1e-9) {
                 best = Some((cost, c, from));
@@ -530,10 +554,39 @@ pub fn assign(g: &Graph, opts: &ParallelOptions) -> Result<Assignment, ParallelE
             k += 1;
         }
     }
+    // 0. A searcher decides every op but the weight updates (annotations stay fixed).
+    let mut report = None;
+    if opts.mode == Mode::AutoParallel && opts.search.mode != SearchMode::ShardingPropagation {
+        let problem = Problem::new(g, opts, st.params.clone())?;
+        let found = search::run(&problem, opts.search.mode)?;
+        for (k, (sh, weighed)) in found.shardings.into_iter().zip(found.weighed).enumerate() {
+            let own = weighed
+                .iter()
+                .find(|c| c.strategy == sh.strategy)
+                .map_or(0.0, |c| c.compute + c.communication);
+            let source = if problem.fixed[k].is_some() {
+                Source::User
+            } else {
+                Source::Searched {
+                    searcher: found.report.searcher,
+                    seconds: own,
+                }
+            };
+            st.settle(
+                problem.ops[k],
+                Decision {
+                    sharding: sh,
+                    source,
+                    candidates: weighed,
+                },
+            );
+        }
+        report = Some(found.report);
+    }
     // 1./2. Annotations and semi-auto defaults, in program order.
     for i in 0..n {
         let node = &g.nodes[i];
-        if node.op == OpKind::TupleGetItem {
+        if node.op == OpKind::TupleGetItem || st.decisions[i].is_some() {
             continue;
         }
         let (strategy, source) = match &node.in_strategy {
@@ -664,5 +717,6 @@ pub fn assign(g: &Graph, opts: &ParallelOptions) -> Result<Assignment, ParallelE
     Ok(Assignment {
         decisions: st.decisions,
         param_layouts,
+        search: report,
     })
 }

@@ -296,6 +296,7 @@ subgraph @Net(%para1_x, %para2_scale, %para3_bias, %para4_mean, %para5_var) {{\n
             dataset: DatasetLayout::DataParallel,
             gradients_mean: true,
             enable_alltoall: false,
+            search: Default::default(),
         }
     }
 

@@ -1,0 +1,248 @@
+//! The cost model of strategy search: per op and strategy, its compute time on one device;
+//! per edge, the time of the redistribution between two layouts; per device, the memory a
+//! strategy keeps.
+//!
+//! - **Compute** is a roofline: `max(flops / F, bytes / B_mem)` for the op's local block,
+//!   where `flops` counts two per multiply-add of a contraction (MatMul, BatchMatMul, the
+//!   convolutions) and a small constant per element otherwise, and `bytes` is what the op
+//!   reads and writes. A strategy that uses fewer devices than there are repeats the work.
+//! - **Communication** follows an α–β model per link class ([`Machine`]): a ring AllReduce
+//!   over `p` devices of a `b`-byte buffer costs `2 (p − 1) α + 2 (p − 1) / p · b / β`,
+//!   AllGather, ReduceScatter and AllToAll half of that (on the full buffer), a slice nothing;
+//!   a group whose members are on several hosts runs at the inter-host link's figures. The
+//!   steps are those [`super::redistribute::plan`] would insert.
+//! - **Memory** per device: every weight's slice, its optimizer state and its gradient
+//!   (charged to the weight's first user), and every result that the backward pass reads
+//!   (charged to the op that produces it).
+
+use super::redistribute::{group, plan, Canon, Step};
+use shardc_ir::{DType, TensorLayout};
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+/// One link class of the machine.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LinkCost {
+    /// Bytes per second, one direction.
+    pub bandwidth: f64,
+    /// Seconds per message.
+    pub latency: f64,
+}
+
+/// What the cost model knows of the devices (the compiler's device description, in SI units).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Machine {
+    /// Devices in one host (ranks `h * devices_per_host ..` share host `h`).
+    pub devices_per_host: usize,
+    /// f32 FLOP/s of one device.
+    pub flops: f64,
+    /// Bytes per second one device reads and writes its memory at.
+    pub memory_bandwidth: f64,
+    /// Memory of one device, bytes.
+    pub memory_bytes: f64,
+    /// Between devices of one host.
+    pub intra_host: LinkCost,
+    /// Between hosts.
+    pub inter_host: LinkCost,
+}
+
+impl Default for Machine {
+    /// The `cpu` preset: one worker per core of a small x86 host, shared memory between them.
+    fn default() -> Machine {
+        Machine {
+            devices_per_host: 2,
+            flops: 1.0e11,
+            memory_bandwidth: 1.0e10,
+            memory_bytes: (12u64 << 30) as f64,
+            intra_host: LinkCost {
+                bandwidth: 4.0e9,
+                latency: 3.0e-6,
+            },
+            inter_host: LinkCost {
+                bandwidth: 1.0e9,
+                latency: 50.0e-6,
+            },
+        }
+    }
+}
+
+impl Machine {
+    /// The link the group `ranks` communicates over.
+    pub fn link_of(&self, ranks: &[usize]) -> &LinkCost {
+        let host = |r: usize| r / self.devices_per_host.max(1);
+        match ranks.first() {
+            Some(&f) if ranks.iter().any(|&r| host(r) != host(f)) => &self.inter_host,
+            _ => &self.intra_host,
+        }
+    }
+
+    /// Seconds of a ring AllReduce of a `bytes` buffer over `p` members on `link`.
+    pub fn all_reduce_seconds(link: &LinkCost, bytes: f64, p: usize) -> f64 {
+        if p <= 1 {
+            return 0.0;
+        }
+        let p = p as f64;
+        2.0 * (p - 1.0) * link.latency + 2.0 * (p - 1.0) / p * bytes / link.bandwidth
+    }
+
+    /// Seconds of a ring AllGather whose full result is `bytes` (also ReduceScatter of a
+    /// `bytes` buffer, and AllToAll of one) over `p` members on `link`.
+    pub fn all_gather_seconds(link: &LinkCost, bytes: f64, p: usize) -> f64 {
+        if p <= 1 {
+            return 0.0;
+        }
+        let p = p as f64;
+        (p - 1.0) * link.latency + (p - 1.0) / p * bytes / link.bandwidth
+    }
+
+    /// Roofline seconds of `flops` operations touching `bytes` on one device.
+    pub fn compute_seconds(&self, flops: f64, bytes: f64) -> f64 {
+        (flops / self.flops).max(bytes / self.memory_bandwidth)
+    }
+}
+
+/// Bytes of one element of `dt` as the CPU kernels store it.
+pub fn elem_bytes(dt: DType) -> usize {
+    match dt {
+        DType::Float64 | DType::Int64 => 8,
+        DType::Float16 | DType::BFloat16 => 2,
+        DType::Bool => 1,
+        _ => 4,
+    }
+}
+
+/// The time of redistributions between layouts, memoised per pair of layouts.
+#[derive(Debug)]
+pub struct CommCost {
+    machine: Machine,
+    enable_alltoall: bool,
+    /// Keyed by a hash of (from, to, element bytes): no clones on the hot path; a collision
+    /// could only misprice a candidate, never change what a chosen strategy computes.
+    memo: RefCell<HashMap<u64, f64>>,
+}
+
+impl CommCost {
+    /// A calculator for `machine`.
+    pub fn new(machine: Machine, enable_alltoall: bool) -> CommCost {
+        CommCost {
+            machine,
+            enable_alltoall,
+            memo: RefCell::new(HashMap::new()),
+        }
+    }
+
+    /// The machine.
+    pub fn machine(&self) -> &Machine {
+        &self.machine
+    }
+
+    /// Seconds to turn a value laid out as `from` into `to` (`elem_bytes` per element).
+    pub fn seconds(&self, from: &TensorLayout, to: &TensorLayout, elem_bytes: usize) -> f64 {
+        if from == to && !from.is_partial() {
+            return 0.0;
+        }
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (from, to, elem_bytes).hash(&mut h);
+        let key = h.finish();
+        if let Some(&s) = self.memo.borrow().get(&key) {
+            return s;
+        }
+        let s = self.plan_seconds(from, to, elem_bytes);
+        self.memo.borrow_mut().insert(key, s);
+        s
+    }
+
+    fn plan_seconds(&self, from: &TensorLayout, to: &TensorLayout, elem_bytes: usize) -> f64 {
+        let p = plan(from, to, elem_bytes, self.enable_alltoall);
+        let eb = elem_bytes as f64;
+        let bytes = |shape: &[usize]| shape.iter().product::<usize>() as f64 * eb;
+        let mut before = Canon::of(from).local_shape();
+        let mut total = 0.0;
+        for (step, after) in p.steps.iter().zip(&p.shapes) {
+            let (space, axes) = match step {
+                Step::AllReduce { space, axes, .. }
+                | Step::ReduceScatter { space, axes, .. }
+                | Step::AllGather { space, axes, .. }
+                | Step::AllToAll { space, axes, .. } => (*space, axes),
+                Step::Slice { .. } => {
+                    before = after.clone();
+                    continue;
+                }
+            };
+            let primes = &p.spaces[space];
+            let (ranks, _) = group(primes, axes, 0);
+            let link = self.machine.link_of(&ranks);
+            let n = ranks.len();
+            total += match step {
+                Step::AllReduce { .. } => Machine::all_reduce_seconds(link, bytes(&before), n),
+                Step::AllGather { .. } => Machine::all_gather_seconds(link, bytes(after), n),
+                _ => Machine::all_gather_seconds(link, bytes(&before), n),
+            };
+            before = after.clone();
+        }
+        total
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shardc_ir::ReduceOp;
+
+    fn layout(dev: &[usize], map: &[i64], shape: &[usize], partial: &[usize]) -> TensorLayout {
+        TensorLayout {
+            dev_matrix: dev.to_vec(),
+            tensor_map: map.to_vec(),
+            tensor_shape: shape.to_vec(),
+            partial: partial.to_vec(),
+            partial_op: ReduceOp::Sum,
+        }
+    }
+
+    #[test]
+    fn redistribution_times_follow_the_ring_model_and_the_host_boundary() {
+        let m = Machine {
+            devices_per_host: 4,
+            flops: 1e12,
+            memory_bandwidth: 1e11,
+            memory_bytes: 1e10,
+            intra_host: LinkCost {
+                bandwidth: 1e10,
+                latency: 1e-6,
+            },
+            inter_host: LinkCost {
+                bandwidth: 1e9,
+                latency: 1e-5,
+            },
+        };
+        let c = CommCost::new(m, false);
+        // A 1024x1024 f32 value split on rows over 8 devices, gathered whole: the group spans
+        // two hosts, so the inter-host link prices it.
+        let split = layout(&[8], &[0, -1], &[1024, 1024], &[]);
+        let whole = layout(&[8], &[-1, -1], &[1024, 1024], &[]);
+        let full = 1024.0 * 1024.0 * 4.0;
+        let want = 7.0 * 1e-5 + 7.0 / 8.0 * full / 1e9;
+        let got = c.seconds(&split, &whole, 4);
+        assert!((got - want).abs() < 1e-12, "{got} vs {want}");
+        // Slicing costs nothing.
+        assert_eq!(c.seconds(&whole, &split, 4), 0.0);
+        // Partial over 2 devices of one host (the minor axis): AllReduce on the intra link.
+        let partial = layout(&[4, 2], &[-1, -1], &[256, 256], &[0]);
+        let repl = layout(&[4, 2], &[-1, -1], &[256, 256], &[]);
+        let b = 256.0 * 256.0 * 4.0;
+        let want = 2.0 * 1e-6 + b / 1e10;
+        let got = c.seconds(&partial, &repl, 4);
+        assert!((got - want).abs() < 1e-12, "{got} vs {want}");
+        // Memoised: the same answer again.
+        assert_eq!(c.seconds(&partial, &repl, 4), got);
+    }
+
+    #[test]
+    fn compute_is_a_roofline() {
+        let m = Machine::default();
+        assert_eq!(m.compute_seconds(1e11, 0.0), 1.0);
+        assert_eq!(m.compute_seconds(0.0, 1e10), 1.0);
+        assert_eq!(m.compute_seconds(1e11, 2e10), 2.0);
+    }
+}

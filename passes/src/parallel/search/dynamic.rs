@@ -1,0 +1,1 @@
+//! Strategy search by dynamic programming (being written).

@@ -1,0 +1,1 @@
+//! Exact strategy search by integer programming (being written).

@@ -1,0 +1,633 @@
+//! The search problem of one training graph: which ops are decided, what each may do, and
+//! every cost term between them — the bridge from the IR to a [`CostGraph`].
+//!
+//! The **searched ops** are every op except `TupleGetItem` (an alias) and the ops that write a
+//! weight (optimizer updates, `Assign`), which follow the weight's layout. A weight takes the
+//! layout its first searched user (in program order) needs, as [`super::super::strategy`]
+//! settles it. The **terms** of the predicted step time are:
+//! - each op's compute time ([`super::super::cost::Machine::compute_seconds`]);
+//! - [`Term::Flow`]: a result of one op read by another (through `TupleGetItem`), priced as
+//!   the redistribution from the producer's result layout to the layout the reader needs;
+//! - [`Term::SharedWeight`]: a weight read by an op other than its first user;
+//! - [`Term::IntoWeight`]: a value written into a weight by its update (the gradient), which
+//!   must arrive in the weight's layout (the gradient AllReduce of data parallelism is this
+//!   term);
+//! - [`Term::FromInput`]: a data input, whose layout the dataset strategy fixes.
+//!
+//! Memory per device ([`Problem::memory_bytes`]): the slices of the weights an op is first
+//! user of, with their optimizer state and gradient, and the results the backward pass reads.
+
+use super::super::cost::{elem_bytes, CommCost, Machine};
+use super::super::rules::{self, candidates, dims_of, sharding, sharding_with, OpSharding};
+use super::super::strategy::{is_generated, updated_weight, MAX_SPLIT_LOOPS};
+use super::super::{ParallelError, ParallelOptions};
+use super::{CostGraph, SearchEdge, SearchNode};
+use shardc_ir::{Graph, NodeId, OpKind, Operand, ReduceOp, TensorLayout};
+
+/// Candidate lists longer than this keep only the strategies that use every device (as
+/// MindSpore's `fully_use_devices`), and then at most this many, in [`rules::candidates`]'
+/// order.
+pub const MAX_CANDIDATES: usize = 64;
+
+/// A term of the predicted step time that joins two searched ops (or one op and a fixed
+/// layout).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Term {
+    /// Result `out` of op `from` is operand `operand` of op `to`.
+    Flow {
+        /// Producer (searched-op index).
+        from: usize,
+        /// Which result of the producer.
+        out: usize,
+        /// Reader (searched-op index).
+        to: usize,
+        /// Which operand of the reader.
+        operand: usize,
+        /// Bytes per element.
+        elem: usize,
+    },
+    /// A weight whose layout op `first` sets (its operand `first_operand`) is also operand
+    /// `operand` of op `to`.
+    SharedWeight {
+        /// The weight's first user.
+        first: usize,
+        /// The weight's operand index there.
+        first_operand: usize,
+        /// Another reader.
+        to: usize,
+        /// Its operand index.
+        operand: usize,
+        /// Bytes per element.
+        elem: usize,
+    },
+    /// Result `out` of op `from` is written into a weight (operand of its update) whose
+    /// layout op `first` sets (its operand `first_operand`; `None`: no searched op reads the
+    /// weight, so it stays replicated). `shape` is the written value's shape.
+    IntoWeight {
+        /// Producer (searched-op index).
+        from: usize,
+        /// Which result of the producer.
+        out: usize,
+        /// The weight's first user and its operand index there.
+        first: Option<(usize, usize)>,
+        /// The weight's shape.
+        weight_shape: Vec<usize>,
+        /// The written value's shape.
+        shape: Vec<usize>,
+        /// Bytes per element.
+        elem: usize,
+    },
+    /// Data input `param` (fixed layout) is operand `operand` of op `to`.
+    FromInput {
+        /// The parameter index.
+        param: usize,
+        /// Reader (searched-op index).
+        to: usize,
+        /// Which operand.
+        operand: usize,
+        /// Bytes per element.
+        elem: usize,
+    },
+}
+
+impl Term {
+    /// The searched ops the term depends on: one or two (sorted, distinct).
+    pub fn ops(&self) -> Vec<usize> {
+        let mut v = match self {
+            Term::Flow { from, to, .. } => vec![*from, *to],
+            Term::SharedWeight { first, to, .. } => vec![*first, *to],
+            Term::IntoWeight { from, first, .. } => match first {
+                Some((f, _)) => vec![*from, *f],
+                None => vec![*from],
+            },
+            Term::FromInput { to, .. } => vec![*to],
+        };
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+}
+
+/// The search problem of a training graph.
+pub struct Problem<'g> {
+    /// The graph.
+    pub g: &'g Graph,
+    /// The options.
+    pub opts: &'g ParallelOptions,
+    /// Redistribution times.
+    pub comm: CommCost,
+    /// The searched ops, in program order.
+    pub ops: Vec<NodeId>,
+    /// Per node: its index among the searched ops.
+    pub index_of: Vec<Option<usize>>,
+    /// Per searched op: the user's strategy, which the search keeps.
+    pub fixed: Vec<Option<OpSharding>>,
+    /// Every term.
+    pub terms: Vec<Term>,
+    /// Per searched op: the terms it takes part in.
+    pub op_terms: Vec<Vec<usize>>,
+    /// The data inputs' layouts (by parameter index).
+    pub input_layouts: Vec<Option<TensorLayout>>,
+    /// Per searched op: (operand, copies) of the weights it is first user of; `copies` counts
+    /// the weight, its optimizer state and its gradient.
+    owned_weights: Vec<Vec<(usize, f64)>>,
+    /// Per searched op: which results the backward pass reads.
+    kept_results: Vec<Vec<usize>>,
+    /// Per searched op: FLOPs per loop iteration (2 for a multiply-add).
+    flops_per_iter: Vec<f64>,
+}
+
+fn const_index(o: Option<&Operand>) -> usize {
+    o.and_then(Operand::as_const)
+        .and_then(|c| c.as_int())
+        .unwrap_or(0) as usize
+}
+
+/// FLOPs of one iteration of `op`'s loops.
+fn flops_per_iteration(g: &Graph, node: &shardc_ir::Node) -> f64 {
+    use OpKind::*;
+    match node.op {
+        MatMul | BatchMatMul => 2.0,
+        Conv2D | Conv2DBackpropInput | Conv2DBackpropFilter => {
+            // The loops are (n, out channels, in channels, h, w); the kernel window is not a
+            // loop, so its area multiplies: from the weight (operand 1 of Conv2D and
+            // Conv2DBackpropInput), else the `kernel_size` attribute.
+            let from_weight = (node.op != Conv2DBackpropFilter)
+                .then(|| node.inputs.get(1).and_then(|o| g.operand_tensor_type(o)))
+                .flatten()
+                .filter(|t| t.shape.len() == 4)
+                .map(|t| (t.shape[2] * t.shape[3]) as f64);
+            let k = from_weight
+                .or_else(|| {
+                    node.attrs.ints("kernel_size").map(|v| match v[..] {
+                        [a] => (a * a).max(1) as f64,
+                        _ => v.iter().product::<i64>().max(1) as f64,
+                    })
+                })
+                .unwrap_or(9.0);
+            2.0 * k
+        }
+        Exp | Log | Sigmoid | Tanh | GeLU | Sqrt => 4.0,
+        Softmax
+        | LogSoftmax
+        | SoftmaxCrossEntropyWithLogits
+        | SparseSoftmaxCrossEntropyWithLogits => 8.0,
+        LayerNorm | BatchNorm => 6.0,
+        _ => 1.0,
+    }
+}
+
+impl<'g> Problem<'g> {
+    /// The problem of `g` (types inferred) under `opts`, with `input_layouts` the data
+    /// inputs' layouts (by parameter index; `None` for weights).
+    pub fn new(
+        g: &'g Graph,
+        opts: &'g ParallelOptions,
+        input_layouts: Vec<Option<TensorLayout>>,
+    ) -> Result<Problem<'g>, ParallelError> {
+        let mut ops = Vec::new();
+        let mut index_of = vec![None; g.nodes.len()];
+        for (i, node) in g.nodes.iter().enumerate() {
+            if node.op == OpKind::TupleGetItem || updated_weight(g, node).is_some() {
+                continue;
+            }
+            index_of[i] = Some(ops.len());
+            ops.push(NodeId(i as u32));
+        }
+        let mut fixed = Vec::with_capacity(ops.len());
+        for &n in &ops {
+            let node = g.node(n);
+            fixed.push(match &node.in_strategy {
+                Some(s) => Some(sharding(g, node, s, opts.device_num)?),
+                None => None,
+            });
+        }
+        let users = g.users();
+        // Weights: first searched user, other readers, updates.
+        let mut first_user: Vec<Option<(usize, usize)>> = vec![None; g.params.len()];
+        let mut terms = Vec::new();
+        let elem_of = |o: &Operand| {
+            g.operand_tensor_type(o)
+                .map(|t| elem_bytes(t.dtype))
+                .unwrap_or(4)
+        };
+        for (k, &n) in ops.iter().enumerate() {
+            let node = g.node(n);
+            for (j, o) in node.inputs.iter().enumerate() {
+                let Operand::Param(p) = o else { continue };
+                let param = g.param(*p);
+                if param.is_weight() {
+                    match first_user[p.index()] {
+                        None => first_user[p.index()] = Some((k, j)),
+                        Some((f, fj)) => terms.push(Term::SharedWeight {
+                            first: f,
+                            first_operand: fj,
+                            to: k,
+                            operand: j,
+                            elem: elem_bytes(param.ty.dtype),
+                        }),
+                    }
+                } else if input_layouts.get(p.index()).is_some_and(Option::is_some) {
+                    terms.push(Term::FromInput {
+                        param: p.index(),
+                        to: k,
+                        operand: j,
+                        elem: elem_bytes(param.ty.dtype),
+                    });
+                }
+            }
+        }
+        // Values: producer result -> reader (looking through TupleGetItem).
+        let mut kept_results = vec![Vec::new(); ops.len()];
+        for (k, &n) in ops.iter().enumerate() {
+            let producer_generated = is_generated(g.node(n));
+            let mut readers: Vec<(NodeId, usize)> = Vec::new(); // (reader, result index)
+            for &u in &users[n.index()] {
+                let un = g.node(u);
+                if un.op == OpKind::TupleGetItem {
+                    let idx = const_index(un.inputs.get(1));
+                    for &v in &users[u.index()] {
+                        readers.push((v, idx));
+                    }
+                } else {
+                    readers.push((u, 0));
+                }
+            }
+            readers.sort_unstable_by_key(|&(v, idx)| (v.0, idx));
+            readers.dedup();
+            for (v, out) in readers {
+                let vn = g.node(v);
+                let via = |o: &Operand| -> bool {
+                    match o {
+                        Operand::Node(x) if *x == n => true,
+                        Operand::Node(x) => {
+                            let xn = g.node(*x);
+                            xn.op == OpKind::TupleGetItem
+                                && xn.inputs.first() == Some(&Operand::Node(n))
+                                && const_index(xn.inputs.get(1)) == out
+                        }
+                        _ => false,
+                    }
+                };
+                if !producer_generated && is_generated(vn) && !kept_results[k].contains(&out) {
+                    kept_results[k].push(out);
+                }
+                for (j, o) in vn.inputs.iter().enumerate() {
+                    if !via(o) {
+                        continue;
+                    }
+                    let elem = g
+                        .node(n)
+                        .ty
+                        .tensors()
+                        .get(out)
+                        .map(|t| elem_bytes(t.dtype))
+                        .unwrap_or(4);
+                    if let Some(to) = index_of[v.index()] {
+                        terms.push(Term::Flow {
+                            from: k,
+                            out,
+                            to,
+                            operand: j,
+                            elem,
+                        });
+                    } else if let Some(w) = updated_weight(g, vn) {
+                        if j == 0 {
+                            continue;
+                        }
+                        let shape = g
+                            .operand_tensor_type(o)
+                            .map(|t| t.shape.clone())
+                            .unwrap_or_default();
+                        terms.push(Term::IntoWeight {
+                            from: k,
+                            out,
+                            first: first_user[w],
+                            weight_shape: g.params[w].ty.shape.clone(),
+                            shape,
+                            elem: elem_of(o),
+                        });
+                    }
+                }
+            }
+        }
+        // Weight copies: the weight, its optimizer state (other weights of its shape that its
+        // updates write alongside), its gradient.
+        let mut owned_weights = vec![Vec::new(); ops.len()];
+        let mut state_copies = vec![0usize; g.params.len()];
+        for node in &g.nodes {
+            if let Some(w) = updated_weight(g, node) {
+                for o in node.inputs.iter().skip(1) {
+                    if let Operand::Param(p) = o {
+                        let q = g.param(*p);
+                        if q.is_weight() && q.ty.shape == g.params[w].ty.shape && p.index() != w {
+                            state_copies[w] += 1;
+                        }
+                    }
+                }
+            }
+        }
+        for (w, fu) in first_user.iter().enumerate() {
+            if let Some((k, j)) = fu {
+                let grad = if g.params[w].requires_grad() { 1 } else { 0 };
+                owned_weights[*k].push((*j, (1 + state_copies[w] + grad) as f64));
+            }
+        }
+        let mut op_terms = vec![Vec::new(); ops.len()];
+        for (t, term) in terms.iter().enumerate() {
+            for k in term.ops() {
+                op_terms[k].push(t);
+            }
+        }
+        let flops_per_iter = ops
+            .iter()
+            .map(|&n| flops_per_iteration(g, g.node(n)))
+            .collect();
+        Ok(Problem {
+            g,
+            opts,
+            comm: CommCost::new(opts.search.machine, opts.enable_alltoall),
+            ops,
+            index_of,
+            fixed,
+            terms,
+            op_terms,
+            input_layouts,
+            owned_weights,
+            kept_results,
+            flops_per_iter,
+        })
+    }
+
+    /// The machine.
+    pub fn machine(&self) -> &Machine {
+        self.comm.machine()
+    }
+
+    /// The instance name of searched op `k`.
+    pub fn name(&self, k: usize) -> &str {
+        &self.g.node(self.ops[k]).instance
+    }
+
+    /// The strategies searched op `k` may take: the user's, or [`rules::candidates`] that are
+    /// valid (see [`MAX_CANDIDATES`]). Never empty for a graph the rules cover.
+    pub fn candidates(&self, k: usize) -> Result<Vec<OpSharding>, ParallelError> {
+        if let Some(f) = &self.fixed[k] {
+            return Ok(vec![f.clone()]);
+        }
+        let node = self.g.node(self.ops[k]);
+        let dims = dims_of(self.g, node)?;
+        let n = self.opts.device_num;
+        let mut splits = candidates(self.g, node, &dims, n, MAX_SPLIT_LOOPS);
+        if splits.len() > MAX_CANDIDATES {
+            let full: Vec<Vec<usize>> = splits
+                .iter()
+                .filter(|s| s.iter().product::<usize>() == n)
+                .cloned()
+                .collect();
+            if !full.is_empty() {
+                splits = full;
+            }
+            splits.truncate(MAX_CANDIDATES);
+        }
+        let out: Vec<OpSharding> = splits
+            .iter()
+            .filter_map(|s| {
+                let st = rules::strategy_from_loops(self.g, node, &dims, s);
+                sharding_with(self.g, node, &dims, &st, n).ok()
+            })
+            .collect();
+        if out.is_empty() {
+            return Err(ParallelError::NoRule {
+                instance: node.instance.clone(),
+                op: node.op,
+                reason: format!("no strategy is valid on {n} devices"),
+            });
+        }
+        Ok(out)
+    }
+
+    /// Seconds of op `k`'s local work under `s`.
+    pub fn compute_seconds(&self, k: usize, s: &OpSharding) -> f64 {
+        let node = self.g.node(self.ops[k]);
+        let Ok(dims) = dims_of(self.g, node) else {
+            return 0.0;
+        };
+        let iters: f64 = dims
+            .loop_sizes
+            .iter()
+            .zip(s.loop_splits.iter().chain(std::iter::repeat(&1)))
+            .map(|(&n, &p)| n as f64 / p.max(1) as f64)
+            .product();
+        let eb = |l: &TensorLayout, e: usize| l.slice_shape().iter().product::<usize>() * e;
+        let mut bytes = 0usize;
+        for (o, l) in node.inputs.iter().zip(&s.inputs) {
+            if let (Some(l), Some(t)) = (l, self.g.operand_tensor_type(o)) {
+                bytes += eb(l, elem_bytes(t.dtype));
+            }
+        }
+        for (t, l) in node.ty.tensors().iter().zip(&s.outputs) {
+            bytes += eb(l, elem_bytes(t.dtype));
+        }
+        self.machine()
+            .compute_seconds(iters * self.flops_per_iter[k], bytes as f64)
+    }
+
+    /// Bytes op `k` keeps on one device under `s`.
+    pub fn memory_bytes(&self, k: usize, s: &OpSharding) -> f64 {
+        let node = self.g.node(self.ops[k]);
+        let slice = |l: &TensorLayout| l.slice_shape().iter().product::<usize>() as f64;
+        let mut m = 0.0;
+        for &(j, copies) in &self.owned_weights[k] {
+            if let (Some(Some(l)), Some(t)) = (
+                s.inputs.get(j),
+                node.inputs
+                    .get(j)
+                    .and_then(|o| self.g.operand_tensor_type(o)),
+            ) {
+                m += slice(l) * elem_bytes(t.dtype) as f64 * copies;
+            }
+        }
+        let tys = node.ty.tensors();
+        for &r in &self.kept_results[k] {
+            if let (Some(l), Some(t)) = (s.outputs.get(r), tys.get(r)) {
+                m += slice(l) * elem_bytes(t.dtype) as f64;
+            }
+        }
+        m
+    }
+
+    /// The layout a weight of `weight` layout gives an operand of `shape` of its update (the
+    /// same map for the same rank, else replicated under its device matrix).
+    fn like_weight(w: &TensorLayout, shape: &[usize]) -> TensorLayout {
+        if shape.len() == w.tensor_shape.len() {
+            TensorLayout {
+                tensor_shape: shape.to_vec(),
+                partial: Vec::new(),
+                partial_op: ReduceOp::Sum,
+                ..w.clone()
+            }
+        } else {
+            TensorLayout {
+                dev_matrix: w.dev_matrix.clone(),
+                tensor_map: vec![-1; shape.len()],
+                tensor_shape: shape.to_vec(),
+                partial: Vec::new(),
+                partial_op: ReduceOp::Sum,
+            }
+        }
+    }
+
+    /// Seconds of term `t` when every op it depends on has the sharding `of` gives.
+    pub fn term_seconds<'a>(&self, t: &Term, of: impl Fn(usize) -> &'a OpSharding) -> f64 {
+        match t {
+            Term::Flow {
+                from,
+                out,
+                to,
+                operand,
+                elem,
+            } => match (of(*from).outputs.get(*out), of(*to).inputs.get(*operand)) {
+                (Some(have), Some(Some(want))) => self.comm.seconds(have, want, *elem),
+                _ => 0.0,
+            },
+            Term::SharedWeight {
+                first,
+                first_operand,
+                to,
+                operand,
+                elem,
+            } => match (
+                of(*first).inputs.get(*first_operand),
+                of(*to).inputs.get(*operand),
+            ) {
+                (Some(Some(have)), Some(Some(want))) => self.comm.seconds(have, want, *elem),
+                _ => 0.0,
+            },
+            Term::IntoWeight {
+                from,
+                out,
+                first,
+                weight_shape,
+                shape,
+                elem,
+            } => {
+                let Some(have) = of(*from).outputs.get(*out) else {
+                    return 0.0;
+                };
+                let w = match first {
+                    Some((f, j)) => match of(*f).inputs.get(*j) {
+                        Some(Some(l)) => l.clone(),
+                        _ => return 0.0,
+                    },
+                    None => TensorLayout::replicated(weight_shape, self.opts.device_num),
+                };
+                self.comm
+                    .seconds(have, &Self::like_weight(&w, shape), *elem)
+            }
+            Term::FromInput {
+                param,
+                to,
+                operand,
+                elem,
+            } => match (
+                self.input_layouts.get(*param).and_then(Option::as_ref),
+                of(*to).inputs.get(*operand),
+            ) {
+                (Some(have), Some(Some(want))) => self.comm.seconds(have, want, *elem),
+                _ => 0.0,
+            },
+        }
+    }
+
+    /// The cost graph over the candidate lists `cands` (one list per searched op).
+    pub fn cost_graph(&self, cands: &[Vec<OpSharding>]) -> CostGraph {
+        let mut nodes: Vec<SearchNode> = cands
+            .iter()
+            .enumerate()
+            .map(|(k, cs)| SearchNode {
+                name: self.name(k).to_string(),
+                unary: cs.iter().map(|s| self.compute_seconds(k, s)).collect(),
+                memory: cs.iter().map(|s| self.memory_bytes(k, s)).collect(),
+            })
+            .collect();
+        let mut edges = Vec::new();
+        for t in &self.terms {
+            match t.ops()[..] {
+                [k] => {
+                    for (c, s) in cands[k].iter().enumerate() {
+                        nodes[k].unary[c] += self.term_seconds(t, |_| s);
+                    }
+                }
+                [a, b] => {
+                    let mut cost = Vec::with_capacity(cands[a].len() * cands[b].len());
+                    for sa in &cands[a] {
+                        for sb in &cands[b] {
+                            cost.push(self.term_seconds(t, |x| if x == a { sa } else { sb }));
+                        }
+                    }
+                    edges.push(SearchEdge { a, b, cost });
+                }
+                _ => {}
+            }
+        }
+        CostGraph { nodes, edges }
+    }
+
+    /// The predicted step time of a choice (one sharding per searched op): compute plus every
+    /// term.
+    pub fn step_seconds(&self, choice: &[&OpSharding]) -> Breakdown {
+        let compute: f64 = choice
+            .iter()
+            .enumerate()
+            .map(|(k, s)| self.compute_seconds(k, s))
+            .sum();
+        let communication: f64 = self
+            .terms
+            .iter()
+            .map(|t| self.term_seconds(t, |k| choice[k]))
+            .sum();
+        let memory: f64 = choice
+            .iter()
+            .enumerate()
+            .map(|(k, s)| self.memory_bytes(k, s))
+            .sum();
+        Breakdown {
+            compute,
+            communication,
+            memory,
+        }
+    }
+
+    /// Op `k`'s share of a choice: its compute, the terms it takes part in (both ends
+    /// counted), its memory.
+    pub fn op_breakdown(&self, k: usize, s: &OpSharding, choice: &[&OpSharding]) -> Breakdown {
+        let communication = self.op_terms[k]
+            .iter()
+            .map(|&t| self.term_seconds(&self.terms[t], |x| if x == k { s } else { choice[x] }))
+            .sum();
+        Breakdown {
+            compute: self.compute_seconds(k, s),
+            communication,
+            memory: self.memory_bytes(k, s),
+        }
+    }
+}
+
+/// A predicted cost split by kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Breakdown {
+    /// Seconds of compute.
+    pub compute: f64,
+    /// Seconds of communication.
+    pub communication: f64,
+    /// Bytes per device.
+    pub memory: f64,
+}
+
+impl Breakdown {
+    /// Compute plus communication, seconds.
+    pub fn seconds(&self) -> f64 {
+        self.compute + self.communication
+    }
+}

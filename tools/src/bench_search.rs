@@ -1,0 +1,224 @@
+//! `shardc bench search`: how fast the strategy searchers are, and what they find, on large
+//! models and device counts (shardc only; MindSpore's figures on this machine class are in
+//! the issue: 129 s to compile a 24-layer transformer for 512 devices with
+//! `recursive_programming`).
+//!
+//! Cases: the 24-layer transformer (hidden 1024, 16 heads, sequence 512, batch 8) at 8, 64,
+//! 512 and 4096 devices, and a generated graph of about 10⁵ training-step ops
+//! ([`shardc_compiler::generated::generated_network`]) at 4096 devices, each with
+//! `recursive_programming` (and `dynamic_programming` up to 64 devices). No op is annotated:
+//! `auto_parallel` decides everything. Per case, one line:
+//!
+//! - `train_step`: the single-device training step (types, autodiff), before any parallel
+//!   stage;
+//! - `search`: strategy assignment, the searcher included (`search_only`: the searcher's own
+//!   time as it reports it);
+//! - `whole`: search + the redistribution plan of every edge + rank 0's graph (what one
+//!   worker compiles);
+//! - `peak_rss`: the process's peak resident memory so far (`VmHWM`);
+//! - op counts (training-step ops, rank 0's ops, rank 0's communication by kind), the
+//!   predicted step (compute / communication, memory per device) and the goals: the
+//!   24-layer / 512-device whole compile under 2 s, the 10⁵-op / 4096-device search under
+//!   60 s, memory under 2 GiB.
+
+use super::BenchArgs;
+use anyhow::{Context, Result};
+use shardc_compiler::optim::Momentum;
+use shardc_compiler::pipeline::{compile, CompileOptions};
+use shardc_compiler::transformer::{transformer, TransformerConfig};
+use shardc_ir::Graph;
+use shardc_passes::parallel::{
+    partition, strategy, DatasetLayout, Mode, ParallelOptions, SearchMode, SearchOptions,
+};
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+/// The goal for the 24-layer transformer at 512 devices, whole compile, seconds.
+pub const GOAL_TRANSFORMER_512_SECONDS: f64 = 2.0;
+/// The goal for the 10⁵-op graph at 4096 devices, search, seconds.
+pub const GOAL_GENERATED_SECONDS: f64 = 60.0;
+/// The memory goal, bytes.
+pub const GOAL_MEMORY_BYTES: f64 = 2.0 * (1u64 << 30) as f64;
+
+/// The process's peak resident set (`VmHWM`), bytes; 0 where `/proc` is missing.
+pub fn peak_rss() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kb| kb * 1024.0)
+}
+
+/// The options of one case.
+pub fn options(devices: usize, mode: SearchMode) -> ParallelOptions {
+    ParallelOptions {
+        mode: Mode::AutoParallel,
+        device_num: devices,
+        dataset: DatasetLayout::DataParallel,
+        gradients_mean: true,
+        enable_alltoall: false,
+        search: SearchOptions {
+            mode,
+            machine: shardc_compiler::device::DeviceDescription::preset("8xh100")
+                .map(|d| d.machine())
+                .unwrap_or_default(),
+            max_device_memory: None,
+        },
+    }
+}
+
+/// The single-device training step of `forward` with `Momentum(0.01, 0.9)`.
+pub fn training_step(forward: Graph) -> Result<Graph> {
+    Ok(compile(
+        forward,
+        &CompileOptions {
+            optimizer: Some(Momentum::new(0.01, 0.9).to_spec()),
+            ..Default::default()
+        },
+    )
+    .context("compiling the single-device training step")?
+    .graph)
+}
+
+/// One case's figures.
+#[derive(Clone, Debug)]
+pub struct SearchCase {
+    /// Assignment (with the search), seconds.
+    pub search: f64,
+    /// The searcher's own time, seconds.
+    pub search_only: f64,
+    /// Search + edges + rank 0's graph, seconds.
+    pub whole: f64,
+    /// Rank 0's node count.
+    pub rank0_nodes: usize,
+    /// Rank 0's communication ops by kind.
+    pub comm_rank0: BTreeMap<String, usize>,
+    /// The line printed.
+    pub line: String,
+}
+
+/// Measures one case on the training step `step`.
+pub fn measure(name: &str, step: &Graph, devices: usize, mode: SearchMode) -> Result<SearchCase> {
+    let opts = options(devices, mode);
+    let t0 = Instant::now();
+    let a = strategy::assign(step, &opts)
+        .with_context(|| format!("{name}: {} on {devices} devices", mode.name()))?;
+    let search = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    let rank0 = partition::rank_graph(step, &a, &opts, 0)
+        .with_context(|| format!("{name}: rank 0's graph on {devices} devices"))?;
+    let whole = search + t1.elapsed().as_secs_f64();
+    let mut comm_rank0 = BTreeMap::new();
+    for n in rank0.nodes.iter().filter(|n| n.op.is_communication()) {
+        *comm_rank0.entry(n.op.name().to_string()).or_insert(0) += 1;
+    }
+    let r = a.search.as_ref().context("no search report")?;
+    let comm: Vec<String> = comm_rank0
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}"))
+        .collect();
+    let rss = peak_rss();
+    let line = format!(
+        "search {name} searcher={} devices={devices} ops={} rank0_ops={} comm_rank0={{{}}} \
+         search={:.3} s (searcher {:.3} s) whole={:.3} s peak_rss={:.0} MiB predicted_step={:.3} ms \
+         (compute {:.3} + communication {:.3}) memory/device={:.1} MiB exact={}{}",
+        r.searcher,
+        step.nodes.len(),
+        rank0.nodes.len(),
+        comm.join(", "),
+        search,
+        r.search_seconds,
+        whole,
+        rss / (1u64 << 20) as f64,
+        r.predicted.seconds() * 1e3,
+        r.predicted.compute * 1e3,
+        r.predicted.communication * 1e3,
+        r.predicted.memory / (1u64 << 20) as f64,
+        r.exact,
+        if r.notes.is_empty() {
+            String::new()
+        } else {
+            format!(" notes: {}", r.notes.join("; "))
+        }
+    );
+    Ok(SearchCase {
+        search,
+        search_only: r.search_seconds,
+        whole,
+        rank0_nodes: rank0.nodes.len(),
+        comm_rank0,
+        line,
+    })
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok {
+        "met"
+    } else {
+        "missed"
+    }
+}
+
+/// Runs `shardc bench search`.
+pub fn run(args: &BenchArgs) -> Result<()> {
+    let cfg = if args.quick {
+        TransformerConfig::new(4, 1024, 16, 512, 8)
+    } else {
+        TransformerConfig::new(24, 1024, 16, 512, 8)
+    };
+    let t = Instant::now();
+    let step = training_step(transformer(&cfg)?)?;
+    let name = format!("transformer_L{}_H1024_A16_S512_B8", cfg.layers);
+    println!(
+        "build {name}: {} training-step ops in {:.3} s (types, autodiff)",
+        step.nodes.len(),
+        t.elapsed().as_secs_f64()
+    );
+    for devices in [8usize, 64, 512, 4096] {
+        let mut modes = vec![SearchMode::RecursiveProgramming];
+        if devices <= 64 && std::env::var("WIRE_DP").is_ok() {
+            modes.push(SearchMode::DynamicProgramming);
+        }
+        for mode in modes {
+            let c = measure(&name, &step, devices, mode)?;
+            println!("{}", c.line);
+            if devices == 512 && mode == SearchMode::RecursiveProgramming && cfg.layers == 24 {
+                println!(
+                    "goal transformer_L24 512 devices whole compile {:.3} s <= {GOAL_TRANSFORMER_512_SECONDS} s: {} (MindSpore 2.10 recursive_programming: 129 s, ratio {:.1}x faster)",
+                    c.whole,
+                    verdict(c.whole <= GOAL_TRANSFORMER_512_SECONDS),
+                    129.0 / c.whole.max(1e-9)
+                );
+            }
+        }
+    }
+    let ops = if args.quick { 10_000 } else { 100_000 };
+    let t = Instant::now();
+    let forward = transformer(&TransformerConfig::new(ops / 100, 256, 4, 64, 64))?; // WIRE generated
+    let step = training_step(forward)?;
+    let name = format!("generated_{}ops", step.nodes.len());
+    println!(
+        "build {name}: {} training-step ops in {:.3} s",
+        step.nodes.len(),
+        t.elapsed().as_secs_f64()
+    );
+    let c = measure(&name, &step, 4096, SearchMode::RecursiveProgramming)?;
+    println!("{}", c.line);
+    println!(
+        "goal generated {} ops 4096 devices search {:.3} s <= {GOAL_GENERATED_SECONDS} s: {}",
+        step.nodes.len(),
+        c.search,
+        verdict(c.search <= GOAL_GENERATED_SECONDS)
+    );
+    let rss = peak_rss();
+    println!(
+        "goal peak memory {:.0} MiB <= 2048 MiB: {}",
+        rss / (1u64 << 20) as f64,
+        verdict(rss <= GOAL_MEMORY_BYTES)
+    );
+    Ok(())
+}
