@@ -59,6 +59,14 @@ pub struct DeviceDescription {
     /// ops); when absent, `flops / 10` bytes per second.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_bandwidth_gbs: Option<f64>,
+    /// FLOP/s of one device in elementwise and normalisation ops (its vector units); when
+    /// absent, `flops`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vector_flops: Option<f64>,
+    /// Microseconds every collective costs besides its messages (launch, arrival, wake-up);
+    /// when absent, 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub collective_overhead_us: Option<f64>,
     /// Between devices of one host.
     pub intra_host: Link,
     /// Between hosts.
@@ -119,6 +127,8 @@ impl DeviceDescription {
                 flops: 1.0e11,
                 memory_bytes: 12 << 30,
                 memory_bandwidth_gbs: Some(10.0),
+                vector_flops: Some(2.7e9),
+                collective_overhead_us: Some(50.0),
                 intra_host: Link {
                     bandwidth_gbs: 4.0,
                     latency_us: 3.0,
@@ -134,6 +144,8 @@ impl DeviceDescription {
                 flops: 6.7e13,
                 memory_bytes: 80 << 30,
                 memory_bandwidth_gbs: Some(2500.0),
+                vector_flops: Some(6.7e13),
+                collective_overhead_us: Some(10.0),
                 intra_host: Link {
                     bandwidth_gbs: 360.0,
                     latency_us: 3.0,
@@ -149,6 +161,8 @@ impl DeviceDescription {
                 flops: 1.28e14,
                 memory_bytes: 32 << 30,
                 memory_bandwidth_gbs: Some(1000.0),
+                vector_flops: Some(8.0e12),
+                collective_overhead_us: Some(15.0),
                 intra_host: Link {
                     bandwidth_gbs: 90.0,
                     latency_us: 5.0,
@@ -194,7 +208,11 @@ impl DeviceDescription {
              # memory of one device, bytes\n\
              memory_bytes = {}\n\
              # memory bandwidth of one device, 1e9 bytes/s\n\
-             memory_bandwidth_gbs = {:?}\n\n\
+             memory_bandwidth_gbs = {:?}\n\
+             # f32 FLOP/s of one device in elementwise ops (vector units)\n\
+             vector_flops = {:e}\n\
+             # microseconds every collective costs besides its messages\n\
+             collective_overhead_us = {:?}\n\n\
              # between devices of one host: bandwidth in 1e9 bytes/s, latency in microseconds\n\
              [intra_host]\n\
              bandwidth_gbs = {:?}\n\
@@ -208,6 +226,8 @@ impl DeviceDescription {
             self.flops,
             self.memory_bytes,
             self.memory_bandwidth(),
+            self.vector_flops.unwrap_or(self.flops),
+            self.collective_overhead_us.unwrap_or(0.0),
             self.intra_host.bandwidth_gbs,
             self.intra_host.latency_us,
             self.inter_host.bandwidth_gbs,
@@ -248,12 +268,22 @@ impl DeviceDescription {
         if self.memory_bytes == 0 {
             return Err(bad("memory_bytes", "0".into(), "a device has some memory"));
         }
-        if let Some(v) = self.memory_bandwidth_gbs {
-            if !(v.is_finite() && v > 0.0) {
+        for (field, v) in [
+            ("memory_bandwidth_gbs", self.memory_bandwidth_gbs),
+            ("vector_flops", self.vector_flops),
+        ] {
+            if let Some(v) = v {
+                if !(v.is_finite() && v > 0.0) {
+                    return Err(bad(field, v.to_string(), "must be a positive number"));
+                }
+            }
+        }
+        if let Some(v) = self.collective_overhead_us {
+            if !(v.is_finite() && v >= 0.0) {
                 return Err(bad(
-                    "memory_bandwidth_gbs",
+                    "collective_overhead_us",
                     v.to_string(),
-                    "must be a positive number",
+                    "must be a non-negative number",
                 ));
             }
         }
@@ -290,10 +320,12 @@ impl DeviceDescription {
         Machine {
             devices_per_host: self.devices_per_host,
             flops: self.flops,
+            vector_flops: self.vector_flops.unwrap_or(self.flops),
             memory_bandwidth: self.memory_bandwidth() * 1e9,
             memory_bytes: self.memory_bytes as f64,
             intra_host: link(&self.intra_host),
             inter_host: link(&self.inter_host),
+            collective_overhead: self.collective_overhead_us.unwrap_or(0.0) * 1e-6,
         }
     }
 

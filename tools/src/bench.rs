@@ -17,6 +17,10 @@
 //! - `search`: the strategy searchers on the 24-layer transformer at 8 to 4096 devices and on
 //!   a generated 10⁵-op graph (see [`bench_search`]). Goals: 512 devices within 2 s whole,
 //!   10⁵ ops at 4096 devices within 60 s, under 2 GiB.
+//! - `strategies`: the cost model's predicted step time of candidate strategies (data
+//!   parallel, model-parallel annotations, searched) against their measured step time on
+//!   in-process ranks, with Spearman's rank correlation per case (see [`bench_strategies`]).
+//!   Goal: at least 0.8 everywhere.
 //!
 //! The reference side is `bench/reference.py`, run by the interpreter of `bench/.venv`; when
 //! the virtual environment is missing, `bench/setup_venv.sh` creates it first (unless
@@ -41,6 +45,8 @@ pub mod bench_compile;
 pub mod bench_ddp;
 #[path = "bench_search.rs"]
 pub mod bench_search;
+#[path = "bench_strategies.rs"]
+pub mod bench_strategies;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, ValueEnum};
@@ -77,6 +83,10 @@ pub enum BenchWhat {
     /// The strategy searchers' speed on a 24-layer transformer at 8 to 4096 devices and on a
     /// generated 10^5-op graph (shardc only; see [`bench_search`]).
     Search,
+    /// Whether the cost model ranks candidate strategies as measured step times do, on the
+    /// quickstart net, the MLP and a 2-layer transformer at 2, 4, 8 ranks (see
+    /// [`bench_strategies`]).
+    Strategies,
 }
 
 /// A model of the training-step benchmark.
@@ -278,6 +288,9 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
     }
     if args.what == BenchWhat::Compile {
         return bench_compile::run(&bench_compile::CompileBench::standard(args.quick)).map(drop);
+    }
+    if args.what == BenchWhat::Strategies {
+        return bench_strategies::run(args);
     }
     let mut reference = if args.no_reference {
         None

@@ -10,6 +10,9 @@
 //! - `intra_host`: AllReduce between 2 worker processes over shared memory (the cluster's data
 //!   plane, measured as `shardc bench collectives` does) at 4 KiB and 16 MiB, fitted to the
 //!   ring's `t = 2 (p − 1) α + 2 (p − 1) / p · S / β`;
+//! - `vector_flops`, `collective_overhead_us`: the `cpu` preset's (from the CPU kernels' GeLU
+//!   rate and the in-process collectives' synchronisation, measured by `shardc bench
+//!   strategies`);
 //! - `inter_host`: not measurable on one host: the `cpu` preset's Ethernet figures, said so
 //!   on stderr.
 
@@ -57,6 +60,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         flops: gflops * 1e9,
         memory_bytes: memory,
         memory_bandwidth_gbs: Some(membw),
+        vector_flops: preset.vector_flops,
+        collective_overhead_us: preset.collective_overhead_us,
         intra_host: intra,
         inter_host: preset.inter_host,
     };

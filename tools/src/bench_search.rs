@@ -89,14 +89,8 @@ pub fn training_step(forward: Graph) -> Result<Graph> {
 pub struct SearchCase {
     /// Assignment (with the search), seconds.
     pub search: f64,
-    /// The searcher's own time, seconds.
-    pub search_only: f64,
     /// Search + edges + rank 0's graph, seconds.
     pub whole: f64,
-    /// Rank 0's node count.
-    pub rank0_nodes: usize,
-    /// Rank 0's communication ops by kind.
-    pub comm_rank0: BTreeMap<String, usize>,
     /// The line printed.
     pub line: String,
 }
@@ -147,10 +141,7 @@ pub fn measure(name: &str, step: &Graph, devices: usize, mode: SearchMode) -> Re
     );
     Ok(SearchCase {
         search,
-        search_only: r.search_seconds,
         whole,
-        rank0_nodes: rank0.nodes.len(),
-        comm_rank0,
         line,
     })
 }

@@ -4,21 +4,24 @@
 //!
 //! - **Compute** is a roofline: `max(flops / F, bytes / B_mem)` for the op's local block,
 //!   where `flops` counts two per multiply-add of a contraction (MatMul, BatchMatMul, the
-//!   convolutions) and a small constant per element otherwise, and `bytes` is what the op
-//!   reads and writes. A strategy that uses fewer devices than there are repeats the work.
+//!   convolutions, at the GEMM rate `F`) and a weight per element otherwise (at the vector
+//!   rate), and `bytes` is what the op reads and writes. A strategy that uses fewer devices
+//!   than there are repeats the work; an op that is first user of a weight also pays the
+//!   weight's optimizer update on its slice.
 //! - **Communication** follows an α–β model per link class ([`Machine`]): a ring AllReduce
 //!   over `p` devices of a `b`-byte buffer costs `2 (p − 1) α + 2 (p − 1) / p · b / β`,
 //!   AllGather, ReduceScatter and AllToAll half of that (on the full buffer), a slice nothing;
 //!   a group whose members are on several hosts runs at the inter-host link's figures. The
-//!   steps are those [`super::redistribute::plan`] would insert.
+//!   steps are those [`super::redistribute::plan`] would insert, each with the machine's
+//!   fixed `collective_overhead` on top.
 //! - **Memory** per device: every weight's slice, its optimizer state and its gradient
 //!   (charged to the weight's first user), and every result that the backward pass reads
 //!   (charged to the op that produces it).
 
 use super::redistribute::{group, plan, Canon, Step};
 use shardc_ir::{DType, TensorLayout};
-use std::cell::RefCell;
 use std::collections::HashMap;
+use std::sync::Mutex;
 
 /// One link class of the machine.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -34,8 +37,11 @@ pub struct LinkCost {
 pub struct Machine {
     /// Devices in one host (ranks `h * devices_per_host ..` share host `h`).
     pub devices_per_host: usize,
-    /// f32 FLOP/s of one device.
+    /// f32 FLOP/s of one device in contractions (MatMul, convolutions: the GEMM rate).
     pub flops: f64,
+    /// f32 FLOP/s of one device in elementwise and normalisation ops (the vector units; a
+    /// transcendental function counts as [`crate::parallel::search::problem`]'s weight).
+    pub vector_flops: f64,
     /// Bytes per second one device reads and writes its memory at.
     pub memory_bandwidth: f64,
     /// Memory of one device, bytes.
@@ -44,6 +50,9 @@ pub struct Machine {
     pub intra_host: LinkCost,
     /// Between hosts.
     pub inter_host: LinkCost,
+    /// Seconds every collective costs besides its messages (launch, the members' arrival
+    /// and wake-up).
+    pub collective_overhead: f64,
 }
 
 impl Default for Machine {
@@ -52,6 +61,7 @@ impl Default for Machine {
         Machine {
             devices_per_host: 2,
             flops: 1.0e11,
+            vector_flops: 2.7e9,
             memory_bandwidth: 1.0e10,
             memory_bytes: (12u64 << 30) as f64,
             intra_host: LinkCost {
@@ -62,6 +72,7 @@ impl Default for Machine {
                 bandwidth: 1.0e9,
                 latency: 50.0e-6,
             },
+            collective_overhead: 50.0e-6,
         }
     }
 }
@@ -95,9 +106,14 @@ impl Machine {
         (p - 1.0) * link.latency + (p - 1.0) / p * bytes / link.bandwidth
     }
 
-    /// Roofline seconds of `flops` operations touching `bytes` on one device.
+    /// Roofline seconds of `flops` contraction operations touching `bytes` on one device.
     pub fn compute_seconds(&self, flops: f64, bytes: f64) -> f64 {
         (flops / self.flops).max(bytes / self.memory_bandwidth)
+    }
+
+    /// Roofline seconds of `flops` elementwise operations touching `bytes` on one device.
+    pub fn vector_seconds(&self, flops: f64, bytes: f64) -> f64 {
+        (flops / self.vector_flops).max(bytes / self.memory_bandwidth)
     }
 }
 
@@ -111,14 +127,15 @@ pub fn elem_bytes(dt: DType) -> usize {
     }
 }
 
-/// The time of redistributions between layouts, memoised per pair of layouts.
+/// The time of redistributions between layouts, memoised per pair of layouts (shareable
+/// between threads).
 #[derive(Debug)]
 pub struct CommCost {
     machine: Machine,
     enable_alltoall: bool,
     /// Keyed by a hash of (from, to, element bytes): no clones on the hot path; a collision
     /// could only misprice a candidate, never change what a chosen strategy computes.
-    memo: RefCell<HashMap<u64, f64>>,
+    memo: Mutex<HashMap<u64, f64>>,
 }
 
 impl CommCost {
@@ -127,7 +144,7 @@ impl CommCost {
         CommCost {
             machine,
             enable_alltoall,
-            memo: RefCell::new(HashMap::new()),
+            memo: Mutex::new(HashMap::new()),
         }
     }
 
@@ -145,11 +162,19 @@ impl CommCost {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         (from, to, elem_bytes).hash(&mut h);
         let key = h.finish();
-        if let Some(&s) = self.memo.borrow().get(&key) {
+        if let Some(&s) = self
+            .memo
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+        {
             return s;
         }
         let s = self.plan_seconds(from, to, elem_bytes);
-        self.memo.borrow_mut().insert(key, s);
+        self.memo
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, s);
         s
     }
 
@@ -174,6 +199,7 @@ impl CommCost {
             let (ranks, _) = group(primes, axes, 0);
             let link = self.machine.link_of(&ranks);
             let n = ranks.len();
+            total += self.machine.collective_overhead;
             total += match step {
                 Step::AllReduce { .. } => Machine::all_reduce_seconds(link, bytes(&before), n),
                 Step::AllGather { .. } => Machine::all_gather_seconds(link, bytes(after), n),
@@ -205,6 +231,7 @@ mod tests {
         let m = Machine {
             devices_per_host: 4,
             flops: 1e12,
+            vector_flops: 1e12,
             memory_bandwidth: 1e11,
             memory_bytes: 1e10,
             intra_host: LinkCost {
@@ -215,6 +242,7 @@ mod tests {
                 bandwidth: 1e9,
                 latency: 1e-5,
             },
+            collective_overhead: 0.0,
         };
         let c = CommCost::new(m, false);
         // A 1024x1024 f32 value split on rows over 8 devices, gathered whole: the group spans

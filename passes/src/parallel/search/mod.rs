@@ -62,6 +62,49 @@ pub struct Searched {
     pub report: SearchReport,
 }
 
+/// A searcher that did not prove its choice optimal is checked against the data-parallel
+/// baseline (every unannotated op splitting its batch, as `semi_auto_parallel` defaults):
+/// where the baseline is predicted faster and fits the memory limit, it is taken, and a note
+/// says so.
+fn keep_the_better_of_data_parallel(
+    p: &Problem,
+    found: Vec<OpSharding>,
+    exact: bool,
+    mut notes: Vec<String>,
+    limit: f64,
+) -> (Vec<OpSharding>, Vec<String>) {
+    if exact {
+        return (found, notes);
+    }
+    let n = p.opts.device_num;
+    let baseline: Option<Vec<OpSharding>> = (0..p.ops.len())
+        .map(|k| match &p.fixed[k] {
+            Some(f) => Some(f.clone()),
+            None => {
+                let node = p.g.node(p.ops[k]);
+                let s = super::rules::default_strategy(p.g, node, n).ok()?;
+                super::rules::sharding(p.g, node, &s, n).ok()
+            }
+        })
+        .collect();
+    let Some(baseline) = baseline else {
+        return (found, notes);
+    };
+    let a = p.step_seconds(&found.iter().collect::<Vec<_>>());
+    let b = p.step_seconds(&baseline.iter().collect::<Vec<_>>());
+    if b.seconds() < a.seconds() && b.memory <= limit {
+        notes.push(format!(
+            "the data-parallel baseline is predicted faster ({:.6} ms against the search's \
+             {:.6} ms) and was kept",
+            b.seconds() * 1e3,
+            a.seconds() * 1e3
+        ));
+        (baseline, notes)
+    } else {
+        (found, notes)
+    }
+}
+
 /// The predicted step of an assignment made by any source (annotations, propagation, a
 /// searcher), under `opts`' machine.
 pub fn predict(
@@ -109,9 +152,7 @@ pub fn run(p: &Problem, mode: SearchMode) -> Result<Searched, ParallelError> {
             (f.shardings, false, f.notes, None)
         }
         SearchMode::DynamicProgramming | SearchMode::Ilp => {
-            let cands = (0..n)
-                .map(|k| p.candidates(k))
-                .collect::<Result<Vec<_>, _>>()?;
+            let cands = p.all_candidates()?;
             let cg = p.cost_graph(&cands);
             // WIRE: ilp::search / dynamic::search once written.
             let r: SearchResult = Err(recursive::search_error(SearchError::Solver {
@@ -127,6 +168,7 @@ pub fn run(p: &Problem, mode: SearchMode) -> Result<Searched, ParallelError> {
             (sh, r.exact, r.notes, Some(cands))
         }
     };
+    let (shardings, notes) = keep_the_better_of_data_parallel(p, shardings, exact, notes, limit);
     let refs: Vec<&OpSharding> = shardings.iter().collect();
     let predicted = p.step_seconds(&refs);
     let total_cands: usize = cands

@@ -133,8 +133,9 @@ pub struct Problem<'g> {
     owned_weights: Vec<Vec<(usize, f64)>>,
     /// Per searched op: which results the backward pass reads.
     kept_results: Vec<Vec<usize>>,
-    /// Per searched op: FLOPs per loop iteration (2 for a multiply-add).
-    flops_per_iter: Vec<f64>,
+    /// Per searched op: FLOPs per loop iteration (2 for a multiply-add) and whether at the
+    /// GEMM rate.
+    flops_per_iter: Vec<(f64, bool)>,
 }
 
 fn const_index(o: Option<&Operand>) -> usize {
@@ -143,11 +144,14 @@ fn const_index(o: Option<&Operand>) -> usize {
         .unwrap_or(0) as usize
 }
 
-/// FLOPs of one iteration of `op`'s loops.
-fn flops_per_iteration(g: &Graph, node: &shardc_ir::Node) -> f64 {
+/// FLOPs of one iteration of `op`'s loops, and whether they run at the GEMM rate (a
+/// contraction) or the vector rate. The vector weights are what one element costs relative to
+/// an add: a transcendental function (erf, exp, tanh) tens of operations, a normalisation or a
+/// softmax its several passes over the row.
+fn flops_per_iteration(g: &Graph, node: &shardc_ir::Node) -> (f64, bool) {
     use OpKind::*;
-    match node.op {
-        MatMul | BatchMatMul => 2.0,
+    let w = match node.op {
+        MatMul | BatchMatMul => return (2.0, true),
         Conv2D | Conv2DBackpropInput | Conv2DBackpropFilter => {
             // The loops are (n, out channels, in channels, h, w); the kernel window is not a
             // loop, so its area multiplies: from the weight (operand 1 of Conv2D and
@@ -165,16 +169,21 @@ fn flops_per_iteration(g: &Graph, node: &shardc_ir::Node) -> f64 {
                     })
                 })
                 .unwrap_or(9.0);
-            2.0 * k
+            return (2.0 * k, true);
         }
-        Exp | Log | Sigmoid | Tanh | GeLU | Sqrt => 4.0,
-        Softmax
+        GeLU
+        | GeLUGrad
+        | Softmax
         | LogSoftmax
+        | SoftmaxGrad
+        | LogSoftmaxGrad
         | SoftmaxCrossEntropyWithLogits
-        | SparseSoftmaxCrossEntropyWithLogits => 8.0,
-        LayerNorm | BatchNorm => 6.0,
+        | SparseSoftmaxCrossEntropyWithLogits => 40.0,
+        Exp | Log | Sigmoid | Tanh | Sqrt | SigmoidGrad | TanhGrad | LayerNorm | LayerNormGrad
+        | BatchNorm | BatchNormGrad => 20.0,
         _ => 1.0,
-    }
+    };
+    (w, false)
 }
 
 impl<'g> Problem<'g> {
@@ -429,8 +438,28 @@ impl<'g> Problem<'g> {
         for (t, l) in node.ty.tensors().iter().zip(&s.outputs) {
             bytes += eb(l, elem_bytes(t.dtype));
         }
-        self.machine()
-            .compute_seconds(iters * self.flops_per_iter[k], bytes as f64)
+        let (w, contraction) = self.flops_per_iter[k];
+        let m = self.machine();
+        let mut t = if contraction {
+            m.compute_seconds(iters * w, bytes as f64)
+        } else {
+            m.vector_seconds(iters * w, bytes as f64)
+        };
+        // The optimizer updates of the weights this op is first user of, on their slices:
+        // read the weight, its gradient and state, write the weight and state.
+        for &(j, copies) in &self.owned_weights[k] {
+            if let (Some(Some(l)), Some(ty)) = (
+                s.inputs.get(j),
+                node.inputs
+                    .get(j)
+                    .and_then(|o| self.g.operand_tensor_type(o)),
+            ) {
+                let el = l.slice_shape().iter().product::<usize>() as f64;
+                let eb = elem_bytes(ty.dtype) as f64;
+                t += m.vector_seconds(4.0 * el, el * eb * (2.0 * copies));
+            }
+        }
+        t
     }
 
     /// Bytes op `k` keeps on one device under `s`.
@@ -540,10 +569,12 @@ impl<'g> Problem<'g> {
         }
     }
 
-    /// The cost graph over the candidate lists `cands` (one list per searched op).
+    /// The cost graph over the candidate lists `cands` (one list per searched op); the
+    /// nodes' and edges' costs are tabulated in parallel.
     pub fn cost_graph(&self, cands: &[Vec<OpSharding>]) -> CostGraph {
+        use rayon::prelude::*;
         let mut nodes: Vec<SearchNode> = cands
-            .iter()
+            .par_iter()
             .enumerate()
             .map(|(k, cs)| SearchNode {
                 name: self.name(k).to_string(),
@@ -551,27 +582,52 @@ impl<'g> Problem<'g> {
                 memory: cs.iter().map(|s| self.memory_bytes(k, s)).collect(),
             })
             .collect();
-        let mut edges = Vec::new();
-        for t in &self.terms {
-            match t.ops()[..] {
-                [k] => {
-                    for (c, s) in cands[k].iter().enumerate() {
-                        nodes[k].unary[c] += self.term_seconds(t, |_| s);
-                    }
-                }
-                [a, b] => {
-                    let mut cost = Vec::with_capacity(cands[a].len() * cands[b].len());
-                    for sa in &cands[a] {
-                        for sb in &cands[b] {
-                            cost.push(self.term_seconds(t, |x| if x == a { sa } else { sb }));
+        let tabulated: Vec<(Vec<usize>, Vec<f64>)> = self
+            .terms
+            .par_iter()
+            .map(|t| {
+                let ops = t.ops();
+                let cost = match ops[..] {
+                    [k] => cands[k]
+                        .iter()
+                        .map(|s| self.term_seconds(t, |_| s))
+                        .collect(),
+                    [a, b] => {
+                        let mut cost = Vec::with_capacity(cands[a].len() * cands[b].len());
+                        for sa in &cands[a] {
+                            for sb in &cands[b] {
+                                cost.push(self.term_seconds(t, |x| if x == a { sa } else { sb }));
+                            }
                         }
+                        cost
                     }
-                    edges.push(SearchEdge { a, b, cost });
+                    _ => Vec::new(),
+                };
+                (ops, cost)
+            })
+            .collect();
+        let mut edges = Vec::new();
+        for (ops, cost) in tabulated {
+            match ops[..] {
+                [k] => {
+                    for (u, c) in nodes[k].unary.iter_mut().zip(cost) {
+                        *u += c;
+                    }
                 }
+                [a, b] => edges.push(SearchEdge { a, b, cost }),
                 _ => {}
             }
         }
         CostGraph { nodes, edges }
+    }
+
+    /// Every searched op's candidates ([`Problem::candidates`]), computed in parallel.
+    pub fn all_candidates(&self) -> Result<Vec<Vec<OpSharding>>, ParallelError> {
+        use rayon::prelude::*;
+        (0..self.ops.len())
+            .into_par_iter()
+            .map(|k| self.candidates(k))
+            .collect()
     }
 
     /// The predicted step time of a choice (one sharding per searched op): compute plus every

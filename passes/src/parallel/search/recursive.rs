@@ -203,9 +203,7 @@ pub fn search(p: &Problem, limit: f64) -> Result<Found, ParallelError> {
     }
     let Some(mut shardings) = found else {
         // Nothing fitted: say how much is missing, from the least-memory candidates.
-        let cands = (0..p.ops.len())
-            .map(|k| p.candidates(k))
-            .collect::<Result<Vec<_>, _>>()?;
+        let cands = p.all_candidates()?;
         let cg = p.cost_graph(&cands);
         check_memory_feasible(&cg, Some(limit)).map_err(search_error)?;
         return Err(search_error(SearchError::Solver {
@@ -217,9 +215,7 @@ pub fn search(p: &Problem, limit: f64) -> Result<Found, ParallelError> {
         }));
     };
     if p.opts.device_num <= REFINE_MAX_DEVICES {
-        let cands = (0..p.ops.len())
-            .map(|k| p.candidates(k))
-            .collect::<Result<Vec<_>, _>>()?;
+        let cands = p.all_candidates()?;
         let index: Option<Vec<usize>> = shardings
             .iter()
             .zip(&cands)

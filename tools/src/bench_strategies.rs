@@ -1,0 +1,1009 @@
+//! `shardc bench strategies`: does the cost model rank strategies as reality does?
+//!
+//! For the quickstart net, the MLP and a 2-layer transformer at 2, 4 and 8 ranks, a set of
+//! candidate strategies is compiled ([`candidates`]): data parallel, `semi_auto_parallel`
+//! with the `MatMul`s annotated for model parallelism (weights split by columns, by rows,
+//! alternating Megatron-style, 2-D splits mixing the batch with either when N >= 4), and the
+//! searched ones (`auto_parallel` with `recursive_programming` and with sharding propagation,
+//! bare and seeded by one annotation). Assignments that give every op the same strategy as
+//! an earlier candidate are dropped.
+//!
+//! Each candidate is **predicted** with [`search::predict`] under a [`Machine`] that
+//! describes this run ([`measure_machine`]): all ranks are threads of this process, each with
+//! one kernel thread, sharing the host's cores, so a rank's FLOP/s and memory bandwidth are
+//! one core's (shardc's f32 GEMM at n = 256 on one thread; one thread adding two 16 MiB f32
+//! arrays) times `min(1, cores / ranks)`; the link is the in-process communicator's, measured
+//! here: an f32 AllReduce over all the ranks at 4 KiB and 1 MiB, back to back (median; a
+//! second fit with staggered arrivals is printed for comparison), fitted to the ring's `t = 2 (p − 1) α + 2 (p − 1) / p · S / β`. The searchers run under the
+//! same machine. Each candidate is then **measured** ([`measure_steps`]): the per-rank graphs
+//! on one thread each, warm-up steps, then timed steps that start together (a barrier) and
+//! last until the slowest rank finishes; the candidates take turns over a few rounds (so that
+//! a change of load weighs on all alike), and the median over all timed steps is reported.
+//! `--stats` adds rank 0's measured time per op kind against the predicted compute per op
+//! kind (stderr), the evidence for what the cost model misses.
+//!
+//! Per (model, ranks) it prints one line per candidate (predicted and measured ms, the
+//! prediction's compute and communication parts), then Spearman's rank correlation of the two
+//! columns ([`spearman`], average ranks for ties) and whether it meets the goal
+//! ([`GOAL_SPEARMAN`]); finally a summary over all cases.
+
+use super::BenchArgs;
+use anyhow::{anyhow, Context, Result};
+use shardc_backend_cpu::CpuBackend;
+use shardc_compiler::optim::{Momentum, SGD};
+use shardc_compiler::pipeline::{compile, CompileOptions, ParallelCompiled};
+use shardc_compiler::transformer::{transformer, TransformerConfig};
+use shardc_compiler::zoo;
+use shardc_ir::{Graph, OpKind, ReduceOp, Strategy, TensorLayout};
+use shardc_passes::autodiff::Optimizer;
+use shardc_passes::parallel::cost::{LinkCost, Machine};
+use shardc_passes::parallel::search;
+use shardc_passes::parallel::search::problem::Problem;
+use shardc_passes::parallel::{DatasetLayout, Mode, ParallelOptions, SearchMode, SearchOptions};
+use shardc_runtime::comm::InProcessWorld;
+use shardc_runtime::data::SyntheticData;
+use shardc_runtime::executor::{ExecStats, Executor};
+use shardc_runtime::Tensor;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Barrier};
+use std::time::Instant;
+
+/// The least Spearman correlation between predicted and measured step times that meets the
+/// issue's goal.
+pub const GOAL_SPEARMAN: f64 = 0.8;
+
+/// The rank counts of every model.
+pub const RANKS: [usize; 3] = [2, 4, 8];
+
+/// Spearman's rank correlation of `x` and `y` (the Pearson correlation of their ranks, tied
+/// values sharing their average rank). `None` when the lengths differ, there are fewer than
+/// two values, a value is not finite, or either side has all values equal.
+pub fn spearman(x: &[f64], y: &[f64]) -> Option<f64> {
+    if x.len() != y.len() || x.len() < 2 || x.iter().chain(y).any(|v| !v.is_finite()) {
+        return None;
+    }
+    let (rx, ry) = (average_ranks(x), average_ranks(y));
+    let n = rx.len() as f64;
+    let (mx, my) = (rx.iter().sum::<f64>() / n, ry.iter().sum::<f64>() / n);
+    let (mut sxy, mut sxx, mut syy) = (0.0, 0.0, 0.0);
+    for (a, b) in rx.iter().zip(&ry) {
+        sxy += (a - mx) * (b - my);
+        sxx += (a - mx) * (a - mx);
+        syy += (b - my) * (b - my);
+    }
+    (sxx > 0.0 && syy > 0.0).then(|| sxy / (sxx * syy).sqrt())
+}
+
+/// The 1-based ranks of `v` in ascending order, ties sharing their average rank.
+pub fn average_ranks(v: &[f64]) -> Vec<f64> {
+    let mut order: Vec<usize> = (0..v.len()).collect();
+    order.sort_by(|&a, &b| v[a].total_cmp(&v[b]));
+    let mut ranks = vec![0.0; v.len()];
+    let mut i = 0;
+    while i < order.len() {
+        let mut j = i;
+        while j + 1 < order.len() && v[order[j + 1]] == v[order[i]] {
+            j += 1;
+        }
+        // Positions i..=j (0-based) share the rank of their mean, 1-based.
+        let r = (i + j) as f64 / 2.0 + 1.0;
+        for &k in &order[i..=j] {
+            ranks[k] = r;
+        }
+        i = j + 1;
+    }
+    ranks
+}
+
+/// A model of the benchmark: its forward graph (with loss) and optimizer.
+#[derive(Clone, Debug)]
+pub struct BenchModel {
+    /// The name printed.
+    pub name: String,
+    /// The forward graph with its loss (annotations are replaced per candidate).
+    pub forward: Graph,
+    /// The optimizer of its training step.
+    pub optimizer: Optimizer,
+}
+
+/// The models: the quickstart net (batch 64), the MLP 784-512-512-10 (batch 64) and a
+/// 2-layer transformer (hidden 128, 4 heads, sequence 32, batch 8).
+pub fn models() -> Result<Vec<BenchModel>> {
+    Ok(vec![
+        BenchModel {
+            name: "quickstart_b64".into(),
+            forward: zoo::quickstart(64)?,
+            optimizer: Momentum::new(0.2, 0.1).to_spec(),
+        },
+        BenchModel {
+            name: "mlp_784-512-512-10_b64".into(),
+            forward: zoo::mlp(64, &[784, 512, 512, 10])?,
+            optimizer: SGD::new(0.01).to_spec(),
+        },
+        BenchModel {
+            name: "transformer_L2_H128_A4_S32_B8".into(),
+            forward: transformer(&TransformerConfig::new(2, 128, 4, 32, 8))?,
+            optimizer: Momentum::new(0.01, 0.9).to_spec(),
+        },
+    ])
+}
+
+/// One candidate strategy, compiled.
+#[derive(Clone, Debug)]
+pub struct StrategyCandidate {
+    /// What it is (`data_parallel`, `semi_col_full_batch`, `auto_recursive`, ...).
+    pub name: String,
+    /// The options it was compiled with.
+    pub options: ParallelOptions,
+    /// Its assignment and per-rank graphs.
+    pub compiled: ParallelCompiled,
+}
+
+/// A `MatMul` of the forward graph: its node index and `(m, k, n)` sizes, transposes.
+#[derive(Clone, Copy, Debug)]
+struct MatMulSite {
+    node: usize,
+    mkn: [usize; 3],
+    transpose_a: bool,
+    transpose_b: bool,
+}
+
+fn matmul_sites(g: &Graph) -> Vec<MatMulSite> {
+    g.nodes
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| n.op == OpKind::MatMul)
+        .filter_map(|(i, n)| {
+            let a = g.operand_tensor_type(n.inputs.first()?)?;
+            let b = g.operand_tensor_type(n.inputs.get(1)?)?;
+            let (ta, tb) = (
+                n.attrs.bool_or("transpose_a", false),
+                n.attrs.bool_or("transpose_b", false),
+            );
+            if a.shape.len() != 2 || b.shape.len() != 2 {
+                return None;
+            }
+            let (m, k) = if ta {
+                (a.shape[1], a.shape[0])
+            } else {
+                (a.shape[0], a.shape[1])
+            };
+            let nn = if tb { b.shape[0] } else { b.shape[1] };
+            Some(MatMulSite {
+                node: i,
+                mkn: [m, k, nn],
+                transpose_a: ta,
+                transpose_b: tb,
+            })
+        })
+        .collect()
+}
+
+impl MatMulSite {
+    /// The strategy splitting the loops `(m, k, n)` by `s`, if every split divides its loop.
+    fn strategy(&self, s: [usize; 3]) -> Option<Strategy> {
+        if self.mkn.iter().zip(&s).any(|(&d, &p)| p == 0 || d % p != 0) {
+            return None;
+        }
+        let [m, k, n] = s.map(|v| v as i64);
+        let a = if self.transpose_a {
+            vec![k, m]
+        } else {
+            vec![m, k]
+        };
+        let b = if self.transpose_b {
+            vec![n, k]
+        } else {
+            vec![k, n]
+        };
+        Some(Strategy(vec![a, b]))
+    }
+}
+
+/// `forward` without annotations, then each `MatMul` (in program order, `k`-th) with the
+/// strategy of `split(k, site)` where it gives one that fits.
+fn annotated(forward: &Graph, split: impl Fn(usize) -> [usize; 3]) -> Graph {
+    let mut g = forward.clone();
+    for n in &mut g.nodes {
+        n.in_strategy = None;
+        n.out_strategy = None;
+    }
+    for (k, site) in matmul_sites(forward).iter().enumerate() {
+        if let Some(s) = site.strategy(split(k)) {
+            g.nodes[site.node].in_strategy = Some(s);
+        }
+    }
+    g
+}
+
+/// The candidate recipes of `forward` on `n` devices: (name, forward graph, mode, dataset,
+/// searcher).
+fn recipes(forward: &Graph, n: usize) -> Vec<(String, Graph, Mode, DatasetLayout, SearchMode)> {
+    let bare = annotated(forward, |_| [1, 1, 1]);
+    let col = |_k: usize| [1, 1, n];
+    let row = |_k: usize| [1, n, 1];
+    let megatron = |k: usize| if k % 2 == 0 { [1, 1, n] } else { [1, n, 1] };
+    let semi = Mode::SemiAutoParallel;
+    let auto = Mode::AutoParallel;
+    let rp = SearchMode::RecursiveProgramming;
+    let sp = SearchMode::ShardingPropagation;
+    let dp = DatasetLayout::DataParallel;
+    let fb = DatasetLayout::FullBatch;
+    let mut out = vec![
+        (
+            "data_parallel".to_string(),
+            bare.clone(),
+            Mode::DataParallel,
+            dp.clone(),
+            sp,
+        ),
+        (
+            "semi_col_full_batch".into(),
+            annotated(forward, col),
+            semi,
+            fb.clone(),
+            sp,
+        ),
+        (
+            "semi_row_full_batch".into(),
+            annotated(forward, row),
+            semi,
+            fb.clone(),
+            sp,
+        ),
+        (
+            "semi_megatron_full_batch".into(),
+            annotated(forward, megatron),
+            semi,
+            fb.clone(),
+            sp,
+        ),
+        (
+            "semi_col_dataset_split".into(),
+            annotated(forward, col),
+            semi,
+            dp.clone(),
+            sp,
+        ),
+        (
+            "semi_row_dataset_split".into(),
+            annotated(forward, row),
+            semi,
+            dp.clone(),
+            sp,
+        ),
+    ];
+    if n >= 4 && n % 2 == 0 {
+        let h = n / 2;
+        out.push((
+            format!("semi_2d_batch{h}_row2"),
+            annotated(forward, |_| [h, 2, 1]),
+            semi,
+            dp.clone(),
+            sp,
+        ));
+        out.push((
+            format!("semi_2d_batch2_row{h}"),
+            annotated(forward, |_| [2, h, 1]),
+            semi,
+            dp.clone(),
+            sp,
+        ));
+        out.push((
+            format!("semi_2d_batch{h}_col2"),
+            annotated(forward, |_| [h, 1, 2]),
+            semi,
+            dp.clone(),
+            sp,
+        ));
+    }
+    out.push(("auto_recursive".into(), bare.clone(), auto, dp.clone(), rp));
+    out.push(("auto_propagation".into(), bare, auto, dp.clone(), sp));
+    out.push((
+        "auto_propagation_seeded_col".into(),
+        annotated(forward, |k| if k == 0 { [1, 1, n] } else { [1, 1, 1] }),
+        auto,
+        fb,
+        sp,
+    ));
+    out
+}
+
+/// The compiled candidates of `model` on `devices` devices under `machine` (the searchers
+/// search under it), without duplicates (the same strategy for every op and the same layout
+/// for every parameter as an earlier one); and a note per recipe that did not compile or was
+/// a duplicate.
+pub fn candidates(
+    model: &BenchModel,
+    devices: usize,
+    machine: Machine,
+) -> Result<(Vec<StrategyCandidate>, Vec<String>)> {
+    let mut out = Vec::new();
+    let mut notes = Vec::new();
+    let mut seen = HashSet::new();
+    for (name, forward, mode, dataset, searcher) in recipes(&model.forward, devices) {
+        let options = ParallelOptions {
+            mode,
+            device_num: devices,
+            dataset,
+            gradients_mean: true,
+            enable_alltoall: false,
+            search: SearchOptions {
+                mode: searcher,
+                machine,
+                max_device_memory: None,
+            },
+        };
+        let compiled = match compile(
+            forward,
+            &CompileOptions {
+                optimizer: Some(model.optimizer),
+                parallel: Some(options.clone()),
+                ..Default::default()
+            },
+        ) {
+            Ok(c) => c
+                .parallel
+                .ok_or_else(|| anyhow!("{}: {name}: no per-rank graphs", model.name))?,
+            Err(e) => {
+                notes.push(format!("{name}: does not compile: {e}"));
+                continue;
+            }
+        };
+        let key: Vec<String> = compiled
+            .assignment
+            .decisions
+            .iter()
+            .map(|d| {
+                d.as_ref()
+                    .map_or(String::new(), |d| d.sharding.strategy.to_string())
+            })
+            .chain(
+                compiled
+                    .assignment
+                    .param_layouts
+                    .iter()
+                    .map(|l| l.to_string()),
+            )
+            .collect();
+        if !seen.insert(key) {
+            notes.push(format!("{name}: same assignment as an earlier candidate"));
+            continue;
+        }
+        out.push(StrategyCandidate {
+            name,
+            options,
+            compiled,
+        });
+    }
+    Ok((out, notes))
+}
+
+/// Median of `v` (not empty).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Median seconds of one in-process f32 AllReduce of `elems` elements over `p` ranks (each
+/// rank a thread). Per repetition the ranks leave a common barrier; with `stagger`, rank `r`
+/// first computes (spins) for `r · stagger`, so that the members arrive one after another as
+/// they do inside a training step, where the early ones have gone to sleep. The time of a
+/// repetition is from the last member's arrival to the last member's return.
+pub fn all_reduce_seconds(
+    p: usize,
+    elems: usize,
+    reps: usize,
+    stagger: std::time::Duration,
+) -> Result<f64> {
+    let comms = InProcessWorld::new(p);
+    let group: Vec<usize> = (0..p).collect();
+    let barrier = Barrier::new(p);
+    let per_rank: Vec<Result<Vec<(f64, f64)>>> = std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .enumerate()
+            .map(|(rank, comm)| {
+                let (group, barrier) = (&group, &barrier);
+                s.spawn(move || -> Result<Vec<(f64, f64)>> {
+                    let mut t = Tensor::from_f32(vec![elems], vec![1.0; elems])
+                        .ok_or_else(|| anyhow!("an f32 tensor of {elems} elements"))?;
+                    let mut times = Vec::with_capacity(reps + 2);
+                    for _ in 0..reps + 2 {
+                        barrier.wait();
+                        let t0 = Instant::now();
+                        let busy = stagger * rank as u32;
+                        while t0.elapsed() < busy {
+                            std::hint::spin_loop();
+                        }
+                        let arrive = t0.elapsed().as_secs_f64();
+                        comm.all_reduce(group, ReduceOp::Sum, &mut t)
+                            .map_err(|e| anyhow!("in-process AllReduce: {e}"))?;
+                        times.push((arrive, t0.elapsed().as_secs_f64()));
+                    }
+                    Ok(times.split_off(2))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .map_err(|_| anyhow!("an AllReduce thread panicked"))?
+            })
+            .collect()
+    });
+    let per_rank: Vec<Vec<(f64, f64)>> = per_rank.into_iter().collect::<Result<_>>()?;
+    let times: Vec<f64> = (0..reps)
+        .map(|i| {
+            let last_arrival = per_rank.iter().map(|r| r[i].0).fold(0.0, f64::max);
+            let last_return = per_rank.iter().map(|r| r[i].1).fold(0.0, f64::max);
+            (last_return - last_arrival).max(0.0)
+        })
+        .collect();
+    Ok(median(times))
+}
+
+/// α and β of the ring AllReduce `t = 2 (p − 1) α + 2 (p − 1) / p · S / β` over `p` members
+/// from two measurements `(S, t)`; α at least 0, β at most 1 TB/s.
+pub fn fit_ring(p: usize, small: (f64, f64), large: (f64, f64)) -> LinkCost {
+    let a = 2.0 * (p as f64 - 1.0);
+    let b = a / p as f64;
+    let inv_beta = ((large.1 - small.1) / (b * (large.0 - small.0))).max(1e-12);
+    let alpha = ((small.1 - b * small.0 * inv_beta) / a).max(0.0);
+    LinkCost {
+        bandwidth: 1.0 / inv_beta,
+        latency: alpha,
+    }
+}
+
+/// One core's figures: (f32 GEMM FLOP/s at n = 256, bytes/s of a streaming add).
+fn core_figures(quick: bool) -> Result<(f64, f64)> {
+    let flops = super::shardc_gemm(256, 1, quick)? * 1e9;
+    let n = 4 << 20;
+    let a = vec![1.0f32; n];
+    let b = vec![2.0f32; n];
+    let mut c = vec![0.0f32; n];
+    let rates: Vec<f64> = (0..5)
+        .map(|_| {
+            let t = Instant::now();
+            for ((c, a), b) in c.iter_mut().zip(&a).zip(&b) {
+                *c = a + b;
+            }
+            std::hint::black_box(&mut c);
+            (3 * 4 * n) as f64 / t.elapsed().as_secs_f64().max(1e-9)
+        })
+        .collect();
+    Ok((flops, median(rates)))
+}
+
+/// The in-process link of `ranks` ranks: AllReduces of 4 KiB and 1 MiB
+/// ([`all_reduce_seconds`] with `stagger`) fitted to the ring ([`fit_ring`]).
+pub fn measure_link(ranks: usize, quick: bool, stagger: std::time::Duration) -> Result<LinkCost> {
+    let reps = if quick { 20 } else { 60 };
+    let (s_small, s_large) = (1024usize, 256 << 10);
+    let t_small = all_reduce_seconds(ranks, s_small, reps, stagger)?;
+    let t_large = all_reduce_seconds(ranks, s_large, reps, stagger)?;
+    Ok(fit_ring(
+        ranks,
+        (4.0 * s_small as f64, t_small),
+        (4.0 * s_large as f64, t_large),
+    ))
+}
+
+/// The machine of `ranks` in-process ranks on this host, from one core's `(flops, bandwidth)`:
+/// both scaled by `min(1, cores / ranks)`, as is the `cpu` preset's vector rate (the CPU
+/// kernels' transcendental speed); the link `link` with the preset's per-collective overhead;
+/// every rank on one host.
+pub fn machine_of(ranks: usize, core: (f64, f64), link: LinkCost) -> Machine {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let share = (cores as f64 / ranks as f64).min(1.0);
+    let cpu = Machine::default();
+    Machine {
+        devices_per_host: ranks,
+        flops: core.0 * share,
+        vector_flops: cpu.vector_flops * share,
+        memory_bandwidth: core.1 * share,
+        memory_bytes: 64.0 * (1u64 << 30) as f64,
+        intra_host: link,
+        inter_host: link,
+        collective_overhead: cpu.collective_overhead,
+    }
+}
+
+/// The arrival stagger per rank of the second link measurement, printed beside the
+/// back-to-back one (which prices the collectives): inside a training step the members of a
+/// collective arrive at different times and the early ones sleep; the staggered figure shows
+/// how much of that wake-up the back-to-back α misses.
+pub const STAGGER: std::time::Duration = std::time::Duration::from_micros(50);
+
+/// Seconds of each timed training step of `c`'s per-rank graphs (one kernel thread per rank,
+/// in-process communicator): `warmup` untimed steps, then `steps` timed ones that start
+/// together; each step lasts until its slowest rank finishes. Also rank 0's executor
+/// statistics (all its steps, warm-up included).
+pub fn measure_steps(
+    c: &StrategyCandidate,
+    data: &SyntheticData,
+    warmup: usize,
+    steps: usize,
+) -> Result<(Vec<f64>, ExecStats)> {
+    let p = &c.compiled;
+    let n = p.ranks.len();
+    let inputs: Vec<(String, TensorLayout)> = p
+        .begin
+        .params
+        .iter()
+        .zip(&p.assignment.param_layouts)
+        .filter(|(param, _)| !param.is_weight())
+        .map(|(param, l)| (param.name.clone(), l.clone()))
+        .collect();
+    // Every rank's blocks of every pooled batch, cut before the clock starts.
+    let pool = warmup + steps;
+    let mut feeds: Vec<Vec<Vec<(String, Tensor)>>> = vec![Vec::new(); n];
+    for step in 0..pool as u64 {
+        let global = data.feeds(step);
+        for (rank, f) in feeds.iter_mut().enumerate() {
+            let mut blocks = Vec::new();
+            for (name, t) in &global {
+                let layout = inputs
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .map(|(_, l)| l)
+                    .ok_or_else(|| anyhow!("{}: no layout for data input {name}", c.name))?;
+                let block = t.block(&layout.block(rank)).ok_or_else(|| {
+                    anyhow!(
+                        "{}: data input {name} of shape {:?} does not fit {layout}",
+                        c.name,
+                        t.shape
+                    )
+                })?;
+                blocks.push((name.to_string(), block));
+            }
+            f.push(blocks);
+        }
+    }
+    let comms = InProcessWorld::new(n);
+    let mut execs = Vec::with_capacity(n);
+    for (rank, (g, comm)) in p.ranks.iter().cloned().zip(comms).enumerate() {
+        execs.push(
+            Executor::with_communicator(g, Arc::new(CpuBackend::with_threads(1)), comm)
+                .with_context(|| format!("{}: rank {rank}: preparing its graph", c.name))?,
+        );
+    }
+    let barrier = Barrier::new(n);
+    let per_rank: Vec<Result<(Vec<f64>, ExecStats)>> = std::thread::scope(|s| {
+        let handles: Vec<_> = execs
+            .into_iter()
+            .zip(feeds)
+            .enumerate()
+            .map(|(rank, (mut exec, feeds))| {
+                let barrier = &barrier;
+                let name = &c.name;
+                s.spawn(move || -> Result<(Vec<f64>, ExecStats)> {
+                    let mut times = Vec::with_capacity(pool);
+                    for (step, f) in feeds.iter().enumerate() {
+                        let refs: Vec<(&str, Tensor)> =
+                            f.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+                        barrier.wait();
+                        let t0 = Instant::now();
+                        exec.step(&refs)
+                            .with_context(|| format!("{name}: rank {rank}, step {}", step + 1))?;
+                        times.push(t0.elapsed().as_secs_f64());
+                    }
+                    Ok((times.split_off(warmup), exec.stats().clone()))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .enumerate()
+            .map(|(r, h)| {
+                h.join()
+                    .map_err(|_| anyhow!("{}: rank {r}: its thread panicked", c.name))?
+            })
+            .collect()
+    });
+    let mut per_rank: Vec<(Vec<f64>, ExecStats)> = per_rank.into_iter().collect::<Result<_>>()?;
+    let slowest: Vec<f64> = (0..steps)
+        .map(|i| per_rank.iter().map(|r| r.0[i]).fold(0.0, f64::max))
+        .collect();
+    let stats = per_rank.swap_remove(0).1;
+    Ok((slowest, stats))
+}
+
+/// One candidate's figures.
+#[derive(Clone, Debug)]
+pub struct CandidateFigures {
+    /// The candidate's name.
+    pub name: String,
+    /// The prediction.
+    pub predicted: search::problem::Breakdown,
+    /// The measured median step, seconds.
+    pub measured: f64,
+    /// Rank 0's ops other than communication (and `TupleGetItem`).
+    pub rank0_ops: usize,
+    /// Rank 0's communication ops.
+    pub rank0_collectives: usize,
+}
+
+/// Per op kind: (predicted compute seconds summed over the searched ops of that kind, their
+/// number), under `c`'s assignment.
+pub fn predicted_compute_by_kind(c: &StrategyCandidate) -> Result<BTreeMap<OpKind, (f64, usize)>> {
+    let g = &c.compiled.begin;
+    let a = &c.compiled.assignment;
+    let inputs = g
+        .params
+        .iter()
+        .zip(&a.param_layouts)
+        .map(|(p, l)| (!p.is_weight()).then(|| l.clone()))
+        .collect();
+    let p = Problem::new(g, &c.options, inputs)
+        .with_context(|| format!("{}: the search problem", c.name))?;
+    let mut out = BTreeMap::new();
+    for (k, id) in p.ops.iter().enumerate() {
+        let d = a.decisions[id.index()]
+            .as_ref()
+            .ok_or_else(|| anyhow!("{}: op {} has no decision", c.name, g.node(*id).instance))?;
+        let e = out.entry(g.node(*id).op).or_insert((0.0, 0));
+        e.0 += p.compute_seconds(k, &d.sharding);
+        e.1 += 1;
+    }
+    Ok(out)
+}
+
+/// Prints (stderr) rank 0's measured time per op kind per step against the predicted compute
+/// per op kind.
+fn print_stats(c: &StrategyCandidate, stats: &ExecStats) -> Result<()> {
+    let predicted = predicted_compute_by_kind(c)?;
+    let steps = stats.steps.max(1) as f64;
+    let mut kinds: Vec<OpKind> = predicted
+        .keys()
+        .chain(stats.per_op.keys())
+        .copied()
+        .collect();
+    kinds.sort();
+    kinds.dedup();
+    eprintln!(
+        "  {:<34} {:>6} {:>12} {:>8} {:>12}",
+        "op kind (rank 0)", "calls", "measured us", "ops", "predicted us"
+    );
+    for k in kinds {
+        let (calls, time) = stats.per_op.get(&k).map_or((0.0, 0.0), |s| {
+            (s.count as f64 / steps, s.time.as_secs_f64() / steps)
+        });
+        let (pt, pn) = predicted.get(&k).copied().unwrap_or((0.0, 0));
+        eprintln!(
+            "  {:<34} {:>6.0} {:>12.1} {:>8} {:>12.1}",
+            k.name(),
+            calls,
+            time * 1e6,
+            pn,
+            pt * 1e6
+        );
+    }
+    eprintln!(
+        "  step total (rank 0, mean) {:.1} us",
+        stats.total.as_secs_f64() / steps * 1e6
+    );
+    Ok(())
+}
+
+/// How many steps a case measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepPlan {
+    /// Untimed steps before each round.
+    pub warmup: usize,
+    /// Timed steps per candidate and round.
+    pub steps: usize,
+    /// Rounds: every candidate is measured once per round, in turn, so that a change of the
+    /// machine's load during the case weighs on every candidate alike.
+    pub rounds: usize,
+}
+
+impl StepPlan {
+    /// The plan of `model` (sub-millisecond steps get more of them).
+    pub fn of(model: &BenchModel, quick: bool) -> StepPlan {
+        let small = model.name.starts_with("quickstart");
+        match (small, quick) {
+            (true, true) => StepPlan {
+                warmup: 5,
+                steps: 30,
+                rounds: 2,
+            },
+            (true, false) => StepPlan {
+                warmup: 10,
+                steps: 100,
+                rounds: 3,
+            },
+            (false, true) => StepPlan {
+                warmup: 2,
+                steps: 5,
+                rounds: 2,
+            },
+            (false, false) => StepPlan {
+                warmup: 3,
+                steps: 12,
+                rounds: 3,
+            },
+        }
+    }
+}
+
+/// Predicts and measures every candidate of `model` on `ranks` ranks; prints the case's
+/// lines and returns the figures and Spearman's correlation (`None` when undefined).
+pub fn run_case(
+    model: &BenchModel,
+    ranks: usize,
+    machine: Machine,
+    plan: StepPlan,
+    stats_table: bool,
+) -> Result<(Vec<CandidateFigures>, Option<f64>)> {
+    let single = compile(
+        model.forward.clone(),
+        &CompileOptions {
+            optimizer: Some(model.optimizer),
+            ..Default::default()
+        },
+    )
+    .with_context(|| format!("{}: the single-device training step", model.name))?
+    .graph;
+    let data = SyntheticData::new(&single, 7, plan.warmup + plan.steps)
+        .with_context(|| format!("{}: synthetic data", model.name))?;
+    let (cands, notes) = candidates(model, ranks, machine)?;
+    for n in &notes {
+        eprintln!("strategies {} ranks={ranks}: {n}", model.name);
+    }
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); cands.len()];
+    let mut stats: Vec<Option<ExecStats>> = vec![None; cands.len()];
+    for _ in 0..plan.rounds.max(1) {
+        for (k, c) in cands.iter().enumerate() {
+            let (t, s) = measure_steps(c, &data, plan.warmup, plan.steps)?;
+            times[k].extend(t);
+            stats[k] = Some(s);
+        }
+    }
+    let mut figs = Vec::new();
+    for ((c, t), stats) in cands.iter().zip(times).zip(stats) {
+        let predicted = search::predict(&c.compiled.begin, &c.options, &c.compiled.assignment)
+            .with_context(|| format!("{} ranks={ranks} {}: predicting", model.name, c.name))?;
+        let measured = median(t);
+        let rank0 = c
+            .compiled
+            .ranks
+            .first()
+            .ok_or_else(|| anyhow!("{}: no rank graphs", c.name))?;
+        let rank0_collectives = rank0
+            .nodes
+            .iter()
+            .filter(|n| n.op.is_communication())
+            .count();
+        let rank0_ops = rank0
+            .nodes
+            .iter()
+            .filter(|n| !n.op.is_communication() && n.op != OpKind::TupleGetItem)
+            .count();
+        let f = CandidateFigures {
+            name: c.name.clone(),
+            predicted,
+            measured,
+            rank0_ops,
+            rank0_collectives,
+        };
+        println!(
+            "strategies {} ranks={ranks} {:<32} predicted={:9.3} ms (compute {:.3} + communication {:.3}) measured={:9.3} ms rank0_ops={} rank0_collectives={}",
+            model.name,
+            f.name,
+            f.predicted.seconds() * 1e3,
+            f.predicted.compute * 1e3,
+            f.predicted.communication * 1e3,
+            f.measured * 1e3,
+            f.rank0_ops,
+            f.rank0_collectives
+        );
+        if let (true, Some(stats)) = (stats_table, stats) {
+            print_stats(c, &stats)?;
+        }
+        figs.push(f);
+    }
+    let p: Vec<f64> = figs.iter().map(|f| f.predicted.seconds()).collect();
+    let m: Vec<f64> = figs.iter().map(|f| f.measured).collect();
+    let rho = spearman(&p, &m);
+    println!(
+        "strategies {} ranks={ranks} candidates={} spearman={} (goal >= {GOAL_SPEARMAN}: {})",
+        model.name,
+        figs.len(),
+        rho.map_or("undefined".to_string(), |r| format!("{r:.3}")),
+        if rho.is_some_and(|r| r >= GOAL_SPEARMAN) {
+            "met"
+        } else {
+            "missed"
+        }
+    );
+    Ok((figs, rho))
+}
+
+/// Runs `shardc bench strategies` (`--quick`: fewer steps, see [`StepPlan::of`]; `--stats`: rank 0's time per op kind against the predicted compute, on
+/// stderr).
+pub fn run(args: &BenchArgs) -> Result<()> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let core = core_figures(args.quick)?;
+    println!(
+        "strategies machine: {cores} cores; one core {:.1} GFLOP/s (f32 GEMM n=256), {:.1} GB/s (streaming add); a rank gets min(1, {cores}/ranks) of both",
+        core.0 / 1e9,
+        core.1 / 1e9
+    );
+    let mut machines = Vec::new();
+    for ranks in RANKS {
+        let link = measure_link(ranks, args.quick, std::time::Duration::ZERO)?;
+        let staggered = measure_link(ranks, args.quick, STAGGER)?;
+        let m = machine_of(ranks, core, link);
+        println!(
+            "strategies machine ranks={ranks}: {:.1} GFLOP/s, {:.1} GB/s per rank; in-process AllReduce fitted to the ring: back-to-back (used) alpha={:.2} us beta={:.2} GB/s; arrivals staggered by {} us/rank alpha={:.2} us beta={:.2} GB/s",
+            m.flops / 1e9,
+            m.memory_bandwidth / 1e9,
+            link.latency * 1e6,
+            link.bandwidth / 1e9,
+            STAGGER.as_micros(),
+            staggered.latency * 1e6,
+            staggered.bandwidth / 1e9
+        );
+        machines.push((ranks, m));
+    }
+    let mut met = 0;
+    let mut cases = 0;
+    let mut worst: Option<(f64, String)> = None;
+    for model in models()? {
+        for &(ranks, machine) in &machines {
+            let (_, rho) = run_case(
+                &model,
+                ranks,
+                machine,
+                StepPlan::of(&model, args.quick),
+                args.stats,
+            )?;
+            cases += 1;
+            let r = rho.unwrap_or(f64::NEG_INFINITY);
+            if r >= GOAL_SPEARMAN {
+                met += 1;
+            }
+            if worst.as_ref().is_none_or(|(w, _)| r < *w) {
+                worst = Some((r, format!("{} ranks={ranks}", model.name)));
+            }
+        }
+    }
+    let (w, wname) = worst.unwrap_or((f64::NAN, "none".into()));
+    println!(
+        "strategies summary: {met}/{cases} cases with spearman >= {GOAL_SPEARMAN}; lowest {w:.3} ({wname}) (goal: {})",
+        if met == cases { "met" } else { "missed" }
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spearman_of_known_vectors() {
+        let x = [1.0, 2.0, 3.0, 4.0, 5.0];
+        let same = [10.0, 20.0, 30.0, 40.0, 500.0];
+        assert!((spearman(&x, &same).unwrap() - 1.0).abs() < 1e-12);
+        let rev = [5.0, 4.0, 3.0, 2.0, 1.0];
+        assert!((spearman(&x, &rev).unwrap() + 1.0).abs() < 1e-12);
+        // Ties share the average rank: ranks (1, 2.5, 2.5, 4) against (1, 2, 3, 4).
+        assert_eq!(
+            average_ranks(&[1.0, 2.0, 2.0, 3.0]),
+            vec![1.0, 2.5, 2.5, 4.0]
+        );
+        let r = spearman(&[1.0, 2.0, 2.0, 3.0], &[1.0, 2.0, 3.0, 4.0]).unwrap();
+        assert!((r - 4.5 / (4.5f64 * 5.0).sqrt()).abs() < 1e-12, "{r}");
+        // Undefined: constant side, length mismatch, too short, not finite.
+        assert_eq!(spearman(&[1.0, 1.0, 1.0], &[1.0, 2.0, 3.0]), None);
+        assert_eq!(spearman(&[1.0, 2.0], &[1.0]), None);
+        assert_eq!(spearman(&[1.0], &[1.0]), None);
+        assert_eq!(spearman(&[1.0, f64::NAN], &[1.0, 2.0]), None);
+    }
+
+    #[test]
+    fn the_ring_fit_recovers_alpha_and_beta() {
+        let (alpha, beta) = (5e-6, 2e9);
+        for p in [2usize, 4, 8] {
+            let t = |s: f64| {
+                2.0 * (p as f64 - 1.0) * alpha + 2.0 * (p as f64 - 1.0) / p as f64 * s / beta
+            };
+            let l = fit_ring(p, (4096.0, t(4096.0)), (1e6, t(1e6)));
+            assert!((l.latency - alpha).abs() < 1e-12, "{l:?}");
+            assert!((l.bandwidth - beta).abs() / beta < 1e-9, "{l:?}");
+        }
+    }
+
+    #[test]
+    fn the_quickstart_net_at_4_ranks_has_at_least_5_distinct_candidates() {
+        let model = models().unwrap().remove(0);
+        let (cands, notes) = candidates(&model, 4, Machine::default()).unwrap();
+        let names: Vec<&str> = cands.iter().map(|c| c.name.as_str()).collect();
+        assert!(cands.len() >= 5, "{names:?}; {notes:?}");
+        assert!(names.contains(&"data_parallel"), "{names:?}");
+        assert!(
+            names.iter().any(|n| n.starts_with("semi_"))
+                && names.iter().any(|n| n.starts_with("auto_")),
+            "{names:?}"
+        );
+        // Distinct: no two share every op's strategy.
+        for (i, a) in cands.iter().enumerate() {
+            for b in &cands[i + 1..] {
+                let sa: Vec<_> = a
+                    .compiled
+                    .assignment
+                    .decisions
+                    .iter()
+                    .map(|d| d.as_ref().map(|d| d.sharding.strategy.clone()))
+                    .collect();
+                let sb: Vec<_> = b
+                    .compiled
+                    .assignment
+                    .decisions
+                    .iter()
+                    .map(|d| d.as_ref().map(|d| d.sharding.strategy.clone()))
+                    .collect();
+                assert!(
+                    sa != sb
+                        || a.compiled.assignment.param_layouts
+                            != b.compiled.assignment.param_layouts,
+                    "{} and {}",
+                    a.name,
+                    b.name
+                );
+            }
+        }
+        // Each predicts and runs a step.
+        let c = &cands[0];
+        let p = search::predict(&c.compiled.begin, &c.options, &c.compiled.assignment).unwrap();
+        assert!(p.seconds() > 0.0);
+    }
+
+    #[test]
+    fn a_case_predicts_and_measures_every_candidate() {
+        let model = models().unwrap().remove(0);
+        let (figs, _) = run_case(
+            &model,
+            2,
+            Machine::default(),
+            StepPlan {
+                warmup: 1,
+                steps: 2,
+                rounds: 2,
+            },
+            true,
+        )
+        .unwrap();
+        assert!(figs.len() >= 5, "{figs:?}");
+        assert!(
+            figs.iter()
+                .all(|f| f.measured > 0.0 && f.predicted.seconds() > 0.0),
+            "{figs:?}"
+        );
+    }
+
+    #[test]
+    fn is_the_strategies_subcommand_of_shardc_bench() {
+        use clap::Parser;
+        let cli = crate::Cli::try_parse_from(["shardc", "bench", "strategies", "--quick"]).unwrap();
+        match cli.command {
+            crate::Command::Bench(a) => {
+                assert_eq!(a.what, crate::bench::BenchWhat::Strategies);
+                assert!(a.quick);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn in_process_all_reduce_is_timed() {
+        let small = all_reduce_seconds(2, 256, 5, std::time::Duration::ZERO).unwrap();
+        let staggered =
+            all_reduce_seconds(2, 256, 5, std::time::Duration::from_micros(50)).unwrap();
+        assert!(staggered > 0.0 && staggered < 1.0, "{staggered}");
+        assert!(small > 0.0 && small < 1.0, "{small}");
+    }
+}
