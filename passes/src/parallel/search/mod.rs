@@ -154,11 +154,16 @@ pub fn run(p: &Problem, mode: SearchMode) -> Result<Searched, ParallelError> {
         SearchMode::DynamicProgramming | SearchMode::Ilp => {
             let cands = p.all_candidates()?;
             let cg = p.cost_graph(&cands);
-            // WIRE: ilp::search / dynamic::search once written.
-            let r: SearchResult = Err(recursive::search_error(SearchError::Solver {
-                searcher: mode.name(),
-                reason: format!("not wired yet ({} nodes)", cg.nodes.len()),
-            }))?;
+            let r = if mode == SearchMode::Ilp {
+                // WIRE ilp
+                Err(SearchError::Solver {
+                    searcher: "ilp",
+                    reason: format!("not wired yet ({} nodes)", cg.nodes.len()),
+                })
+            } else {
+                dynamic::search(&cg, Some(limit))
+            }
+            .map_err(recursive::search_error)?;
             let sh = r
                 .choice
                 .iter()
