@@ -155,11 +155,7 @@ pub fn run(p: &Problem, mode: SearchMode) -> Result<Searched, ParallelError> {
             let cands = p.all_candidates()?;
             let cg = p.cost_graph(&cands);
             let r = if mode == SearchMode::Ilp {
-                // WIRE ilp
-                Err(SearchError::Solver {
-                    searcher: "ilp",
-                    reason: format!("not wired yet ({} nodes)", cg.nodes.len()),
-                })
+                ilp::search(&cg, Some(limit))
             } else {
                 dynamic::search(&cg, Some(limit))
             }
