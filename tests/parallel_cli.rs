@@ -249,3 +249,85 @@ fn a_config_file_sets_the_parallel_context_and_flags_override_it() {
     assert_eq!(t.matches("unknown key").count(), 1, "printed once: {t}");
     let _ = std::fs::remove_file(&bad);
 }
+
+/// Every searcher from the command line: the artifact and strategy file record the searcher
+/// and its predicted step, `explain` shows the searched candidates' costs, verify passes.
+#[test]
+fn searched_strategies_are_explained_recorded_and_verified() {
+    let dir = tmp("search");
+    for mode in ["recursive_programming", "dynamic_programming", "ilp"] {
+        let out = dir.join(mode);
+        let sf = dir.join(format!("{mode}.json"));
+        let c = shardc(&[
+            "compile",
+            &model(),
+            "-o",
+            out.to_str().unwrap(),
+            "--device-num",
+            "8",
+            "--parallel-mode",
+            "auto_parallel",
+            "--search-mode",
+            mode,
+            "--device",
+            "8xh100",
+            "--strategy-ckpt-save-file",
+            sf.to_str().unwrap(),
+        ]);
+        assert!(c.status.success(), "{mode}: {}", text(&c));
+        let e = shardc(&["explain", out.to_str().unwrap(), "--op", "relu"]);
+        let t = text(&e);
+        assert!(e.status.success(), "{t}");
+        assert!(t.contains(&format!("searched by {mode}")), "{t}");
+        assert!(t.contains("memory KiB"), "{t}");
+        assert!(t.contains("<- chosen"), "{t}");
+        let file: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&sf).unwrap()).unwrap();
+        assert_eq!(file["searcher"], mode, "{file}");
+        assert!(
+            file["predicted"]["step_seconds"].as_f64().unwrap() > 0.0,
+            "{file}"
+        );
+        let m: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap())
+                .unwrap();
+        assert_eq!(m["extra"]["search"]["searcher"], mode, "{m}");
+        let v = shardc(&[
+            "verify",
+            &model(),
+            "--device-num",
+            "8",
+            "--parallel-mode",
+            "auto_parallel",
+            "--search-mode",
+            mode,
+            "--steps",
+            "2",
+        ]);
+        assert!(v.status.success(), "{mode}: {}", text(&v));
+        assert!(text(&v).contains("PASS"), "{}", text(&v));
+    }
+    let bad = shardc(&[
+        "compile",
+        &model(),
+        "-o",
+        dir.join("x").to_str().unwrap(),
+        "--device-num",
+        "8",
+        "--parallel-mode",
+        "auto_parallel",
+        "--search-mode",
+        "recursive_programming",
+        "--device",
+        "nosuch",
+    ]);
+    assert_eq!(bad.status.code(), Some(1), "{}", text(&bad));
+    assert!(
+        text(&bad).contains(
+            "--device nosuch: neither a preset (cpu, 8xh100, ascend910) nor an existing file"
+        ),
+        "{}",
+        text(&bad)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

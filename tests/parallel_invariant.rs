@@ -2,7 +2,9 @@
 //! block), random valid strategies and 2, 4 or 8 devices, the per-rank graphs run together
 //! (every rank a thread, the in-process communicator) compute the single device's losses and,
 //! after the steps, its weights (gathered from their slices). The models are f64, so the
-//! tolerance is tight (1e-9): a wrong block, group or scale shows at once.
+//! tolerance is tight (1e-9): a wrong block, group or scale shows at once. The
+//! `auto_parallel` cases rotate through every searcher (sharding propagation, recursive and
+//! dynamic programming, the ILP), so searched strategies are held to the same invariant.
 //!
 //! Each case is generated from its seed; a failure prints the seed, the model and the
 //! strategies, and `SHARDC_CASE=seed cargo nextest run --test parallel_invariant` reruns that
@@ -26,9 +28,11 @@ use std::sync::Arc;
 
 const CASES: u64 = 300;
 /// The searchers the auto_parallel cases rotate through.
-const SEARCHERS: [SearchMode; 2] = [
+const SEARCHERS: [SearchMode; 4] = [
     SearchMode::ShardingPropagation,
     SearchMode::RecursiveProgramming,
+    SearchMode::DynamicProgramming,
+    SearchMode::Ilp,
 ];
 const STEPS: u64 = 2;
 /// The models run in f64, so that what is compared is the partitioning, not f32 rounding.

@@ -17,7 +17,9 @@
 //! optimal. Where every remaining node has three neighbours or more, the fallback conditions
 //! on the node of most neighbours (lowest index first): it takes the candidate with the least unary cost plus the
 //! best of each incident edge, its edges become unary costs of its neighbours, and the result
-//! is no longer proven optimal (`exact: false`, a note names the nodes so fixed).
+//! is no longer proven optimal (`exact: false`, a note names the nodes so fixed). Those
+//! nodes are a cut set: [`improve`] then searches around the result, each cut node trying
+//! every candidate with the rest re-solved exactly.
 //!
 //! The memory limit: memory is a sum of per-node terms, so the search minimises
 //! `time + λ · memory` (Lagrangian relaxation). With `λ = 0` first; if that choice does not
@@ -169,10 +171,32 @@ impl Elimination {
             .unwrap_or(0)
     }
 
-    /// Runs the elimination; returns the choice and the names of the nodes fixed greedily.
-    fn run(mut self) -> (Vec<usize>, Vec<usize>) {
+    /// Fixes node `v` to candidate `c`: its edges become unary costs of its neighbours.
+    fn condition(&mut self, v: usize, c: usize) {
+        let nbrs: Vec<(usize, usize)> = self.adj[v].iter().map(|(&u, &k)| (u, k)).collect();
+        for &(u, k) in &nbrs {
+            for cu in 0..self.sizes[u] {
+                let x = self.at(k, v, c, cu);
+                self.unary[u][cu] += x;
+            }
+        }
+        self.detach(v);
+        for &(_, k) in &nbrs {
+            self.matrices[k] = None;
+        }
+    }
+
+    /// Runs the elimination with the nodes of `forced` fixed first; returns the choice and
+    /// the nodes the fallback fixed greedily.
+    fn run(mut self, forced: &[(usize, usize)]) -> (Vec<usize>, Vec<usize>) {
         let mut steps = Vec::new();
         let mut fixed = Vec::new();
+        for &(v, c) in forced {
+            if self.alive[v] {
+                self.condition(v, c);
+                steps.push(Step::Alone { v, c });
+            }
+        }
         while let Some(&(deg, v)) = self.queue.iter().next() {
             if deg > 2 {
                 // Fallback: condition on the node with the most neighbours (the lowest index
@@ -202,16 +226,7 @@ impl Elimination {
                 let c = (0..self.sizes[v])
                     .min_by(|&a, &b| score(a).total_cmp(&score(b)).then(a.cmp(&b)))
                     .unwrap_or(0);
-                for &(u, k) in &nbrs {
-                    for cu in 0..self.sizes[u] {
-                        let x = self.at(k, v, c, cu);
-                        self.unary[u][cu] += x;
-                    }
-                }
-                self.detach(v);
-                for &(_, k) in &nbrs {
-                    self.matrices[k] = None;
-                }
+                self.condition(v, c);
                 steps.push(Step::Alone { v, c });
                 fixed.push(v);
                 continue;
@@ -282,9 +297,80 @@ impl Elimination {
     }
 }
 
-/// One elimination at memory weight `lambda`: the choice, and whether it is exact.
+/// One elimination at memory weight `lambda`: the choice, and the nodes fixed greedily.
 fn solve(cg: &CostGraph, lambda: f64) -> (Vec<usize>, Vec<usize>) {
-    Elimination::new(cg, lambda).run()
+    let (choice, fixed) = Elimination::new(cg, lambda).run(&[]);
+    if fixed.is_empty() {
+        return (choice, fixed);
+    }
+    let choice = improve(cg, lambda, choice, fixed.clone());
+    (choice, fixed)
+}
+
+/// Eliminations [`improve`] may spend, in nodes eliminated (a deterministic bound: a few
+/// hundred re-solves of a graph of thousands of ops).
+pub const IMPROVE_BUDGET: usize = 2_000_000;
+
+/// The nodes elimination's fallback fixes on `cg` (empty for a series-parallel graph): a cut
+/// set for [`improve`].
+pub fn cut_set(cg: &CostGraph) -> Vec<usize> {
+    Elimination::new(cg, 0.0).run(&[]).1
+}
+
+/// Large-neighbourhood search around `choice` for a graph that elimination cannot solve
+/// exactly: the cut set `cut` (the nodes the fallback fixed) is what makes the rest
+/// series-parallel, so with the cut fixed the rest is solved exactly by elimination. Each cut
+/// node in turn tries every candidate, the others held at their current values and the rest
+/// re-solved exactly; a better total (time + `lambda` · memory) is kept; sweeps repeat until
+/// none improves or [`IMPROVE_BUDGET`] node visits are spent. Nodes the fallback fixes anew
+/// join the cut.
+pub fn improve(
+    cg: &CostGraph,
+    lambda: f64,
+    mut choice: Vec<usize>,
+    mut cut: Vec<usize>,
+) -> Vec<usize> {
+    let price = |c: &[usize]| cg.total(c) + lambda * cg.memory(c);
+    let mut best = price(&choice);
+    let mut spent = 0usize;
+    let n = cg.nodes.len().max(1);
+    'sweeps: for _ in 0..4 {
+        let mut better = false;
+        let mut i = 0;
+        while i < cut.len() {
+            let v = cut[i];
+            for c in 0..cg.nodes[v].len() {
+                if c == choice[v] {
+                    continue;
+                }
+                if spent + n > IMPROVE_BUDGET {
+                    break 'sweeps;
+                }
+                spent += n;
+                let forced: Vec<(usize, usize)> = cut
+                    .iter()
+                    .map(|&u| (u, if u == v { c } else { choice[u] }))
+                    .collect();
+                let (trial, more) = Elimination::new(cg, lambda).run(&forced);
+                for m in more {
+                    if !cut.contains(&m) {
+                        cut.push(m);
+                    }
+                }
+                let p = price(&trial);
+                if p < best - 1e-12 * best.abs() {
+                    best = p;
+                    choice = trial;
+                    better = true;
+                }
+            }
+            i += 1;
+        }
+        if !better {
+            break;
+        }
+    }
+    choice
 }
 
 /// Searches `cg` by elimination within `memory_limit` bytes per device.

@@ -16,7 +16,8 @@
 //! For small problems (every candidate list at most [`super::problem::MAX_CANDIDATES`] and
 //! at most [`REFINE_MAX_DEVICES`] devices) a refinement follows: sweeps of single-op moves
 //! over the full candidate lists, each op taking its best candidate against all its
-//! neighbours, until no move lowers the predicted step time.
+//! neighbours, until no move lowers the predicted step time; then
+//! [`super::dynamic::improve`]'s coordinated moves around the result.
 //!
 //! Memory: with `λ = 0` first; when the result exceeds the limit, `λ` starts at the ratio of
 //! its step time to its memory and doubles (at most [`MEMORY_ROUNDS`] times) until a result
@@ -226,10 +227,15 @@ pub fn search(p: &Problem, limit: f64) -> Result<Found, ParallelError> {
             let before = cg.total(&choice);
             let mut trial = choice.clone();
             let moves = refine(&cg, &mut trial);
-            if moves > 0 && cg.memory(&trial) <= limit && cg.total(&trial) < before {
+            // Then coordinated moves: each op of a cut set that leaves the rest
+            // series-parallel tries every candidate, the rest re-solved exactly.
+            let cut = super::dynamic::cut_set(&cg);
+            let trial = super::dynamic::improve(&cg, 0.0, trial, cut);
+            if cg.memory(&trial) <= limit && cg.total(&trial) < before {
                 choice = trial;
                 notes.push(format!(
-                    "refined by {moves} single-op move(s): predicted {:.6} ms -> {:.6} ms",
+                    "refined ({moves} single-op move(s), then the cut set's candidates with the \
+                     rest re-solved exactly): predicted {:.6} ms -> {:.6} ms",
                     before * 1e3,
                     cg.total(&choice) * 1e3
                 ));
