@@ -20,7 +20,9 @@
 //! - `strategy device_num=N mode=MODE [dataset=..] [gradients_mean=..] [alltoall]`: the
 //!   training step (Momentum lr 0.2, momentum 0.1) with every op's strategy and its source —
 //!   the `step_parallel_begin` dump (MODE: `data_parallel`, `semi_auto_parallel`,
-//!   `auto_parallel`; dataset: `data_parallel`, `full_batch`);
+//!   `auto_parallel`; dataset: `data_parallel`, `full_batch`; `search=` one of
+//!   `sharding_propagation`, `recursive_programming`, `dynamic_programming`, `ilp`, with
+//!   `device=PRESET` and `max_device_memory=BYTES` for the cost model);
 //! - `partition device_num=N mode=MODE rank=R [...]`: rank R's graph — the execute dump;
 //! - `grad_fusion auto|none|size:MB|index:I,J`: `passes::grad_fusion` on a per-rank graph
 //!   (a `step_parallel_end` dump): gradient AllReduces hoisted and bucketed;
@@ -148,7 +150,9 @@ fn run_command(command: &str, src: &str, file: &str) -> Result<String, String> {
 
 /// `strategy ...` / `partition ...` on an inferred, verified forward graph.
 fn run_parallel(what: &str, words: &[&str], g: &shardc::ir::Graph) -> Result<String, String> {
-    use shardc::passes::parallel::{partition, strategy, DatasetLayout, Mode, ParallelOptions};
+    use shardc::passes::parallel::{
+        partition, strategy, DatasetLayout, Mode, ParallelOptions, SearchMode,
+    };
     let mut opts = ParallelOptions {
         mode: Mode::SemiAutoParallel,
         device_num: 1,
@@ -175,6 +179,24 @@ fn run_parallel(what: &str, words: &[&str], g: &shardc::ir::Graph) -> Result<Str
                     "auto_parallel" => Mode::AutoParallel,
                     _ => return Err(format!("unknown mode {v}")),
                 }
+            }
+            "search" => {
+                opts.search.mode = match v {
+                    "sharding_propagation" => SearchMode::ShardingPropagation,
+                    "recursive_programming" => SearchMode::RecursiveProgramming,
+                    "dynamic_programming" => SearchMode::DynamicProgramming,
+                    "ilp" => SearchMode::Ilp,
+                    _ => return Err(format!("unknown search mode {v}")),
+                }
+            }
+            "device" => {
+                opts.search.machine = shardc::compiler::device::DeviceDescription::preset(v)
+                    .map_err(|e| e.to_string())?
+                    .machine();
+            }
+            "max_device_memory" => {
+                opts.search.max_device_memory =
+                    Some(v.parse().map_err(|_| format!("bad {w}"))?);
             }
             "dataset" => {
                 opts.dataset = match v {
