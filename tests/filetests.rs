@@ -195,8 +195,7 @@ fn run_parallel(what: &str, words: &[&str], g: &shardc::ir::Graph) -> Result<Str
                     .machine();
             }
             "max_device_memory" => {
-                opts.search.max_device_memory =
-                    Some(v.parse().map_err(|_| format!("bad {w}"))?);
+                opts.search.max_device_memory = Some(v.parse().map_err(|_| format!("bad {w}"))?);
             }
             "dataset" => {
                 opts.dataset = match v {

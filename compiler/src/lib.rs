@@ -40,6 +40,7 @@
 
 pub mod builder;
 pub mod device;
+pub mod generated;
 pub mod init;
 pub mod loss;
 pub mod model;

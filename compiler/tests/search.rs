@@ -234,3 +234,58 @@ fn annotations_stay_fixed_under_every_searcher() {
         assert_eq!(d.source, Source::User);
     }
 }
+
+#[test]
+fn the_search_models_build_and_every_searcher_handles_them() {
+    use shardc_compiler::generated::{embedding_net, generated_network, wide_resnet};
+    let g = generated_network(500, 64, 64, 3).unwrap();
+    let again = generated_network(500, 64, 64, 3).unwrap();
+    assert_eq!(
+        shardc_ir::text::print_graph(&g),
+        shardc_ir::text::print_graph(&again),
+        "the same seed gives the same graph"
+    );
+    assert!((500..560).contains(&g.nodes.len()), "{}", g.nodes.len());
+    let adds_of_two_nodes = g
+        .nodes
+        .iter()
+        .filter(|n| {
+            n.op == shardc_ir::OpKind::Add
+                && n.inputs
+                    .iter()
+                    .all(|o| matches!(o, shardc_ir::Operand::Node(_)))
+        })
+        .count();
+    assert!(adds_of_two_nodes > 0, "joins are present");
+    let wrn = wide_resnet(8, 16, 2).unwrap();
+    let convs = wrn
+        .nodes
+        .iter()
+        .filter(|n| n.op == shardc_ir::OpKind::Conv2D)
+        .count();
+    // Stem + 2 per block x 6 blocks + 2 shortcuts (group 1 widens too: 16 -> 32).
+    assert_eq!(convs, 1 + 12 + 3, "WRN-16-2 convolutions");
+    let emb = embedding_net(8, 1000, 8, 4, &[32, 8]).unwrap();
+    let table = emb.param_by_name("embedding.table").unwrap();
+    assert_eq!(emb.param(table).ty.shape, vec![1000, 8]);
+    assert!(wide_resnet(8, 11, 1)
+        .unwrap_err()
+        .to_string()
+        .contains("6n + 4"));
+    for (name, model) in [
+        ("generated", generated_network(60, 32, 32, 1).unwrap()),
+        ("wide_resnet", wide_resnet(8, 10, 1).unwrap()),
+        ("embedding", emb),
+    ] {
+        for mode in SEARCHERS {
+            let c = compile(model.clone(), &options(4, mode, None))
+                .unwrap_or_else(|e| panic!("{name} under {}: {e}", mode.name()));
+            let p = c.parallel.unwrap();
+            assert!(
+                p.assignment.search.is_some(),
+                "{name} under {}",
+                mode.name()
+            );
+        }
+    }
+}

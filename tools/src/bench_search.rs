@@ -189,7 +189,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     let ops = if args.quick { 10_000 } else { 100_000 };
     let t = Instant::now();
-    let forward = transformer(&TransformerConfig::new(ops / 100, 256, 4, 64, 64))?; // WIRE generated
+    let forward = shardc_compiler::generated::generated_network(ops * 10 / 27, 256, 4096, 1)?;
     let step = training_step(forward)?;
     let name = format!("generated_{}ops", step.nodes.len());
     println!(

@@ -11,6 +11,7 @@ pub mod cluster_run;
 mod commands;
 mod data_cmd;
 mod explain;
+mod gen_cmd;
 pub mod in_process;
 mod launch;
 mod parallel_args;
@@ -64,6 +65,9 @@ pub enum Command {
     /// Print one of the tutorials' networks (forward graph with its loss) as text IR, for
     /// `shardc compile`.
     Zoo(zoo_cmd::ZooArgs),
+    /// Print a model for the strategy search (a transformer, a wide ResNet, an embedding-heavy
+    /// network, a random layered network) as text IR, for `shardc compile`.
+    Gen(gen_cmd::GenArgs),
     /// Checkpoints: merge the ranks' files of a step into one single-device file, or inspect
     /// a file.
     Ckpt(ckpt::CkptArgs),
@@ -99,6 +103,7 @@ pub fn main() -> i32 {
         Command::Data(a) => data_cmd::data(a),
         Command::Ckpt(a) => ckpt::ckpt(a),
         Command::Zoo(a) => zoo_cmd::zoo(a),
+        Command::Gen(a) => gen_cmd::gen(a),
     };
     match result {
         Ok(()) => 0,
