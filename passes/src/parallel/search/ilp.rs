@@ -44,13 +44,13 @@ pub fn search(cg: &CostGraph, memory_limit: Option<f64>) -> Result<SearchResult,
             // A constant: the same for every choice.
             (1, 1) => {}
             (1, _) => {
-                for ch in 0..sizes[hi] {
-                    unary[hi][ch] += at(0, ch);
+                for (ch, u) in unary[hi].iter_mut().enumerate() {
+                    *u += at(0, ch);
                 }
             }
             (_, 1) => {
-                for cl in 0..sizes[lo] {
-                    unary[lo][cl] += at(cl, 0);
+                for (cl, u) in unary[lo].iter_mut().enumerate() {
+                    *u += at(cl, 0);
                 }
             }
             (nl, nh) => {
