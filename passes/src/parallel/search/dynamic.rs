@@ -386,8 +386,9 @@ pub fn search(cg: &CostGraph, memory_limit: Option<f64>) -> Result<SearchResult,
             .map(|&v| cg.nodes[v].name.as_str())
             .collect();
         format!(
-            "dynamic_programming: the cost graph is not series-parallel; fixed {} op(s) \
-             greedily: {}{}",
+            "dynamic_programming: the cost graph is not series-parallel; {} op(s) form a cut \
+             set ({}{}): each tried every candidate with the rest solved exactly, not proven \
+             optimal",
             fixed.len(),
             names.join(", "),
             if fixed.len() > 8 { ", ..." } else { "" }
