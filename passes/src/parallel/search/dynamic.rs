@@ -68,6 +68,9 @@ struct Elimination {
     adj: Vec<BTreeMap<usize, usize>>,
     queue: BTreeSet<(usize, usize)>,
     alive: Vec<bool>,
+    /// Candidate combinations visited, matrix entries copied and set updates (the cost of
+    /// the elimination, in about the same unit).
+    work: usize,
 }
 
 impl Elimination {
@@ -92,6 +95,7 @@ impl Elimination {
             adj: vec![BTreeMap::new(); n],
             queue: BTreeSet::new(),
             alive: vec![true; n],
+            work: 0,
         };
         for edge in &cg.edges {
             let (a, b) = (edge.a, edge.b);
@@ -109,6 +113,8 @@ impl Elimination {
         for v in 0..n {
             e.queue.insert((e.adj[v].len(), v));
         }
+        // Building costs its copies of the matrices and an ordered-set entry per node.
+        e.work = cg.edges.iter().map(|x| x.cost.len()).sum::<usize>() + 32 * n;
         e
     }
 
@@ -188,7 +194,7 @@ impl Elimination {
 
     /// Runs the elimination with the nodes of `forced` fixed first; returns the choice and
     /// the nodes the fallback fixed greedily.
-    fn run(mut self, forced: &[(usize, usize)]) -> (Vec<usize>, Vec<usize>) {
+    fn run(mut self, forced: &[(usize, usize)]) -> (Vec<usize>, Vec<usize>, usize) {
         let mut steps = Vec::new();
         let mut fixed = Vec::new();
         for &(v, c) in forced {
@@ -240,6 +246,7 @@ impl Elimination {
                 }
                 [(u, k)] => {
                     let nu = self.sizes[u];
+                    self.work += nu * nv;
                     let mut arg = vec![0; nu];
                     for (cu, a) in arg.iter_mut().enumerate() {
                         let mut best = (f64::INFINITY, 0);
@@ -257,6 +264,7 @@ impl Elimination {
                 }
                 [(u, ku), (w, kw)] => {
                     let (nu, nw) = (self.sizes[u], self.sizes[w]);
+                    self.work += nu * nw * nv;
                     let mut arg = vec![0; nu * nw];
                     let mut cost = vec![0.0; nu * nw];
                     for cu in 0..nu {
@@ -293,13 +301,14 @@ impl Elimination {
                 }
             }
         }
-        (choice, fixed)
+        let work = self.work + 32 * steps.len();
+        (choice, fixed, work)
     }
 }
 
 /// One elimination at memory weight `lambda`: the choice, and the nodes fixed greedily.
 fn solve(cg: &CostGraph, lambda: f64) -> (Vec<usize>, Vec<usize>) {
-    let (choice, fixed) = Elimination::new(cg, lambda).run(&[]);
+    let (choice, fixed, _) = Elimination::new(cg, lambda).run(&[]);
     if fixed.is_empty() {
         return (choice, fixed);
     }
@@ -307,9 +316,9 @@ fn solve(cg: &CostGraph, lambda: f64) -> (Vec<usize>, Vec<usize>) {
     (choice, fixed)
 }
 
-/// Eliminations [`improve`] may spend, in nodes eliminated (a deterministic bound: a few
-/// hundred re-solves of a graph of thousands of ops).
-pub const IMPROVE_BUDGET: usize = 2_000_000;
+/// The work [`improve`] may spend, in candidate combinations its re-solves visit (a
+/// deterministic bound of about a second here).
+pub const IMPROVE_BUDGET: usize = 60_000_000;
 
 /// The nodes elimination's fallback fixes on `cg` (empty for a series-parallel graph): a cut
 /// set for [`improve`].
@@ -322,7 +331,7 @@ pub fn cut_set(cg: &CostGraph) -> Vec<usize> {
 /// series-parallel, so with the cut fixed the rest is solved exactly by elimination. Each cut
 /// node in turn tries every candidate, the others held at their current values and the rest
 /// re-solved exactly; a better total (time + `lambda` · memory) is kept; sweeps repeat until
-/// none improves or [`IMPROVE_BUDGET`] node visits are spent. Nodes the fallback fixes anew
+/// none improves or [`IMPROVE_BUDGET`] is spent. Nodes the fallback fixes anew
 /// join the cut.
 pub fn improve(
     cg: &CostGraph,
@@ -333,7 +342,8 @@ pub fn improve(
     let price = |c: &[usize]| cg.total(c) + lambda * cg.memory(c);
     let mut best = price(&choice);
     let mut spent = 0usize;
-    let n = cg.nodes.len().max(1);
+    // The work of one re-solve, as the first one measures it.
+    let mut per_solve = cg.nodes.len().max(1);
     'sweeps: for _ in 0..4 {
         let mut better = false;
         let mut i = 0;
@@ -343,15 +353,16 @@ pub fn improve(
                 if c == choice[v] {
                     continue;
                 }
-                if spent + n > IMPROVE_BUDGET {
+                if spent + per_solve > IMPROVE_BUDGET {
                     break 'sweeps;
                 }
-                spent += n;
                 let forced: Vec<(usize, usize)> = cut
                     .iter()
                     .map(|&u| (u, if u == v { c } else { choice[u] }))
                     .collect();
-                let (trial, more) = Elimination::new(cg, lambda).run(&forced);
+                let (trial, more, work) = Elimination::new(cg, lambda).run(&forced);
+                spent += work;
+                per_solve = work;
                 for m in more {
                     if !cut.contains(&m) {
                         cut.push(m);
