@@ -40,7 +40,8 @@ pub struct Canon {
     pub shape: Vec<usize>,
 }
 
-fn factor(mut n: usize) -> Vec<usize> {
+/// The prime factors of `n`, smallest first.
+pub fn factor(mut n: usize) -> Vec<usize> {
     let mut f = Vec::new();
     let mut p = 2;
     while p * p <= n {

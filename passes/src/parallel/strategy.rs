@@ -347,27 +347,31 @@ pub const COMPUTE_BYTES_PER_ELEMENT: f64 = 0.25;
 /// Propagation considers splitting at most this many loops of one op.
 pub const MAX_SPLIT_LOOPS: usize = 4;
 
+/// The layout an operand of `shape` of a weight's update takes when the weight is laid out as
+/// `w`: the same map for the same rank, else replicated under the same device matrix.
+pub fn like_weight(w: &TensorLayout, shape: &[usize]) -> TensorLayout {
+    if shape.len() == w.tensor_shape.len() {
+        TensorLayout {
+            tensor_shape: shape.to_vec(),
+            partial: Vec::new(),
+            partial_op: ReduceOp::Sum,
+            ..w.clone()
+        }
+    } else {
+        TensorLayout {
+            dev_matrix: w.dev_matrix.clone(),
+            tensor_map: vec![-1; shape.len()],
+            tensor_shape: shape.to_vec(),
+            partial: Vec::new(),
+            partial_op: ReduceOp::Sum,
+        }
+    }
+}
+
 /// The layout a whole op keeps when it updates a weight of layout `w`: every operand of the
 /// weight's shape in `w`, scalars replicated under the same device matrix.
 fn follow_weight(g: &Graph, node: &Node, w: &TensorLayout) -> OpSharding {
-    let like = |shape: &[usize]| -> TensorLayout {
-        if shape.len() == w.tensor_shape.len() {
-            TensorLayout {
-                tensor_shape: shape.to_vec(),
-                partial: Vec::new(),
-                partial_op: ReduceOp::Sum,
-                ..w.clone()
-            }
-        } else {
-            TensorLayout {
-                dev_matrix: w.dev_matrix.clone(),
-                tensor_map: vec![-1; shape.len()],
-                tensor_shape: shape.to_vec(),
-                partial: Vec::new(),
-                partial_op: ReduceOp::Sum,
-            }
-        }
-    };
+    let like = |shape: &[usize]| like_weight(w, shape);
     let inputs: Vec<Option<TensorLayout>> = node
         .inputs
         .iter()

@@ -19,10 +19,10 @@
 
 use super::super::cost::{elem_bytes, CommCost, Machine};
 use super::super::rules::{self, candidates, dims_of, sharding, sharding_with, OpSharding};
-use super::super::strategy::{is_generated, updated_weight, MAX_SPLIT_LOOPS};
+use super::super::strategy::{is_generated, like_weight, updated_weight, MAX_SPLIT_LOOPS};
 use super::super::{ParallelError, ParallelOptions};
 use super::{CostGraph, SearchEdge, SearchNode};
-use shardc_ir::{Graph, NodeId, OpKind, Operand, ReduceOp, TensorLayout};
+use shardc_ir::{Graph, NodeId, OpKind, Operand, TensorLayout};
 
 /// Candidate lists longer than this keep only the strategies that use every device (as
 /// MindSpore's `fully_use_devices`), and then at most this many, in [`rules::candidates`]'
@@ -486,27 +486,6 @@ impl<'g> Problem<'g> {
         m
     }
 
-    /// The layout a weight of `weight` layout gives an operand of `shape` of its update (the
-    /// same map for the same rank, else replicated under its device matrix).
-    fn like_weight(w: &TensorLayout, shape: &[usize]) -> TensorLayout {
-        if shape.len() == w.tensor_shape.len() {
-            TensorLayout {
-                tensor_shape: shape.to_vec(),
-                partial: Vec::new(),
-                partial_op: ReduceOp::Sum,
-                ..w.clone()
-            }
-        } else {
-            TensorLayout {
-                dev_matrix: w.dev_matrix.clone(),
-                tensor_map: vec![-1; shape.len()],
-                tensor_shape: shape.to_vec(),
-                partial: Vec::new(),
-                partial_op: ReduceOp::Sum,
-            }
-        }
-    }
-
     /// Seconds of term `t` when every op it depends on has the sharding `of` gives.
     pub fn term_seconds<'a>(&self, t: &Term, of: impl Fn(usize) -> &'a OpSharding) -> f64 {
         match t {
@@ -551,8 +530,7 @@ impl<'g> Problem<'g> {
                     },
                     None => TensorLayout::replicated(weight_shape, self.opts.device_num),
                 };
-                self.comm
-                    .seconds(have, &Self::like_weight(&w, shape), *elem)
+                self.comm.seconds(have, &like_weight(&w, shape), *elem)
             }
             Term::FromInput {
                 param,

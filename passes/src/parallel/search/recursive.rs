@@ -34,20 +34,9 @@ pub const REFINE_MAX_DEVICES: usize = 64;
 pub const MEMORY_ROUNDS: usize = 40;
 
 /// The prime factors of `n`, largest first.
-fn factors(mut n: usize) -> Vec<usize> {
-    let mut f = Vec::new();
-    let mut p = 2;
-    while p * p <= n {
-        while n % p == 0 {
-            f.push(p);
-            n /= p;
-        }
-        p += 1;
-    }
-    if n > 1 {
-        f.push(n);
-    }
-    f.sort_unstable_by(|a, b| b.cmp(a));
+fn factors(n: usize) -> Vec<usize> {
+    let mut f = super::super::redistribute::factor(n);
+    f.reverse();
     f
 }
 
