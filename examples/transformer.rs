@@ -4,10 +4,10 @@
 //! each step, which is the loss of the whole batch, the same on every rank and the same as on
 //! one device.
 //!
-//! Per layer: Q, K, V dense (MatMul + Add), reshape/transpose to heads, BatchMatMul(q, kᵀ) ×
-//! scale, Softmax, BatchMatMul(p, v), dense out, residual + LayerNorm, FFN dense(H→4H) + GeLU
-//! + dense(4H→H), residual + LayerNorm; MSE loss; Momentum (the model of
-//! `shardc gen transformer`).
+//! Per layer: Q, K, V dense (MatMul and Add), reshape and transpose to heads,
+//! BatchMatMul(q, kᵀ) times a scale, Softmax, BatchMatMul(p, v), dense out, residual and
+//! LayerNorm, the FFN (dense H→4H, GeLU, dense 4H→H), residual and LayerNorm; MSE loss;
+//! Momentum (the model of `shardc gen transformer`).
 //!
 //! ```sh
 //! cargo run --release --example transformer -- --layers 2 --hidden 128 --heads 4 --seq 32 \
