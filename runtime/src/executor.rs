@@ -116,36 +116,62 @@ struct BucketRt {
 }
 
 /// A communication node's call, its attributes resolved (groups sorted, axes normalised).
+///
+/// Shared with other executors (the CUDA backend's) so every executor reads a communication
+/// node's attributes the same way.
 #[derive(Debug, Clone)]
-enum CommCall {
+pub enum CommCall {
+    /// `AllReduce` over `group` with `op`.
     AllReduce {
+        /// The sorted global ranks.
         group: Vec<usize>,
+        /// The reduction.
         op: ReduceOp,
     },
+    /// `AllGather` along `axis`.
     AllGather {
+        /// The sorted global ranks.
         group: Vec<usize>,
+        /// The concatenation axis.
         axis: usize,
     },
+    /// `ReduceScatter` along `axis`.
     ReduceScatter {
+        /// The sorted global ranks.
         group: Vec<usize>,
+        /// The reduction.
         op: ReduceOp,
+        /// The scatter axis.
         axis: usize,
     },
+    /// `AllToAll` from `split_dim` to `concat_dim`.
     AllToAll {
+        /// The sorted global ranks.
         group: Vec<usize>,
+        /// The axis split into parts.
         split_dim: usize,
+        /// The axis the received parts are concatenated along.
         concat_dim: usize,
     },
+    /// `Broadcast` from global rank `root`.
     Broadcast {
+        /// The sorted global ranks.
         group: Vec<usize>,
+        /// The root's global rank.
         root: usize,
     },
+    /// `Send` to global rank `dest`.
     Send {
+        /// The receiver.
         dest: usize,
+        /// The message tag.
         tag: i64,
     },
+    /// `Receive` from global rank `src`.
     Receive {
+        /// The sender.
         src: usize,
+        /// The message tag.
         tag: i64,
     },
 }
@@ -1711,7 +1737,7 @@ fn run_comm(
 }
 
 /// Reads and checks the attributes of communication node `i` for `comm`'s rank and world.
-fn comm_call(graph: &Graph, i: usize, comm: &dyn Communicator) -> Result<CommCall, RuntimeError> {
+pub fn comm_call(graph: &Graph, i: usize, comm: &dyn Communicator) -> Result<CommCall, RuntimeError> {
     let node = &graph.nodes[i];
     let err = |reason: String| RuntimeError::Graph {
         graph: graph.name.clone(),

@@ -1,0 +1,98 @@
+// Reductions and the row-wise ops: a tensor viewed as (outer, r, inner) reduced over r.
+// Row kernels (inner == 1): a block per row, block-wide sums. Column kernels (inner > 1): a
+// thread per (outer, inner) result, a serial loop over r (reads coalesced along inner).
+
+// y[o] = scale * sum / max of x[o, 0..r].  op: 0 sum, 1 max.
+#define REDUCE_ROWS(T, S)                                                                   \
+    extern "C" __global__ void reduce_rows_##S(const T* __restrict__ x, T* __restrict__ y,  \
+                                              i64 outer, i64 r, int op, double scale) {     \
+        for (i64 o = blockIdx.x; o < outer; o += gridDim.x) {                               \
+            const T* row = x + o * r;                                                       \
+            T acc = op == 0 ? (T)0 : -(T)INFINITY;                                          \
+            for (i64 j = threadIdx.x; j < r; j += blockDim.x) {                             \
+                T v = row[j];                                                               \
+                acc = op == 0 ? acc + v : ((v > acc || v != v) ? v : acc);                  \
+            }                                                                               \
+            acc = op == 0 ? block_sum(acc) : block_max(acc);                                \
+            if (threadIdx.x == 0) y[o] = op == 0 ? acc * (T)scale : acc;                    \
+        }                                                                                   \
+    }
+FOR_FLOATS(REDUCE_ROWS)
+
+#define REDUCE_COLS(T, S)                                                                   \
+    extern "C" __global__ void reduce_cols_##S(const T* __restrict__ x, T* __restrict__ y,  \
+                                              i64 outer, i64 r, i64 inner, int op,          \
+                                              double scale) {                               \
+        GRID_STRIDE(k, outer * inner) {                                                     \
+            i64 o = k / inner, in = k % inner;                                              \
+            const T* p = x + o * r * inner + in;                                            \
+            T acc = op == 0 ? (T)0 : -(T)INFINITY;                                          \
+            for (i64 j = 0; j < r; ++j) {                                                   \
+                T v = p[j * inner];                                                         \
+                acc = op == 0 ? acc + v : ((v > acc || v != v) ? v : acc);                 \
+            }                                                                               \
+            y[k] = op == 0 ? acc * (T)scale : acc;                                          \
+        }                                                                                   \
+    }
+FOR_FLOATS(REDUCE_COLS)
+
+// BiasAddGrad for x (n, c, inner): db[ch] = sum over n and inner. A block per channel.
+#define BIAS_GRAD(T, S)                                                                     \
+    extern "C" __global__ void bias_add_grad_##S(const T* __restrict__ dy, T* __restrict__ db, \
+                                                i64 n, i64 c, i64 inner) {                  \
+        for (i64 ch = blockIdx.x; ch < c; ch += gridDim.x) {                                \
+            T acc = (T)0;                                                                   \
+            for (i64 k = threadIdx.x; k < n * inner; k += blockDim.x) {                     \
+                i64 b = k / inner, in = k % inner;                                          \
+                acc += dy[(b * c + ch) * inner + in];                                       \
+            }                                                                               \
+            acc = block_sum(acc);                                                           \
+            if (threadIdx.x == 0) db[ch] = acc;                                             \
+        }                                                                                   \
+    }
+FOR_FLOATS(BIAS_GRAD)
+
+// Softmax (log = 0) or LogSoftmax (log = 1) over the last axis of (rows, cols).
+#define SOFTMAX(T, S)                                                                       \
+    extern "C" __global__ void softmax_##S(const T* __restrict__ x, T* __restrict__ y,      \
+                                          i64 rows, i64 cols, int log) {                    \
+        for (i64 o = blockIdx.x; o < rows; o += gridDim.x) {                                \
+            const T* xr = x + o * cols;                                                     \
+            T* yr = y + o * cols;                                                           \
+            T m = -(T)INFINITY;                                                             \
+            for (i64 j = threadIdx.x; j < cols; j += blockDim.x)                            \
+                m = (xr[j] > m || xr[j] != xr[j]) ? xr[j] : m;                              \
+            m = block_max(m);                                                               \
+            T s = (T)0;                                                                     \
+            for (i64 j = threadIdx.x; j < cols; j += blockDim.x) s += sh_exp(xr[j] - m);    \
+            s = block_sum(s);                                                               \
+            if (log) {                                                                      \
+                T lse = m + sh_log(s);                                                      \
+                for (i64 j = threadIdx.x; j < cols; j += blockDim.x) yr[j] = xr[j] - lse;   \
+            } else {                                                                        \
+                T inv = (T)1 / s;                                                           \
+                for (i64 j = threadIdx.x; j < cols; j += blockDim.x)                        \
+                    yr[j] = sh_exp(xr[j] - m) * inv;                                        \
+            }                                                                               \
+        }                                                                                   \
+    }
+FOR_FLOATS(SOFTMAX)
+
+// SoftmaxGrad(y, dy) = y * (dy - sum(dy * y)); LogSoftmaxGrad(y, dy) = dy - exp(y) * sum(dy).
+#define SOFTMAX_GRAD(T, S)                                                                  \
+    extern "C" __global__ void softmax_grad_##S(const T* __restrict__ y,                    \
+                                               const T* __restrict__ dy, T* __restrict__ dx, \
+                                               i64 rows, i64 cols, int log) {               \
+        for (i64 o = blockIdx.x; o < rows; o += gridDim.x) {                                \
+            const T* yr = y + o * cols;                                                     \
+            const T* dr = dy + o * cols;                                                    \
+            T* xr = dx + o * cols;                                                          \
+            T s = (T)0;                                                                     \
+            for (i64 j = threadIdx.x; j < cols; j += blockDim.x)                            \
+                s += log ? dr[j] : dr[j] * yr[j];                                           \
+            s = block_sum(s);                                                               \
+            for (i64 j = threadIdx.x; j < cols; j += blockDim.x)                            \
+                xr[j] = log ? dr[j] - sh_exp(yr[j]) * s : yr[j] * (dr[j] - s);              \
+        }                                                                                   \
+    }
+FOR_FLOATS(SOFTMAX_GRAD)

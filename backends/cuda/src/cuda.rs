@@ -1,0 +1,373 @@
+//! The GPU: the driver API and cuBLAS behind [`Device`].
+//!
+//! One primary context per device, one non-blocking stream every operation goes to (kernel
+//! launches, copies, cuBLAS), all kernel sources compiled by NVRTC for the device's
+//! architecture when the device is opened. Every entry point first probes the libraries it
+//! needs ([`crate::probe`]).
+
+use crate::device::{Device, Gemm};
+use crate::error::{CudaError, CudaResult};
+use crate::kernels::{self, DevPtr, KernelArg};
+use crate::probe::{self, Library};
+use cudarc::cublas::sys as cublas_sys;
+use cudarc::driver::result as drv;
+use cudarc::driver::sys as drv_sys;
+use shardc_ir::DType;
+use std::collections::HashMap;
+use std::ffi::{c_void, CString};
+use std::sync::Mutex;
+
+fn driver(call: &'static str) -> impl Fn(drv::DriverError) -> CudaError {
+    move |e| CudaError::Driver {
+        call,
+        reason: format!("{e:?}"),
+    }
+}
+
+/// Raw handles, used only with the context made current on the calling thread.
+struct Handles {
+    ctx: drv_sys::CUcontext,
+    stream: drv_sys::CUstream,
+    blas: cublas_sys::cublasHandle_t,
+}
+
+// SAFETY: CUDA contexts, streams and cuBLAS handles may be used from any thread once the
+// context is current there (`current()` does that before every use); the mutex in
+// `CudaDevice` serialises cuBLAS calls, which are not thread-safe on one handle.
+unsafe impl Send for Handles {}
+
+/// A GPU (see the module doc).
+pub struct CudaDevice {
+    handles: Mutex<Handles>,
+    functions: HashMap<String, usize>,
+    ordinal: usize,
+    name: String,
+    capability: (i32, i32),
+    multiprocessors: u32,
+    tf32: bool,
+}
+
+impl std::fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.description())
+    }
+}
+
+/// The libraries a device needs (NCCL only for NCCL collectives).
+pub const REQUIRED: [Library; 4] = [
+    Library::Driver,
+    Library::Nvrtc,
+    Library::Cublas,
+    Library::CublasLt,
+];
+
+/// The number of CUDA devices, after probing the driver (0 when the driver has none).
+pub fn device_count() -> CudaResult<usize> {
+    probe::require(Library::Driver)?;
+    drv::init().map_err(driver("cuInit"))?;
+    let n = drv::device::get_count().map_err(driver("cuDeviceGetCount"))?;
+    Ok(n.max(0) as usize)
+}
+
+impl CudaDevice {
+    /// Opens GPU `ordinal`, compiles the kernels for it and creates the stream and the cuBLAS
+    /// handle. Errors: a missing library (never a panic), no such device, a driver too old
+    /// for the PTX, a failed compilation.
+    pub fn new(ordinal: usize) -> CudaResult<CudaDevice> {
+        probe::require_all(&REQUIRED)?;
+        let count = device_count()?;
+        if ordinal >= count {
+            return Err(CudaError::NoDevice(format!(
+                "device {ordinal} was asked for, the driver sees {count} (CUDA_VISIBLE_DEVICES is {})",
+                std::env::var("CUDA_VISIBLE_DEVICES").unwrap_or_else(|_| "unset".into())
+            )));
+        }
+        let dev = drv::device::get(ordinal as i32).map_err(driver("cuDeviceGet"))?;
+        let name = drv::device::get_name(dev).map_err(driver("cuDeviceGetName"))?;
+        // SAFETY: `dev` came from cuDeviceGet.
+        let attr = |a| unsafe { drv::device::get_attribute(dev, a) };
+        let major = attr(drv_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
+            .map_err(driver("cuDeviceGetAttribute"))?;
+        let minor = attr(drv_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
+            .map_err(driver("cuDeviceGetAttribute"))?;
+        let sms = attr(drv_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(driver("cuDeviceGetAttribute"))?;
+        // SAFETY: `dev` came from cuDeviceGet; the context is released by Drop.
+        let ctx = unsafe { drv::primary_ctx::retain(dev) }.map_err(driver("cuDevicePrimaryCtxRetain"))?;
+        // SAFETY: a live context.
+        unsafe { drv::ctx::set_current(ctx) }.map_err(driver("cuCtxSetCurrent"))?;
+        let stream = drv::stream::create(drv::stream::StreamKind::NonBlocking)
+            .map_err(driver("cuStreamCreate"))?;
+        let blas = cudarc::cublas::result::create_handle().map_err(|e| CudaError::Cublas {
+            call: "cublasCreate",
+            reason: format!("{e:?}"),
+        })?;
+        // SAFETY: a live handle and stream.
+        unsafe {
+            cudarc::cublas::result::set_stream(blas, stream as _).map_err(|e| CudaError::Cublas {
+                call: "cublasSetStream",
+                reason: format!("{e:?}"),
+            })?;
+            cublas_sys::cublasSetMathMode(blas, cublas_sys::cublasMath_t::CUBLAS_DEFAULT_MATH)
+                .result()
+                .map_err(|e| CudaError::Cublas {
+                    call: "cublasSetMathMode",
+                    reason: format!("{e:?}"),
+                })?;
+        }
+        // Kernels: every source compiled for this architecture, each kernel's function
+        // looked up once.
+        let arch: &'static str = Box::leak(format!("compute_{major}{minor}").into_boxed_str());
+        let mut functions = HashMap::new();
+        for (source, _) in kernels::SOURCES {
+            let ptx = kernels::compile_ptx(source, Some(arch))?;
+            let image = CString::new(ptx.clone())
+                .map_err(|_| CudaError::Other(format!("PTX of {source} holds a NUL byte")))?;
+            // SAFETY: a NUL-terminated PTX image; the module lives as long as the context.
+            let module = unsafe { drv::module::load_data(image.as_ptr() as *const c_void) }
+                .map_err(driver("cuModuleLoadData"))?;
+            for entry in kernels::ptx_entries(&ptx) {
+                let cname = CString::new(entry.clone()).expect("PTX names hold no NUL");
+                // SAFETY: a loaded module.
+                let f = unsafe { drv::module::get_function(module, cname) }
+                    .map_err(driver("cuModuleGetFunction"))?;
+                functions.insert(entry, f as usize);
+            }
+        }
+        Ok(CudaDevice {
+            handles: Mutex::new(Handles { ctx, stream, blas }),
+            functions,
+            ordinal,
+            name,
+            capability: (major, minor),
+            multiprocessors: sms.max(1) as u32,
+            tf32: false,
+        })
+    }
+
+    /// Lets cuBLAS use TF32 tensor cores for Float32 GEMMs (off by default: results then
+    /// match the CPU's to 1e-5; on, they match to about 1e-3).
+    pub fn set_tf32(&mut self, on: bool) -> CudaResult<()> {
+        let h = self.current()?;
+        let mode = if on {
+            cublas_sys::cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH
+        } else {
+            cublas_sys::cublasMath_t::CUBLAS_DEFAULT_MATH
+        };
+        // SAFETY: a live handle.
+        unsafe { cublas_sys::cublasSetMathMode(h.blas, mode).result() }.map_err(|e| {
+            CudaError::Cublas {
+                call: "cublasSetMathMode",
+                reason: format!("{e:?}"),
+            }
+        })?;
+        drop(h);
+        self.tf32 = on;
+        Ok(())
+    }
+
+    /// The device ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    /// The raw stream (for NCCL calls ordered with the kernels).
+    pub fn stream_handle(&self) -> usize {
+        self.handles.lock().unwrap_or_else(|p| p.into_inner()).stream as usize
+    }
+
+    /// Locks the handles with the context current on this thread.
+    fn current(&self) -> CudaResult<std::sync::MutexGuard<'_, Handles>> {
+        let h = self.handles.lock().unwrap_or_else(|p| p.into_inner());
+        // SAFETY: a live context.
+        unsafe { drv::ctx::set_current(h.ctx) }.map_err(driver("cuCtxSetCurrent"))?;
+        Ok(h)
+    }
+
+    /// Makes the context current on this thread (for NCCL calls made outside this type).
+    pub fn bind(&self) -> CudaResult<()> {
+        self.current().map(drop)
+    }
+}
+
+impl Drop for CudaDevice {
+    fn drop(&mut self) {
+        let h = self.handles.lock().unwrap_or_else(|p| p.into_inner());
+        // SAFETY: handles created in `new`, released once here; errors at teardown are moot.
+        unsafe {
+            let _ = drv::ctx::set_current(h.ctx);
+            let _ = drv::stream::synchronize(h.stream);
+            let _ = cudarc::cublas::result::destroy_handle(h.blas);
+            let _ = drv::stream::destroy(h.stream);
+        }
+    }
+}
+
+impl Device for CudaDevice {
+    fn description(&self) -> String {
+        format!(
+            "{} (GPU {}, sm_{}{}, {} SMs{})",
+            self.name,
+            self.ordinal,
+            self.capability.0,
+            self.capability.1,
+            self.multiprocessors,
+            if self.tf32 { ", TF32 on" } else { "" }
+        )
+    }
+
+    fn block_size(&self) -> u32 {
+        256
+    }
+
+    fn max_grid(&self) -> u32 {
+        self.multiprocessors * 16
+    }
+
+    fn alloc(&self, bytes: usize) -> CudaResult<DevPtr> {
+        let _h = self.current()?;
+        // SAFETY: a current context.
+        unsafe { drv::malloc_sync(bytes.max(1)) }.map_err(|e| {
+            if e.0 == drv_sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY {
+                CudaError::OutOfMemory {
+                    requested: bytes,
+                    context: self.name.clone(),
+                }
+            } else {
+                driver("cuMemAlloc")(e)
+            }
+        })
+    }
+
+    fn free(&self, ptr: DevPtr) {
+        if let Ok(_h) = self.current() {
+            // SAFETY: a pointer from `alloc`, freed once by its owner.
+            let _ = unsafe { drv::free_sync(ptr) };
+        }
+    }
+
+    fn upload(&self, dst: DevPtr, src: &[u8]) -> CudaResult<()> {
+        let h = self.current()?;
+        // SAFETY: `dst` is an allocation of at least `src.len()` bytes (the caller's plan);
+        // a pageable source is staged before the call returns.
+        unsafe { drv::memcpy_htod_async(dst, src, h.stream) }.map_err(driver("cuMemcpyHtoDAsync"))
+    }
+
+    fn download(&self, src: DevPtr, dst: &mut [u8]) -> CudaResult<()> {
+        let h = self.current()?;
+        // SAFETY: as upload; the stream is synchronised before `dst` is read.
+        unsafe {
+            drv::memcpy_dtoh_async(dst, src, h.stream).map_err(driver("cuMemcpyDtoHAsync"))?;
+            drv::stream::synchronize(h.stream).map_err(driver("cuStreamSynchronize"))
+        }
+    }
+
+    fn copy(&self, dst: DevPtr, src: DevPtr, bytes: usize) -> CudaResult<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let h = self.current()?;
+        // SAFETY: both ranges lie in allocations (the caller's plan).
+        unsafe { drv::memcpy_dtod_async(dst, src, bytes, h.stream) }
+            .map_err(driver("cuMemcpyDtoDAsync"))
+    }
+
+    fn launch(&self, name: &str, grid: u32, block: u32, args: &[KernelArg]) -> CudaResult<()> {
+        let f = *self
+            .functions
+            .get(name)
+            .ok_or_else(|| CudaError::UnknownKernel(name.to_string()))?;
+        let h = self.current()?;
+        let mut params = kernels::params(args);
+        // SAFETY: `f` is a kernel of a loaded module; `params` points at one value per
+        // kernel parameter, of the parameter's type (ops.rs builds them from the kernel
+        // signatures); the driver copies them before returning.
+        unsafe {
+            drv::launch_kernel(
+                f as drv_sys::CUfunction,
+                (grid.max(1), 1, 1),
+                (block, 1, 1),
+                0,
+                h.stream,
+                &mut params,
+            )
+        }
+        .map_err(|e| CudaError::Driver {
+            call: "cuLaunchKernel",
+            reason: format!("{name}: {e:?}"),
+        })
+    }
+
+    fn gemm(&self, g: &Gemm) -> CudaResult<()> {
+        use cublas_sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
+        let h = self.current()?;
+        let op = |t: bool| if t { CUBLAS_OP_T } else { CUBLAS_OP_N };
+        let i = |v: usize| v as i32;
+        let l = |v: usize| v as i64;
+        let err = |e: cudarc::cublas::result::CublasError| CudaError::Cublas {
+            call: "cublasGemmStridedBatched",
+            reason: format!("{e:?}"),
+        };
+        // SAFETY: pointers and strides describe ranges inside allocations (ops.rs); alpha
+        // and beta live on the host through the call.
+        unsafe {
+            match g.dtype {
+                DType::Float32 => {
+                    let (alpha, beta) = (g.alpha as f32, g.beta as f32);
+                    cudarc::cublas::result::sgemm_strided_batched(
+                        h.blas,
+                        op(g.trans_a),
+                        op(g.trans_b),
+                        i(g.m),
+                        i(g.n),
+                        i(g.k),
+                        &alpha,
+                        g.a as *const f32,
+                        i(g.lda),
+                        l(g.stride_a),
+                        g.b as *const f32,
+                        i(g.ldb),
+                        l(g.stride_b),
+                        &beta,
+                        g.c as *mut f32,
+                        i(g.ldc),
+                        l(g.stride_c),
+                        i(g.batch),
+                    )
+                    .map_err(err)
+                }
+                DType::Float64 => {
+                    let (alpha, beta) = (g.alpha, g.beta);
+                    cudarc::cublas::result::dgemm_strided_batched(
+                        h.blas,
+                        op(g.trans_a),
+                        op(g.trans_b),
+                        i(g.m),
+                        i(g.n),
+                        i(g.k),
+                        &alpha,
+                        g.a as *const f64,
+                        i(g.lda),
+                        l(g.stride_a),
+                        g.b as *const f64,
+                        i(g.ldb),
+                        l(g.stride_b),
+                        &beta,
+                        g.c as *mut f64,
+                        i(g.ldc),
+                        l(g.stride_c),
+                        i(g.batch),
+                    )
+                    .map_err(err)
+                }
+                other => Err(CudaError::Other(format!("GEMM of {other} is not supported"))),
+            }
+        }
+    }
+
+    fn synchronize(&self) -> CudaResult<()> {
+        let h = self.current()?;
+        // SAFETY: a live stream.
+        unsafe { drv::stream::synchronize(h.stream) }.map_err(driver("cuStreamSynchronize"))
+    }
+}

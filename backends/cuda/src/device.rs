@@ -1,0 +1,132 @@
+//! The device an executor runs on: memory, kernel launches and GEMM, in one stream order.
+//!
+//! Two implementations: [`crate::cuda::CudaDevice`] (a GPU through the driver API, cuBLAS)
+//! and [`crate::emulator::EmulatedDevice`] (the same kernel sources compiled for the host, a
+//! column-major reference GEMM), so the executor and every kernel are tested on machines
+//! without a GPU.
+
+use crate::error::CudaResult;
+use crate::kernels::{DevPtr, KernelArg};
+use shardc_ir::DType;
+
+/// A strided batched GEMM in cuBLAS's column-major convention:
+/// `C_i = alpha * op(A_i) * op(B_i) + beta * C_i` for `i < batch`, `op(A)` of `m x k`,
+/// `op(B)` of `k x n`, `C` of `m x n`, leading dimensions in elements.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Gemm {
+    /// Float32 or Float64.
+    pub dtype: DType,
+    /// `op(A) = A^T`.
+    pub trans_a: bool,
+    /// `op(B) = B^T`.
+    pub trans_b: bool,
+    /// Rows of `op(A)` and `C`.
+    pub m: usize,
+    /// Columns of `op(B)` and `C`.
+    pub n: usize,
+    /// The contracted size.
+    pub k: usize,
+    /// A.
+    pub a: DevPtr,
+    /// A's leading dimension.
+    pub lda: usize,
+    /// Elements between consecutive A matrices (0: the same A for every batch).
+    pub stride_a: usize,
+    /// B.
+    pub b: DevPtr,
+    /// B's leading dimension.
+    pub ldb: usize,
+    /// Elements between consecutive B matrices.
+    pub stride_b: usize,
+    /// C.
+    pub c: DevPtr,
+    /// C's leading dimension.
+    pub ldc: usize,
+    /// Elements between consecutive C matrices.
+    pub stride_c: usize,
+    /// Number of matrices.
+    pub batch: usize,
+    /// Scale of the product.
+    pub alpha: f64,
+    /// Scale of C's old contents (0: C is only written).
+    pub beta: f64,
+}
+
+impl Gemm {
+    /// The row-major product `C (M x N) = op(a) (M x K) * op(b) (K x N)` of row-major
+    /// operands (`a` stored `M x K`, or `K x M` when `transpose_a`; `b` stored `K x N`, or
+    /// `N x K` when `transpose_b`), as the column-major call `C^T = op(b)^T op(a)^T`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn row_major(
+        dtype: DType,
+        (m, n, k): (usize, usize, usize),
+        a: DevPtr,
+        transpose_a: bool,
+        b: DevPtr,
+        transpose_b: bool,
+        c: DevPtr,
+        batch: usize,
+        (stride_a, stride_b, stride_c): (usize, usize, usize),
+    ) -> Gemm {
+        Gemm {
+            dtype,
+            trans_a: transpose_b,
+            trans_b: transpose_a,
+            m: n,
+            n: m,
+            k,
+            a: b,
+            lda: if transpose_b { k } else { n },
+            stride_a: stride_b,
+            b: a,
+            ldb: if transpose_a { m } else { k },
+            stride_b: stride_a,
+            c,
+            ldc: n,
+            stride_c,
+            batch,
+            alpha: 1.0,
+            beta: 0.0,
+        }
+    }
+}
+
+/// A device (see the module doc). Every operation is ordered after the previous ones
+/// (one stream); [`Device::download`] and [`Device::synchronize`] wait for all of them.
+///
+/// Pointers come from [`Device::alloc`]; passing anything else, or a range past an
+/// allocation's end, is undefined behaviour on a GPU (the emulated device checks copies).
+pub trait Device: Send + Sync {
+    /// What it is (`NVIDIA H100 80GB HBM3 (sm_90)`, `emulated (host C++)`).
+    fn description(&self) -> String;
+
+    /// Threads per block for the kernels (a multiple of 32, at most 1024).
+    fn block_size(&self) -> u32;
+
+    /// The most blocks a grid-stride kernel is launched with.
+    fn max_grid(&self) -> u32;
+
+    /// Allocates `bytes` (at least 1) of device memory; contents unspecified.
+    fn alloc(&self, bytes: usize) -> CudaResult<DevPtr>;
+
+    /// Frees an allocation.
+    fn free(&self, ptr: DevPtr);
+
+    /// Copies host bytes to the device.
+    fn upload(&self, dst: DevPtr, src: &[u8]) -> CudaResult<()>;
+
+    /// Copies device bytes to the host, after every earlier operation.
+    fn download(&self, src: DevPtr, dst: &mut [u8]) -> CudaResult<()>;
+
+    /// Copies `bytes` between device addresses.
+    fn copy(&self, dst: DevPtr, src: DevPtr, bytes: usize) -> CudaResult<()>;
+
+    /// Launches kernel `name` with `grid` blocks of `block` threads.
+    fn launch(&self, name: &str, grid: u32, block: u32, args: &[KernelArg]) -> CudaResult<()>;
+
+    /// Runs a GEMM (Float32 or Float64; TF32 off).
+    fn gemm(&self, g: &Gemm) -> CudaResult<()>;
+
+    /// Waits for every earlier operation.
+    fn synchronize(&self) -> CudaResult<()>;
+}

@@ -1,0 +1,370 @@
+//! A device that runs the CUDA kernel sources on the host (see `kernels/emulator.hpp`).
+//!
+//! For tests on machines without a GPU, CI included: the same `kernels/*.cu` text NVRTC
+//! compiles is compiled by the host C++ compiler (`$CXX`, else `g++`, else `c++`; C++20) into
+//! a shared library, once per source version, cached in the temporary directory. Memory is
+//! host memory; copies are checked against the allocations; GEMM is a column-major reference
+//! loop with cuBLAS's argument conventions. Everything the executor does on a GPU (kernel
+//! choice, arguments, grids, the memory plan, the GEMM mapping) runs the same here; only the
+//! driver, cuBLAS and NCCL calls themselves are not exercised.
+
+use crate::device::{Device, Gemm};
+use crate::error::{CudaError, CudaResult};
+use crate::kernels::{self, DevPtr, KernelArg};
+use sha2::{Digest, Sha256};
+use shardc_ir::DType;
+use std::alloc::Layout;
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::c_void;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+
+const HEADER: &str = include_str!("../kernels/emulator.hpp");
+
+type Thunk = unsafe extern "C" fn(*mut *mut c_void);
+type LaunchFn = unsafe extern "C" fn(Thunk, u32, u32, *mut *mut c_void) -> i32;
+
+/// The host-emulated device (see the module doc).
+pub struct EmulatedDevice {
+    library: libloading::Library,
+    launch_fn: LaunchFn,
+    thunks: Mutex<HashMap<String, Thunk>>,
+    names: Vec<String>,
+    /// Live allocations: start -> layout.
+    allocations: Mutex<BTreeMap<u64, Layout>>,
+    /// One launch at a time (the emulator's block state is global).
+    launching: Mutex<()>,
+    block: u32,
+}
+
+impl std::fmt::Debug for EmulatedDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmulatedDevice")
+            .field("kernels", &self.names.len())
+            .finish()
+    }
+}
+
+fn compiler() -> String {
+    if let Ok(cxx) = std::env::var("CXX") {
+        if !cxx.is_empty() {
+            return cxx;
+        }
+    }
+    for c in ["g++", "c++", "clang++"] {
+        if Command::new(c).arg("--version").output().is_ok() {
+            return c.to_string();
+        }
+    }
+    "g++".to_string()
+}
+
+fn run(cmd: &mut Command, what: &str) -> CudaResult<Vec<u8>> {
+    let out = cmd
+        .output()
+        .map_err(|e| CudaError::Emulator(format!("{what}: cannot start {cmd:?}: {e}")))?;
+    if !out.status.success() {
+        let log = String::from_utf8_lossy(&out.stderr);
+        let log: String = log.lines().take(40).collect::<Vec<_>>().join("\n");
+        return Err(CudaError::Emulator(format!("{what} failed ({}):\n{log}", out.status)));
+    }
+    Ok(out.stdout)
+}
+
+/// The combined translation unit: the header, the prelude, every source.
+fn translation_unit() -> String {
+    let mut s = String::from("#include \"emulator.hpp\"\n");
+    s.push_str(kernels::PRELUDE);
+    for (name, text) in kernels::SOURCES {
+        s.push_str(&format!("\n// ---- {name}\n{text}\n"));
+    }
+    s
+}
+
+/// Every kernel name of the sources, found by preprocessing them with the host compiler.
+pub fn kernel_names_in(dir: &Path, cxx: &str) -> CudaResult<Vec<String>> {
+    std::fs::write(dir.join("emulator.hpp"), HEADER)
+        .map_err(|e| CudaError::Emulator(format!("cannot write {}: {e}", dir.display())))?;
+    let unit = dir.join("kernels.cpp");
+    std::fs::write(&unit, translation_unit())
+        .map_err(|e| CudaError::Emulator(format!("cannot write {}: {e}", unit.display())))?;
+    let pre = run(
+        Command::new(cxx)
+            .args(["-std=c++20", "-E", "-P", "-D__global__=", "-I"])
+            .arg(dir)
+            .arg(&unit),
+        "preprocessing the kernel sources",
+    )?;
+    let text = String::from_utf8_lossy(&pre);
+    // Only what follows the header: its own extern "C" launch function is not a kernel.
+    let names = kernels::extern_c_functions(&text)
+        .into_iter()
+        .filter(|n| n != "shardc_emu_launch")
+        .collect();
+    Ok(names)
+}
+
+fn build(dir: &Path) -> CudaResult<(PathBuf, Vec<String>)> {
+    let cxx = compiler();
+    let names = kernel_names_in(dir, &cxx)?;
+    let lib = dir.join("libshardc_emulated_kernels.so");
+    let names_file = dir.join("kernels.txt");
+    if lib.exists() && names_file.exists() {
+        return Ok((lib, names));
+    }
+    let mut unit = translation_unit();
+    for n in &names {
+        unit.push_str(&format!(
+            "extern \"C\" void shardc_thunk_{n}(void** a) {{ shardc_emu::invoke({n}, a); }}\n"
+        ));
+    }
+    let src = dir.join("kernels_thunks.cpp");
+    std::fs::write(&src, unit)
+        .map_err(|e| CudaError::Emulator(format!("cannot write {}: {e}", src.display())))?;
+    let tmp = dir.join(format!("lib.{}.tmp.so", std::process::id()));
+    run(
+        Command::new(&cxx)
+            .args(["-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w", "-I"])
+            .arg(dir)
+            .arg(&src)
+            .arg("-o")
+            .arg(&tmp),
+        "compiling the kernel sources for the host",
+    )?;
+    std::fs::rename(&tmp, &lib)
+        .map_err(|e| CudaError::Emulator(format!("cannot place {}: {e}", lib.display())))?;
+    std::fs::write(&names_file, names.join("\n"))
+        .map_err(|e| CudaError::Emulator(format!("cannot write {}: {e}", names_file.display())))?;
+    Ok((lib, names))
+}
+
+impl EmulatedDevice {
+    /// Builds (or reuses the cached build of) the kernels for the host. `block` threads per
+    /// block (a multiple of 32; 64 keeps tests quick).
+    pub fn new(block: u32) -> CudaResult<EmulatedDevice> {
+        if block == 0 || block % 32 != 0 || block > 1024 {
+            return Err(CudaError::Emulator(format!(
+                "block size {block} must be a multiple of 32 in 32..=1024"
+            )));
+        }
+        let mut h = Sha256::new();
+        h.update(HEADER);
+        h.update(translation_unit());
+        let digest = h.finalize();
+        let tag: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+        let dir = std::env::temp_dir().join(format!("shardc-cuda-emulator-{tag}"));
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| CudaError::Emulator(format!("cannot create {}: {e}", dir.display())))?;
+        let (lib_path, names) = build(&dir)?;
+        // SAFETY: the library is ours, built just now from our sources; loading runs no
+        // initialisers beyond the C++ runtime's.
+        let library = unsafe { libloading::Library::new(&lib_path) }
+            .map_err(|e| CudaError::Emulator(format!("cannot load {}: {e}", lib_path.display())))?;
+        // SAFETY: the symbol is `shardc_emu_launch` of emulator.hpp with this signature.
+        let launch_fn: LaunchFn = unsafe {
+            *library
+                .get::<LaunchFn>(b"shardc_emu_launch\0")
+                .map_err(|e| CudaError::Emulator(format!("no launch entry: {e}")))?
+        };
+        Ok(EmulatedDevice {
+            library,
+            launch_fn,
+            thunks: Mutex::new(HashMap::new()),
+            names,
+            allocations: Mutex::new(BTreeMap::new()),
+            launching: Mutex::new(()),
+            block,
+        })
+    }
+
+    /// The kernel names the sources define.
+    pub fn kernel_names(&self) -> &[String] {
+        &self.names
+    }
+
+    fn thunk(&self, name: &str) -> CudaResult<Thunk> {
+        let mut map = self.thunks.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = map.get(name) {
+            return Ok(*t);
+        }
+        if !self.names.iter().any(|n| n == name) {
+            return Err(CudaError::UnknownKernel(name.to_string()));
+        }
+        let sym = format!("shardc_thunk_{name}\0");
+        // SAFETY: every thunk has the signature `void(void**)`.
+        let t: Thunk = unsafe {
+            *self
+                .library
+                .get::<Thunk>(sym.as_bytes())
+                .map_err(|_| CudaError::UnknownKernel(name.to_string()))?
+        };
+        map.insert(name.to_string(), t);
+        Ok(t)
+    }
+
+    /// Checks that `[ptr, ptr + bytes)` lies in one live allocation.
+    fn check_range(&self, ptr: DevPtr, bytes: usize, what: &str) -> CudaResult<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let allocs = self.allocations.lock().unwrap_or_else(|p| p.into_inner());
+        match allocs.range(..=ptr).next_back() {
+            Some((&start, layout)) if ptr + bytes as u64 <= start + layout.size() as u64 => Ok(()),
+            _ => Err(CudaError::Emulator(format!(
+                "{what}: {bytes} bytes at {ptr:#x} are outside every allocation"
+            ))),
+        }
+    }
+}
+
+impl Drop for EmulatedDevice {
+    fn drop(&mut self) {
+        let allocs = std::mem::take(&mut *self.allocations.lock().unwrap_or_else(|p| p.into_inner()));
+        for (p, layout) in allocs {
+            // SAFETY: allocated by `alloc` with this layout.
+            unsafe { std::alloc::dealloc(p as *mut u8, layout) };
+        }
+    }
+}
+
+fn gemm_ref<T: Copy + Into<f64>>(g: &Gemm, from: impl Fn(f64) -> T) {
+    let at = |base: u64, i: usize| base as *mut T as usize + i * std::mem::size_of::<T>();
+    for bi in 0..g.batch {
+        let (a0, b0, c0) = (bi * g.stride_a, bi * g.stride_b, bi * g.stride_c);
+        for j in 0..g.n {
+            for i in 0..g.m {
+                let mut acc = 0.0f64;
+                for p in 0..g.k {
+                    let ai = if g.trans_a { a0 + p + i * g.lda } else { a0 + i + p * g.lda };
+                    let bj = if g.trans_b { b0 + j + p * g.ldb } else { b0 + p + j * g.ldb };
+                    // SAFETY: the caller checked the ranges.
+                    let (x, y) = unsafe {
+                        (*(at(g.a, ai) as *const T), *(at(g.b, bj) as *const T))
+                    };
+                    acc += x.into() * y.into();
+                }
+                let ci = at(g.c, c0 + i + j * g.ldc) as *mut T;
+                // SAFETY: as above.
+                unsafe {
+                    let old: f64 = if g.beta == 0.0 { 0.0 } else { (*ci).into() };
+                    *ci = from(g.alpha * acc + g.beta * old);
+                }
+            }
+        }
+    }
+}
+
+impl Device for EmulatedDevice {
+    fn description(&self) -> String {
+        format!("emulated on the host ({} kernels)", self.names.len())
+    }
+
+    fn block_size(&self) -> u32 {
+        self.block
+    }
+
+    fn max_grid(&self) -> u32 {
+        4
+    }
+
+    fn alloc(&self, bytes: usize) -> CudaResult<DevPtr> {
+        let layout = Layout::from_size_align(bytes.max(1), 256)
+            .map_err(|e| CudaError::Emulator(format!("allocation of {bytes} bytes: {e}")))?;
+        // SAFETY: the layout has a non-zero size.
+        let p = unsafe { std::alloc::alloc(layout) };
+        if p.is_null() {
+            return Err(CudaError::OutOfMemory {
+                requested: bytes,
+                context: "emulated device".into(),
+            });
+        }
+        self.allocations
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(p as u64, layout);
+        Ok(p as u64)
+    }
+
+    fn free(&self, ptr: DevPtr) {
+        let layout = self
+            .allocations
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&ptr);
+        if let Some(layout) = layout {
+            // SAFETY: allocated by `alloc` with this layout and now forgotten.
+            unsafe { std::alloc::dealloc(ptr as *mut u8, layout) };
+        }
+    }
+
+    fn upload(&self, dst: DevPtr, src: &[u8]) -> CudaResult<()> {
+        self.check_range(dst, src.len(), "upload")?;
+        // SAFETY: the range is inside an allocation.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len()) };
+        Ok(())
+    }
+
+    fn download(&self, src: DevPtr, dst: &mut [u8]) -> CudaResult<()> {
+        self.check_range(src, dst.len(), "download")?;
+        // SAFETY: the range is inside an allocation.
+        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    fn copy(&self, dst: DevPtr, src: DevPtr, bytes: usize) -> CudaResult<()> {
+        self.check_range(dst, bytes, "copy (destination)")?;
+        self.check_range(src, bytes, "copy (source)")?;
+        // SAFETY: both ranges are inside allocations; `copy` allows overlap.
+        unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, bytes) };
+        Ok(())
+    }
+
+    fn launch(&self, name: &str, grid: u32, block: u32, args: &[KernelArg]) -> CudaResult<()> {
+        let thunk = self.thunk(name)?;
+        let mut params = kernels::params(args);
+        let _one = self.launching.lock().unwrap_or_else(|p| p.into_inner());
+        // SAFETY: the thunk unpacks `params` as the kernel's parameter list; the executor
+        // passes one value of the right type per parameter.
+        let rc = unsafe { (self.launch_fn)(thunk, grid, block, params.as_mut_ptr()) };
+        if rc != 0 {
+            return Err(CudaError::Emulator(format!(
+                "launch of {name} with grid {grid}, block {block} failed"
+            )));
+        }
+        Ok(())
+    }
+
+    fn gemm(&self, g: &Gemm) -> CudaResult<()> {
+        let size = g.dtype.size_bytes();
+        // Bytes a column-major operand of `rows x cols` with leading dimension `ld` spans
+        // over the batch.
+        let span = |stride: usize, ld: usize, rows: usize, cols: usize| {
+            if g.batch == 0 || rows == 0 || cols == 0 {
+                0
+            } else {
+                ((g.batch - 1) * stride + ld * (cols - 1) + rows) * size
+            }
+        };
+        let (a_rows, a_cols) = if g.trans_a { (g.k, g.m) } else { (g.m, g.k) };
+        let (b_rows, b_cols) = if g.trans_b { (g.n, g.k) } else { (g.k, g.n) };
+        if g.lda < a_rows || g.ldb < b_rows || g.ldc < g.m {
+            return Err(CudaError::Emulator(format!("gemm leading dimensions too small: {g:?}")));
+        }
+        self.check_range(g.a, span(g.stride_a, g.lda, a_rows, a_cols), "gemm A")?;
+        self.check_range(g.b, span(g.stride_b, g.ldb, b_rows, b_cols), "gemm B")?;
+        self.check_range(g.c, span(g.stride_c, g.ldc, g.m, g.n), "gemm C")?;
+        match g.dtype {
+            DType::Float32 => gemm_ref::<f32>(g, |v| v as f32),
+            DType::Float64 => gemm_ref::<f64>(g, |v| v),
+            other => {
+                return Err(CudaError::Emulator(format!("gemm of {other} is not supported")))
+            }
+        }
+        Ok(())
+    }
+
+    fn synchronize(&self) -> CudaResult<()> {
+        Ok(())
+    }
+}

@@ -1,0 +1,622 @@
+//! A rank's graph on a [`Device`]: weights resident on the device, every intermediate value
+//! in a buffer of the runtime's liveness-based memory plan (the CPU executor's plan, so both
+//! use the same peak memory), one kernel sequence per step in the graph's order.
+//!
+//! Per node: `TupleGetItem` is an alias (the plan gives it its tuple element's buffer);
+//! `Assign` copies the new value into the parameter's device memory; a communication op goes
+//! to the communicator (NCCL on device memory when the communicator is an
+//! [`crate::nccl::NcclComm`], else staged through host tensors, so any shardc communicator
+//! works: threads, shared memory, TCP, MPI); every other op is lowered to kernels
+//! (`ops.rs`), and an op no device kernel covers runs on the host backend on copies of its
+//! operands, counted in [`GpuStats::host_ops`]. Kernels that meet bad data (a label out of
+//! range) set a status word that is read with the step's outputs and reported with the op's
+//! name.
+
+use crate::device::Device;
+use crate::error::{CudaError, CudaResult};
+use crate::kernels::DevPtr;
+use crate::nccl::NcclComm;
+use crate::ops::{self, Lowered, OpCall, Val};
+use shardc_ir::{Graph, OpClass, OpKind, Operand, ParamKind, TensorType, Type};
+use shardc_runtime::executor::{comm_call, CommCall};
+use shardc_runtime::init::init_tensor;
+use shardc_runtime::memory::{plan, Location, MemoryPlan};
+use shardc_runtime::tensor::Data;
+use shardc_runtime::{Arg, Backend, Communicator, KernelContext, Tensor};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// What ran where, cumulative over steps.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GpuStats {
+    /// Node executions lowered to device kernels.
+    pub device_ops: u64,
+    /// Node executions run by the host backend, per op kind, with the reason.
+    pub host_ops: BTreeMap<String, (u64, String)>,
+    /// Communication node executions.
+    pub comm_ops: u64,
+    /// Steps run.
+    pub steps: u64,
+}
+
+impl GpuStats {
+    /// One line: device / host / communication counts and the host ops.
+    pub fn summary(&self) -> String {
+        let host: u64 = self.host_ops.values().map(|(n, _)| n).sum();
+        let mut s = format!(
+            "{} steps: {} ops on the device, {} on the host, {} collectives",
+            self.steps, self.device_ops, host, self.comm_ops
+        );
+        for (op, (n, why)) in &self.host_ops {
+            s.push_str(&format!("\n  host: {op} x{n} ({why})"));
+        }
+        s
+    }
+}
+
+/// Runs a graph on a device, step after step (see the module doc).
+pub struct GpuExecutor {
+    graph: Arc<Graph>,
+    device: Arc<dyn Device>,
+    host: Arc<dyn Backend>,
+    comm: Option<Arc<dyn Communicator>>,
+    nccl: Option<Arc<NcclComm>>,
+    plan: MemoryPlan,
+    buffers: Vec<DevPtr>,
+    params: Vec<DevPtr>,
+    status: DevPtr,
+    placement: Vec<Option<Lowered>>,
+    calls: Vec<Option<CommCall>>,
+    step_count: u64,
+    stats: GpuStats,
+}
+
+impl std::fmt::Debug for GpuExecutor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuExecutor")
+            .field("graph", &self.graph.name)
+            .field("device", &self.device.description())
+            .field("buffers", &self.buffers.len())
+            .finish()
+    }
+}
+
+impl Drop for GpuExecutor {
+    fn drop(&mut self) {
+        let _ = self.device.synchronize();
+        for &p in self.buffers.iter().chain(&self.params) {
+            self.device.free(p);
+        }
+        self.device.free(self.status);
+    }
+}
+
+/// The bytes of a tensor's elements (Bool as one byte each).
+pub fn tensor_bytes(t: &Tensor) -> Vec<u8> {
+    fn raw<T: Copy>(v: &[T]) -> Vec<u8> {
+        // SAFETY: plain numeric element types with no padding; the length is in bytes.
+        unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
+            .to_vec()
+    }
+    match &t.data {
+        Data::F32(v) => raw(v),
+        Data::F64(v) => raw(v),
+        Data::F16(v) => raw(v),
+        Data::BF16(v) => raw(v),
+        Data::I32(v) => raw(v),
+        Data::I64(v) => raw(v),
+        Data::Bool(v) => v.iter().map(|&b| u8::from(b)).collect(),
+    }
+}
+
+/// A tensor of type `ty` from its element bytes (the inverse of [`tensor_bytes`]).
+pub fn tensor_of(ty: &TensorType, bytes: &[u8]) -> Tensor {
+    fn fill<T: Copy>(v: &mut [T], bytes: &[u8]) {
+        let n = std::mem::size_of_val(v).min(bytes.len());
+        // SAFETY: plain numeric element types; at most the slice's own byte length.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), v.as_mut_ptr() as *mut u8, n) };
+    }
+    let mut t = Tensor::zeros(ty);
+    match &mut t.data {
+        Data::F32(v) => fill(v, bytes),
+        Data::F64(v) => fill(v, bytes),
+        Data::F16(v) => fill(v, bytes),
+        Data::BF16(v) => fill(v, bytes),
+        Data::I32(v) => fill(v, bytes),
+        Data::I64(v) => fill(v, bytes),
+        Data::Bool(v) => v.iter_mut().zip(bytes).for_each(|(b, &x)| *b = x != 0),
+    }
+    t
+}
+
+fn byte_len(ty: &TensorType) -> usize {
+    ty.num_elements() * ty.dtype.size_bytes()
+}
+
+impl GpuExecutor {
+    /// Plans `graph` on `device`: allocates the plan's buffers, uploads every weight from its
+    /// initializer. `host` runs the ops no device kernel covers.
+    pub fn new(
+        graph: Graph,
+        device: Arc<dyn Device>,
+        host: Arc<dyn Backend>,
+    ) -> CudaResult<GpuExecutor> {
+        GpuExecutor::build(graph, device, host, None, None)
+    }
+
+    /// As [`GpuExecutor::new`], with the communicator the graph's collectives use (staged
+    /// through the host).
+    pub fn with_communicator(
+        graph: Graph,
+        device: Arc<dyn Device>,
+        host: Arc<dyn Backend>,
+        comm: Arc<dyn Communicator>,
+    ) -> CudaResult<GpuExecutor> {
+        GpuExecutor::build(graph, device, host, Some(comm), None)
+    }
+
+    /// As [`GpuExecutor::new`], collectives through NCCL on device memory.
+    pub fn with_nccl(
+        graph: Graph,
+        device: Arc<dyn Device>,
+        host: Arc<dyn Backend>,
+        nccl: Arc<NcclComm>,
+    ) -> CudaResult<GpuExecutor> {
+        let comm: Arc<dyn Communicator> = nccl.clone();
+        GpuExecutor::build(graph, device, host, Some(comm), Some(nccl))
+    }
+
+    fn build(
+        graph: Graph,
+        device: Arc<dyn Device>,
+        host: Arc<dyn Backend>,
+        comm: Option<Arc<dyn Communicator>>,
+        nccl: Option<Arc<NcclComm>>,
+    ) -> CudaResult<GpuExecutor> {
+        let plan = plan(&graph);
+        let mut calls = vec![None; graph.nodes.len()];
+        for (i, node) in graph.nodes.iter().enumerate() {
+            if node.op.class() == OpClass::Communication {
+                let Some(c) = &comm else {
+                    return Err(CudaError::Op {
+                        op: node.op,
+                        instance: node.instance.clone(),
+                        reason: "a communication op needs a communicator (this executor has none)"
+                            .into(),
+                    });
+                };
+                calls[i] = Some(
+                    comm_call(&graph, i, c.as_ref()).map_err(|e| CudaError::Other(e.to_string()))?,
+                );
+            }
+        }
+        let mut ex = GpuExecutor {
+            placement: vec![None; graph.nodes.len()],
+            calls,
+            buffers: Vec::with_capacity(plan.buffers.len()),
+            params: Vec::with_capacity(graph.params.len()),
+            status: 0,
+            graph: Arc::new(graph),
+            device,
+            host,
+            comm,
+            nccl,
+            plan,
+            step_count: 0,
+            stats: GpuStats::default(),
+        };
+        ex.status = ex.device.alloc(4)?;
+        ex.device.upload(ex.status, &[0; 4])?;
+        for b in &ex.plan.buffers {
+            let p = ex.device.alloc(b.bytes())?;
+            ex.buffers.push(p);
+        }
+        for i in 0..ex.graph.params.len() {
+            let p = &ex.graph.params[i];
+            let ptr = ex.device.alloc(byte_len(&p.ty))?;
+            ex.params.push(ptr);
+            if let ParamKind::Weight { init, .. } = &p.kind {
+                let t = init_tensor(init, &p.ty).map_err(|e| CudaError::Other(e.to_string()))?;
+                ex.device.upload(ptr, &tensor_bytes(&t))?;
+            }
+        }
+        Ok(ex)
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Arc<dyn Device> {
+        &self.device
+    }
+
+    /// The graph.
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    /// The memory plan of the intermediate values (the runtime's).
+    pub fn memory_plan(&self) -> &MemoryPlan {
+        &self.plan
+    }
+
+    /// What ran where so far.
+    pub fn stats(&self) -> &GpuStats {
+        &self.stats
+    }
+
+    /// Steps run so far.
+    pub fn step_count(&self) -> u64 {
+        self.step_count
+    }
+
+    /// Sets the step counter (a resumed run).
+    pub fn set_step_count(&mut self, n: u64) {
+        self.step_count = n;
+    }
+
+    /// A weight's current value, copied to the host.
+    pub fn param(&self, name: &str) -> CudaResult<Tensor> {
+        let i = self
+            .graph
+            .params
+            .iter()
+            .position(|p| p.name == name && p.is_weight())
+            .ok_or_else(|| CudaError::Other(format!("the graph has no weight named {name}")))?;
+        self.download_param(i)
+    }
+
+    fn download_param(&self, i: usize) -> CudaResult<Tensor> {
+        let ty = &self.graph.params[i].ty;
+        let mut bytes = vec![0u8; byte_len(ty)];
+        self.device.download(self.params[i], &mut bytes)?;
+        Ok(tensor_of(ty, &bytes))
+    }
+
+    /// Every weight, by name, copied to the host.
+    pub fn weights(&self) -> CudaResult<Vec<(String, Tensor)>> {
+        (0..self.graph.params.len())
+            .filter(|&i| self.graph.params[i].is_weight())
+            .map(|i| Ok((self.graph.params[i].name.clone(), self.download_param(i)?)))
+            .collect()
+    }
+
+    /// Replaces a weight's value (a checkpoint being loaded).
+    pub fn set_param(&mut self, name: &str, value: &Tensor) -> CudaResult<()> {
+        let i = self
+            .graph
+            .params
+            .iter()
+            .position(|p| p.name == name && p.is_weight())
+            .ok_or_else(|| CudaError::Other(format!("the graph has no weight named {name}")))?;
+        let ty = &self.graph.params[i].ty;
+        if value.ty() != *ty {
+            return Err(CudaError::Other(format!(
+                "weight {name} is {ty}, the value is {}",
+                value.ty()
+            )));
+        }
+        self.device.upload(self.params[i], &tensor_bytes(value))
+    }
+
+    fn value_ptr(&self, node: usize, elem: usize) -> CudaResult<DevPtr> {
+        match self.plan.location(node, elem) {
+            Some(Location::Buffer(b)) => Ok(self.buffers[b]),
+            Some(Location::Param(p)) => Ok(self.params[p.index()]),
+            None => Err(CudaError::Other(format!(
+                "node %{node} has no planned value {elem}"
+            ))),
+        }
+    }
+
+    fn operand<'g>(&self, graph: &'g Graph, o: &'g Operand) -> CudaResult<Val<'g>> {
+        match o {
+            Operand::Param(p) => Ok(Val::Tensor {
+                ptr: self.params[p.index()],
+                ty: &graph.params[p.index()].ty,
+            }),
+            Operand::Node(id) => {
+                let ty = match &graph.nodes[id.index()].ty {
+                    Type::Tensor(t) => t,
+                    Type::Tuple(_) => {
+                        return Err(CudaError::Other(format!(
+                            "node %{} is a tuple read as a tensor",
+                            id.index()
+                        )))
+                    }
+                };
+                Ok(Val::Tensor {
+                    ptr: self.value_ptr(id.index(), 0)?,
+                    ty,
+                })
+            }
+            Operand::Const(c) => Ok(Val::Const(c)),
+        }
+    }
+
+    fn result_types(&self, i: usize) -> Vec<TensorType> {
+        match &self.graph.nodes[i].ty {
+            Type::Tensor(t) => vec![t.clone()],
+            Type::Tuple(ts) => ts.clone(),
+        }
+    }
+
+    /// Runs one step: uploads the feeds (by input name), runs every node, returns the graph's
+    /// outputs copied to the host.
+    pub fn step(&mut self, feeds: &[(&str, Tensor)]) -> CudaResult<Vec<Tensor>> {
+        for (name, t) in feeds {
+            let i = self
+                .graph
+                .params
+                .iter()
+                .position(|p| p.name == *name && !p.is_weight())
+                .ok_or_else(|| CudaError::Other(format!("the graph has no data input named {name}")))?;
+            let ty = &self.graph.params[i].ty;
+            if t.ty() != *ty {
+                return Err(CudaError::Other(format!(
+                    "input {name} must be {ty}, the feed is {}",
+                    t.ty()
+                )));
+            }
+            self.device.upload(self.params[i], &tensor_bytes(t))?;
+        }
+        for p in self.graph.params.iter().filter(|p| !p.is_weight()) {
+            if !feeds.iter().any(|(n, _)| *n == p.name) {
+                return Err(CudaError::Other(format!(
+                    "no feed for data input {} ({})",
+                    p.name, p.ty
+                )));
+            }
+        }
+        let graph = self.graph.clone();
+        let mut status_users = Vec::new();
+        for i in 0..graph.nodes.len() {
+            self.run_node(&graph, i, &mut status_users)?;
+        }
+        let mut outs = Vec::with_capacity(graph.outputs.len());
+        for o in &graph.outputs {
+            match self.operand(&graph, o)? {
+                Val::Tensor { ptr, ty } => {
+                    let mut bytes = vec![0u8; byte_len(ty)];
+                    self.device.download(ptr, &mut bytes)?;
+                    outs.push(tensor_of(ty, &bytes));
+                }
+                Val::Const(c) => {
+                    return Err(CudaError::Other(format!("graph output {c:?} is a constant")))
+                }
+            }
+        }
+        let mut status = [0u8; 4];
+        self.device.download(self.status, &mut status)?;
+        let bad = i32::from_ne_bytes(status);
+        if bad != 0 {
+            self.device.upload(self.status, &[0; 4])?;
+            let node = status_users
+                .first()
+                .map(|&i: &usize| &self.graph.nodes[i]);
+            return Err(match node {
+                Some(n) => CudaError::Op {
+                    op: n.op,
+                    instance: n.instance.clone(),
+                    reason: format!("label of row {} is out of range for the classes", bad - 1),
+                },
+                None => CudaError::Other(format!("a kernel reported bad data (code {bad})")),
+            });
+        }
+        self.step_count += 1;
+        self.stats.steps += 1;
+        Ok(outs)
+    }
+
+    fn run_node(
+        &mut self,
+        graph: &Graph,
+        i: usize,
+        status_users: &mut Vec<usize>,
+    ) -> CudaResult<()> {
+        let node = &graph.nodes[i];
+        match node.op {
+            OpKind::TupleGetItem => return Ok(()),
+            OpKind::Assign => {
+                let dst = match node.inputs.first() {
+                    Some(Operand::Param(p)) => self.params[p.index()],
+                    _ => {
+                        return Err(CudaError::Op {
+                            op: node.op,
+                            instance: node.instance.clone(),
+                            reason: "operand 0 must be a parameter".into(),
+                        })
+                    }
+                };
+                let (src, ty) = match node.inputs.get(1).map(|o| self.operand(graph, o)).transpose()? {
+                    Some(Val::Tensor { ptr, ty }) => (ptr, ty),
+                    _ => {
+                        return Err(CudaError::Op {
+                            op: node.op,
+                            instance: node.instance.clone(),
+                            reason: "operand 1 must be a tensor".into(),
+                        })
+                    }
+                };
+                if src != dst {
+                    self.device.copy(dst, src, byte_len(ty))?;
+                }
+                return Ok(());
+            }
+            _ => {}
+        }
+        if let Some(call) = self.calls[i].clone() {
+            self.stats.comm_ops += 1;
+            return self.run_comm(graph, i, &call);
+        }
+        let inputs: Vec<Val<'_>> = node
+            .inputs
+            .iter()
+            .map(|o| self.operand(graph, o))
+            .collect::<CudaResult<_>>()?;
+        let types = self.result_types(i);
+        let outputs: Vec<(DevPtr, TensorType)> = types
+            .into_iter()
+            .enumerate()
+            .map(|(e, t)| Ok((self.value_ptr(i, e)?, t)))
+            .collect::<CudaResult<_>>()?;
+        let placed = match &self.placement[i] {
+            Some(Lowered::Host(why)) => Lowered::Host(why.clone()),
+            _ => {
+                let call = OpCall {
+                    dev: self.device.as_ref(),
+                    node,
+                    inputs: &inputs,
+                    outputs: &outputs,
+                    status: self.status,
+                };
+                ops::lower(&call)?
+            }
+        };
+        if node.op == OpKind::SparseSoftmaxCrossEntropyWithLogits && placed == Lowered::Device {
+            status_users.push(i);
+        }
+        match &placed {
+            Lowered::Device => self.stats.device_ops += 1,
+            Lowered::Host(why) => {
+                self.run_on_host(i, &inputs, &outputs)?;
+                let e = self
+                    .stats
+                    .host_ops
+                    .entry(node.op.to_string())
+                    .or_insert((0, why.clone()));
+                e.0 += 1;
+            }
+        }
+        self.placement[i] = Some(placed);
+        Ok(())
+    }
+
+    fn download_val(&self, v: &Val<'_>) -> CudaResult<Option<Tensor>> {
+        match v {
+            Val::Tensor { ptr, ty } => {
+                let mut bytes = vec![0u8; byte_len(ty)];
+                self.device.download(*ptr, &mut bytes)?;
+                Ok(Some(tensor_of(ty, &bytes)))
+            }
+            Val::Const(_) => Ok(None),
+        }
+    }
+
+    fn run_on_host(
+        &self,
+        i: usize,
+        inputs: &[Val<'_>],
+        outputs: &[(DevPtr, TensorType)],
+    ) -> CudaResult<()> {
+        let node = &self.graph.nodes[i];
+        let host_inputs: Vec<Option<Tensor>> = inputs
+            .iter()
+            .map(|v| self.download_val(v))
+            .collect::<CudaResult<_>>()?;
+        let args: Vec<Arg<'_>> = inputs
+            .iter()
+            .zip(&host_inputs)
+            .map(|(v, t)| match (v, t) {
+                (_, Some(t)) => Arg::Tensor(t),
+                (Val::Const(c), None) => Arg::Const(c),
+                (Val::Tensor { .. }, None) => unreachable!("downloaded above"),
+            })
+            .collect();
+        let mut outs: Vec<Tensor> = outputs.iter().map(|(_, t)| Tensor::zeros(t)).collect();
+        let ctx = KernelContext {
+            step: self.step_count,
+            rank: self.comm.as_ref().map_or(0, |c| c.rank() as u32),
+        };
+        self.host
+            .run(node, &args, &mut outs, &ctx)
+            .map_err(|e| CudaError::Op {
+                op: e.op,
+                instance: e.instance,
+                reason: format!("on the host: {}", e.reason),
+            })?;
+        for ((ptr, _), t) in outputs.iter().zip(&outs) {
+            self.device.upload(*ptr, &tensor_bytes(t))?;
+        }
+        Ok(())
+    }
+
+    fn run_comm(&mut self, graph: &Graph, i: usize, call: &CommCall) -> CudaResult<()> {
+        let node = &graph.nodes[i];
+        let ty = match &node.ty {
+            Type::Tensor(t) => t.clone(),
+            Type::Tuple(_) => {
+                return Err(CudaError::Other(format!("{} returns a tuple", node.op)))
+            }
+        };
+        let out = self.value_ptr(i, 0)?;
+        let input = match node.inputs.first() {
+            Some(o) => match self.operand(graph, o)? {
+                Val::Tensor { ptr, ty } => Some((ptr, ty.clone())),
+                Val::Const(_) => None,
+            },
+            None => None,
+        };
+        let op_err = |reason: String| CudaError::Op {
+            op: node.op,
+            instance: node.instance.clone(),
+            reason,
+        };
+        if let Some(nccl) = &self.nccl {
+            return nccl
+                .run_on_device(call, input.as_ref().map(|(p, t)| (*p, t)), (out, &ty))
+                .map_err(|e| op_err(e.to_string()));
+        }
+        let comm = self
+            .comm
+            .as_ref()
+            .ok_or_else(|| op_err("no communicator".into()))?
+            .clone();
+        let host_in = match &input {
+            Some((p, t)) => {
+                let mut bytes = vec![0u8; byte_len(t)];
+                self.device.download(*p, &mut bytes)?;
+                Some(tensor_of(t, &bytes))
+            }
+            None => None,
+        };
+        let need = || host_in.clone().ok_or_else(|| op_err("operand 0 is not a tensor".into()));
+        let cerr = |e: shardc_runtime::CommError| op_err(e.to_string());
+        let result: Tensor = match call {
+            CommCall::AllReduce { group, op } => {
+                let mut t = need()?;
+                comm.all_reduce(group, *op, &mut t).map_err(cerr)?;
+                t
+            }
+            CommCall::Broadcast { group, root } => {
+                let mut t = need()?;
+                comm.broadcast(group, *root, &mut t).map_err(cerr)?;
+                t
+            }
+            CommCall::AllGather { group, axis } => {
+                comm.all_gather(group, *axis, &need()?).map_err(cerr)?
+            }
+            CommCall::ReduceScatter { group, op, axis } => comm
+                .reduce_scatter(group, *op, *axis, &need()?)
+                .map_err(cerr)?,
+            CommCall::AllToAll {
+                group,
+                split_dim,
+                concat_dim,
+            } => comm
+                .all_to_all(group, *split_dim, *concat_dim, &need()?)
+                .map_err(cerr)?,
+            CommCall::Send { dest, tag } => {
+                let t = need()?;
+                comm.send(*dest, *tag, &t).map_err(cerr)?;
+                t
+            }
+            CommCall::Receive { src, tag } => comm.recv(*src, *tag, &ty).map_err(cerr)?,
+        };
+        if result.ty() != ty {
+            return Err(op_err(format!(
+                "the communicator returned {} but the node's type is {ty}",
+                result.ty()
+            )));
+        }
+        self.device.upload(out, &tensor_bytes(&result))
+    }
+}

@@ -1,0 +1,243 @@
+//! The kernel sources, their parameter blocks, and the arguments a launch passes.
+//!
+//! Each source in `kernels/` is prefixed with `kernels/prelude.cuh` and compiled as one
+//! module: by NVRTC to PTX for a GPU ([`compile_ptx`]), or by the host C++ compiler for the
+//! emulated device (`crate::emulator`). Kernels are `extern "C"`, named
+//! `<family>_<dtype>` (`softmax_f32`); a launch names one and passes its parameters in order
+//! as [`KernelArg`]s, the way `cuLaunchKernel` takes them (a pointer to each value).
+
+use crate::error::{CudaError, CudaResult};
+use std::ffi::c_void;
+
+/// The prelude every source starts with.
+pub const PRELUDE: &str = include_str!("../kernels/prelude.cuh");
+
+/// The kernel sources: (file name, text).
+pub const SOURCES: &[(&str, &str)] = &[
+    ("elementwise.cu", include_str!("../kernels/elementwise.cu")),
+    ("reduce.cu", include_str!("../kernels/reduce.cu")),
+    ("norm.cu", include_str!("../kernels/norm.cu")),
+    ("loss.cu", include_str!("../kernels/loss.cu")),
+    ("optim.cu", include_str!("../kernels/optim.cu")),
+];
+
+/// The most dims a [`Strided`] describes.
+pub const MAX_RANK: usize = 8;
+
+/// The twin of the prelude's `struct Strided`: a result's dims and, per dim, the element
+/// strides of up to two operands (0 where an operand is broadcast). `rank == 0` means every
+/// operand is contiguous with the result's length.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Strided {
+    /// Number of dims used (0: contiguous).
+    pub rank: i32,
+    /// Padding (the C struct's).
+    pub pad: i32,
+    /// The result's dims.
+    pub out: [i64; MAX_RANK],
+    /// Operand a's strides per result dim.
+    pub a: [i64; MAX_RANK],
+    /// Operand b's strides per result dim.
+    pub b: [i64; MAX_RANK],
+}
+
+impl Strided {
+    /// Contiguous operands.
+    pub fn contiguous() -> Strided {
+        Strided::default()
+    }
+
+    /// The broadcast of operands of shapes `a` and `b` (numpy rules, right-aligned) to `out`;
+    /// None when a shape does not broadcast or the rank exceeds [`MAX_RANK`]. Dims of 1 in the
+    /// result are dropped and contiguous runs merged, so most calls end up small.
+    pub fn broadcast(out: &[usize], a: &[usize], b: &[usize]) -> Option<Strided> {
+        if a == out && b == out {
+            return Some(Strided::contiguous());
+        }
+        let sa = broadcast_strides(out, a)?;
+        let sb = broadcast_strides(out, b)?;
+        Strided::from_parts(out, &sa, &sb)
+    }
+
+    /// A gather of one operand through per-result-dim strides (a transpose, a broadcast).
+    pub fn single(out: &[usize], strides: &[i64]) -> Option<Strided> {
+        Strided::from_parts(out, strides, &vec![0; out.len()])
+    }
+
+    fn from_parts(out: &[usize], sa: &[i64], sb: &[i64]) -> Option<Strided> {
+        // Drop dims of 1; merge a dim into the previous one when both operands step through
+        // them contiguously.
+        let mut dims: Vec<(i64, i64, i64)> = Vec::new();
+        for i in 0..out.len() {
+            let (n, x, y) = (out[i] as i64, sa[i], sb[i]);
+            if n == 1 {
+                continue;
+            }
+            if let Some(last) = dims.last_mut() {
+                if last.1 == x * n && last.2 == y * n {
+                    *last = (last.0 * n, x, y);
+                    continue;
+                }
+            }
+            dims.push((n, x, y));
+        }
+        if dims.is_empty() {
+            dims.push((1, 0, 0));
+        }
+        if dims.len() > MAX_RANK {
+            return None;
+        }
+        let mut s = Strided {
+            rank: dims.len() as i32,
+            ..Strided::default()
+        };
+        for (i, (n, x, y)) in dims.into_iter().enumerate() {
+            s.out[i] = n;
+            s.a[i] = x;
+            s.b[i] = y;
+        }
+        Some(s)
+    }
+}
+
+/// Row-major element strides of `shape`.
+pub fn contiguous_strides(shape: &[usize]) -> Vec<i64> {
+    let mut st = vec![0i64; shape.len()];
+    let mut acc = 1i64;
+    for i in (0..shape.len()).rev() {
+        st[i] = acc;
+        acc *= shape[i] as i64;
+    }
+    st
+}
+
+/// The strides of an operand of shape `x` broadcast to `out` (right-aligned; 0 on broadcast
+/// dims), or None when it does not broadcast.
+pub fn broadcast_strides(out: &[usize], x: &[usize]) -> Option<Vec<i64>> {
+    if x.len() > out.len() {
+        return None;
+    }
+    let own = contiguous_strides(x);
+    let lead = out.len() - x.len();
+    let mut st = vec![0i64; out.len()];
+    for i in 0..x.len() {
+        let (d, o) = (x[i], out[lead + i]);
+        if d == o {
+            st[lead + i] = if d == 1 { 0 } else { own[i] };
+        } else if d != 1 {
+            return None;
+        }
+    }
+    Some(st)
+}
+
+/// A device address (as `CUdeviceptr`; a host address on the emulated device). 0 is null.
+pub type DevPtr = u64;
+
+/// One kernel parameter, by value.
+#[derive(Clone, Debug, PartialEq)]
+pub enum KernelArg {
+    /// A pointer (`const float*`, `int*`); 0 for null.
+    Ptr(DevPtr),
+    /// `i64` (the prelude's `i64`, `long long`).
+    I64(i64),
+    /// `int`.
+    I32(i32),
+    /// `double`.
+    F64(f64),
+    /// `Strided` by value.
+    Strided(Box<Strided>),
+}
+
+impl KernelArg {
+    /// A pointer to the value, as `cuLaunchKernel`'s `kernelParams` holds it. Valid while
+    /// `self` lives and is not moved.
+    pub fn as_param(&self) -> *mut c_void {
+        match self {
+            KernelArg::Ptr(p) => p as *const u64 as *mut c_void,
+            KernelArg::I64(v) => v as *const i64 as *mut c_void,
+            KernelArg::I32(v) => v as *const i32 as *mut c_void,
+            KernelArg::F64(v) => v as *const f64 as *mut c_void,
+            KernelArg::Strided(s) => &**s as *const Strided as *mut c_void,
+        }
+    }
+}
+
+/// The kernel parameter list of `args` (pointers into `args`).
+pub fn params(args: &[KernelArg]) -> Vec<*mut c_void> {
+    args.iter().map(KernelArg::as_param).collect()
+}
+
+/// A source with its prelude, as one compilation unit.
+pub fn unit(text: &str) -> String {
+    format!("{PRELUDE}\n{text}")
+}
+
+/// Compiles source `name` of [`SOURCES`] to PTX with NVRTC for `arch` (`compute_90`; None:
+/// NVRTC's default). TF32 never enters: these are plain f32/f64 kernels.
+pub fn compile_ptx(name: &str, arch: Option<&'static str>) -> CudaResult<String> {
+    crate::probe::require(crate::probe::Library::Nvrtc)?;
+    let text = SOURCES
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, t)| *t)
+        .ok_or_else(|| CudaError::Other(format!("no kernel source named {name}")))?;
+    let opts = cudarc::nvrtc::CompileOptions {
+        arch,
+        name: Some(name.to_string()),
+        // IEEE division and square root, no flush-to-zero: results within 1e-5 of the CPU's.
+        prec_div: Some(true),
+        prec_sqrt: Some(true),
+        ftz: Some(false),
+        options: vec!["--std=c++17".into()],
+        ..Default::default()
+    };
+    cudarc::nvrtc::compile_ptx_with_opts(unit(text), opts)
+        .map(|ptx| ptx.to_src())
+        .map_err(|e| CudaError::Compile {
+            source_name: name.to_string(),
+            log: match e {
+                cudarc::nvrtc::CompileError::CompileError { log, .. } => {
+                    log.to_string_lossy().into_owned()
+                }
+                other => format!("{other:?}"),
+            },
+        })
+}
+
+/// The names of the kernels (`.entry` symbols) in a PTX text.
+pub fn ptx_entries(ptx: &str) -> Vec<String> {
+    ptx.lines()
+        .filter_map(|l| {
+            let l = l.trim_start();
+            let rest = l
+                .strip_prefix(".visible .entry ")
+                .or_else(|| l.strip_prefix(".entry "))?;
+            Some(rest.split(['(', ' ']).next()?.to_string())
+        })
+        .collect()
+}
+
+/// The kernel names (after macro expansion) of a preprocessed source: every
+/// `extern "C" void NAME(` in it.
+pub fn extern_c_functions(preprocessed: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut rest = preprocessed;
+    while let Some(i) = rest.find("extern \"C\"") {
+        rest = &rest[i + 10..];
+        let head = rest.trim_start();
+        let Some(after_void) = head.strip_prefix("void") else {
+            continue;
+        };
+        let name: String = after_void
+            .trim_start()
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        if !name.is_empty() {
+            names.push(name);
+        }
+    }
+    names
+}

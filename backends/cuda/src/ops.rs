@@ -1,0 +1,884 @@
+//! Each op of a rank's graph as kernel launches and GEMMs on a [`Device`].
+//!
+//! [`lower`] either runs a node on the device or answers [`Lowered::Host`] with the reason,
+//! without touching anything, when no device kernel covers the node as typed (an op without a
+//! kernel, a Float16 tensor, a softmax over an inner axis, ...): the executor then runs the
+//! host backend's kernel on copies. The decision depends only on the node and its types, so
+//! it is the same at every step.
+
+use crate::device::{Device, Gemm};
+use crate::error::{CudaError, CudaResult};
+use crate::kernels::{broadcast_strides, contiguous_strides, DevPtr, KernelArg, Strided};
+use shardc_ir::{Const, DType, Node, OpKind, TensorType};
+
+/// One operand as the device sees it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Val<'a> {
+    /// A tensor in device memory.
+    Tensor { ptr: DevPtr, ty: &'a TensorType },
+    /// A constant written in the graph.
+    Const(&'a Const),
+}
+
+/// What [`lower`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Lowered {
+    /// Launched on the device.
+    Device,
+    /// Not covered on the device: the host backend runs it.
+    Host(String),
+}
+
+/// A node with its operands and results on the device.
+pub(crate) struct OpCall<'a> {
+    pub dev: &'a dyn Device,
+    pub node: &'a Node,
+    pub inputs: &'a [Val<'a>],
+    pub outputs: &'a [(DevPtr, TensorType)],
+    /// An `int` on the device that kernels set when they meet bad data (a label out of
+    /// range); the executor reads it after the step.
+    pub status: DevPtr,
+}
+
+use KernelArg::{Ptr, F64, I32, I64};
+
+fn host(reason: impl Into<String>) -> CudaResult<Lowered> {
+    Ok(Lowered::Host(reason.into()))
+}
+
+fn suffix(d: DType) -> Option<&'static str> {
+    match d {
+        DType::Float32 => Some("f32"),
+        DType::Float64 => Some("f64"),
+        DType::Int32 => Some("i32"),
+        DType::Int64 => Some("i64"),
+        _ => None,
+    }
+}
+
+fn float_suffix(d: DType) -> Option<&'static str> {
+    match d {
+        DType::Float32 => Some("f32"),
+        DType::Float64 => Some("f64"),
+        _ => None,
+    }
+}
+
+impl<'a> OpCall<'a> {
+    fn err(&self, reason: impl Into<String>) -> CudaError {
+        CudaError::Op {
+            op: self.node.op,
+            instance: self.node.instance.clone(),
+            reason: reason.into(),
+        }
+    }
+
+    fn tensor(&self, i: usize) -> CudaResult<(DevPtr, &'a TensorType)> {
+        match self.inputs.get(i) {
+            Some(Val::Tensor { ptr, ty }) => Ok((*ptr, ty)),
+            _ => Err(self.err(format!("operand {i} must be a tensor"))),
+        }
+    }
+
+    /// A scalar operand: a rank-0 (or one-element) tensor's pointer, or a constant's value.
+    fn scalar(&self, i: usize) -> CudaResult<(DevPtr, f64)> {
+        match self.inputs.get(i) {
+            Some(Val::Tensor { ptr, ty }) if ty.num_elements() == 1 => Ok((*ptr, 0.0)),
+            Some(Val::Const(c)) => c
+                .as_f64()
+                .map(|v| (0, v))
+                .ok_or_else(|| self.err(format!("operand {i} must be a number, got {c:?}"))),
+            _ => Err(self.err(format!("operand {i} must be a scalar"))),
+        }
+    }
+
+    fn out(&self, i: usize) -> CudaResult<(DevPtr, &'a TensorType)> {
+        self.outputs
+            .get(i)
+            .map(|(p, t)| (*p, t))
+            .ok_or_else(|| self.err(format!("the node has no result {i}")))
+    }
+
+    fn grid(&self, n: usize) -> u32 {
+        let b = self.dev.block_size() as usize;
+        (n.div_ceil(b).max(1) as u64).min(self.dev.max_grid() as u64) as u32
+    }
+
+    fn rows_grid(&self, rows: usize) -> u32 {
+        (rows.max(1) as u64).min(self.dev.max_grid() as u64 * 4) as u32
+    }
+
+    fn launch(&self, name: &str, grid: u32, args: &[KernelArg]) -> CudaResult<Lowered> {
+        self.dev.launch(name, grid, self.dev.block_size(), args)?;
+        Ok(Lowered::Device)
+    }
+}
+
+/// Runs `call.node` on the device, or says why it cannot (see the module doc).
+pub(crate) fn lower(call: &OpCall<'_>) -> CudaResult<Lowered> {
+    use OpKind::*;
+    // Every tensor of a device kernel is Float32/Float64 or an index type the kernel names.
+    let node = call.node;
+    match node.op {
+        MatMul | BatchMatMul => matmul(call),
+        Add | Sub | Mul | RealDiv | ReluGrad | SigmoidGrad | TanhGrad | SqrtGrad | GeLUGrad => {
+            binary(call)
+        }
+        Neg | Square | Sqrt | Exp | Log | ReLU | GeLU | Sigmoid | Tanh => unary(call),
+        BiasAdd => bias_add(call),
+        BiasAddGrad => bias_add_grad(call),
+        Cast => cast(call),
+        ZerosLike | OnesLike => fill(call),
+        Reshape => copy_same(call),
+        Transpose => transpose(call),
+        BroadcastTo => broadcast_to(call),
+        OneHot => one_hot(call),
+        ReduceSum | ReduceMean | ReduceMax => reduce(call),
+        Softmax | LogSoftmax => softmax(call),
+        SoftmaxGrad | LogSoftmaxGrad => softmax_grad(call),
+        LayerNorm => layer_norm(call),
+        LayerNormGrad => layer_norm_grad(call),
+        SoftmaxCrossEntropyWithLogits => softmax_ce(call),
+        SparseSoftmaxCrossEntropyWithLogits => sparse_ce(call),
+        ApplyMomentum => apply_momentum(call),
+        ApplyGradientDescent => apply_gradient_descent(call),
+        SGD => sgd(call),
+        Adam => adam(call),
+        op => host(format!("{op} has no CUDA kernel yet")),
+    }
+}
+
+fn out_float<'a>(call: &OpCall<'a>) -> CudaResult<Option<(DevPtr, &'a TensorType, &'static str)>> {
+    let (y, ty) = call.out(0)?;
+    Ok(float_suffix(ty.dtype).map(|s| (y, ty, s)))
+}
+
+fn matmul(call: &OpCall<'_>) -> CudaResult<Lowered> {
+    let (a, ta) = call.tensor(0)?;
+    let (b, tb) = call.tensor(1)?;
+    let Some((c, tc, _)) = out_float(call)? else {
+        return host("only Float32 and Float64 products run on the GPU");
+    };
+    if ta.dtype != tc.dtype || tb.dtype != tc.dtype {
+        return host("mixed element types");
+    }
+    let tr_a = call.node.attrs.bool_or("transpose_a", false);
+    let tr_b = call.node.attrs.bool_or("transpose_b", false);
+    let (ra, rb, rc) = (ta.shape.len(), tb.shape.len(), tc.shape.len());
+    if ra < 2 || rb < 2 || rc < 2 {
+        return Err(call.err(format!(
+            "operands of rank >= 2 expected, got {:?} and {:?}",
+            ta.shape, tb.shape
+        )));
+    }
+    let (m, k) = if tr_a {
+        (ta.shape[ra - 1], ta.shape[ra - 2])
+    } else {
+        (ta.shape[ra - 2], ta.shape[ra - 1])
+    };
+    let n = if tr_b { tb.shape[rb - 2] } else { tb.shape[rb - 1] };
+    if tc.shape[rc - 2] != m || tc.shape[rc - 1] != n {
+        return Err(call.err(format!("result {:?} is not ({m}, {n})", tc.shape)));
+    }
+    let batch_out = &tc.shape[..rc - 2];
+    let batch: usize = batch_out.iter().product();
+    // A batch operand either has the result's batch dims or none that are not 1.
+    let stride = |shape: &[usize], mat: usize| -> Option<usize> {
+        let bd = &shape[..shape.len() - 2];
+        if bd == batch_out {
+            Some(mat)
+        } else if bd.iter().all(|&d| d == 1) {
+            Some(0)
+        } else {
+            None
+        }
+    };
+    let (Some(sa), Some(sb)) = (stride(&ta.shape, m * k), stride(&tb.shape, k * n)) else {
+        return host("batch dims that broadcast partially run on the host");
+    };
+    if batch == 0 || m * n == 0 {
+        return Ok(Lowered::Device);
+    }
+    if k == 0 {
+        return host("an empty contraction");
+    }
+    let g = Gemm::row_major(
+        tc.dtype,
+        (m, n, k),
+        a,
+        tr_a,
+        b,
+        tr_b,
+        c,
+        batch,
+        (sa, sb, m * n),
+    );
+    call.dev.gemm(&g)?;
+    Ok(Lowered::Device)
+}
+
+fn binary(call: &OpCall<'_>) -> CudaResult<Lowered> {
+    use OpKind::*;
+    let Some((y, ty, s)) = out_float(call)? else {
+        return host("only Float32 and Float64 run on the GPU");
+    };
+    let name = match call.node.op {
+        Add => "add",
+        Sub => "sub",
+        Mul => "mul",
+        RealDiv => "div",
+        ReluGrad => "relu_grad",
+        SigmoidGrad => "sigmoid_grad",
+        TanhGrad => "tanh_grad",
+        SqrtGrad => "sqrt_grad",
+        _ => "gelu_grad",
+    };
+    let n = ty.num_elements() as i64;
+    match (call.inputs.first(), call.inputs.get(1)) {
+        (Some(Val::Tensor { ptr: a, ty: ta }), Some(Val::Tensor { ptr: b, ty: tb })) => {
+            if ta.dtype != ty.dtype || tb.dtype != ty.dtype {
+                return host("mixed element types");
+            }
+            let Some(st) = Strided::broadcast(&ty.shape, &ta.shape, &tb.shape) else {
+                return host("a broadcast of more than 8 dims");
+            };
+            call.launch(
+                &format!("binary_{name}_{s}"),
+                call.grid(n as usize),
+                &[Ptr(*a), Ptr(*b), Ptr(y), I64(n), KernelArg::Strided(Box::new(st))],
+            )
+        }
+        (Some(first), Some(second)) if matches!(call.node.op, Add | Sub | Mul | RealDiv) => {
+            let (x, c, scalar_first) = match (first, second) {
+                (Val::Tensor { ptr, ty: tx }, Val::Const(c)) => ((*ptr, *tx), c, 0),
+                (Val::Const(c), Val::Tensor { ptr, ty: tx }) => ((*ptr, *tx), c, 1),
+                _ => return host("two constant operands"),
+            };
+            if x.1.dtype != ty.dtype || x.1.shape != ty.shape {
+                return host("a constant with a broadcast tensor");
+            }
+            let v = c
+                .as_f64()
+                .ok_or_else(|| call.err(format!("the constant operand must be a number, got {c:?}")))?;
+            call.launch(
+                &format!("scalar_{name}_{s}"),
+                call.grid(n as usize),
+                &[Ptr(x.0), Ptr(0), F64(v), I32(scalar_first), Ptr(y), I64(n)],
+            )
+        }
+        _ => host("constant operands of a gradient op"),
+    }
+}
+
+fn unary(call: &OpCall<'_>) -> CudaResult<Lowered> {
+    use OpKind::*;
+    let (x, tx) = call.tensor(0)?;
+    let Some((y, ty, s)) = out_float(call)? else {
+        return host("only Float32 and Float64 run on the GPU");
+    };
+    if tx.dtype != ty.dtype {
+        return host("mixed element types");
+    }
+    let name = match call.node.op {
+        Neg => "neg",
+        Square => "square",
+        Sqrt => "sqrt",
+        Exp => "exp",
+        Log => "log",
+        ReLU => "relu",
+        GeLU => "gelu",
+        Sigmoid => "sigmoid",
+        _ => "tanh",
+    };
+    let n = ty.num_elements();
+    call.launch(
+        &format!("unary_{name}_{s}"),
+        call.grid(n),
+        &[Ptr(x), Ptr(y), I64(n as i64)],
+    )
+}
+
+fn bias_add(call: &OpCall<'_>) -> CudaResult<Lowered> {
+    let (x, tx) = call.tensor(0)?;
+    let (b, tb) = call.tensor(1)?;
+    let Some((y, ty, s)) = out_float(call)? else {
+        return host("only Float32 and Float64 run on the GPU");
+    };
+    if tx.shape.len() < 2 || tb.shape != [tx.shape[1]] || tx.dtype != ty.dtype {
+        return Err(call.err(format!(
+            "x of rank >= 2 and a bias of shape (C) expected, got {:?} and {:?}",
+            tx.shape, tb.shape
+        )));
+    }
+    let n = ty.num_elements();
+    let inner: usize = tx.shape[2..].iter().product();
+    call.launch(
+        &format!("bias_add_{s}"),
+        call.grid(n),
+        &[
+            Ptr(x),
+            Ptr(b),
+            Ptr(y),
+            I64(n as i64),
+            I64(tx.shape[1] as i64),
+            I64(inner.max(1) as i64),
+        ],
+    )
+}
+
+fn bias_add_grad(call: &OpCall<'_>) -> CudaResult<Lowered> {
+    let (dy, tdy) = call.tensor(0)?;
+    let Some((db, _, s)) = out_float(call)? else {
+        return host("only Float32 and Float64 run on the GPU");
+    };
+    if tdy.shape.len() < 2 {
+        return Err(call.err(format!("dy of rank >= 2 expected, got {:?}", tdy.shape)));
+    }
+    let (n, c) = (tdy.shape[0], tdy.shape[1]);
+    let inner: usize = tdy.shape[2..].iter().product();
+    if inner == 1 {
+        // (n, c) column sums.
+        return call.launch(
+            &format!("reduce_cols_{s}"),
+            call.grid(c),
+            &[Ptr(dy), Ptr(db), I64(1), I64(n as i64), I64(c as i64), I32(0), F64(1.0)],
+        );
+    }
+    call.launch(
+        &format!("bias_add_grad_{s}"),
+        call.rows_grid(c),
+        &[Ptr(dy), Ptr(db), I64(n as i64), I64(c as i64), I64(inner as i64)],
+    )
+}
+
+fn cast(call: &OpCall<'_>) -> CudaResult<Lowered> {
+    let (x, tx) = call.tensor(0)?;
+    let (y, ty) = call.out(0)?;
+    let (Some(from), Some(to)) = (suffix(tx.dtype), suffix(ty.dtype)) else {
+        return host(format!("a cast from {} to {}", tx.dtype, ty.dtype));
+    };
+    let n = ty.num_elements();
+    call.launch(
+        &format!("cast_{from}_{to}"),
+        call.grid(n),
+        &[Ptr(x), Ptr(y), I64(n as i64)],
+    )
+}
+
+fn fill(call: &OpCall<'_>) -> CudaResult<Lowered> {
+    let (y, ty) = call.out(0)?;
+    let Some(s) = suffix(ty.dtype) else {
+        return host(format!("a fill of {}", ty.dtype));
+    };
+    let v = if call.node.op == OpKind::OnesLike { 1.0 } else { 0.0 };
+    let n = ty.num_elements();
+    call.launch(&format!("fill_{s}"), call.grid(n), &[Ptr(y), I64(n as i64), F64(v)])
+}
+
+fn copy_same(call: &OpCall<'_>) -> CudaResult<Lowered> {
+    let (x, tx) = call.tensor(0)?;
+    let (y, ty) = call.out(0)?;
+    if tx.dtype != ty.dtype || tx.num_elements() != ty.num_elements() {
+        return Err(call.err(format!(
+            "{} cannot be reshaped to {}",
+            tx, ty
+        )));
+    }
+    if x != y {
+        call.dev.copy(y, x, ty.num_elements() * ty.dtype.size_bytes())?;
+    }
+    Ok(Lowered::Device)
+}
+
+fn strided_copy(call: &OpCall<'_>, x: DevPtr, strides: &[i64]) -> CudaResult<Lowered> {
+    let (y, ty) = call.out(0)?;
+    let Some(s) = suffix(ty.dtype) else {
+        return host(format!("a copy of {}", ty.dtype));
+    };
+    let Some(st) = Strided::single(&ty.shape, strides) else {
+        return host("more than 8 dims");
+    };
+    let n = ty.num_elements();
+    call.launch(
+        &format!("strided_copy_{s}"),
+        call.grid(n),
+        &[Ptr(x), Ptr(y), I64(n as i64), KernelArg::Strided(Box::new(st))],
+    )
+}
+
+fn transpose(call: &OpCall<'_>) -> CudaResult<Lowered> {
+    let (x, tx) = call.tensor(0)?;
+    let perm = match call.inputs.get(1) {
+        Some(Val::Const(c)) => c.as_ints(),
+        _ => None,
+    }
+    .ok_or_else(|| call.err("the permutation must be a constant tuple"))?;
+    let own = contiguous_strides(&tx.shape);
+    let mut strides = Vec::with_capacity(perm.len());
+    for &p in &perm {
+        let p = usize::try_from(p)
+            .ok()
+            .filter(|&p| p < own.len())
+            .ok_or_else(|| call.err(format!("permutation {perm:?} is out of range")))?;
+        strides.push(own[p]);
+    }
+    strided_copy(call, x, &strides)
+}
+
+fn broadcast_to(call: &OpCall<'_>) -> CudaResult<Lowered> {
+    let (x, tx) = call.tensor(0)?;
+    let (_, ty) = call.out(0)?;
+    let strides = broadcast_strides(&ty.shape, &tx.shape)
+        .ok_or_else(|| call.err(format!("{:?} does not broadcast to {:?}", tx.shape, ty.shape)))?;
+    strided_copy(call, x, &strides)
+}
+
+fn one_hot(call: &OpCall<'_>) -> CudaResult<Lowered> {
+    let (idx, ti) = call.tensor(0)?;
+    let Some((y, ty, s)) = out_float(call)? else {
+        return host("only a Float32 or Float64 one-hot runs on the GPU");
+    };
+    let rank = ty.shape.len() as i64;
+    let axis = call.node.attrs.int_or("axis", -1);
+    if axis != -1 && axis != rank - 1 {
+        return host("a one-hot axis other than the last");
+    }
+    let is = match ti.dtype {
+        DType::Int32 => "i32",
+        DType::Int64 => "i64",
+        other => return host(format!("{other} indices")),
+    };
+    let depth = *ty.shape.last().unwrap_or(&0);
+    let (_, on) = call.scalar(2)?;
+    let (_, off) = call.scalar(3)?;
+    if !matches!(call.inputs.get(2), Some(Val::Const(_)))
+        || !matches!(call.inputs.get(3), Some(Val::Const(_)))
+    {
+        return host("on/off values from tensors");
+    }
+    let n = ti.num_elements();
+    call.launch(
+        &format!("one_hot_{is}_{s}"),
+        call.grid(n * depth),
+        &[Ptr(idx), Ptr(y), I64(n as i64), I64(depth as i64), F64(on), F64(off)],
+    )
+}
+
+fn reduce(call: &OpCall<'_>) -> CudaResult<Lowered> {
+    let (x, tx) = call.tensor(0)?;
+    let Some((y, _, s)) = out_float(call)? else {
+        return host("only Float32 and Float64 run on the GPU");
+    };
+    let rank = tx.shape.len();
+    let axes: Vec<i64> = match call.inputs.get(1) {
+        None => Vec::new(),
+        Some(Val::Const(c)) => c
+            .as_ints()
+            .ok_or_else(|| call.err(format!("axes must be integers, got {c:?}")))?,
+        Some(_) => return host("axes from a tensor"),
+    };
+    let mut reduced = vec![axes.is_empty(); rank];
+    for &a in &axes {
+        let a = if a < 0 { a + rank as i64 } else { a };
+        let a = usize::try_from(a)
+            .ok()
+            .filter(|&a| a < rank)
+            .ok_or_else(|| call.err(format!("axis out of range for rank {rank}")))?;
+        reduced[a] = true;
+    }
+    // The reduced dims (ignoring dims of 1) must be one contiguous run.
+    let big: Vec<usize> = (0..rank).filter(|&d| tx.shape[d] != 1).collect();
+    let red: Vec<usize> = big.iter().copied().filter(|&d| reduced[d]).collect();
+    let (lo, hi) = match (red.first(), red.last()) {
+        (Some(&lo), Some(&hi)) => (lo, hi),
+        _ => (rank, rank),
+    };
+    if big.iter().any(|&d| d > lo && d < hi && !reduced[d]) {
+        return host("reduced axes that are not adjacent");
+    }
+    let outer: usize = tx.shape[..lo.min(rank)].iter().product();
+    let r: usize = if lo >= rank {
+        1
+    } else {
+        tx.shape[lo..=hi].iter().product()
+    };
+    let inner: usize = if lo >= rank {
+        1
+    } else {
+        tx.shape[hi + 1..].iter().product()
+    };
+    let op = if call.node.op == OpKind::ReduceMax { 1 } else { 0 };
+    let scale = if call.node.op == OpKind::ReduceMean {
+        1.0 / r.max(1) as f64
+    } else {
+        1.0
+    };
+    if r == 0 {
+        return host("an empty reduction");
+    }
+    if inner == 1 {
+        call.launch(
+            &format!("reduce_rows_{s}"),
+            call.rows_grid(outer),
+            &[Ptr(x), Ptr(y), I64(outer as i64), I64(r as i64), I32(op), F64(scale)],
+        )
+    } else {
+        call.launch(
+            &format!("reduce_cols_{s}"),
+            call.grid(outer * inner),
+            &[
+                Ptr(x),
+                Ptr(y),
+                I64(outer as i64),
+                I64(r as i64),
+                I64(inner as i64),
+                I32(op),
+                F64(scale),
+            ],
+        )
+    }
+}
+
+/// (rows, cols) of a softmax over the last axis, None for an inner axis.
+fn softmax_rows(call: &OpCall<'_>, shape: &[usize]) -> CudaResult<Option<(usize, usize)>> {
+    let rank = shape.len() as i64;
+    let axis = match call.node.attrs.get("axis") {
+        None => -1,
+        Some(a) => match a.as_ints().as_deref() {
+            Some([v]) => *v,
+            _ => return Err(call.err(format!("attribute `axis` must be one integer, got {a}"))),
+        },
+    };
+    let axis = if axis < 0 { axis + rank } else { axis };
+    if axis < 0 || axis >= rank {
+        return Err(call.err(format!("axis out of range for rank {rank}")));
+    }
+    let axis = axis as usize;
+    if shape[axis + 1..].iter().any(|&d| d != 1) {
+        return Ok(None);
+    }
+    let cols = shape[axis];
+    let rows: usize = shape[..axis].iter().product();
+    Ok(Some((rows, cols)))
+}
+
+fn softmax(call: &OpCall<'_>) -> CudaResult<Lowered> {
+    let (x, tx) = call.tensor(0)?;
+    let Some((y, _, s)) = out_float(call)? else {
+        return host("only Float32 and Float64 run on the GPU");
+    };
+    let Some((rows, cols)) = softmax_rows(call, &tx.shape)? else {
+        return host("a softmax over an inner axis");
+    };
+    let log = i32::from(call.node.op == OpKind::LogSoftmax);
+    call.launch(
+        &format!("softmax_{s}"),
+        call.rows_grid(rows),
+        &[Ptr(x), Ptr(y), I64(rows as i64), I64(cols as i64), I32(log)],
+    )
+}
+
+fn softmax_grad(call: &OpCall<'_>) -> CudaResult<Lowered> {
+    let (y, ty) = call.tensor(0)?;
+    let (dy, _) = call.tensor(1)?;
+    let Some((dx, _, s)) = out_float(call)? else {
+        return host("only Float32 and Float64 run on the GPU");
+    };
+    let Some((rows, cols)) = softmax_rows(call, &ty.shape)? else {
+        return host("a softmax over an inner axis");
+    };
+    let log = i32::from(call.node.op == OpKind::LogSoftmaxGrad);
+    call.launch(
+        &format!("softmax_grad_{s}"),
+        call.rows_grid(rows),
+        &[Ptr(y), Ptr(dy), Ptr(dx), I64(rows as i64), I64(cols as i64), I32(log)],
+    )
+}
+
+/// (rows, d, p) of a LayerNorm of x with parameters of shape `g`.
+fn ln_layout(call: &OpCall<'_>, x: &[usize], g: &[usize]) -> CudaResult<(usize, usize, usize)> {
+    let rank = x.len() as i64;
+    let norm = |key: &str| -> CudaResult<usize> {
+        let a = call.node.attrs.int_or(key, -1);
+        let a = if a < 0 { a + rank } else { a };
+        usize::try_from(a)
+            .ok()
+            .filter(|&a| a < x.len())
+            .ok_or_else(|| call.err(format!("attribute `{key}` is out of range for rank {rank}")))
+    };
+    let (bna, bpa) = (norm("begin_norm_axis")?, norm("begin_params_axis")?);
+    if g != &x[bpa..] {
+        return Err(call.err(format!("gamma {g:?} does not match x {x:?} from axis {bpa}")));
+    }
+    let d: usize = x[bna..].iter().product();
+    let p: usize = x[bpa..].iter().product();
+    if p == 0 || d % p != 0 {
+        return Err(call.err("the parameters must tile the normalised axes"));
+    }
+    Ok((x[..bna].iter().product(), d, p))
+}
+
+fn layer_norm(call: &OpCall<'_>) -> CudaResult<Lowered> {
+    let (x, tx) = call.tensor(0)?;
+    let (g, tg) = call.tensor(1)?;
+    let (b, _) = call.tensor(2)?;
+    let Some((y, _, s)) = out_float(call)? else {
+        return host("only Float32 and Float64 run on the GPU");
+    };
+    let (mean, _) = call.out(1)?;
+    let (rstd, _) = call.out(2)?;
+    let (rows, d, p) = ln_layout(call, &tx.shape, &tg.shape)?;
+    if rows * d == 0 {
+        return host("an empty LayerNorm");
+    }
+    let eps = call.node.attrs.float_or("epsilon", 1e-7);
+    call.launch(
+        &format!("layer_norm_{s}"),
+        call.rows_grid(rows),
+        &[
+            Ptr(x),
+            Ptr(g),
+            Ptr(b),
+            Ptr(y),
+            Ptr(mean),
+            Ptr(rstd),
+            I64(rows as i64),
+            I64(d as i64),
+            I64(p as i64),
+            F64(eps),
+        ],
+    )
+}
+
+fn layer_norm_grad(call: &OpCall<'_>) -> CudaResult<Lowered> {
+    let (x, tx) = call.tensor(0)?;
+    let (dy, _) = call.tensor(1)?;
+    let (rstd, _) = call.tensor(2)?;
+    let (mean, _) = call.tensor(3)?;
+    let (g, tg) = call.tensor(4)?;
+    let Some((dx, _, s)) = out_float(call)? else {
+        return host("only Float32 and Float64 run on the GPU");
+    };
+    let (dg, _) = call.out(1)?;
+    let (db, _) = call.out(2)?;
+    let (rows, d, p) = ln_layout(call, &tx.shape, &tg.shape)?;
+    if rows * d == 0 {
+        return host("an empty LayerNorm");
+    }
+    call.launch(
+        &format!("layer_norm_grad_x_{s}"),
+        call.rows_grid(rows),
+        &[
+            Ptr(x),
+            Ptr(dy),
+            Ptr(rstd),
+            Ptr(mean),
+            Ptr(g),
+            Ptr(dx),
+            I64(rows as i64),
+            I64(d as i64),
+            I64(p as i64),
+        ],
+    )?;
+    call.launch(
+        &format!("layer_norm_grad_params_{s}"),
+        call.grid(p),
+        &[
+            Ptr(x),
+            Ptr(dy),
+            Ptr(rstd),
+            Ptr(mean),
+            Ptr(dg),
+            Ptr(db),
+            I64((rows * d) as i64),
+            I64(d as i64),
+            I64(p as i64),
+        ],
+    )
+}
+
+fn logits_nc(call: &OpCall<'_>, t: &TensorType) -> CudaResult<(usize, usize)> {
+    match t.shape.as_slice() {
+        [n, c] => Ok((*n, *c)),
+        s => Err(call.err(format!("logits must be (N, C), got {s:?}"))),
+    }
+}
+
+fn softmax_ce(call: &OpCall<'_>) -> CudaResult<Lowered> {
+    let (x, tx) = call.tensor(0)?;
+    let (l, tl) = call.tensor(1)?;
+    let Some((loss, _, s)) = out_float(call)? else {
+        return host("only Float32 and Float64 run on the GPU");
+    };
+    let (back, _) = call.out(1)?;
+    let (n, c) = logits_nc(call, tx)?;
+    if tl.shape != tx.shape || c == 0 {
+        return host("labels of another shape, or no classes");
+    }
+    call.launch(
+        &format!("softmax_ce_{s}"),
+        call.rows_grid(n),
+        &[Ptr(x), Ptr(l), Ptr(loss), Ptr(back), I64(n as i64), I64(c as i64)],
+    )
+}
+
+fn sparse_ce(call: &OpCall<'_>) -> CudaResult<Lowered> {
+    let (x, tx) = call.tensor(0)?;
+    let (l, tl) = call.tensor(1)?;
+    let Some((y, _, s)) = out_float(call)? else {
+        return host("only Float32 and Float64 run on the GPU");
+    };
+    let (n, c) = logits_nc(call, tx)?;
+    let is = match tl.dtype {
+        DType::Int32 => "i32",
+        DType::Int64 => "i64",
+        other => return host(format!("{other} labels")),
+    };
+    if tl.shape != [n] || n == 0 || c == 0 {
+        return host("labels of another shape, or an empty batch");
+    }
+    let args = [
+        Ptr(x),
+        Ptr(l),
+        Ptr(y),
+        I64(n as i64),
+        I64(c as i64),
+        Ptr(call.status),
+    ];
+    if call.node.attrs.bool_or("is_grad", false) {
+        call.launch(&format!("sparse_ce_grad_{is}_{s}"), call.rows_grid(n), &args)
+    } else {
+        call.launch(&format!("sparse_ce_loss_{is}_{s}"), 1, &args)
+    }
+}
+
+fn same_shape(call: &OpCall<'_>, idx: &[usize]) -> CudaResult<Option<usize>> {
+    let (_, t0) = call.tensor(idx[0])?;
+    for &i in &idx[1..] {
+        let (_, t) = call.tensor(i)?;
+        if t.shape != t0.shape || t.dtype != t0.dtype {
+            return Err(call.err(format!(
+                "operand {i} is {t}, operand {} is {t0}",
+                idx[0]
+            )));
+        }
+    }
+    Ok(float_suffix(t0.dtype).map(|_| t0.num_elements()))
+}
+
+fn apply_momentum(call: &OpCall<'_>) -> CudaResult<Lowered> {
+    let Some(n) = same_shape(call, &[0, 1, 3])? else {
+        return host("only Float32 and Float64 run on the GPU");
+    };
+    let Some((vo, _, s)) = out_float(call)? else {
+        return host("only Float32 and Float64 run on the GPU");
+    };
+    let (ao, _) = call.out(1)?;
+    let (lr_p, lr_v) = call.scalar(2)?;
+    let (mom_p, mom_v) = call.scalar(4)?;
+    let nesterov = i32::from(call.node.attrs.bool_or("use_nesterov", false));
+    call.launch(
+        &format!("apply_momentum_{s}"),
+        call.grid(n),
+        &[
+            Ptr(call.tensor(0)?.0),
+            Ptr(call.tensor(1)?.0),
+            Ptr(lr_p),
+            F64(lr_v),
+            Ptr(call.tensor(3)?.0),
+            Ptr(mom_p),
+            F64(mom_v),
+            Ptr(vo),
+            Ptr(ao),
+            I64(n as i64),
+            I32(nesterov),
+        ],
+    )
+}
+
+fn apply_gradient_descent(call: &OpCall<'_>) -> CudaResult<Lowered> {
+    let Some(n) = same_shape(call, &[0, 2])? else {
+        return host("only Float32 and Float64 run on the GPU");
+    };
+    let Some((o, _, s)) = out_float(call)? else {
+        return host("only Float32 and Float64 run on the GPU");
+    };
+    let (a_p, a_v) = call.scalar(1)?;
+    call.launch(
+        &format!("apply_gradient_descent_{s}"),
+        call.grid(n),
+        &[
+            Ptr(call.tensor(0)?.0),
+            Ptr(a_p),
+            F64(a_v),
+            Ptr(call.tensor(2)?.0),
+            Ptr(o),
+            I64(n as i64),
+        ],
+    )
+}
+
+fn sgd(call: &OpCall<'_>) -> CudaResult<Lowered> {
+    let Some(n) = same_shape(call, &[0, 1, 3, 5])? else {
+        return host("only Float32 and Float64 run on the GPU");
+    };
+    let Some((po, _, s)) = out_float(call)? else {
+        return host("only Float32 and Float64 run on the GPU");
+    };
+    let (ao, _) = call.out(1)?;
+    let (so, _) = call.out(2)?;
+    let (lr_p, lr_v) = call.scalar(2)?;
+    let (mom_p, mom_v) = call.scalar(4)?;
+    let a = &call.node.attrs;
+    call.launch(
+        &format!("sgd_{s}"),
+        call.grid(n),
+        &[
+            Ptr(call.tensor(0)?.0),
+            Ptr(call.tensor(1)?.0),
+            Ptr(lr_p),
+            F64(lr_v),
+            Ptr(call.tensor(3)?.0),
+            Ptr(mom_p),
+            F64(mom_v),
+            Ptr(call.tensor(5)?.0),
+            Ptr(po),
+            Ptr(ao),
+            Ptr(so),
+            I64(n as i64),
+            F64(a.float_or("dampening", 0.0)),
+            F64(a.float_or("weight_decay", 0.0)),
+            I32(i32::from(a.bool_or("nesterov", false))),
+        ],
+    )
+}
+
+fn adam(call: &OpCall<'_>) -> CudaResult<Lowered> {
+    let Some(n) = same_shape(call, &[0, 1, 2, 9])? else {
+        return host("only Float32 and Float64 run on the GPU");
+    };
+    let Some((vo, _, s)) = out_float(call)? else {
+        return host("only Float32 and Float64 run on the GPU");
+    };
+    let (mo, _) = call.out(1)?;
+    let (v2o, _) = call.out(2)?;
+    let mut args = vec![
+        Ptr(call.tensor(0)?.0),
+        Ptr(call.tensor(1)?.0),
+        Ptr(call.tensor(2)?.0),
+    ];
+    for i in 3..9 {
+        let (p, v) = call.scalar(i)?;
+        args.push(Ptr(p));
+        args.push(F64(v));
+    }
+    args.extend([
+        Ptr(call.tensor(9)?.0),
+        Ptr(vo),
+        Ptr(mo),
+        Ptr(v2o),
+        I64(n as i64),
+        I32(i32::from(call.node.attrs.bool_or("use_nesterov", false))),
+    ]);
+    call.launch(&format!("adam_{s}"), call.grid(n), &args)
+}

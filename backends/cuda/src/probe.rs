@@ -1,0 +1,168 @@
+//! Finding the CUDA libraries before cudarc touches them.
+//!
+//! cudarc opens every library lazily and **panics** when one is missing (at every call, not
+//! once). So nothing in this crate calls into a library before [`require`] has opened it with
+//! the same names cudarc would try; a missing one becomes a [`MissingLibrary`] error that
+//! says which library, which file names were tried, what `LD_LIBRARY_PATH` held, and how to
+//! make it findable.
+
+use std::fmt;
+
+/// A CUDA library this backend uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Library {
+    /// The driver API (`libcuda.so`, shipped with the NVIDIA driver).
+    Driver,
+    /// The runtime compiler (`libnvrtc.so`): the kernels are compiled when first used.
+    Nvrtc,
+    /// cuBLAS (`libcublas.so`): MatMul and BatchMatMul.
+    Cublas,
+    /// cuBLASLt (`libcublasLt.so`), which cuBLAS itself loads.
+    CublasLt,
+    /// NCCL (`libnccl.so`): collectives between GPUs.
+    Nccl,
+}
+
+impl Library {
+    /// Every library, in the order a GPU run needs them.
+    pub const ALL: [Library; 5] = [
+        Library::Driver,
+        Library::Nvrtc,
+        Library::Cublas,
+        Library::CublasLt,
+        Library::Nccl,
+    ];
+
+    /// The name cudarc builds file names from (`cuda` -> `libcuda.so`, `libcuda.so.1`, ...).
+    pub fn stem(self) -> &'static str {
+        match self {
+            Library::Driver => "cuda",
+            Library::Nvrtc => "nvrtc",
+            Library::Cublas => "cublas",
+            Library::CublasLt => "cublasLt",
+            Library::Nccl => "nccl",
+        }
+    }
+
+    /// What the library does for shardc.
+    pub fn purpose(self) -> &'static str {
+        match self {
+            Library::Driver => "the CUDA driver API",
+            Library::Nvrtc => "the runtime compiler that builds shardc's kernels",
+            Library::Cublas => "cuBLAS, for MatMul and BatchMatMul",
+            Library::CublasLt => "cuBLASLt, which cuBLAS loads",
+            Library::Nccl => "NCCL, for collectives between GPUs",
+        }
+    }
+
+    /// The file names tried, in cudarc's order.
+    pub fn candidates(self) -> Vec<String> {
+        let mut names = cudarc::get_lib_name_candidates(self.stem());
+        if self == Library::Driver {
+            names.extend(cudarc::get_lib_name_candidates("nvcuda"));
+        }
+        names
+    }
+
+    /// How to make the library findable.
+    pub fn hint(self) -> &'static str {
+        match self {
+            Library::Driver => {
+                "libcuda.so comes with the NVIDIA driver, not with the CUDA toolkit or pip: install \
+                 the driver (`nvidia-smi` must work), or use --device-target CPU"
+            }
+            Library::Nvrtc => {
+                "install CUDA 13, or `pip install nvidia-cuda-nvrtc==13.0.*` and put its lib folder \
+                 (site-packages/nvidia/cu13/lib or site-packages/nvidia/cuda_nvrtc/lib) on \
+                 LD_LIBRARY_PATH"
+            }
+            Library::Cublas | Library::CublasLt => {
+                "install CUDA 13, or `pip install nvidia-cublas==13.*` and put its lib folder on \
+                 LD_LIBRARY_PATH"
+            }
+            Library::Nccl => {
+                "pip's NVIDIA NCCL wheel ships only libnccl.so.2, a name cudarc does not try: make a \
+                 folder with a link `ln -s .../nvidia/nccl/lib/libnccl.so.2 DIR/libnccl.so` and put \
+                 DIR on LD_LIBRARY_PATH"
+            }
+        }
+    }
+
+    /// Whether the library opens, without panicking when it does not.
+    pub fn present(self) -> bool {
+        // SAFETY: the `is_culib_present` functions only try `dlopen` on the candidate names.
+        unsafe {
+            match self {
+                Library::Driver => cudarc::driver::sys::is_culib_present(),
+                Library::Nvrtc => cudarc::nvrtc::sys::is_culib_present(),
+                Library::Cublas => cudarc::cublas::sys::is_culib_present(),
+                Library::CublasLt => cudarc::cublaslt::sys::is_culib_present(),
+                Library::Nccl => cudarc::nccl::sys::is_culib_present(),
+            }
+        }
+    }
+}
+
+impl fmt::Display for Library {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "lib{}.so", self.stem())
+    }
+}
+
+/// A library that could not be opened: the error every GPU entry point returns instead of
+/// cudarc's panic.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MissingLibrary {
+    /// The library.
+    pub library: Library,
+    /// The file names tried.
+    pub tried: Vec<String>,
+    /// `LD_LIBRARY_PATH` at the time (None when unset).
+    pub ld_library_path: Option<String>,
+}
+
+impl fmt::Display for MissingLibrary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "CUDA not found: {} ({}) could not be opened; tried {}; LD_LIBRARY_PATH is {}. {}",
+            self.library,
+            self.library.purpose(),
+            self.tried.join(", "),
+            self.ld_library_path
+                .as_deref()
+                .map_or_else(|| "unset".to_string(), |p| format!("`{p}`")),
+            self.library.hint()
+        )
+    }
+}
+
+impl std::error::Error for MissingLibrary {}
+
+/// Opens `library` or says why not (see the module doc).
+pub fn require(library: Library) -> Result<(), MissingLibrary> {
+    if library.present() {
+        Ok(())
+    } else {
+        Err(MissingLibrary {
+            library,
+            tried: library.candidates(),
+            ld_library_path: std::env::var("LD_LIBRARY_PATH").ok(),
+        })
+    }
+}
+
+/// Opens every library in `libraries`, the first missing one an error.
+pub fn require_all(libraries: &[Library]) -> Result<(), MissingLibrary> {
+    libraries.iter().try_for_each(|&l| require(l))
+}
+
+/// One line per library: found or not (for `shardc gpu info`).
+pub fn report() -> String {
+    let mut s = String::new();
+    for l in Library::ALL {
+        let state = if l.present() { "found" } else { "missing" };
+        s.push_str(&format!("{:<16} {state:<8} {}\n", l.to_string(), l.purpose()));
+    }
+    s
+}
