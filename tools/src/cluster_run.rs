@@ -106,6 +106,23 @@ pub struct Joined {
 }
 
 impl Joined {
+    /// This rank's index among the ranks of its host (which GPU it takes): from the
+    /// scheduler's host ids, or from mpirun's `OMPI_COMM_WORLD_LOCAL_RANK`.
+    pub fn local_rank(&self) -> Option<usize> {
+        if let Some(m) = &self.membership {
+            let me = m.peers.iter().find(|p| p.rank == self.rank)?;
+            return Some(
+                m.peers
+                    .iter()
+                    .filter(|p| p.host_id == me.host_id && p.rank < self.rank)
+                    .count(),
+            );
+        }
+        ["OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"]
+            .iter()
+            .find_map(|k| std::env::var(k).ok()?.parse().ok())
+    }
+
     /// Tells the scheduler this rank is done (a non-zero status aborts the others) and, on
     /// the rank that embeds the scheduler, waits for the job to end.
     pub fn finish(self, status: i32) -> Result<()> {
@@ -244,6 +261,9 @@ pub fn run_rank(a: &RunArgs, role: ClusterRole) -> Result<()> {
 }
 
 fn train_rank(a: &RunArgs, art: Artifact, joined: &Joined) -> Result<()> {
+    if a.device.on_gpu()? {
+        return crate::gpu::train_rank(a, art, joined.comm.clone(), joined.local_rank());
+    }
     let (rank, size) = (joined.rank, joined.size);
     if art.graphs.len() != size {
         bail!(

@@ -96,6 +96,9 @@ pub struct RunArgs {
     /// Checkpoints: saving, keeping, resuming.
     #[command(flatten)]
     pub checkpoint: crate::ckpt::CheckpointArgs,
+    /// The device: CPU or GPU.
+    #[command(flatten)]
+    pub device: crate::gpu::DeviceArgs,
 }
 
 /// Arguments of `shardc print`.
@@ -239,6 +242,9 @@ pub fn run(a: &RunArgs) -> Result<()> {
         return crate::cluster_run::run_rank(a, role);
     }
     let art = Artifact::read(&a.artifact)?;
+    if a.device.on_gpu()? {
+        return crate::gpu::run(a, art);
+    }
     if art.graphs.len() > 1 {
         return run_ranks_in_process(a, art);
     }

@@ -12,6 +12,7 @@ mod commands;
 mod data_cmd;
 mod explain;
 mod gen_cmd;
+pub mod gpu;
 pub mod in_process;
 mod launch;
 mod parallel_args;
@@ -71,6 +72,8 @@ pub enum Command {
     /// Checkpoints: merge the ranks' files of a step into one single-device file, or inspect
     /// a file.
     Ckpt(ckpt::CkptArgs),
+    /// The CUDA backend: `gpu info` lists the CUDA libraries found, the GPUs and NCCL.
+    Gpu(gpu::GpuArgs),
 }
 
 /// Runs the command line and returns the process exit status (0 success, 1 failure, 2 usage).
@@ -104,6 +107,9 @@ pub fn main() -> i32 {
         Command::Ckpt(a) => ckpt::ckpt(a),
         Command::Zoo(a) => zoo_cmd::zoo(a),
         Command::Gen(a) => gen_cmd::gen(a),
+        Command::Gpu(a) => match a.command {
+            gpu::GpuCommand::Info => gpu::info(),
+        },
     };
     match result {
         Ok(()) => 0,

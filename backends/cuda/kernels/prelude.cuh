@@ -8,6 +8,11 @@
 
 typedef long long i64;
 
+// NVRTC has no <math.h>; the host emulator gets INFINITY from it.
+#ifndef INFINITY
+#define INFINITY (__int_as_float(0x7f800000))
+#endif
+
 // Kernel parameter blocks passed by value (their Rust twins are `#[repr(C)]` in src/kernels.rs).
 #define SHARDC_MAX_RANK 8
 struct Strided {

@@ -7,6 +7,14 @@
 //! make it findable.
 
 use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// The environment variable naming extra folders (`:`-separated) to load CUDA libraries from.
+pub const LIB_DIRS_ENV: &str = "SHARDC_CUDA_LIB_DIRS";
+
+/// Libraries opened by [`preload`], kept open for the process's life.
+static PRELOADED: Mutex<Vec<(PathBuf, libloading::Library)>> = Mutex::new(Vec::new());
 
 /// A CUDA library this backend uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -61,6 +69,8 @@ impl Library {
         if self == Library::Driver {
             names.extend(cudarc::get_lib_name_candidates("nvcuda"));
         }
+        let mut seen = std::collections::HashSet::new();
+        names.retain(|n| seen.insert(n.clone()));
         names
     }
 
@@ -125,7 +135,8 @@ impl fmt::Display for MissingLibrary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "CUDA not found: {} ({}) could not be opened; tried {}; LD_LIBRARY_PATH is {}. {}",
+            "CUDA not found: {} ({}) could not be opened; tried {}; LD_LIBRARY_PATH is {}. {} \
+             (or name the folder in {LIB_DIRS_ENV})",
             self.library,
             self.library.purpose(),
             self.tried.join(", "),
@@ -139,8 +150,66 @@ impl fmt::Display for MissingLibrary {
 
 impl std::error::Error for MissingLibrary {}
 
+/// Opens, by absolute path, every CUDA library file of `dirs` (`libnvrtc.so.13`,
+/// `libnvrtc-builtins.so.13.0`, `libcublas.so.13`, ...), so that cudarc's later lookups by
+/// file name find the loaded library (the dynamic loader reuses a loaded library whose
+/// soname matches): pip's NVIDIA wheels work without `LD_LIBRARY_PATH`, which only takes
+/// effect when a process starts. Returns the files newly loaded. A file that does not load
+/// is skipped (the probe then reports the library as missing, with the usual hint).
+pub fn preload(dirs: &[PathBuf]) -> Vec<PathBuf> {
+    let mut loaded = PRELOADED.lock().unwrap_or_else(|p| p.into_inner());
+    let mut new = Vec::new();
+    for dir in dirs {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        let mut files: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| is_cuda_library(p))
+            .collect();
+        // Dependencies first: builtins before nvrtc, cublasLt before cublas.
+        files.sort_by_key(|p| {
+            let n = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            (!(n.contains("builtins") || n.contains("cublasLt")), n)
+        });
+        for f in files {
+            if loaded.iter().any(|(p, _)| *p == f) {
+                continue;
+            }
+            // SAFETY: NVIDIA's libraries run no initialisers that depend on our state.
+            if let Ok(lib) = unsafe { libloading::Library::new(&f) } {
+                loaded.push((f.clone(), lib));
+                new.push(f);
+            }
+        }
+    }
+    new
+}
+
+fn is_cuda_library(p: &Path) -> bool {
+    let Some(name) = p.file_name().and_then(|n| n.to_str()) else {
+        return false;
+    };
+    !name.contains(".alt.")
+        && ["cudart", "nvrtc", "cublas", "nccl", "nvJitLink"]
+            .iter()
+            .any(|stem| name.starts_with(&format!("lib{stem}")) && name.contains(".so"))
+}
+
+/// [`preload`] of the folders in `SHARDC_CUDA_LIB_DIRS`, once per process.
+pub fn preload_from_env() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if let Some(v) = std::env::var_os(LIB_DIRS_ENV) {
+            let dirs: Vec<PathBuf> = std::env::split_paths(&v).collect();
+            preload(&dirs);
+        }
+    });
+}
+
 /// Opens `library` or says why not (see the module doc).
 pub fn require(library: Library) -> Result<(), MissingLibrary> {
+    preload_from_env();
     if library.present() {
         Ok(())
     } else {

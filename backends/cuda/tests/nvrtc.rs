@@ -1,0 +1,62 @@
+//! Every kernel source compiles with NVIDIA's runtime compiler, and the PTX holds exactly
+//! the kernels the host emulator finds in the sources. NVRTC needs no GPU: CI installs it
+//! with `scripts/install-nvrtc.sh` (pip's `nvidia-cuda-nvrtc` 13.0) and names the folder in
+//! `SHARDC_CUDA_LIB_DIRS`. Elsewhere the test skips with a message, unless `CI=true`.
+
+use shardc_backend_cuda::emulator::EmulatedDevice;
+use shardc_backend_cuda::kernels::{compile_ptx, ptx_entries, SOURCES};
+use shardc_backend_cuda::probe::{self, Library};
+use std::path::PathBuf;
+
+fn nvrtc_available() -> bool {
+    // The folder scripts/install-nvrtc.sh fills, when the variable is not set.
+    let default = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../target/cuda-libs/nvrtc/nvidia/cu13/lib");
+    probe::preload(&[default]);
+    probe::preload_from_env();
+    if Library::Nvrtc.present() {
+        return true;
+    }
+    let msg = format!(
+        "NVRTC not found ({}): run scripts/install-nvrtc.sh",
+        probe::require(Library::Nvrtc).unwrap_err()
+    );
+    assert!(std::env::var("CI").as_deref() != Ok("true"), "{msg}");
+    eprintln!("SKIP: {msg}");
+    false
+}
+
+#[test]
+fn every_source_compiles_to_ptx_for_hopper_and_ampere() {
+    if !nvrtc_available() {
+        return;
+    }
+    let mut entries = Vec::new();
+    for arch in ["compute_90", "compute_80"] {
+        entries.clear();
+        for (name, _) in SOURCES {
+            let ptx = compile_ptx(name, Some(arch)).unwrap_or_else(|e| panic!("{arch}: {e}"));
+            assert!(ptx.contains(".version"), "{name}: not PTX");
+            entries.extend(ptx_entries(&ptx));
+        }
+    }
+    entries.sort();
+    println!("{} kernels compiled", entries.len());
+    match EmulatedDevice::new(64) {
+        Ok(dev) => {
+            let mut names = dev.kernel_names().to_vec();
+            names.sort();
+            assert_eq!(entries, names, "NVRTC and the emulator see different kernels");
+        }
+        Err(e) => eprintln!("(the emulator's kernel list is not compared: {e})"),
+    }
+}
+
+#[test]
+fn a_compile_error_names_the_source_and_quotes_the_log() {
+    if !nvrtc_available() {
+        return;
+    }
+    let err = shardc_backend_cuda::kernels::compile_ptx("no_such.cu", None).unwrap_err();
+    assert!(err.to_string().contains("no_such.cu"), "{err}");
+}

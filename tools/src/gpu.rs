@@ -1,0 +1,325 @@
+//! `--device-target GPU`: `shardc run` on the CUDA backend (MindSpore's
+//! `set_context(device_target="GPU")` and `init("nccl")`).
+//!
+//! One device: the artifact's graph on GPU `--device-id`. Several ranks in one process:
+//! every rank a thread on the same GPU, collectives through the in-process communicator
+//! staged through the host (a single GPU cannot host several NCCL ranks). A rank of a
+//! cluster (`shardc launch`, `mpirun`, `MS_*`): GPU `local rank % GPUs`, collectives through
+//! NCCL bootstrapped over the cluster's communicator (`--gpu-comm nccl`, the default), or
+//! staged through that communicator (`--gpu-comm host`). `--gpu emulator` runs the same
+//! kernels on the host C++ emulator (for testing on machines without a GPU).
+
+use crate::commands::RunArgs;
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Args, ValueEnum};
+use shardc_backend_cpu::CpuBackend;
+use shardc_backend_cuda::cuda::{device_count, CudaDevice};
+use shardc_backend_cuda::emulator::EmulatedDevice;
+use shardc_backend_cuda::nccl::NcclComm;
+use shardc_backend_cuda::{Device, GpuExecutor};
+use shardc_ir::artifact::Artifact;
+use shardc_ir::{Graph, TensorLayout};
+use shardc_runtime::data::synthetic::SyntheticData;
+use shardc_runtime::{Communicator, InProcessWorld, Tensor};
+use std::sync::Arc;
+
+/// Where the graphs run (MindSpore's `device_target`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DeviceTarget {
+    /// The CPU backend.
+    #[value(name = "CPU", alias = "cpu")]
+    Cpu,
+    /// The CUDA backend (NVIDIA GPUs).
+    #[value(name = "GPU", alias = "gpu")]
+    Gpu,
+    /// Huawei Ascend: not built.
+    #[value(name = "Ascend", alias = "ascend")]
+    Ascend,
+}
+
+/// Which device runs the CUDA backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum GpuKind {
+    /// A real GPU through the CUDA driver.
+    Cuda,
+    /// The kernels compiled for the host and emulated (no GPU needed; for testing).
+    Emulator,
+}
+
+/// How a cluster rank's collectives reach the other GPUs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum GpuComm {
+    /// NCCL, its unique id handed out over the cluster's communicator.
+    Nccl,
+    /// The cluster's communicator (`--comm`), tensors staged through host memory.
+    Host,
+}
+
+/// The device flags of `shardc run`.
+#[derive(Args, Debug, Clone)]
+pub struct DeviceArgs {
+    /// Where to run: CPU (default) or GPU (the CUDA backend).
+    #[arg(long, value_enum, default_value_t = DeviceTarget::Cpu)]
+    pub device_target: DeviceTarget,
+    /// The GPU to use (default: the rank on this host modulo the GPUs, 0 for one device).
+    #[arg(long)]
+    pub device_id: Option<usize>,
+    /// `cuda` (a real GPU) or `emulator` (the GPU kernels emulated on the host, for tests).
+    #[arg(long, value_enum, default_value_t = GpuKind::Cuda)]
+    pub gpu: GpuKind,
+    /// Collectives of a cluster rank on the GPU: `nccl` or `host` (staged through `--comm`).
+    #[arg(long, value_enum, default_value_t = GpuComm::Nccl)]
+    pub gpu_comm: GpuComm,
+}
+
+impl DeviceArgs {
+    /// Whether the CUDA backend runs.
+    pub fn on_gpu(&self) -> Result<bool> {
+        match self.device_target {
+            DeviceTarget::Cpu => Ok(false),
+            DeviceTarget::Gpu => Ok(true),
+            DeviceTarget::Ascend => bail!(
+                "--device-target Ascend: the Ascend backend is not built; shardc runs on CPU and on NVIDIA GPUs (--device-target CPU or GPU)"
+            ),
+        }
+    }
+}
+
+/// The real GPU `ordinal`, or the clear error of a machine without one.
+fn open_cuda(ordinal: usize) -> Result<Arc<CudaDevice>> {
+    CudaDevice::new(ordinal)
+        .map(Arc::new)
+        .map_err(|e| anyhow!("--device-target GPU: {e}"))
+}
+
+fn emulator() -> Result<Arc<dyn Device>> {
+    let d = EmulatedDevice::new(64).map_err(|e| anyhow!("--gpu emulator: {e}"))?;
+    Ok(Arc::new(d))
+}
+
+fn checkpoints_unsupported(a: &RunArgs) -> Result<()> {
+    if a.checkpoint.checkpoint_dir.is_some() || a.checkpoint.resume_from.is_some() {
+        bail!("--device-target GPU does not save or resume checkpoints yet: run with --device-target CPU for --checkpoint-dir / --resume-from");
+    }
+    if a.mnist.is_some() {
+        bail!("--device-target GPU trains on synthetic data here (--mnist runs on the CPU)");
+    }
+    Ok(())
+}
+
+fn print_loss(outputs: &[Tensor], step: u64, per_epoch: u64) -> Result<()> {
+    let loss = outputs
+        .first()
+        .and_then(Tensor::scalar_value)
+        .context("the graph's first output is not a scalar loss")?;
+    println!(
+        "epoch: {} step: {}, loss is {}",
+        step / per_epoch + 1,
+        step % per_epoch + 1,
+        loss as f32
+    );
+    Ok(())
+}
+
+fn host_backend(a: &RunArgs) -> Arc<CpuBackend> {
+    Arc::new(CpuBackend::with_threads(if a.threads == 0 { 1 } else { a.threads }))
+}
+
+/// Feeds of `step` cut to `rank`'s blocks.
+fn rank_feeds(
+    data: &SyntheticData,
+    inputs: &[(String, TensorLayout)],
+    rank: usize,
+    step: u64,
+) -> Result<Vec<(String, Tensor)>> {
+    let mut feeds = Vec::new();
+    for (name, t) in data.feeds(step) {
+        let layout = inputs
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, l)| l)
+            .ok_or_else(|| anyhow!("no layout for data input {name}"))?;
+        let block = t.block(&layout.block(rank)).ok_or_else(|| {
+            anyhow!(
+                "data input {name}: a batch of shape {:?} does not fit its layout {layout}",
+                t.shape
+            )
+        })?;
+        feeds.push((name.to_string(), block));
+    }
+    Ok(feeds)
+}
+
+fn refs(feeds: &[(String, Tensor)]) -> Vec<(&str, Tensor)> {
+    feeds.iter().map(|(n, t)| (n.as_str(), t.clone())).collect()
+}
+
+/// `shardc run --device-target GPU` outside a cluster.
+pub fn run(a: &RunArgs, art: Artifact) -> Result<()> {
+    checkpoints_unsupported(a)?;
+    let dev: Arc<dyn Device> = match a.device.gpu {
+        GpuKind::Cuda => open_cuda(a.device.device_id.unwrap_or(0))?,
+        GpuKind::Emulator => emulator()?,
+    };
+    println!("device: {}", dev.description());
+    let per_epoch = a.steps_per_epoch.unwrap_or(a.data_pool as u64).max(1);
+    if art.graphs.len() == 1 {
+        let graph = art.graphs[0].clone();
+        let data = SyntheticData::new(&graph, a.seed, a.data_pool)?;
+        let mut exec = GpuExecutor::new(graph, dev, host_backend(a))?;
+        for step in 0..a.steps {
+            let out = exec.step(&data.feeds(step))?;
+            print_loss(&out, step, per_epoch)?;
+        }
+        if a.stats {
+            println!("{}", exec.memory_plan().summary());
+            println!("{}", exec.stats().summary());
+        }
+        return Ok(());
+    }
+    // Several ranks in threads on one device, collectives staged through the host.
+    let (data, inputs) = crate::commands::distributed_data(a, &art)?;
+    let n = art.graphs.len();
+    let comms = InProcessWorld::new(n);
+    let mut execs = Vec::with_capacity(n);
+    for (rank, (g, comm)) in art.graphs.into_iter().zip(comms).enumerate() {
+        let comm: Arc<dyn Communicator> = comm;
+        execs.push(
+            GpuExecutor::with_communicator(g, dev.clone(), host_backend(a), comm)
+                .with_context(|| format!("rank {rank}: preparing its graph"))?,
+        );
+    }
+    let results: Vec<Result<(Vec<Vec<Tensor>>, String)>> = std::thread::scope(|s| {
+        let handles: Vec<_> = execs
+            .into_iter()
+            .enumerate()
+            .map(|(rank, mut exec)| {
+                let (data, inputs) = (&data, &inputs);
+                s.spawn(move || -> Result<(Vec<Vec<Tensor>>, String)> {
+                    let mut outs = Vec::new();
+                    for step in 0..a.steps {
+                        let feeds = rank_feeds(data, inputs, rank, step)?;
+                        outs.push(
+                            exec.step(&refs(&feeds))
+                                .with_context(|| format!("rank {rank}, step {}", step + 1))?,
+                        );
+                    }
+                    Ok((outs, exec.stats().summary()))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("a rank thread panicked"))))
+            .collect()
+    });
+    let mut rank0 = None;
+    for (rank, r) in results.into_iter().enumerate() {
+        let r = r?;
+        if rank == 0 {
+            rank0 = Some(r);
+        }
+    }
+    let (outs, summary) = rank0.context("no rank ran")?;
+    for (step, o) in outs.iter().enumerate() {
+        print_loss(o, step as u64, per_epoch)?;
+    }
+    if a.stats {
+        println!("rank 0: {summary}");
+    }
+    Ok(())
+}
+
+/// One rank of a cluster on its GPU.
+pub fn train_rank(
+    a: &RunArgs,
+    art: Artifact,
+    comm: Arc<dyn Communicator>,
+    local_rank: Option<usize>,
+) -> Result<()> {
+    checkpoints_unsupported(a)?;
+    let (rank, size) = (comm.rank(), comm.size());
+    if art.graphs.len() != size {
+        bail!(
+            "{}: the artifact has {} rank graph(s) but the job has {size} workers: compile with --device-num {size}",
+            a.artifact.display(),
+            art.graphs.len()
+        );
+    }
+    let (data, inputs) = crate::commands::distributed_data(a, &art)?;
+    let graph: Graph = art.graphs[rank].clone();
+    let mut exec = match a.device.gpu {
+        GpuKind::Emulator => {
+            GpuExecutor::with_communicator(graph, emulator()?, host_backend(a), comm)?
+        }
+        GpuKind::Cuda => {
+            let count = device_count().map_err(|e| anyhow!("--device-target GPU: {e}"))?;
+            if count == 0 {
+                bail!("--device-target GPU: the CUDA driver sees no GPU on this host");
+            }
+            let ordinal = a
+                .device
+                .device_id
+                .unwrap_or(local_rank.unwrap_or(rank) % count);
+            let cuda = open_cuda(ordinal)?;
+            let dev: Arc<dyn Device> = cuda.clone();
+            match a.device.gpu_comm {
+                GpuComm::Host => GpuExecutor::with_communicator(graph, dev, host_backend(a), comm)?,
+                GpuComm::Nccl => {
+                    let nccl = NcclComm::new(cuda, comm)
+                        .map_err(|e| anyhow!("rank {rank}: NCCL: {e}"))?;
+                    GpuExecutor::with_nccl(graph, dev, host_backend(a), Arc::new(nccl))?
+                }
+            }
+        }
+    };
+    let per_epoch = a.steps_per_epoch.unwrap_or(a.data_pool as u64).max(1);
+    for step in 0..a.steps {
+        let feeds = rank_feeds(&data, &inputs, rank, step)?;
+        let out = exec
+            .step(&refs(&feeds))
+            .with_context(|| format!("rank {rank}, step {}", step + 1))?;
+        print_loss(&out, step, per_epoch)?;
+    }
+    if a.stats {
+        println!("{}", exec.stats().summary());
+    }
+    Ok(())
+}
+
+/// Arguments of `shardc gpu`.
+#[derive(Args, Debug)]
+pub struct GpuArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: GpuCommand,
+}
+
+/// The `shardc gpu` subcommands.
+#[derive(clap::Subcommand, Debug, Clone, Copy)]
+pub enum GpuCommand {
+    /// The CUDA libraries found (and how to make a missing one findable), the GPUs, NCCL.
+    Info,
+}
+
+/// `shardc gpu info`: the CUDA libraries found, the GPUs, NCCL's version.
+pub fn info() -> Result<()> {
+    print!("{}", shardc_backend_cuda::probe::report());
+    match device_count() {
+        Ok(n) => {
+            println!("GPUs: {n}");
+            for i in 0..n {
+                match CudaDevice::new(i) {
+                    Ok(d) => println!("  {}", d.description()),
+                    Err(e) => println!("  GPU {i}: {e}"),
+                }
+            }
+        }
+        Err(e) => println!("GPUs: none ({e})"),
+    }
+    match NcclComm::version() {
+        Ok(v) => println!("NCCL {}.{}.{}", v / 10000, (v / 100) % 100, v % 100),
+        Err(e) => println!("NCCL: {e}"),
+    }
+    Ok(())
+}
