@@ -82,13 +82,19 @@ fn translation_unit() -> String {
     s
 }
 
+/// Writes `text` to `path` atomically (several processes may build the same cache at once).
+fn write_atomic(path: &Path, text: &str) -> CudaResult<()> {
+    let tmp = path.with_extension(format!("{}.tmp", std::process::id()));
+    std::fs::write(&tmp, text)
+        .and_then(|_| std::fs::rename(&tmp, path))
+        .map_err(|e| CudaError::Emulator(format!("cannot write {}: {e}", path.display())))
+}
+
 /// Every kernel name of the sources, found by preprocessing them with the host compiler.
 pub fn kernel_names_in(dir: &Path, cxx: &str) -> CudaResult<Vec<String>> {
-    std::fs::write(dir.join("emulator.hpp"), HEADER)
-        .map_err(|e| CudaError::Emulator(format!("cannot write {}: {e}", dir.display())))?;
-    let unit = dir.join("kernels.cpp");
-    std::fs::write(&unit, translation_unit())
-        .map_err(|e| CudaError::Emulator(format!("cannot write {}: {e}", unit.display())))?;
+    write_atomic(&dir.join("emulator.hpp"), HEADER)?;
+    let unit = dir.join(format!("kernels.{}.cpp", std::process::id()));
+    write_atomic(&unit, &translation_unit())?;
     let pre = run(
         Command::new(cxx)
             .args(["-std=c++20", "-E", "-P", "-D__global__=", "-I"])
@@ -96,6 +102,7 @@ pub fn kernel_names_in(dir: &Path, cxx: &str) -> CudaResult<Vec<String>> {
             .arg(&unit),
         "preprocessing the kernel sources",
     )?;
+    let _ = std::fs::remove_file(&unit);
     let text = String::from_utf8_lossy(&pre);
     // Only what follows the header: its own extern "C" launch function is not a kernel.
     let names = kernels::extern_c_functions(&text)
@@ -106,22 +113,26 @@ pub fn kernel_names_in(dir: &Path, cxx: &str) -> CudaResult<Vec<String>> {
 }
 
 fn build(dir: &Path) -> CudaResult<(PathBuf, Vec<String>)> {
-    let cxx = compiler();
-    let names = kernel_names_in(dir, &cxx)?;
     let lib = dir.join("libshardc_emulated_kernels.so");
     let names_file = dir.join("kernels.txt");
-    if lib.exists() && names_file.exists() {
-        return Ok((lib, names));
+    if lib.exists() {
+        if let Ok(text) = std::fs::read_to_string(&names_file) {
+            let names: Vec<String> = text.lines().map(str::to_string).collect();
+            if !names.is_empty() {
+                return Ok((lib, names));
+            }
+        }
     }
+    let cxx = compiler();
+    let names = kernel_names_in(dir, &cxx)?;
     let mut unit = translation_unit();
     for n in &names {
         unit.push_str(&format!(
             "extern \"C\" void shardc_thunk_{n}(void** a) {{ shardc_emu::invoke({n}, a); }}\n"
         ));
     }
-    let src = dir.join("kernels_thunks.cpp");
-    std::fs::write(&src, unit)
-        .map_err(|e| CudaError::Emulator(format!("cannot write {}: {e}", src.display())))?;
+    let src = dir.join(format!("kernels_thunks.{}.cpp", std::process::id()));
+    write_atomic(&src, &unit)?;
     let tmp = dir.join(format!("lib.{}.tmp.so", std::process::id()));
     run(
         Command::new(&cxx)
@@ -132,10 +143,10 @@ fn build(dir: &Path) -> CudaResult<(PathBuf, Vec<String>)> {
             .arg(&tmp),
         "compiling the kernel sources for the host",
     )?;
+    let _ = std::fs::remove_file(&src);
     std::fs::rename(&tmp, &lib)
         .map_err(|e| CudaError::Emulator(format!("cannot place {}: {e}", lib.display())))?;
-    std::fs::write(&names_file, names.join("\n"))
-        .map_err(|e| CudaError::Emulator(format!("cannot write {}: {e}", names_file.display())))?;
+    write_atomic(&names_file, &names.join("\n"))?;
     Ok((lib, names))
 }
 

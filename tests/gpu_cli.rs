@@ -1,0 +1,197 @@
+//! `shardc run --device-target GPU` end to end: the clear error on a machine without CUDA,
+//! and training on the GPU backend's emulated device (its kernels compiled for the host)
+//! with the same losses as the CPU, on one device, on ranks in one process, and on a
+//! cluster of worker processes under `shardc launch`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn shardc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_shardc"))
+        .args(args)
+        .output()
+        .expect("the shardc binary runs")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn tmp(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("shardc-gpu-cli-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn model() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("models/quickstart.ir")
+        .display()
+        .to_string()
+}
+
+fn losses(stdout: &str) -> Vec<f64> {
+    stdout
+        .lines()
+        .filter_map(|l| l.split(", loss is ").nth(1))
+        .map(|v| v.trim().parse::<f64>().expect("a loss value"))
+        .collect()
+}
+
+fn same_losses(a: &[f64], b: &[f64], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: {a:?} vs {b:?}");
+    assert!(!a.is_empty(), "{what}: no losses");
+    for (x, y) in a.iter().zip(b) {
+        assert!(
+            (x - y).abs() <= 1e-5 * x.abs().max(1.0),
+            "{what}: {a:?} vs {b:?}"
+        );
+    }
+}
+
+fn compile(art: &Path, extra: &[&str]) {
+    let mut args = vec!["compile", &model_leak(), "-o", art.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let c = shardc(&args);
+    assert!(c.status.success(), "{}", text(&c));
+}
+
+fn model_leak() -> &'static str {
+    Box::leak(model().into_boxed_str())
+}
+
+/// Whether the emulated GPU can be built here (a C++20 compiler).
+fn emulator_available() -> bool {
+    match shardc_backend_cuda_probe() {
+        Ok(()) => true,
+        Err(e) => {
+            eprintln!("SKIP: no emulated GPU here: {e}");
+            false
+        }
+    }
+}
+
+fn shardc_backend_cuda_probe() -> Result<(), String> {
+    shardc::cuda::emulator::EmulatedDevice::new(64)
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+#[test]
+fn without_cuda_the_gpu_target_fails_with_the_missing_library() {
+    if shardc::cuda::probe::Library::Driver.present() {
+        eprintln!("SKIP: this machine has a CUDA driver");
+        return;
+    }
+    let dir = tmp("nocuda");
+    let art = dir.join("art");
+    compile(&art, &[]);
+    let o = shardc(&["run", art.to_str().unwrap(), "--steps", "1", "--device-target", "GPU"]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    assert!(t.contains("error: --device-target GPU: CUDA not found: libcuda.so"), "{t}");
+    assert!(!t.contains("panicked"), "{t}");
+    let o = shardc(&["gpu", "info"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("libcuda.so       missing"), "{}", text(&o));
+    let o = shardc(&["run", art.to_str().unwrap(), "--device-target", "Ascend"]);
+    assert!(text(&o).contains("the Ascend backend is not built"), "{}", text(&o));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_emulated_gpu_trains_one_device_and_in_process_ranks_as_the_cpu() {
+    if !emulator_available() {
+        return;
+    }
+    let dir = tmp("emulated");
+    let one = dir.join("one");
+    compile(&one, &[]);
+    let cpu = shardc(&["run", one.to_str().unwrap(), "--steps", "4"]);
+    let gpu = shardc(&[
+        "run",
+        one.to_str().unwrap(),
+        "--steps",
+        "4",
+        "--device-target",
+        "GPU",
+        "--gpu",
+        "emulator",
+        "--stats",
+    ]);
+    assert!(gpu.status.success(), "{}", text(&gpu));
+    assert!(text(&gpu).contains("ops on the device, 0 on the host"), "{}", text(&gpu));
+    same_losses(&losses(&text(&cpu)), &losses(&text(&gpu)), "one device");
+
+    let four = dir.join("eight");
+    compile(&four, &["--device-num", "8", "--parallel-mode", "semi_auto_parallel"]);
+    let cpu = shardc(&["run", four.to_str().unwrap(), "--steps", "3"]);
+    let gpu = shardc(&[
+        "run",
+        four.to_str().unwrap(),
+        "--steps",
+        "3",
+        "--device-target",
+        "GPU",
+        "--gpu",
+        "emulator",
+        "--stats",
+    ]);
+    assert!(gpu.status.success(), "{}", text(&gpu));
+    assert!(text(&gpu).contains("collectives"), "{}", text(&gpu));
+    same_losses(&losses(&text(&cpu)), &losses(&text(&gpu)), "8 ranks in process");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+#[test]
+fn launched_workers_on_the_emulated_gpu_print_the_cpu_losses() {
+    if !emulator_available() {
+        return;
+    }
+    let dir = tmp("launch");
+    let art = dir.join("art");
+    compile(&art, &["--device-num", "2", "--parallel-mode", "data_parallel"]);
+    let reference = shardc(&["run", art.to_str().unwrap(), "--steps", "3"]);
+    let log = dir.join("log");
+    let port = free_port().to_string();
+    let o = shardc(&[
+        "launch",
+        "--worker-num",
+        "2",
+        "--local-worker-num",
+        "2",
+        "--master-port",
+        &port,
+        "--log-dir",
+        log.to_str().unwrap(),
+        "--join",
+        "--",
+        "shardc",
+        "run",
+        art.to_str().unwrap(),
+        "--steps",
+        "3",
+        "--device-target",
+        "GPU",
+        "--gpu",
+        "emulator",
+        "--gpu-comm",
+        "host",
+    ]);
+    let rank0 = std::fs::read_to_string(log.join("1/rank.0/stdout")).unwrap_or_default();
+    let err0 = std::fs::read_to_string(log.join("1/rank.0/stderr")).unwrap_or_default();
+    assert!(o.status.success(), "{}\n{rank0}\n{err0}", text(&o));
+    same_losses(&losses(&text(&reference)), &losses(&rank0), "2 launched workers");
+    let _ = std::fs::remove_dir_all(&dir);
+}
