@@ -2,18 +2,18 @@
 //! `backends/cuda/src/emulator.rs`): whole training steps of real models against the CPU
 //! executor. Kernel choice, arguments, grids, the GEMM mapping, the memory plan, host
 //! fallback and Assign all run as on a GPU; only the driver, cuBLAS and NCCL calls do not.
-//! Skips with a message where no C++20 compiler is found.
+//! Skips with a message where no C++20 compiler is found. `tests/cuda_gpu.rs` runs the same
+//! models on a real GPU.
 
-use shardc::compiler::pipeline::{compile, CompileOptions};
+mod gpu_common;
+
+use gpu_common::{compare_on, momentum, train};
 use shardc::compiler::transformer::{transformer, TransformerConfig};
 use shardc::compiler::zoo;
-use shardc::cpu::CpuBackend;
 use shardc::cuda::emulator::EmulatedDevice;
-use shardc::cuda::{Device, GpuExecutor};
+use shardc::cuda::Device;
 use shardc::ir::Graph;
 use shardc::passes::autodiff::Optimizer;
-use shardc::runtime::data::synthetic::SyntheticData;
-use shardc::runtime::{Executor, Tensor};
 use std::sync::{Arc, OnceLock};
 
 fn device() -> Option<Arc<dyn Device>> {
@@ -28,66 +28,8 @@ fn device() -> Option<Arc<dyn Device>> {
     d.clone().map(|d| d as Arc<dyn Device>)
 }
 
-fn train(g: Graph, optimizer: Optimizer) -> Graph {
-    let opts = CompileOptions {
-        optimizer: Some(optimizer),
-        ..Default::default()
-    };
-    compile(g, &opts).expect("compiles").graph
-}
-
-fn momentum() -> Optimizer {
-    Optimizer::Momentum {
-        learning_rate: 0.05,
-        momentum: 0.9,
-        use_nesterov: false,
-    }
-}
-
-fn close(a: &Tensor, b: &Tensor, tol: f64) -> Result<(), String> {
-    if a.shape != b.shape {
-        return Err(format!("shapes {:?} and {:?}", a.shape, b.shape));
-    }
-    let (x, y) = (a.to_f64_vec(), b.to_f64_vec());
-    for (i, (u, v)) in x.iter().zip(&y).enumerate() {
-        let scale = u.abs().max(v.abs()).max(1.0);
-        if (u - v).abs() > tol * scale {
-            return Err(format!("element {i}: {u} vs {v}"));
-        }
-    }
-    Ok(())
-}
-
-/// Runs `steps` steps on the CPU and on the emulated device; compares every output of every
-/// step and every weight after the last. Returns the GPU executor's stats summary.
 fn compare(g: Graph, steps: u64, tol: f64) -> Option<String> {
-    let dev = device()?;
-    let data = SyntheticData::new(&g, 7, 2).expect("synthetic data");
-    let cpu_backend = Arc::new(CpuBackend::with_threads(1));
-    let mut cpu = Executor::new(g.clone(), cpu_backend.clone()).expect("cpu executor");
-    let mut gpu = GpuExecutor::new(g.clone(), dev, cpu_backend).expect("gpu executor");
-    for s in 0..steps {
-        let feeds = data.feeds(s);
-        let a = cpu.step(&feeds).expect("cpu step");
-        let b = gpu.step(&feeds).expect("gpu step");
-        assert_eq!(a.len(), b.len());
-        for (i, (x, y)) in a.iter().zip(&b).enumerate() {
-            if let Err(e) = close(x, y, tol) {
-                panic!("{}: step {s}, output {i}: {e}", g.name);
-            }
-        }
-    }
-    let gw = gpu.weights().expect("weights");
-    let mut n = 0;
-    for (name, w) in &gw {
-        let c = cpu.param(name).expect("the cpu has the weight");
-        if let Err(e) = close(c, w, tol) {
-            panic!("{}: weight {name} after {steps} steps: {e}", g.name);
-        }
-        n += 1;
-    }
-    assert!(n > 0);
-    Some(gpu.stats().summary())
+    Some(compare_on(device()?, g, steps, tol))
 }
 
 #[test]

@@ -1,0 +1,66 @@
+//! The CUDA backend on a real GPU: the models of `tests/cuda_emulated.rs` trained against the
+//! CPU executor (TF32 off: within 1e-5, 1e-4 for the transformer's Adam), and NCCL's
+//! collectives with one rank through the communicator conformance suite. Ignored by default
+//! (CI has no GPU); on a GPU machine:
+//! `cargo nextest run --run-ignored ignored-only -E 'binary(cuda_gpu)'` (or
+//! `cargo test --test cuda_gpu -- --ignored`).
+
+mod gpu_common;
+
+use gpu_common::{compare_on, momentum, train};
+use shardc::compiler::transformer::{transformer, TransformerConfig};
+use shardc::compiler::zoo;
+use shardc::cuda::cuda::CudaDevice;
+use shardc::cuda::nccl::NcclComm;
+use shardc::cuda::Device;
+use shardc::passes::autodiff::Optimizer;
+use shardc::runtime::comm::conformance;
+use shardc::runtime::InProcessWorld;
+use std::sync::Arc;
+
+fn gpu() -> Arc<CudaDevice> {
+    Arc::new(CudaDevice::new(0).unwrap_or_else(|e| panic!("this test needs a GPU: {e}")))
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn mlp_and_quickstart_train_as_on_the_cpu() {
+    let dev: Arc<dyn Device> = gpu();
+    println!("{}", dev.description());
+    let s = compare_on(dev.clone(), train(zoo::mlp(64, &[784, 512, 512, 10]).unwrap(), momentum()), 5, 1e-5);
+    println!("{s}");
+    let s = compare_on(dev, train(zoo::quickstart(32).unwrap(), momentum()), 5, 1e-5);
+    println!("{s}");
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn transformer_trains_as_on_the_cpu() {
+    let cfg = TransformerConfig::new(2, 64, 4, 16, 4);
+    let adam = Optimizer::Adam {
+        learning_rate: 0.001,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+    };
+    let s = compare_on(gpu(), train(transformer(&cfg).unwrap(), adam), 3, 1e-4);
+    println!("{s}");
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn lenet_and_resnet18_train_as_on_the_cpu() {
+    let s = compare_on(gpu(), train(zoo::lenet(8).unwrap(), momentum()), 3, 1e-4);
+    println!("{s}");
+    let s = compare_on(gpu(), train(zoo::resnet18_cifar(4).unwrap(), momentum()), 2, 1e-4);
+    println!("{s}");
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and NCCL"]
+fn nccl_with_one_rank_passes_the_communicator_conformance_suite() {
+    let boot = InProcessWorld::new(1).pop().unwrap();
+    let nccl = NcclComm::new(gpu(), boot).unwrap_or_else(|e| panic!("NCCL: {e}"));
+    let checks = conformance::run(&nccl).unwrap_or_else(|e| panic!("{e}"));
+    println!("NCCL {:?}: {checks} checks passed", NcclComm::version());
+}

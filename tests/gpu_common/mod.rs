@@ -1,0 +1,74 @@
+//! What the GPU backend's tests share: training steps on a device against the CPU executor.
+
+#![allow(dead_code)]
+
+use shardc::compiler::pipeline::{compile, CompileOptions};
+use shardc::cpu::CpuBackend;
+use shardc::cuda::{Device, GpuExecutor};
+use shardc::ir::Graph;
+use shardc::passes::autodiff::Optimizer;
+use shardc::runtime::data::synthetic::SyntheticData;
+use shardc::runtime::{Executor, Tensor};
+use std::sync::Arc;
+
+pub fn train(g: Graph, optimizer: Optimizer) -> Graph {
+    let opts = CompileOptions {
+        optimizer: Some(optimizer),
+        ..Default::default()
+    };
+    compile(g, &opts).expect("compiles").graph
+}
+
+pub fn momentum() -> Optimizer {
+    Optimizer::Momentum {
+        learning_rate: 0.05,
+        momentum: 0.9,
+        use_nesterov: false,
+    }
+}
+
+pub fn close(a: &Tensor, b: &Tensor, tol: f64) -> Result<(), String> {
+    if a.shape != b.shape {
+        return Err(format!("shapes {:?} and {:?}", a.shape, b.shape));
+    }
+    let (x, y) = (a.to_f64_vec(), b.to_f64_vec());
+    for (i, (u, v)) in x.iter().zip(&y).enumerate() {
+        let scale = u.abs().max(v.abs()).max(1.0);
+        if (u - v).abs() > tol * scale {
+            return Err(format!("element {i}: {u} vs {v}"));
+        }
+    }
+    Ok(())
+}
+
+/// Runs `steps` steps on the CPU and on `dev`; compares every output of every step and
+/// every weight after the last. Returns the GPU executor's stats summary.
+pub fn compare_on(dev: Arc<dyn Device>, g: Graph, steps: u64, tol: f64) -> String {
+    let data = SyntheticData::new(&g, 7, 2).expect("synthetic data");
+    let cpu_backend = Arc::new(CpuBackend::with_threads(1));
+    let mut cpu = Executor::new(g.clone(), cpu_backend.clone()).expect("cpu executor");
+    let mut gpu = GpuExecutor::new(g.clone(), dev, cpu_backend).expect("gpu executor");
+    for s in 0..steps {
+        let feeds = data.feeds(s);
+        let a = cpu.step(&feeds).expect("cpu step");
+        let b = gpu.step(&feeds).expect("gpu step");
+        assert_eq!(a.len(), b.len());
+        for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+            if let Err(e) = close(x, y, tol) {
+                panic!("{}: step {s}, output {i}: {e}", g.name);
+            }
+        }
+    }
+    let gw = gpu.weights().expect("weights");
+    let mut n = 0;
+    for (name, w) in &gw {
+        let c = cpu.param(name).expect("the cpu has the weight");
+        if let Err(e) = close(c, w, tol) {
+            panic!("{}: weight {name} after {steps} steps: {e}", g.name);
+        }
+        n += 1;
+    }
+    assert!(n > 0);
+    gpu.stats().summary()
+}
+
