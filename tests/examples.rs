@@ -412,3 +412,23 @@ fn transformer_example_searches_and_trains() {
     assert_eq!(l.len(), 2, "{out}");
     assert!(l.iter().all(|x| x.is_finite() && *x > 0.0), "{out}");
 }
+
+#[test]
+fn nccl_allgather_prints_every_rank_id_on_every_rank() {
+    let bin = example("nccl_allgather");
+    let dir = tmp("allgather");
+    let log = dir.join("log");
+    // Without GPUs the cluster's own communicator stands in for NCCL.
+    run(launch(4, &log).arg(&bin).args(["--device-target", "CPU"]));
+    for r in 0..4 {
+        let out = read(&log.join(format!("1/rank.{r}/stdout")));
+        assert_eq!(out.trim(), "[[0.], [1.], [2.], [3.]]", "rank {r}");
+    }
+    if !shardc::cuda::probe::Library::Driver.present() {
+        let o = Command::new(&bin).output().expect("runs");
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{t}");
+        assert!(t.contains("CUDA not found: libcuda.so"), "{t}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
