@@ -5,6 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# NVIDIA's runtime compiler (no GPU needed), so the tests compile every CUDA kernel to PTX.
+bash scripts/install-nvrtc.sh || echo "test: NVRTC could not be installed: the PTX test skips"
 profile=default
 [ "${CI:-}" = "true" ] && profile=ci
 features=()

@@ -43,6 +43,8 @@ pub mod bench_collectives;
 pub mod bench_compile;
 #[path = "bench_ddp.rs"]
 pub mod bench_ddp;
+#[path = "bench_gpu.rs"]
+pub mod bench_gpu;
 #[path = "bench_search.rs"]
 pub mod bench_search;
 #[path = "bench_strategies.rs"]
@@ -83,6 +85,9 @@ pub enum BenchWhat {
     /// The strategy searchers' speed on a 24-layer transformer at 8 to 4096 devices and on a
     /// generated 10^5-op graph (shardc only; see [`bench_search`]).
     Search,
+    /// The CUDA backend against PyTorch on the same GPU: GEMM TFLOP/s (f32, TF32, BF16) and
+    /// training steps of the MLP, ResNet-18 and a transformer (see [`bench_gpu`]).
+    Gpu,
     /// Whether the cost model ranks candidate strategies as measured step times do, on the
     /// quickstart net, the MLP and a 2-layer transformer at 2, 4, 8 ranks (see
     /// [`bench_strategies`]).
@@ -291,6 +296,9 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
     }
     if args.what == BenchWhat::Strategies {
         return bench_strategies::run(args);
+    }
+    if args.what == BenchWhat::Gpu {
+        return bench_gpu::run(args);
     }
     let mut reference = if args.no_reference {
         None

@@ -190,6 +190,92 @@ impl CudaDevice {
     }
 }
 
+/// The element and compute types of [`CudaDevice::time_gemm`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmPrecision {
+    /// Float32 in, Float32 compute (TF32 off).
+    F32,
+    /// Float32 in, TF32 tensor-core compute.
+    Tf32,
+    /// BFloat16 in and out, Float32 compute.
+    Bf16,
+}
+
+impl CudaDevice {
+    /// The median seconds of an `n x n x n` GEMM at `precision` (cuBLAS `GemmEx`), over
+    /// `reps` products after one warm-up, each timed to the stream's completion. For
+    /// `shardc bench gpu`.
+    pub fn time_gemm(&self, precision: GemmPrecision, n: usize, reps: usize) -> CudaResult<f64> {
+        use cublas_sys::cublasComputeType_t::{CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F_FAST_TF32};
+        use cublas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT as CUBLAS_GEMM_DEFAULT;
+        use cublas_sys::cublasOperation_t::CUBLAS_OP_N;
+        use cublas_sys::cudaDataType::{CUDA_R_16BF, CUDA_R_32F};
+        let (ty, elem, compute) = match precision {
+            GemmPrecision::F32 => (CUDA_R_32F, 4, CUBLAS_COMPUTE_32F),
+            GemmPrecision::Tf32 => (CUDA_R_32F, 4, CUBLAS_COMPUTE_32F_FAST_TF32),
+            GemmPrecision::Bf16 => (CUDA_R_16BF, 2, CUBLAS_COMPUTE_32F),
+        };
+        let bytes = n * n * elem;
+        let bufs = [self.alloc(bytes)?, self.alloc(bytes)?, self.alloc(bytes)?];
+        // Inputs: zero bytes are valid numbers of both types.
+        let zeros = vec![0u8; bytes];
+        let mut result = Ok(());
+        for &b in &bufs[..2] {
+            result = result.and_then(|_| self.upload(b, &zeros));
+        }
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let mut samples = Vec::with_capacity(reps);
+        for i in 0..=reps {
+            if result.is_err() {
+                break;
+            }
+            let t = std::time::Instant::now();
+            result = (|| {
+                let h = self.current()?;
+                // SAFETY: three n x n device buffers of this element type.
+                unsafe {
+                    cudarc::cublas::result::gemm_ex(
+                        h.blas,
+                        CUBLAS_OP_N,
+                        CUBLAS_OP_N,
+                        n as i32,
+                        n as i32,
+                        n as i32,
+                        &alpha as *const f32 as *const c_void,
+                        bufs[0] as *const c_void,
+                        ty,
+                        n as i32,
+                        bufs[1] as *const c_void,
+                        ty,
+                        n as i32,
+                        &beta as *const f32 as *const c_void,
+                        bufs[2] as *mut c_void,
+                        ty,
+                        n as i32,
+                        compute,
+                        CUBLAS_GEMM_DEFAULT,
+                    )
+                }
+                .map_err(|e| CudaError::Cublas {
+                    call: "cublasGemmEx",
+                    reason: format!("{e:?}"),
+                })?;
+                drop(h);
+                self.synchronize()
+            })();
+            if i > 0 {
+                samples.push(t.elapsed().as_secs_f64());
+            }
+        }
+        for b in bufs {
+            self.free(b);
+        }
+        result?;
+        samples.sort_by(f64::total_cmp);
+        Ok(samples.get(samples.len() / 2).copied().unwrap_or(f64::NAN))
+    }
+}
+
 impl Drop for CudaDevice {
     fn drop(&mut self) {
         let h = self.handles.lock().unwrap_or_else(|p| p.into_inner());

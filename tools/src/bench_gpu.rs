@@ -1,0 +1,182 @@
+//! `shardc bench gpu`: the CUDA backend against PyTorch on the same GPU, in one invocation.
+//!
+//! GEMM: cuBLAS through shardc's device (f32 with TF32 off, TF32, BF16) at 1024–8192 against
+//! `torch.matmul` (goal: ≥ 95 % of PyTorch's TFLOP/s). Training steps: the MLP, ResNet-18
+//! (CIFAR shapes) and the 2-layer transformer on [`GpuExecutor`] against PyTorch eager and
+//! `torch.compile` (`bench/gpu/reference.py`; goal: ≤ 1.0× eager). Each line prints both
+//! figures and the ratio; the GPU's name heads the output. Needs a GPU (`shardc gpu info`).
+
+use crate::bench::{bench_dir, BenchArgs, TrainModel};
+use anyhow::{anyhow, bail, Context, Result};
+use shardc_backend_cpu::CpuBackend;
+use shardc_backend_cuda::cuda::{CudaDevice, GemmPrecision};
+use shardc_backend_cuda::{Device, GpuExecutor};
+use shardc_compiler::pipeline::{compile, CompileOptions};
+use shardc_compiler::transformer::{transformer, TransformerConfig};
+use shardc_ir::Graph;
+use shardc_passes::autodiff::Optimizer;
+use shardc_runtime::data::synthetic::SyntheticData;
+use shardc_runtime::Tensor;
+use std::collections::HashMap;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The transformer of the GPU benchmark (as `bench/gpu/reference.py` builds it).
+fn transformer_step() -> Result<Graph> {
+    let g = transformer(&TransformerConfig::new(2, 256, 4, 128, 8))?;
+    let opts = CompileOptions {
+        optimizer: Some(Optimizer::Momentum {
+            learning_rate: 0.01,
+            momentum: 0.9,
+            use_nesterov: false,
+        }),
+        ..Default::default()
+    };
+    Ok(compile(g, &opts)?.graph)
+}
+
+/// `ref=torch ...` lines of the reference, as field maps.
+fn reference(args: &BenchArgs, sub: &[&str]) -> Result<Vec<HashMap<String, String>>> {
+    let dir = bench_dir(args)?;
+    let python = dir.join(".venv/bin/python");
+    if !python.is_file() {
+        bail!(
+            "{} is missing: run {} (PyTorch with CUDA), or pass --no-reference",
+            python.display(),
+            dir.join("setup_venv.sh").display()
+        );
+    }
+    let out = Command::new(&python)
+        .arg(dir.join("gpu/reference.py"))
+        .args(sub)
+        .output()
+        .with_context(|| format!("running {}", dir.join("gpu/reference.py").display()))?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() {
+        bail!(
+            "bench/gpu/reference.py failed ({}): {}{}",
+            out.status,
+            text,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(text
+        .lines()
+        .filter(|l| l.starts_with("ref="))
+        .map(|l| {
+            l.split_whitespace()
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        })
+        .collect())
+}
+
+fn field(lines: &[HashMap<String, String>], want: &[(&str, &str)], key: &str) -> Option<f64> {
+    lines
+        .iter()
+        .find(|m| want.iter().all(|(k, v)| m.get(*k).map(String::as_str) == Some(*v)))
+        .and_then(|m| m.get(key))
+        .and_then(|v| v.parse().ok())
+}
+
+fn step_ms(dev: &Arc<CudaDevice>, graph: &Graph, warmup: usize, steps: usize) -> Result<(f64, f64)> {
+    let data = SyntheticData::new(graph, 1, 4)?;
+    let d: Arc<dyn Device> = dev.clone();
+    let mut exec = GpuExecutor::new(graph.clone(), d, Arc::new(CpuBackend::with_threads(1)))?;
+    let mut samples = Vec::with_capacity(steps);
+    let mut loss = f64::NAN;
+    for s in 0..warmup + steps {
+        let t = Instant::now();
+        let out = exec.step(&data.feeds(s as u64))?;
+        if s >= warmup {
+            samples.push(t.elapsed().as_secs_f64());
+        }
+        loss = out.first().and_then(Tensor::scalar_value).unwrap_or(f64::NAN);
+    }
+    let host: u64 = exec.stats().host_ops.values().map(|(n, _)| n).sum();
+    if host > 0 {
+        eprintln!("{}: {}", graph.name, exec.stats().summary());
+    }
+    samples.sort_by(f64::total_cmp);
+    Ok((samples[samples.len() / 2] * 1e3, loss))
+}
+
+/// Runs the benchmark (see the module doc).
+pub fn run(args: &BenchArgs) -> Result<()> {
+    let dev = Arc::new(CudaDevice::new(0).map_err(|e| anyhow!("shardc bench gpu: {e}"))?);
+    println!("GPU: {}", dev.description());
+    let sizes: Vec<usize> = if args.quick {
+        vec![1024, 2048]
+    } else {
+        vec![1024, 2048, 4096, 8192]
+    };
+    let size_text = sizes.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
+    let mut sub = vec!["gemm", "--sizes", size_text.as_str()];
+    if args.quick {
+        sub.push("--quick");
+    }
+    let refs = if args.no_reference {
+        Vec::new()
+    } else {
+        reference(args, &sub)?
+    };
+    println!("GEMM (n x n x n)         shardc TFLOP/s   torch TFLOP/s   ratio   goal >= 0.95");
+    for &n in &sizes {
+        for (p, name) in [
+            (GemmPrecision::F32, "f32"),
+            (GemmPrecision::Tf32, "tf32"),
+            (GemmPrecision::Bf16, "bf16"),
+        ] {
+            let t = dev.time_gemm(p, n, if args.quick { 20 } else { 100 })?;
+            let ours = 2.0 * (n as f64).powi(3) / t / 1e12;
+            let theirs = field(&refs, &[("precision", name), ("n", &n.to_string())], "tflops");
+            match theirs {
+                Some(r) => println!(
+                    "{name:<5} n={n:<6}            {ours:>10.2}      {r:>10.2}   {:>5.2}   {}",
+                    ours / r,
+                    if ours / r >= 0.95 { "met" } else { "missed" }
+                ),
+                None => println!("{name:<5} n={n:<6}            {ours:>10.2}"),
+            }
+        }
+    }
+    let models = "mlp,resnet18,transformer";
+    let batch = args.batch.to_string();
+    let mut sub = vec!["train", "--models", models, "--batch", batch.as_str()];
+    if args.quick {
+        sub.push("--quick");
+    }
+    let refs = if args.no_reference {
+        Vec::new()
+    } else {
+        reference(args, &sub)?
+    };
+    let (warmup, steps) = if args.quick { (3, 20) } else { (10, 100) };
+    println!("training step            shardc ms   torch eager ms   ratio   torch.compile ms   goal <= 1.0 x eager");
+    for name in ["mlp", "resnet18", "transformer"] {
+        let graph = match name {
+            "mlp" => TrainModel::Mlp.training_graph(args.batch)?,
+            "resnet18" => TrainModel::Resnet18.training_graph(args.batch)?,
+            _ => transformer_step()?,
+        };
+        let (ours, loss) = step_ms(&dev, &graph, warmup, steps)?;
+        let eager = field(&refs, &[("model", name), ("mode", "eager")], "step_ms");
+        let compiled = field(&refs, &[("model", name), ("mode", "compile")], "step_ms");
+        let ratio = eager.map(|e| ours / e);
+        println!(
+            "{name:<12} batch {:<4}     {ours:>9.3}   {:>14}   {:>5}   {:>16}   {}   (loss {loss:.4})",
+            if name == "transformer" { 8 } else { args.batch },
+            eager.map_or("-".into(), |v| format!("{v:.3}")),
+            ratio.map_or("-".into(), |r| format!("{r:.2}")),
+            compiled.map_or("-".into(), |v| format!("{v:.3}")),
+            match ratio {
+                Some(r) if r <= 1.0 => "met",
+                Some(_) => "missed",
+                None => "",
+            }
+        );
+    }
+    Ok(())
+}
