@@ -28,6 +28,10 @@ fn driver(call: &'static str) -> impl Fn(drv::DriverError) -> CudaError {
 struct Handles {
     ctx: drv_sys::CUcontext,
     stream: drv_sys::CUstream,
+    /// The stream collectives run on, beside the kernels.
+    comm: drv_sys::CUstream,
+    /// Events by slot ([`Device::comm_record`]).
+    events: Vec<drv_sys::CUevent>,
     blas: cublas_sys::cublasHandle_t,
 }
 
@@ -98,6 +102,8 @@ impl CudaDevice {
         unsafe { drv::ctx::set_current(ctx) }.map_err(driver("cuCtxSetCurrent"))?;
         let stream = drv::stream::create(drv::stream::StreamKind::NonBlocking)
             .map_err(driver("cuStreamCreate"))?;
+        let comm = drv::stream::create(drv::stream::StreamKind::NonBlocking)
+            .map_err(driver("cuStreamCreate"))?;
         let blas = cudarc::cublas::result::create_handle().map_err(|e| CudaError::Cublas {
             call: "cublasCreate",
             reason: format!("{e:?}"),
@@ -135,7 +141,13 @@ impl CudaDevice {
             }
         }
         Ok(CudaDevice {
-            handles: Mutex::new(Handles { ctx, stream, blas }),
+            handles: Mutex::new(Handles {
+                ctx,
+                stream,
+                comm,
+                events: Vec::new(),
+                blas,
+            }),
             functions,
             ordinal,
             name,
@@ -171,9 +183,23 @@ impl CudaDevice {
         self.ordinal
     }
 
-    /// The raw stream (for NCCL calls ordered with the kernels).
+    /// The raw compute stream (for NCCL calls ordered with the kernels).
     pub fn stream_handle(&self) -> usize {
         self.handles.lock().unwrap_or_else(|p| p.into_inner()).stream as usize
+    }
+
+    /// The raw communication stream (NCCL calls that overlap the kernels).
+    pub fn comm_stream_handle(&self) -> usize {
+        self.handles.lock().unwrap_or_else(|p| p.into_inner()).comm as usize
+    }
+
+    fn event(h: &mut Handles, slot: usize) -> CudaResult<drv_sys::CUevent> {
+        while h.events.len() <= slot {
+            let e = drv::event::create(drv_sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+                .map_err(driver("cuEventCreate"))?;
+            h.events.push(e);
+        }
+        Ok(h.events[slot])
     }
 
     /// Locks the handles with the context current on this thread.
@@ -283,8 +309,13 @@ impl Drop for CudaDevice {
         unsafe {
             let _ = drv::ctx::set_current(h.ctx);
             let _ = drv::stream::synchronize(h.stream);
+            let _ = drv::stream::synchronize(h.comm);
+            for &e in &h.events {
+                let _ = drv::event::destroy(e);
+            }
             let _ = cudarc::cublas::result::destroy_handle(h.blas);
             let _ = drv::stream::destroy(h.stream);
+            let _ = drv::stream::destroy(h.comm);
         }
     }
 }
@@ -453,7 +484,39 @@ impl Device for CudaDevice {
 
     fn synchronize(&self) -> CudaResult<()> {
         let h = self.current()?;
-        // SAFETY: a live stream.
-        unsafe { drv::stream::synchronize(h.stream) }.map_err(driver("cuStreamSynchronize"))
+        // SAFETY: live streams.
+        unsafe {
+            drv::stream::synchronize(h.comm).map_err(driver("cuStreamSynchronize"))?;
+            drv::stream::synchronize(h.stream).map_err(driver("cuStreamSynchronize"))
+        }
+    }
+
+    fn comm_after_compute(&self) -> CudaResult<()> {
+        let mut h = self.current()?;
+        // Slot 0 is this crossing's own event; buckets use slots from 1.
+        let e = CudaDevice::event(&mut h, 0)?;
+        // SAFETY: live streams and event.
+        unsafe {
+            drv::event::record(e, h.stream).map_err(driver("cuEventRecord"))?;
+            drv::stream::wait_event(h.comm, e, drv_sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT)
+                .map_err(driver("cuStreamWaitEvent"))
+        }
+    }
+
+    fn comm_record(&self, slot: usize) -> CudaResult<()> {
+        let mut h = self.current()?;
+        let e = CudaDevice::event(&mut h, slot + 1)?;
+        // SAFETY: a live stream and event.
+        unsafe { drv::event::record(e, h.comm) }.map_err(driver("cuEventRecord"))
+    }
+
+    fn compute_after_comm(&self, slot: usize) -> CudaResult<()> {
+        let mut h = self.current()?;
+        let e = CudaDevice::event(&mut h, slot + 1)?;
+        // SAFETY: a live stream and event.
+        unsafe {
+            drv::stream::wait_event(h.stream, e, drv_sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT)
+        }
+        .map_err(driver("cuStreamWaitEvent"))
     }
 }

@@ -129,4 +129,24 @@ pub trait Device: Send + Sync {
 
     /// Waits for every earlier operation.
     fn synchronize(&self) -> CudaResult<()>;
+
+    /// Orders the communication stream after everything issued so far on the compute
+    /// stream (before a collective reads what the kernels wrote). A device with one stream
+    /// does nothing.
+    fn comm_after_compute(&self) -> CudaResult<()> {
+        Ok(())
+    }
+
+    /// Marks, in event `slot`, everything issued so far on the communication stream.
+    fn comm_record(&self, slot: usize) -> CudaResult<()> {
+        let _ = slot;
+        Ok(())
+    }
+
+    /// Orders the compute stream after event `slot` (before a kernel reads what a
+    /// collective wrote); the host does not wait.
+    fn compute_after_comm(&self, slot: usize) -> CudaResult<()> {
+        let _ = slot;
+        Ok(())
+    }
 }

@@ -17,7 +17,7 @@ use crate::error::{CudaError, CudaResult};
 use crate::kernels::DevPtr;
 use crate::nccl::NcclComm;
 use crate::ops::{self, Lowered, OpCall, Val};
-use shardc_ir::{Graph, OpClass, OpKind, Operand, ParamKind, TensorType, Type};
+use shardc_ir::{Attr, DType, Graph, OpClass, OpKind, Operand, ParamKind, ReduceOp, TensorType, Type};
 use shardc_runtime::executor::{comm_call, CommCall};
 use shardc_runtime::init::init_tensor;
 use shardc_runtime::memory::{plan, Location, MemoryPlan};
@@ -67,8 +67,39 @@ pub struct GpuExecutor {
     status: DevPtr,
     placement: Vec<Option<Lowered>>,
     calls: Vec<Option<CommCall>>,
+    /// Gradient buckets (`fusion: k` AllReduces) and, per node, its member index.
+    buckets: Vec<Bucket>,
+    members: Vec<Member>,
+    member_of: Vec<Option<usize>>,
+    /// Per node: the buckets whose members' results it reads.
+    needs: Vec<Vec<usize>>,
     step_count: u64,
     stats: GpuStats,
+}
+
+/// A gradient bucket: its members' gradients packed in one flat device buffer and reduced by
+/// one AllReduce when the last member exists (on NCCL's stream, overlapping the rest of the
+/// backward pass); unpacked before the first node that reads a member.
+#[derive(Debug)]
+struct Bucket {
+    id: i64,
+    group: Vec<usize>,
+    op: ReduceOp,
+    dtype: DType,
+    last: usize,
+    flat: DevPtr,
+    elements: usize,
+    submitted: bool,
+    in_flight: bool,
+    unpacked: bool,
+}
+
+#[derive(Debug)]
+struct Member {
+    node: usize,
+    bucket: usize,
+    offset: usize,
+    len: usize,
 }
 
 impl std::fmt::Debug for GpuExecutor {
@@ -86,6 +117,9 @@ impl Drop for GpuExecutor {
         let _ = self.device.synchronize();
         for &p in self.buffers.iter().chain(&self.params) {
             self.device.free(p);
+        }
+        for b in &self.buckets {
+            self.device.free(b.flat);
         }
         self.device.free(self.status);
     }
@@ -190,7 +224,30 @@ impl GpuExecutor {
                 );
             }
         }
+        let (buckets, members) = plan_buckets(&graph, &calls)?;
+        let mut member_of = vec![None; graph.nodes.len()];
+        for (m, mem) in members.iter().enumerate() {
+            member_of[mem.node] = Some(m);
+        }
+        let reads = |o: &Operand| match o {
+            Operand::Node(id) => member_of[id.index()].map(|m: usize| members[m].bucket),
+            _ => None,
+        };
+        let needs: Vec<Vec<usize>> = graph
+            .nodes
+            .iter()
+            .map(|n| {
+                let mut v: Vec<usize> = n.inputs.iter().filter_map(reads).collect();
+                v.sort_unstable();
+                v.dedup();
+                v
+            })
+            .collect();
         let mut ex = GpuExecutor {
+            buckets,
+            members,
+            member_of,
+            needs,
             placement: vec![None; graph.nodes.len()],
             calls,
             buffers: Vec::with_capacity(plan.buffers.len()),
@@ -210,6 +267,10 @@ impl GpuExecutor {
         for b in &ex.plan.buffers {
             let p = ex.device.alloc(b.bytes())?;
             ex.buffers.push(p);
+        }
+        for i in 0..ex.buckets.len() {
+            let bytes = ex.buckets[i].elements * ex.buckets[i].dtype.size_bytes();
+            ex.buckets[i].flat = ex.device.alloc(bytes)?;
         }
         for i in 0..ex.graph.params.len() {
             let p = &ex.graph.params[i];
@@ -367,9 +428,21 @@ impl GpuExecutor {
             }
         }
         let graph = self.graph.clone();
+        for b in &mut self.buckets {
+            b.submitted = false;
+            b.in_flight = false;
+            b.unpacked = false;
+        }
         let mut status_users = Vec::new();
         for i in 0..graph.nodes.len() {
+            for k in 0..self.needs[i].len() {
+                let b = self.needs[i][k];
+                self.finish_bucket(&graph, b)?;
+            }
             self.run_node(&graph, i, &mut status_users)?;
+        }
+        for b in 0..self.buckets.len() {
+            self.finish_bucket(&graph, b)?;
         }
         let mut outs = Vec::with_capacity(graph.outputs.len());
         for o in &graph.outputs {
@@ -442,6 +515,9 @@ impl GpuExecutor {
                 return Ok(());
             }
             _ => {}
+        }
+        if let Some(m) = self.member_of[i] {
+            return self.pack(graph, m);
         }
         if let Some(call) = self.calls[i].clone() {
             self.stats.comm_ops += 1;
@@ -539,6 +615,93 @@ impl GpuExecutor {
         Ok(())
     }
 
+    /// Copies member `m`'s gradient into its bucket; the last member submits the bucket.
+    fn pack(&mut self, graph: &Graph, m: usize) -> CudaResult<()> {
+        let (node, b, offset, len) = {
+            let mem = &self.members[m];
+            (mem.node, mem.bucket, mem.offset, mem.len)
+        };
+        let elem = self.buckets[b].dtype.size_bytes();
+        let src = match graph.nodes[node].inputs.first().map(|o| self.operand(graph, o)) {
+            Some(Ok(Val::Tensor { ptr, .. })) => ptr,
+            Some(Err(e)) => return Err(e),
+            _ => {
+                return Err(CudaError::Op {
+                    op: graph.nodes[node].op,
+                    instance: graph.nodes[node].instance.clone(),
+                    reason: "operand 0 must be a tensor".into(),
+                })
+            }
+        };
+        self.device
+            .copy(self.buckets[b].flat + (offset * elem) as u64, src, len * elem)?;
+        if self.buckets[b].last != node {
+            return Ok(());
+        }
+        self.stats.comm_ops += 1;
+        self.buckets[b].submitted = true;
+        let bk = &self.buckets[b];
+        let op_err = |reason: String| CudaError::Op {
+            op: graph.nodes[node].op,
+            instance: graph.nodes[node].instance.clone(),
+            reason: format!("gradient bucket fusion {}: {reason}", bk.id),
+        };
+        if let Some(nccl) = &self.nccl {
+            nccl.all_reduce_on_comm_stream(&bk.group, bk.op, bk.flat, bk.elements, bk.dtype)
+                .map_err(|e| op_err(e.to_string()))?;
+            self.device.comm_record(b)?;
+            self.buckets[b].in_flight = true;
+            return Ok(());
+        }
+        let comm = self
+            .comm
+            .clone()
+            .ok_or_else(|| op_err("no communicator".into()))?;
+        let ty = TensorType::new(bk.dtype, vec![bk.elements]);
+        let mut bytes = vec![0u8; byte_len(&ty)];
+        self.device.download(bk.flat, &mut bytes)?;
+        let mut t = tensor_of(&ty, &bytes);
+        comm.all_reduce(&bk.group, bk.op, &mut t)
+            .map_err(|e| op_err(e.to_string()))?;
+        self.device.upload(bk.flat, &tensor_bytes(&t))
+    }
+
+    /// Makes bucket `b`'s reduced gradients the members' results (once per step), after its
+    /// AllReduce on the device.
+    fn finish_bucket(&mut self, graph: &Graph, b: usize) -> CudaResult<()> {
+        if self.buckets[b].unpacked {
+            return Ok(());
+        }
+        let last = self.buckets[b].last;
+        if self.buckets[b].in_flight {
+            self.device.compute_after_comm(b)?;
+            self.buckets[b].in_flight = false;
+        } else if !self.buckets[b].submitted {
+            // Not submitted yet this step: a reader before the last member would be a
+            // malformed schedule.
+            return Err(CudaError::Op {
+                op: graph.nodes[last].op,
+                instance: graph.nodes[last].instance.clone(),
+                reason: format!(
+                    "gradient bucket fusion {} is read before its last member ran",
+                    self.buckets[b].id
+                ),
+            });
+        }
+        let elem = self.buckets[b].dtype.size_bytes();
+        for m in 0..self.members.len() {
+            if self.members[m].bucket != b {
+                continue;
+            }
+            let (node, offset, len) = (self.members[m].node, self.members[m].offset, self.members[m].len);
+            let dst = self.value_ptr(node, 0)?;
+            self.device
+                .copy(dst, self.buckets[b].flat + (offset * elem) as u64, len * elem)?;
+        }
+        self.buckets[b].unpacked = true;
+        Ok(())
+    }
+
     fn run_comm(&mut self, graph: &Graph, i: usize, call: &CommCall) -> CudaResult<()> {
         let node = &graph.nodes[i];
         let ty = match &node.ty {
@@ -619,4 +782,74 @@ impl GpuExecutor {
         }
         self.device.upload(out, &tensor_bytes(&result))
     }
+}
+
+/// The gradient buckets of a graph: its AllReduce nodes with `fusion: k` (k > 0), grouped by
+/// k, each member's place in the bucket's flat buffer (buffers are allocated by the caller).
+fn plan_buckets(
+    graph: &Graph,
+    calls: &[Option<CommCall>],
+) -> CudaResult<(Vec<Bucket>, Vec<Member>)> {
+    let mut buckets: Vec<Bucket> = Vec::new();
+    let mut members = Vec::new();
+    for (i, node) in graph.nodes.iter().enumerate() {
+        let err = |reason: String| CudaError::Op {
+            op: node.op,
+            instance: node.instance.clone(),
+            reason,
+        };
+        let id = match node.attrs.get("fusion") {
+            None => continue,
+            Some(Attr::Int(k)) if *k > 0 => *k,
+            Some(Attr::Int(0)) => continue,
+            Some(other) => {
+                return Err(err(format!(
+                    "attribute `fusion` must be 0 (not fused) or a bucket id > 0, got {other}"
+                )))
+            }
+        };
+        let (Some(CommCall::AllReduce { group, op }), Type::Tensor(ty)) = (&calls[i], &node.ty)
+        else {
+            return Err(err(format!(
+                "attribute `fusion` {id}: only AllReduce nodes can be fused, this is {}",
+                node.op
+            )));
+        };
+        let b = match buckets.iter().position(|b| b.id == id) {
+            Some(b) => {
+                let bk = &buckets[b];
+                if bk.group != *group || bk.op != *op || bk.dtype != ty.dtype {
+                    return Err(err(format!(
+                        "it is in gradient bucket fusion {id}, but its group, reduction or dtype differs from the bucket's"
+                    )));
+                }
+                b
+            }
+            None => {
+                buckets.push(Bucket {
+                    id,
+                    group: group.clone(),
+                    op: *op,
+                    dtype: ty.dtype,
+                    last: i,
+                    flat: 0,
+                    elements: 0,
+                    submitted: false,
+                    in_flight: false,
+                    unpacked: false,
+                });
+                buckets.len() - 1
+            }
+        };
+        let len = ty.num_elements();
+        members.push(Member {
+            node: i,
+            bucket: b,
+            offset: buckets[b].elements,
+            len,
+        });
+        buckets[b].elements += len;
+        buckets[b].last = i;
+    }
+    Ok((buckets, members))
 }

@@ -207,6 +207,37 @@ impl NcclComm {
         )
     }
 
+    /// An in-place AllReduce of `count` elements at `buf` over `group` on the device's
+    /// communication stream (a gradient bucket), after the kernels issued so far; the caller
+    /// records an event after it and orders the readers after that event.
+    pub fn all_reduce_on_comm_stream(
+        &self,
+        group: &[usize],
+        op: ReduceOp,
+        buf: DevPtr,
+        count: usize,
+        dtype: DType,
+    ) -> CudaResult<()> {
+        let dt = nccl_dtype(dtype)?;
+        let c = self.comm_for(group)?;
+        self.device.comm_after_compute()?;
+        let stream = self.device.comm_stream_handle() as nccl_sys::cudaStream_t;
+        // SAFETY: `buf` holds `count` elements (the executor's bucket).
+        unsafe {
+            nccl::all_reduce(
+                buf as *const c_void,
+                buf as *mut c_void,
+                count,
+                dt,
+                nccl_op(op),
+                c,
+                stream,
+            )
+        }
+        .map(drop)
+        .map_err(nccl_err("ncclAllReduce"))
+    }
+
     /// Runs a resolved collective on device memory: `input` (absent for Receive) into `out`
     /// of type `out_ty`, ordered on the device's stream after the kernels before it.
     pub fn run_on_device(
