@@ -402,25 +402,12 @@ pub(crate) fn fill_like(ctx: &Ctx<'_>, inputs: &[Arg<'_>], outputs: &mut [Tensor
     })
 }
 
-/// SplitMix64's finaliser.
-#[inline(always)]
-fn mix64(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
 /// The uniform number in `[0, 1)` of element `index` for (seed0, seed1, step): a counter-based
-/// hash, so the mask depends on nothing else (not on threads, nor on chunking).
+/// hash, so the mask depends on nothing else (not on threads, nor on chunking). The hash is
+/// `shardc_ir::dropout`'s, which every backend uses.
 #[inline(always)]
 pub fn dropout_uniform(seed0: i64, seed1: i64, step: u64, index: u64) -> f64 {
-    let key = mix64(
-        mix64(seed0 as u64 ^ 0x9e37_79b9_7f4a_7c15)
-            ^ mix64((seed1 as u64).wrapping_add(0x3c6e_f372_fe94_f82b))
-            ^ mix64(step.wrapping_add(0xa54f_f53a_5f1d_36f1)),
-    );
-    let h = mix64(key ^ index.wrapping_mul(0x9e37_79b9_7f4a_7c15));
-    (h >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    shardc_ir::dropout::uniform(shardc_ir::dropout::key(seed0, seed1, step), index)
 }
 
 /// Where a block of a sharded Dropout sits in the global tensor: from the optional attrs
