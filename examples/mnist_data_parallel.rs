@@ -123,10 +123,10 @@ fn train(comm: &Communication) -> Result<(), TrainError> {
     let rank = comm.get_rank();
     let size = comm.get_group_size();
     // Saves the trained weights as `DIR/{rank_id}/mnist_dp-{epochs}_{steps}.safetensors`.
-    let save = |exec: &shardc::runtime::Executor, steps: u64| -> Result<(), TrainError> {
+    let save = |exec: &dyn shardc::runtime::StepExecutor, steps: u64| -> Result<(), TrainError> {
         if let Some(dir) = &c.checkpoint_dir {
             let cp =
-                Checkpoint::of_executor(exec, rank as u32, size as u32, steps, c.epochs as u64);
+                Checkpoint::of_executor(exec, rank as u32, size as u32, steps, c.epochs as u64)?;
             let per_epoch = data_set.get_dataset_size().max(1) as u64;
             checkpoint::save_rank(dir, "mnist_dp", per_epoch, &cp, 0)?;
         }

@@ -23,10 +23,14 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 fn local_rank(rank: usize) -> usize {
-    ["OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MS_LOCAL_RANK"]
-        .iter()
-        .find_map(|k| std::env::var(k).ok()?.parse().ok())
-        .unwrap_or(rank)
+    [
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "MPI_LOCALRANKID",
+        "MS_LOCAL_RANK",
+    ]
+    .iter()
+    .find_map(|k| std::env::var(k).ok()?.parse().ok())
+    .unwrap_or(rank)
 }
 
 /// `[[0.], [1.]]`, as numpy prints a (N, 1) float array.

@@ -12,7 +12,10 @@
 //! `--image-size 224` (the Resize target), `--width-divisor 1` (divides every channel count:
 //! 16 trains the same 50-layer structure at a size a laptop runs in seconds),
 //! `--num-samples N` (at most N images per rank and epoch), `--checkpoint-dir DIR`
-//! (ModelCheckpoint every epoch's end into `DIR/{rank_id}/`), `--data-path DIR` (instead of `DATA_PATH`).
+//! (ModelCheckpoint every epoch's end into `DIR/{rank_id}/`), `--data-path DIR` (instead of `DATA_PATH`),
+//! `--device-target CPU|GPU` (the GPU tutorial's `set_context(device_target="GPU")`: one GPU per
+//! rank, the rank on its host modulo the GPUs, gradients through NCCL; `GPU-emulated` runs the
+//! CUDA backend's kernels on the host).
 
 use shardc::communication::{self, Communication};
 use shardc::compiler::loss::SoftmaxCrossEntropyExpand;
@@ -21,7 +24,9 @@ use shardc::compiler::parallel_context::{ParallelContext, ParallelMode};
 use shardc::compiler::zoo::ResNet50;
 use shardc::ir::DType;
 use shardc::runtime::data::{vision, Cifar10Dataset, Cifar10Usage, Dataset, SourceOptions};
-use shardc::train::{Callback, LossMonitor, Model, ProgressBar, TimeMonitor, TrainError};
+use shardc::train::{
+    Callback, DeviceTarget, LossMonitor, Model, ProgressBar, TimeMonitor, TrainError,
+};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -33,6 +38,7 @@ struct Config {
     width_divisor: usize,
     num_samples: Option<usize>,
     checkpoint_dir: Option<PathBuf>,
+    device_target: DeviceTarget,
 }
 
 fn config() -> Result<Config, TrainError> {
@@ -47,6 +53,7 @@ fn config() -> Result<Config, TrainError> {
         width_divisor: 1,
         num_samples: None,
         checkpoint_dir: None,
+        device_target: DeviceTarget::Cpu,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -63,6 +70,7 @@ fn config() -> Result<Config, TrainError> {
             "--num-samples" => c.num_samples = Some(num(value()?, &a)?),
             "--checkpoint-dir" => c.checkpoint_dir = Some(PathBuf::from(value()?)),
             "--data-path" => c.data_path = PathBuf::from(value()?),
+            "--device-target" => c.device_target = value()?.parse()?,
             _ => return Err(bad(format!("unknown option {a}"))),
         }
     }
@@ -121,7 +129,8 @@ fn train_resnet50_with_cifar10(comm: &Communication) -> Result<(), TrainError> {
     };
     let mut model = Model::new(net, loss, &opt)
         .with_context(context)
-        .with_communication(comm);
+        .with_communication(comm)
+        .with_device_target(c.device_target);
     let mut loss_cb = LossMonitor::new();
     let mut time_cb = TimeMonitor::new();
     // Drawn only when stderr is a terminal (never into the workers' log files).

@@ -62,16 +62,168 @@ fn transformer_trains_as_on_the_cpu_with_adam() {
     if let Some(s) = compare(train(g, adam), 2, 1e-4) {
         println!("{s}");
         for op in ["Softmax", "LayerNorm", "BatchMatMul", "GeLU", "Adam"] {
-            assert!(!s.contains(&format!("host: {op} ")), "{op} ran on the host: {s}");
+            assert!(
+                !s.contains(&format!("host: {op} ")),
+                "{op} ran on the host: {s}"
+            );
         }
     }
 }
 
 #[test]
-fn lenet_with_convolutions_runs_them_on_the_host_and_still_matches() {
+fn lenet_trains_as_on_the_cpu_with_convolutions_on_the_device() {
     let g = train(zoo::lenet(2).expect("lenet"), momentum());
     if let Some(s) = compare(g, 1, 1e-4) {
         println!("{s}");
-        assert!(s.contains("host: Conv2D"), "{s}");
+        assert!(!s.contains("host:"), "{s}");
+    }
+}
+
+/// The movement ops one by one (a forward graph of them, every result an output), on the
+/// emulated device against the CPU, over two steps (Dropout's masks depend on the step):
+/// exactly equal, since they only move data (and draw the same masks).
+#[test]
+fn movement_ops_match_the_cpu_exactly() {
+    use shardc::compiler::builder::GraphBuilder;
+    use shardc::ir::{Attr, Attrs, Const, DType, Init, OpKind, Operand};
+    let Some(dev) = device() else { return };
+    let mut b = GraphBuilder::new("Movement");
+    let x = b.input("x", DType::Float32, &[4, 6]).unwrap();
+    let idx = b.input("idx", DType::Int32, &[5]).unwrap();
+    let table = b
+        .weight(
+            "table",
+            DType::Float32,
+            &[10, 3],
+            Init::Normal {
+                sigma: 1.0,
+                mean: 0.0,
+                seed: 3,
+            },
+        )
+        .unwrap();
+    let ints = |v: &[i64]| Operand::Const(Const::Ints(v.to_vec()));
+    let slice = b
+        .op(
+            OpKind::StridedSlice,
+            &[x.into(), ints(&[0, -6]), ints(&[4, 6]), ints(&[2, 1])],
+            Attrs::new(),
+        )
+        .unwrap();
+    let cat = b
+        .op(
+            OpKind::Concat,
+            &[x.into(), slice.into(), x.into()],
+            Attrs::new().with("axis", Attr::Int(0)),
+        )
+        .unwrap();
+    let cat1 = b
+        .op(
+            OpKind::Concat,
+            &[x.into(), x.into()],
+            Attrs::new().with("axis", Attr::Int(1)),
+        )
+        .unwrap();
+    let split = b
+        .op(
+            OpKind::Split,
+            &[x.into()],
+            Attrs::new()
+                .with("axis", Attr::Int(1))
+                .with("output_num", Attr::Int(3)),
+        )
+        .unwrap();
+    let part = b.tuple_get_item(split, 2).unwrap();
+    let gathered = b
+        .op(
+            OpKind::Gather,
+            &[table.into(), idx.into(), Operand::Const(Const::Int(0))],
+            Attrs::new(),
+        )
+        .unwrap();
+    let drop = b
+        .op(
+            OpKind::Dropout,
+            &[x.into()],
+            Attrs::new()
+                .with("keep_prob", Attr::Float(0.6))
+                .with("seed0", Attr::Int(7))
+                .with("seed1", Attr::Int(11)),
+        )
+        .unwrap();
+    let dy = b.tuple_get_item(drop, 0).unwrap();
+    let mask = b.tuple_get_item(drop, 1).unwrap();
+    let dgrad = b
+        .op(OpKind::DropoutGrad, &[x.into(), mask.into()], Attrs::new())
+        .unwrap();
+    let sgrad = b
+        .op(
+            OpKind::StridedSliceGrad,
+            &[
+                slice.into(),
+                ints(&[4, 6]),
+                ints(&[0, -6]),
+                ints(&[4, 6]),
+                ints(&[2, 1]),
+            ],
+            Attrs::new(),
+        )
+        .unwrap();
+    let eq = b
+        .op(OpKind::Equal, &[x.into(), dgrad.into()], Attrs::new())
+        .unwrap();
+    let g = b
+        .finish(&[slice, cat, cat1, part, gathered, dy, mask, dgrad, sgrad, eq])
+        .expect("the movement graph builds");
+    let host = Arc::new(shardc::cpu::CpuBackend::with_threads(1));
+    let mut cpu = shardc::runtime::Executor::new(g.clone(), host.clone()).unwrap();
+    let mut gpu = shardc::cuda::GpuExecutor::new(g, dev, host).unwrap();
+    for step in 0..2u64 {
+        let xs: Vec<f32> = (0..24)
+            .map(|i| ((i * 7 + step as i32) % 11) as f32 - 5.0)
+            .collect();
+        let feeds = vec![
+            (
+                "x",
+                shardc::runtime::Tensor::from_f32(vec![4, 6], xs).unwrap(),
+            ),
+            (
+                "idx",
+                shardc::runtime::Tensor::from_i32(vec![5], vec![9, 0, 3, 3, 7]).unwrap(),
+            ),
+        ];
+        let a = cpu.step(&feeds).unwrap();
+        let c = gpu.step(&feeds).unwrap();
+        for (i, (u, v)) in a.iter().zip(&c).enumerate() {
+            assert_eq!(u, v, "output {i} at step {step}");
+        }
+    }
+    let s = gpu.stats().summary();
+    assert!(!s.contains("host:"), "{s}");
+    // An index out of range is an error naming the op, not a wrong number.
+    let feeds = vec![
+        (
+            "x",
+            shardc::runtime::Tensor::from_f32(vec![4, 6], vec![0.0; 24]).unwrap(),
+        ),
+        (
+            "idx",
+            shardc::runtime::Tensor::from_i32(vec![5], vec![0, 1, 10, 2, 3]).unwrap(),
+        ),
+    ];
+    let err = gpu.step(&feeds).unwrap_err().to_string();
+    assert!(
+        err.contains("Gather") && err.contains("position 2"),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_embedding_network_trains_as_on_the_cpu() {
+    let g =
+        shardc::compiler::generated::embedding_net(4, 50, 8, 3, &[16, 4]).expect("embedding net");
+    if let Some(s) = compare(train(g, momentum()), 2, 1e-5) {
+        println!("{s}");
+        assert!(!s.contains("host: Gather"), "{s}");
     }
 }

@@ -27,9 +27,19 @@ fn gpu() -> Arc<CudaDevice> {
 fn mlp_and_quickstart_train_as_on_the_cpu() {
     let dev: Arc<dyn Device> = gpu();
     println!("{}", dev.description());
-    let s = compare_on(dev.clone(), train(zoo::mlp(64, &[784, 512, 512, 10]).unwrap(), momentum()), 5, 1e-5);
+    let s = compare_on(
+        dev.clone(),
+        train(zoo::mlp(64, &[784, 512, 512, 10]).unwrap(), momentum()),
+        5,
+        1e-5,
+    );
     println!("{s}");
-    let s = compare_on(dev, train(zoo::quickstart(32).unwrap(), momentum()), 5, 1e-5);
+    let s = compare_on(
+        dev,
+        train(zoo::quickstart(32).unwrap(), momentum()),
+        5,
+        1e-5,
+    );
     println!("{s}");
 }
 
@@ -52,7 +62,12 @@ fn transformer_trains_as_on_the_cpu() {
 fn lenet_and_resnet18_train_as_on_the_cpu() {
     let s = compare_on(gpu(), train(zoo::lenet(8).unwrap(), momentum()), 3, 1e-4);
     println!("{s}");
-    let s = compare_on(gpu(), train(zoo::resnet18_cifar(4).unwrap(), momentum()), 2, 1e-4);
+    let s = compare_on(
+        gpu(),
+        train(zoo::resnet18_cifar(4).unwrap(), momentum()),
+        2,
+        1e-4,
+    );
     println!("{s}");
 }
 

@@ -90,16 +90,34 @@ fn without_cuda_the_gpu_target_fails_with_the_missing_library() {
     let dir = tmp("nocuda");
     let art = dir.join("art");
     compile(&art, &[]);
-    let o = shardc(&["run", art.to_str().unwrap(), "--steps", "1", "--device-target", "GPU"]);
+    let o = shardc(&[
+        "run",
+        art.to_str().unwrap(),
+        "--steps",
+        "1",
+        "--device-target",
+        "GPU",
+    ]);
     let t = text(&o);
     assert_eq!(o.status.code(), Some(1), "{t}");
-    assert!(t.contains("error: --device-target GPU: CUDA not found: libcuda.so"), "{t}");
+    assert!(
+        t.contains("error: --device-target GPU: CUDA not found: libcuda.so"),
+        "{t}"
+    );
     assert!(!t.contains("panicked"), "{t}");
     let o = shardc(&["gpu", "info"]);
     assert!(o.status.success(), "{}", text(&o));
-    assert!(text(&o).contains("libcuda.so       missing"), "{}", text(&o));
+    assert!(
+        text(&o).contains("libcuda.so       missing"),
+        "{}",
+        text(&o)
+    );
     let o = shardc(&["run", art.to_str().unwrap(), "--device-target", "Ascend"]);
-    assert!(text(&o).contains("the Ascend backend is not built"), "{}", text(&o));
+    assert!(
+        text(&o).contains("the Ascend backend is not built"),
+        "{}",
+        text(&o)
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -124,11 +142,18 @@ fn the_emulated_gpu_trains_one_device_and_in_process_ranks_as_the_cpu() {
         "--stats",
     ]);
     assert!(gpu.status.success(), "{}", text(&gpu));
-    assert!(text(&gpu).contains("ops on the device, 0 on the host"), "{}", text(&gpu));
+    assert!(
+        text(&gpu).contains("ops on the device, 0 on the host"),
+        "{}",
+        text(&gpu)
+    );
     same_losses(&losses(&text(&cpu)), &losses(&text(&gpu)), "one device");
 
     let four = dir.join("eight");
-    compile(&four, &["--device-num", "8", "--parallel-mode", "semi_auto_parallel"]);
+    compile(
+        &four,
+        &["--device-num", "8", "--parallel-mode", "semi_auto_parallel"],
+    );
     let cpu = shardc(&["run", four.to_str().unwrap(), "--steps", "3"]);
     let gpu = shardc(&[
         "run",
@@ -143,7 +168,11 @@ fn the_emulated_gpu_trains_one_device_and_in_process_ranks_as_the_cpu() {
     ]);
     assert!(gpu.status.success(), "{}", text(&gpu));
     assert!(text(&gpu).contains("collectives"), "{}", text(&gpu));
-    same_losses(&losses(&text(&cpu)), &losses(&text(&gpu)), "8 ranks in process");
+    same_losses(
+        &losses(&text(&cpu)),
+        &losses(&text(&gpu)),
+        "8 ranks in process",
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -161,7 +190,10 @@ fn launched_workers_on_the_emulated_gpu_print_the_cpu_losses() {
     }
     let dir = tmp("launch");
     let art = dir.join("art");
-    compile(&art, &["--device-num", "2", "--parallel-mode", "data_parallel"]);
+    compile(
+        &art,
+        &["--device-num", "2", "--parallel-mode", "data_parallel"],
+    );
     let reference = shardc(&["run", art.to_str().unwrap(), "--steps", "3"]);
     let log = dir.join("log");
     let port = free_port().to_string();
@@ -192,6 +224,10 @@ fn launched_workers_on_the_emulated_gpu_print_the_cpu_losses() {
     let rank0 = std::fs::read_to_string(log.join("1/rank.0/stdout")).unwrap_or_default();
     let err0 = std::fs::read_to_string(log.join("1/rank.0/stderr")).unwrap_or_default();
     assert!(o.status.success(), "{}\n{rank0}\n{err0}", text(&o));
-    same_losses(&losses(&text(&reference)), &losses(&rank0), "2 launched workers");
+    same_losses(
+        &losses(&text(&reference)),
+        &losses(&rank0),
+        "2 launched workers",
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -75,8 +75,9 @@ fn weights_of(model: &Model) -> BTreeMap<String, Tensor> {
     model
         .executor()
         .expect("trained")
-        .weights()
-        .map(|(n, t)| (n.to_string(), t.clone()))
+        .weight_values()
+        .expect("weights")
+        .into_iter()
         .collect()
 }
 
@@ -365,7 +366,7 @@ impl Callback for Recorder {
         self.steps.push((info.epoch, info.step_in_epoch));
         self.bars
             .push(shardc::train::ProgressBar::always().render(info));
-        assert!(info.loss.is_finite() && info.exec.param("w").is_some());
+        assert!(info.loss.is_finite() && info.exec.weight_value("w").is_ok());
         Ok(())
     }
     fn on_epoch_end(&mut self, _: &shardc::train::StepInfo<'_>) -> Result<(), TrainError> {
@@ -443,9 +444,8 @@ fn model_checkpoint_saves_every_k_steps_and_at_the_end_keeping_the_newest() {
     let w = model
         .executor()
         .expect("trained")
-        .param("w")
-        .expect("w")
-        .clone();
+        .weight_value("w")
+        .expect("w");
     assert_eq!(cp.tensor("w").expect("w in file"), &w);
 }
 

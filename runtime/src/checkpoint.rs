@@ -33,8 +33,8 @@
 //! device); newer steps that are incomplete or invalid are skipped, each with a warning naming
 //! the file and the reason, which the caller prints.
 
+use crate::step::StepExecutor;
 use crate::tensor::{Data, Tensor};
-use crate::Executor;
 use half::{bf16, f16};
 use safetensors::tensor::{Dtype, SafeTensors, View};
 use sha2::{Digest, Sha256};
@@ -403,20 +403,18 @@ impl View for &RawView {
 
 impl Checkpoint {
     /// The checkpoint of an executor's weights (every `Ref` parameter) after `step` completed
-    /// steps, as rank `rank` of `device_num`.
+    /// steps, as rank `rank` of `device_num`. Errors: the weights could not be read back from
+    /// the executor's device.
     pub fn of_executor(
-        exec: &Executor,
+        exec: &dyn StepExecutor,
         rank: u32,
         device_num: u32,
         step: u64,
         epoch: u64,
-    ) -> Checkpoint {
-        let mut tensors: Vec<(String, Tensor)> = exec
-            .weights()
-            .map(|(n, t)| (n.to_string(), t.clone()))
-            .collect();
+    ) -> Result<Checkpoint, crate::RuntimeError> {
+        let mut tensors: Vec<(String, Tensor)> = exec.weight_values()?;
         tensors.sort_by(|a, b| a.0.cmp(&b.0));
-        Checkpoint {
+        Ok(Checkpoint {
             meta: CheckpointMeta {
                 model: exec.graph().name.clone(),
                 rank,
@@ -426,7 +424,7 @@ impl Checkpoint {
                 identity: identity_of_graph(exec.graph()),
             },
             tensors,
-        }
+        })
     }
 
     /// The tensor `name`.
@@ -499,7 +497,7 @@ impl Checkpoint {
     pub fn apply_to(
         &self,
         path: &Path,
-        exec: &mut Executor,
+        exec: &mut dyn StepExecutor,
         rank: u32,
         device_num: u32,
     ) -> Result<(), CheckpointError> {

@@ -122,4 +122,12 @@ pub enum RuntimeError {
         /// Why.
         reason: String,
     },
+    /// An executor on another device failed (a GPU's error, with the op where there is one).
+    #[error("{device}: {reason}")]
+    Device {
+        /// The device (`GPU 0`, `emulated GPU`).
+        device: String,
+        /// What went wrong.
+        reason: String,
+    },
 }

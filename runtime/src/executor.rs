@@ -1737,7 +1737,11 @@ fn run_comm(
 }
 
 /// Reads and checks the attributes of communication node `i` for `comm`'s rank and world.
-pub fn comm_call(graph: &Graph, i: usize, comm: &dyn Communicator) -> Result<CommCall, RuntimeError> {
+pub fn comm_call(
+    graph: &Graph,
+    i: usize,
+    comm: &dyn Communicator,
+) -> Result<CommCall, RuntimeError> {
     let node = &graph.nodes[i];
     let err = |reason: String| RuntimeError::Graph {
         graph: graph.name.clone(),

@@ -13,6 +13,7 @@ pub mod executor;
 pub mod init;
 pub mod launcher;
 pub mod memory;
+pub mod step;
 pub mod tensor;
 
 pub use backend::{Arg, Backend, KernelContext, KernelError};
@@ -20,4 +21,5 @@ pub use comm::{CommError, Communicator, InProcessWorld};
 pub use error::RuntimeError;
 pub use executor::{ExecStats, Executor};
 pub use memory::MemoryPlan;
+pub use step::StepExecutor;
 pub use tensor::{Data, Tensor};

@@ -1,7 +1,7 @@
 //! Callbacks of [`super::Model::train`], as MindSpore's `mindspore.train` callbacks.
 
 use super::TrainError;
-use shardc_runtime::Executor;
+use shardc_runtime::StepExecutor;
 use std::io::{IsTerminal, Write};
 use std::time::Instant;
 
@@ -28,7 +28,7 @@ pub struct StepInfo<'a> {
     /// The number of ranks.
     pub size: usize,
     /// This rank's executor (its weights and optimizer state).
-    pub exec: &'a Executor,
+    pub exec: &'a dyn StepExecutor,
     /// The strategy file of a parallel run (every weight's layout), for checkpoints.
     pub strategy: Option<&'a shardc_compiler::strategy_file::StrategyFile>,
 }
@@ -273,7 +273,7 @@ impl ModelCheckpoint {
             info.size as u32,
             info.global_step,
             info.epoch as u64,
-        );
+        )?;
         let path = shardc_runtime::checkpoint::save_rank(
             &self.directory,
             &self.prefix,

@@ -14,12 +14,14 @@
 //! every step.
 
 mod callbacks;
+mod device_target;
 mod grad;
 mod model;
 
 pub use callbacks::{
     Callback, CheckpointConfig, LossMonitor, ModelCheckpoint, ProgressBar, StepInfo, TimeMonitor,
 };
+pub use device_target::DeviceTarget;
 pub use grad::{value_and_grad, DistributedGradReducer, GradFn, OptimizerCell};
 pub use model::{Model, TrainSummary};
 

@@ -1,9 +1,11 @@
 //! [`Model`]: MindSpore's `Model(net, loss_fn, optimizer).train(epoch, dataset, callbacks)`.
 
 use super::callbacks::{Callback, StepInfo};
+use super::DeviceTarget;
 use super::TrainError;
 use crate::communication::Communication;
 use shardc_backend_cpu::CpuBackend;
+use shardc_backend_cuda::executor::{gpu_executor, GpuChoice};
 use shardc_compiler::builder::GraphBuilder;
 use shardc_compiler::loss::LossFn;
 use shardc_compiler::model::build_network_with;
@@ -16,7 +18,7 @@ use shardc_ir::{Graph, ParamKind, TensorLayout};
 use shardc_passes::autodiff::Optimizer;
 use shardc_runtime::comm::Communicator;
 use shardc_runtime::data::Dataset;
-use shardc_runtime::{Executor, Tensor};
+use shardc_runtime::{Executor, StepExecutor, Tensor};
 use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -59,12 +61,13 @@ pub struct Model {
     size: usize,
     threads: usize,
     dump_dir: Option<PathBuf>,
+    device: DeviceTarget,
     compiled: Option<Compiled>,
 }
 
 /// The compiled step this process runs.
 struct Compiled {
-    exec: Executor,
+    exec: Box<dyn StepExecutor>,
     /// Per data input: its name, and the block of a global batch this rank feeds when the
     /// data set yields the global batch (full batch).
     inputs: Vec<(String, Vec<Range<usize>>)>,
@@ -96,6 +99,7 @@ impl Model {
             size: 1,
             threads: 0,
             dump_dir: None,
+            device: DeviceTarget::Cpu,
             compiled: None,
         }
     }
@@ -140,14 +144,20 @@ impl Model {
         self
     }
 
-    /// This rank's executor, once compiled (weights, stats, memory plan).
-    pub fn executor(&self) -> Option<&Executor> {
-        self.compiled.as_ref().map(|c| &c.exec)
+    /// Where the graphs run (MindSpore's `set_context(device_target=...)`; default CPU).
+    pub fn with_device_target(mut self, device: DeviceTarget) -> Model {
+        self.device = device;
+        self
+    }
+
+    /// This rank's executor, once compiled (weights, step count, its device's report).
+    pub fn executor(&self) -> Option<&dyn StepExecutor> {
+        self.compiled.as_ref().map(|c| c.exec.as_ref())
     }
 
     /// This rank's executor, mutable (to load weights before training).
-    pub fn executor_mut(&mut self) -> Option<&mut Executor> {
-        self.compiled.as_mut().map(|c| &mut c.exec)
+    pub fn executor_mut(&mut self) -> Option<&mut (dyn StepExecutor + 'static)> {
+        self.compiled.as_mut().map(|c| c.exec.as_mut())
     }
 
     /// Every parameter's layout over the ranks (empty on one device), to gather weights.
@@ -261,9 +271,38 @@ impl Model {
             };
             feed.push((name.clone(), block));
         }
-        let exec = match (&self.comm, parallel || self.size > 1) {
-            (Some(c), true) => Executor::with_communicator(graph, backend, c.clone())?,
-            _ => Executor::new(graph, backend)?,
+        let comm = match (&self.comm, parallel || self.size > 1) {
+            (Some(c), true) => Some(c.clone()),
+            _ => None,
+        };
+        let exec: Box<dyn StepExecutor> = match self.device {
+            DeviceTarget::Cpu => match comm {
+                Some(c) => Box::new(Executor::with_communicator(graph, backend, c)?),
+                None => Box::new(Executor::new(graph, backend)?),
+            },
+            DeviceTarget::Gpu { device_id } => Box::new(
+                gpu_executor(
+                    GpuChoice::Cuda { ordinal: device_id },
+                    graph,
+                    backend,
+                    comm,
+                    true,
+                    local_rank(),
+                )
+                .map_err(|e| {
+                    TrainError::Cluster(format!("Model({}) on the GPU: {e}", self.name))
+                })?,
+            ),
+            DeviceTarget::GpuEmulated => Box::new(
+                gpu_executor(GpuChoice::Emulated, graph, backend, comm, false, None).map_err(
+                    |e| {
+                        TrainError::Cluster(format!(
+                            "Model({}) on the emulated GPU: {e}",
+                            self.name
+                        ))
+                    },
+                )?,
+            ),
         };
         self.compiled = Some(Compiled {
             exec,
@@ -338,7 +377,7 @@ impl Model {
             step_seconds,
             rank: self.rank,
             size: self.size,
-            exec: &c.exec,
+            exec: c.exec.as_ref(),
             strategy: c.strategy.as_ref(),
         })
     }
@@ -464,6 +503,17 @@ fn global_shape(
 }
 
 /// The error of a step taken before the graph is compiled (an internal order mistake).
+/// The rank on this host, where the launcher says it (`OMPI_COMM_WORLD_LOCAL_RANK`, ...).
+fn local_rank() -> Option<usize> {
+    [
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "MPI_LOCALRANKID",
+        "MS_LOCAL_RANK",
+    ]
+    .iter()
+    .find_map(|k| std::env::var(k).ok()?.parse().ok())
+}
+
 fn not_built(name: &str) -> TrainError {
     TrainError::Mismatch(format!(
         "Model({name}): the training step is not compiled yet"

@@ -71,4 +71,3 @@ pub fn compare_on(dev: Arc<dyn Device>, g: Graph, steps: u64, tol: f64) -> Strin
     assert!(n > 0);
     gpu.stats().summary()
 }
-

@@ -76,12 +76,20 @@ fn reference(args: &BenchArgs, sub: &[&str]) -> Result<Vec<HashMap<String, Strin
 fn field(lines: &[HashMap<String, String>], want: &[(&str, &str)], key: &str) -> Option<f64> {
     lines
         .iter()
-        .find(|m| want.iter().all(|(k, v)| m.get(*k).map(String::as_str) == Some(*v)))
+        .find(|m| {
+            want.iter()
+                .all(|(k, v)| m.get(*k).map(String::as_str) == Some(*v))
+        })
         .and_then(|m| m.get(key))
         .and_then(|v| v.parse().ok())
 }
 
-fn step_ms(dev: &Arc<CudaDevice>, graph: &Graph, warmup: usize, steps: usize) -> Result<(f64, f64)> {
+fn step_ms(
+    dev: &Arc<CudaDevice>,
+    graph: &Graph,
+    warmup: usize,
+    steps: usize,
+) -> Result<(f64, f64)> {
     let data = SyntheticData::new(graph, 1, 4)?;
     let d: Arc<dyn Device> = dev.clone();
     let mut exec = GpuExecutor::new(graph.clone(), d, Arc::new(CpuBackend::with_threads(1)))?;
@@ -93,7 +101,10 @@ fn step_ms(dev: &Arc<CudaDevice>, graph: &Graph, warmup: usize, steps: usize) ->
         if s >= warmup {
             samples.push(t.elapsed().as_secs_f64());
         }
-        loss = out.first().and_then(Tensor::scalar_value).unwrap_or(f64::NAN);
+        loss = out
+            .first()
+            .and_then(Tensor::scalar_value)
+            .unwrap_or(f64::NAN);
     }
     let host: u64 = exec.stats().host_ops.values().map(|(n, _)| n).sum();
     if host > 0 {
@@ -112,7 +123,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     } else {
         vec![1024, 2048, 4096, 8192]
     };
-    let size_text = sizes.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
+    let size_text = sizes
+        .iter()
+        .map(usize::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
     let mut sub = vec!["gemm", "--sizes", size_text.as_str()];
     if args.quick {
         sub.push("--quick");
@@ -131,7 +146,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         ] {
             let t = dev.time_gemm(p, n, if args.quick { 20 } else { 100 })?;
             let ours = 2.0 * (n as f64).powi(3) / t / 1e12;
-            let theirs = field(&refs, &[("precision", name), ("n", &n.to_string())], "tflops");
+            let theirs = field(
+                &refs,
+                &[("precision", name), ("n", &n.to_string())],
+                "tflops",
+            );
             match theirs {
                 Some(r) => println!(
                     "{name:<5} n={n:<6}            {ours:>10.2}      {r:>10.2}   {:>5.2}   {}",

@@ -22,7 +22,7 @@ use shardc_compiler::strategy_file::{OpEntry, ParamLayout, StrategyFile, FORMAT}
 use shardc_ir::artifact::Artifact;
 use shardc_ir::{Graph, ReduceOp, TensorLayout};
 use shardc_runtime::checkpoint::{self, Checkpoint, CheckpointError, ResumePoint};
-use shardc_runtime::executor::Executor;
+use shardc_runtime::StepExecutor;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -101,14 +101,14 @@ impl Saver {
 
     /// After a step: saves when the executor's completed steps are a multiple of
     /// `--save-steps`, or when `last`.
-    pub(crate) fn after_step(&self, exec: &Executor, last: bool) -> Result<()> {
+    pub(crate) fn after_step(&self, exec: &dyn StepExecutor, last: bool) -> Result<()> {
         let step = exec.step_count();
         let due = self.every.is_some_and(|k| step % k == 0);
         if !(due || last) || step == 0 {
             return Ok(());
         }
         let (epoch, in_epoch) = checkpoint::epoch_and_step(step, self.per_epoch);
-        let cp = Checkpoint::of_executor(exec, self.rank, self.device_num, step, epoch);
+        let cp = Checkpoint::of_executor(exec, self.rank, self.device_num, step, epoch)?;
         checkpoint::save_rank(&self.dir, &self.prefix, in_epoch, &cp, self.keep)
             .with_context(|| format!("rank {}: saving the checkpoint of step {step}", self.rank))?;
         Ok(())
@@ -276,7 +276,7 @@ pub(crate) fn apply(
     rp: &mut ResumePoint,
     rank: usize,
     device_num: usize,
-    exec: &mut Executor,
+    exec: &mut dyn StepExecutor,
 ) -> Result<()> {
     let cp = rp
         .checkpoints

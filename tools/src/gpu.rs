@@ -122,7 +122,11 @@ fn print_loss(outputs: &[Tensor], step: u64, per_epoch: u64) -> Result<()> {
 }
 
 fn host_backend(a: &RunArgs) -> Arc<CpuBackend> {
-    Arc::new(CpuBackend::with_threads(if a.threads == 0 { 1 } else { a.threads }))
+    Arc::new(CpuBackend::with_threads(if a.threads == 0 {
+        1
+    } else {
+        a.threads
+    }))
 }
 
 /// Feeds of `step` cut to `rank`'s blocks.
@@ -210,7 +214,10 @@ pub fn run(a: &RunArgs, art: Artifact) -> Result<()> {
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("a rank thread panicked"))))
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow!("a rank thread panicked")))
+            })
             .collect()
     });
     let mut rank0 = None;
@@ -266,8 +273,8 @@ pub fn train_rank(
             match a.device.gpu_comm {
                 GpuComm::Host => GpuExecutor::with_communicator(graph, dev, host_backend(a), comm)?,
                 GpuComm::Nccl => {
-                    let nccl = NcclComm::new(cuda, comm)
-                        .map_err(|e| anyhow!("rank {rank}: NCCL: {e}"))?;
+                    let nccl =
+                        NcclComm::new(cuda, comm).map_err(|e| anyhow!("rank {rank}: NCCL: {e}"))?;
                     GpuExecutor::with_nccl(graph, dev, host_backend(a), Arc::new(nccl))?
                 }
             }

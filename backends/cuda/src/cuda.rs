@@ -97,7 +97,8 @@ impl CudaDevice {
         let sms = attr(drv_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(driver("cuDeviceGetAttribute"))?;
         // SAFETY: `dev` came from cuDeviceGet; the context is released by Drop.
-        let ctx = unsafe { drv::primary_ctx::retain(dev) }.map_err(driver("cuDevicePrimaryCtxRetain"))?;
+        let ctx =
+            unsafe { drv::primary_ctx::retain(dev) }.map_err(driver("cuDevicePrimaryCtxRetain"))?;
         // SAFETY: a live context.
         unsafe { drv::ctx::set_current(ctx) }.map_err(driver("cuCtxSetCurrent"))?;
         let stream = drv::stream::create(drv::stream::StreamKind::NonBlocking)
@@ -110,9 +111,11 @@ impl CudaDevice {
         })?;
         // SAFETY: a live handle and stream.
         unsafe {
-            cudarc::cublas::result::set_stream(blas, stream as _).map_err(|e| CudaError::Cublas {
-                call: "cublasSetStream",
-                reason: format!("{e:?}"),
+            cudarc::cublas::result::set_stream(blas, stream as _).map_err(|e| {
+                CudaError::Cublas {
+                    call: "cublasSetStream",
+                    reason: format!("{e:?}"),
+                }
             })?;
             cublas_sys::cublasSetMathMode(blas, cublas_sys::cublasMath_t::CUBLAS_DEFAULT_MATH)
                 .result()
@@ -185,7 +188,10 @@ impl CudaDevice {
 
     /// The raw compute stream (for NCCL calls ordered with the kernels).
     pub fn stream_handle(&self) -> usize {
-        self.handles.lock().unwrap_or_else(|p| p.into_inner()).stream as usize
+        self.handles
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .stream as usize
     }
 
     /// The raw communication stream (NCCL calls that overlap the kernels).
@@ -477,7 +483,9 @@ impl Device for CudaDevice {
                     )
                     .map_err(err)
                 }
-                other => Err(CudaError::Other(format!("GEMM of {other} is not supported"))),
+                other => Err(CudaError::Other(format!(
+                    "GEMM of {other} is not supported"
+                ))),
             }
         }
     }
@@ -498,8 +506,12 @@ impl Device for CudaDevice {
         // SAFETY: live streams and event.
         unsafe {
             drv::event::record(e, h.stream).map_err(driver("cuEventRecord"))?;
-            drv::stream::wait_event(h.comm, e, drv_sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT)
-                .map_err(driver("cuStreamWaitEvent"))
+            drv::stream::wait_event(
+                h.comm,
+                e,
+                drv_sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+            .map_err(driver("cuStreamWaitEvent"))
         }
     }
 
@@ -515,7 +527,11 @@ impl Device for CudaDevice {
         let e = CudaDevice::event(&mut h, slot + 1)?;
         // SAFETY: a live stream and event.
         unsafe {
-            drv::stream::wait_event(h.stream, e, drv_sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT)
+            drv::stream::wait_event(
+                h.stream,
+                e,
+                drv_sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
         }
         .map_err(driver("cuStreamWaitEvent"))
     }

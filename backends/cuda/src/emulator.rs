@@ -67,7 +67,10 @@ fn run(cmd: &mut Command, what: &str) -> CudaResult<Vec<u8>> {
     if !out.status.success() {
         let log = String::from_utf8_lossy(&out.stderr);
         let log: String = log.lines().take(40).collect::<Vec<_>>().join("\n");
-        return Err(CudaError::Emulator(format!("{what} failed ({}):\n{log}", out.status)));
+        return Err(CudaError::Emulator(format!(
+            "{what} failed ({}):\n{log}",
+            out.status
+        )));
     }
     Ok(out.stdout)
 }
@@ -136,7 +139,15 @@ fn build(dir: &Path) -> CudaResult<(PathBuf, Vec<String>)> {
     let tmp = dir.join(format!("lib.{}.tmp.so", std::process::id()));
     run(
         Command::new(&cxx)
-            .args(["-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w", "-I"])
+            .args([
+                "-std=c++20",
+                "-O1",
+                "-shared",
+                "-fPIC",
+                "-pthread",
+                "-w",
+                "-I",
+            ])
             .arg(dir)
             .arg(&src)
             .arg("-o")
@@ -231,7 +242,8 @@ impl EmulatedDevice {
 
 impl Drop for EmulatedDevice {
     fn drop(&mut self) {
-        let allocs = std::mem::take(&mut *self.allocations.lock().unwrap_or_else(|p| p.into_inner()));
+        let allocs =
+            std::mem::take(&mut *self.allocations.lock().unwrap_or_else(|p| p.into_inner()));
         for (p, layout) in allocs {
             // SAFETY: allocated by `alloc` with this layout.
             unsafe { std::alloc::dealloc(p as *mut u8, layout) };
@@ -247,12 +259,19 @@ fn gemm_ref<T: Copy + Into<f64>>(g: &Gemm, from: impl Fn(f64) -> T) {
             for i in 0..g.m {
                 let mut acc = 0.0f64;
                 for p in 0..g.k {
-                    let ai = if g.trans_a { a0 + p + i * g.lda } else { a0 + i + p * g.lda };
-                    let bj = if g.trans_b { b0 + j + p * g.ldb } else { b0 + p + j * g.ldb };
-                    // SAFETY: the caller checked the ranges.
-                    let (x, y) = unsafe {
-                        (*(at(g.a, ai) as *const T), *(at(g.b, bj) as *const T))
+                    let ai = if g.trans_a {
+                        a0 + p + i * g.lda
+                    } else {
+                        a0 + i + p * g.lda
                     };
+                    let bj = if g.trans_b {
+                        b0 + j + p * g.ldb
+                    } else {
+                        b0 + p + j * g.ldb
+                    };
+                    // SAFETY: the caller checked the ranges.
+                    let (x, y) =
+                        unsafe { (*(at(g.a, ai) as *const T), *(at(g.b, bj) as *const T)) };
                     acc += x.into() * y.into();
                 }
                 let ci = at(g.c, c0 + i + j * g.ldc) as *mut T;
@@ -360,7 +379,9 @@ impl Device for EmulatedDevice {
         let (a_rows, a_cols) = if g.trans_a { (g.k, g.m) } else { (g.m, g.k) };
         let (b_rows, b_cols) = if g.trans_b { (g.n, g.k) } else { (g.k, g.n) };
         if g.lda < a_rows || g.ldb < b_rows || g.ldc < g.m {
-            return Err(CudaError::Emulator(format!("gemm leading dimensions too small: {g:?}")));
+            return Err(CudaError::Emulator(format!(
+                "gemm leading dimensions too small: {g:?}"
+            )));
         }
         self.check_range(g.a, span(g.stride_a, g.lda, a_rows, a_cols), "gemm A")?;
         self.check_range(g.b, span(g.stride_b, g.ldb, b_rows, b_cols), "gemm B")?;
@@ -369,7 +390,9 @@ impl Device for EmulatedDevice {
             DType::Float32 => gemm_ref::<f32>(g, |v| v as f32),
             DType::Float64 => gemm_ref::<f64>(g, |v| v),
             other => {
-                return Err(CudaError::Emulator(format!("gemm of {other} is not supported")))
+                return Err(CudaError::Emulator(format!(
+                    "gemm of {other} is not supported"
+                )))
             }
         }
         Ok(())

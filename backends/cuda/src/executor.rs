@@ -17,7 +17,9 @@ use crate::error::{CudaError, CudaResult};
 use crate::kernels::DevPtr;
 use crate::nccl::NcclComm;
 use crate::ops::{self, Lowered, OpCall, Val};
-use shardc_ir::{Attr, DType, Graph, OpClass, OpKind, Operand, ParamKind, ReduceOp, TensorType, Type};
+use shardc_ir::{
+    Attr, DType, Graph, OpClass, OpKind, Operand, ParamKind, ReduceOp, TensorType, Type,
+};
 use shardc_runtime::executor::{comm_call, CommCall};
 use shardc_runtime::init::init_tensor;
 use shardc_runtime::memory::{plan, Location, MemoryPlan};
@@ -220,7 +222,8 @@ impl GpuExecutor {
                     });
                 };
                 calls[i] = Some(
-                    comm_call(&graph, i, c.as_ref()).map_err(|e| CudaError::Other(e.to_string()))?,
+                    comm_call(&graph, i, c.as_ref())
+                        .map_err(|e| CudaError::Other(e.to_string()))?,
                 );
             }
         }
@@ -409,7 +412,9 @@ impl GpuExecutor {
                 .params
                 .iter()
                 .position(|p| p.name == *name && !p.is_weight())
-                .ok_or_else(|| CudaError::Other(format!("the graph has no data input named {name}")))?;
+                .ok_or_else(|| {
+                    CudaError::Other(format!("the graph has no data input named {name}"))
+                })?;
             let ty = &self.graph.params[i].ty;
             if t.ty() != *ty {
                 return Err(CudaError::Other(format!(
@@ -453,7 +458,9 @@ impl GpuExecutor {
                     outs.push(tensor_of(ty, &bytes));
                 }
                 Val::Const(c) => {
-                    return Err(CudaError::Other(format!("graph output {c:?} is a constant")))
+                    return Err(CudaError::Other(format!(
+                        "graph output {c:?} is a constant"
+                    )))
                 }
             }
         }
@@ -462,14 +469,22 @@ impl GpuExecutor {
         let bad = i32::from_ne_bytes(status);
         if bad != 0 {
             self.device.upload(self.status, &[0; 4])?;
-            let node = status_users
-                .first()
-                .map(|&i: &usize| &self.graph.nodes[i]);
+            let node = status_users.first().map(|&i: &usize| &self.graph.nodes[i]);
             return Err(match node {
                 Some(n) => CudaError::Op {
                     op: n.op,
                     instance: n.instance.clone(),
-                    reason: format!("label of row {} is out of range for the classes", bad - 1),
+                    reason: if n.op == OpKind::Gather {
+                        format!(
+                            "the index at position {} is out of range for the gathered axis",
+                            bad - 1
+                        )
+                    } else {
+                        format!(
+                            "the label of row {} is out of range for the classes",
+                            bad - 1
+                        )
+                    },
                 },
                 None => CudaError::Other(format!("a kernel reported bad data (code {bad})")),
             });
@@ -499,7 +514,12 @@ impl GpuExecutor {
                         })
                     }
                 };
-                let (src, ty) = match node.inputs.get(1).map(|o| self.operand(graph, o)).transpose()? {
+                let (src, ty) = match node
+                    .inputs
+                    .get(1)
+                    .map(|o| self.operand(graph, o))
+                    .transpose()?
+                {
                     Some(Val::Tensor { ptr, ty }) => (ptr, ty),
                     _ => {
                         return Err(CudaError::Op {
@@ -543,11 +563,16 @@ impl GpuExecutor {
                     inputs: &inputs,
                     outputs: &outputs,
                     status: self.status,
+                    step: self.step_count,
                 };
                 ops::lower(&call)?
             }
         };
-        if node.op == OpKind::SparseSoftmaxCrossEntropyWithLogits && placed == Lowered::Device {
+        if matches!(
+            node.op,
+            OpKind::SparseSoftmaxCrossEntropyWithLogits | OpKind::Gather
+        ) && placed == Lowered::Device
+        {
             status_users.push(i);
         }
         match &placed {
@@ -622,7 +647,11 @@ impl GpuExecutor {
             (mem.node, mem.bucket, mem.offset, mem.len)
         };
         let elem = self.buckets[b].dtype.size_bytes();
-        let src = match graph.nodes[node].inputs.first().map(|o| self.operand(graph, o)) {
+        let src = match graph.nodes[node]
+            .inputs
+            .first()
+            .map(|o| self.operand(graph, o))
+        {
             Some(Ok(Val::Tensor { ptr, .. })) => ptr,
             Some(Err(e)) => return Err(e),
             _ => {
@@ -633,8 +662,11 @@ impl GpuExecutor {
                 })
             }
         };
-        self.device
-            .copy(self.buckets[b].flat + (offset * elem) as u64, src, len * elem)?;
+        self.device.copy(
+            self.buckets[b].flat + (offset * elem) as u64,
+            src,
+            len * elem,
+        )?;
         if self.buckets[b].last != node {
             return Ok(());
         }
@@ -693,10 +725,17 @@ impl GpuExecutor {
             if self.members[m].bucket != b {
                 continue;
             }
-            let (node, offset, len) = (self.members[m].node, self.members[m].offset, self.members[m].len);
+            let (node, offset, len) = (
+                self.members[m].node,
+                self.members[m].offset,
+                self.members[m].len,
+            );
             let dst = self.value_ptr(node, 0)?;
-            self.device
-                .copy(dst, self.buckets[b].flat + (offset * elem) as u64, len * elem)?;
+            self.device.copy(
+                dst,
+                self.buckets[b].flat + (offset * elem) as u64,
+                len * elem,
+            )?;
         }
         self.buckets[b].unpacked = true;
         Ok(())
@@ -706,9 +745,7 @@ impl GpuExecutor {
         let node = &graph.nodes[i];
         let ty = match &node.ty {
             Type::Tensor(t) => t.clone(),
-            Type::Tuple(_) => {
-                return Err(CudaError::Other(format!("{} returns a tuple", node.op)))
-            }
+            Type::Tuple(_) => return Err(CudaError::Other(format!("{} returns a tuple", node.op))),
         };
         let out = self.value_ptr(i, 0)?;
         let input = match node.inputs.first() {
@@ -741,7 +778,11 @@ impl GpuExecutor {
             }
             None => None,
         };
-        let need = || host_in.clone().ok_or_else(|| op_err("operand 0 is not a tensor".into()));
+        let need = || {
+            host_in
+                .clone()
+                .ok_or_else(|| op_err("operand 0 is not a tensor".into()))
+        };
         let cerr = |e: shardc_runtime::CommError| op_err(e.to_string());
         let result: Tensor = match call {
             CommCall::AllReduce { group, op } => {
@@ -852,4 +893,109 @@ fn plan_buckets(
         buckets[b].last = i;
     }
     Ok((buckets, members))
+}
+
+fn runtime_err(device: &dyn Device) -> impl Fn(CudaError) -> shardc_runtime::RuntimeError + '_ {
+    move |e| shardc_runtime::RuntimeError::Device {
+        device: device.description(),
+        reason: e.to_string(),
+    }
+}
+
+impl shardc_runtime::StepExecutor for GpuExecutor {
+    fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    fn step(
+        &mut self,
+        feeds: &[(&str, Tensor)],
+    ) -> Result<Vec<Tensor>, shardc_runtime::RuntimeError> {
+        let dev = self.device.clone();
+        GpuExecutor::step(self, feeds).map_err(runtime_err(dev.as_ref()))
+    }
+
+    fn weight_values(&self) -> Result<Vec<(String, Tensor)>, shardc_runtime::RuntimeError> {
+        self.weights().map_err(runtime_err(self.device.as_ref()))
+    }
+
+    fn weight_value(&self, name: &str) -> Result<Tensor, shardc_runtime::RuntimeError> {
+        self.param(name).map_err(runtime_err(self.device.as_ref()))
+    }
+
+    fn set_param(&mut self, name: &str, value: Tensor) -> Result<(), shardc_runtime::RuntimeError> {
+        let dev = self.device.clone();
+        GpuExecutor::set_param(self, name, &value).map_err(runtime_err(dev.as_ref()))
+    }
+
+    fn step_count(&self) -> u64 {
+        self.step_count
+    }
+
+    fn set_step_count(&mut self, n: u64) {
+        self.step_count = n;
+    }
+
+    fn device(&self) -> String {
+        self.device.description()
+    }
+
+    fn report(&self) -> String {
+        format!("{}\n{}", self.plan.summary(), self.stats.summary())
+    }
+}
+
+/// Which device a [`gpu_executor`] runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GpuChoice {
+    /// A real GPU: `ordinal`, or (None) the rank on its host modulo the GPUs.
+    Cuda {
+        /// The GPU, when fixed.
+        ordinal: Option<usize>,
+    },
+    /// The kernels emulated on the host (tests on machines without a GPU).
+    Emulated,
+}
+
+/// A rank's executor on a GPU, as a training program needs it: the device opened (probed
+/// first: a missing library is an error naming it), collectives through NCCL bootstrapped
+/// over `comm` when `nccl` (a real GPU and several ranks), else staged through `comm`.
+/// `local_rank` picks the GPU when the choice does not.
+pub fn gpu_executor(
+    choice: GpuChoice,
+    graph: Graph,
+    host: Arc<dyn Backend>,
+    comm: Option<Arc<dyn Communicator>>,
+    nccl: bool,
+    local_rank: Option<usize>,
+) -> CudaResult<GpuExecutor> {
+    match choice {
+        GpuChoice::Emulated => {
+            let dev: Arc<dyn Device> = Arc::new(crate::emulator::EmulatedDevice::new(64)?);
+            match comm {
+                Some(c) => GpuExecutor::with_communicator(graph, dev, host, c),
+                None => GpuExecutor::new(graph, dev, host),
+            }
+        }
+        GpuChoice::Cuda { ordinal } => {
+            let count = crate::cuda::device_count()?;
+            if count == 0 {
+                return Err(CudaError::NoDevice(
+                    "the CUDA driver sees no GPU on this host".into(),
+                ));
+            }
+            let rank = comm.as_ref().map_or(0, |c| c.rank());
+            let ordinal = ordinal.unwrap_or(local_rank.unwrap_or(rank) % count);
+            let cuda = Arc::new(crate::cuda::CudaDevice::new(ordinal)?);
+            let dev: Arc<dyn Device> = cuda.clone();
+            match comm {
+                Some(c) if nccl && c.size() > 1 => {
+                    let n = NcclComm::new(cuda, c)?;
+                    GpuExecutor::with_nccl(graph, dev, host, Arc::new(n))
+                }
+                Some(c) => GpuExecutor::with_communicator(graph, dev, host, c),
+                None => GpuExecutor::new(graph, dev, host),
+            }
+        }
+    }
 }

@@ -19,6 +19,10 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("norm.cu", include_str!("../kernels/norm.cu")),
     ("loss.cu", include_str!("../kernels/loss.cu")),
     ("optim.cu", include_str!("../kernels/optim.cu")),
+    ("movement.cu", include_str!("../kernels/movement.cu")),
+    ("conv.cu", include_str!("../kernels/conv.cu")),
+    ("pool.cu", include_str!("../kernels/pool.cu")),
+    ("batch_norm.cu", include_str!("../kernels/batch_norm.cu")),
 ];
 
 /// The most dims a [`Strided`] describes.

@@ -115,10 +115,9 @@ impl NcclComm {
         if let Some(&c) = comms.0.get(group) {
             return Ok(c as nccl_sys::ncclComm_t);
         }
-        let me = group
-            .iter()
-            .position(|&r| r == self.rank)
-            .ok_or_else(|| CudaError::Other(format!("rank {} is not in group {group:?}", self.rank)))?;
+        let me = group.iter().position(|&r| r == self.rank).ok_or_else(|| {
+            CudaError::Other(format!("rank {} is not in group {group:?}", self.rank))
+        })?;
         let leader = group[0];
         let tag = ID_TAG + comms.0.len() as i64;
         let id_ty = TensorType::new(DType::Int32, vec![32]);
@@ -137,9 +136,7 @@ impl NcclComm {
             id
         } else {
             let t = self.bootstrap.recv(leader, tag, &id_ty).map_err(boot)?;
-            let mut id = nccl_sys::ncclUniqueId {
-                internal: [0; 128],
-            };
+            let mut id = nccl_sys::ncclUniqueId { internal: [0; 128] };
             if let shardc_runtime::Data::I32(words) = &t.data {
                 for (i, w) in words.iter().enumerate() {
                     for (j, b) in w.to_ne_bytes().iter().enumerate() {
@@ -179,7 +176,11 @@ impl NcclComm {
             DType::Float64 => "f64",
             DType::Int32 => "i32",
             DType::Int64 => "i64",
-            other => return Err(CudaError::Other(format!("cannot rearrange {other} on the GPU"))),
+            other => {
+                return Err(CudaError::Other(format!(
+                    "cannot rearrange {other} on the GPU"
+                )))
+            }
         };
         let n = pre * parts * d * post;
         let (out, strides) = if to_parts {
@@ -300,8 +301,10 @@ impl NcclComm {
                 let g = group.len();
                 if *axis == 0 {
                     // SAFETY: `x` holds g * count elements.
-                    unsafe { nccl::reduce_scatter(ptr(x), mptr(out), count, dt, nccl_op(*op), c, stream) }
-                        .map_err(nccl_err("ncclReduceScatter"))?;
+                    unsafe {
+                        nccl::reduce_scatter(ptr(x), mptr(out), count, dt, nccl_op(*op), c, stream)
+                    }
+                    .map_err(nccl_err("ncclReduceScatter"))?;
                 } else {
                     let t = temp(tx.num_elements() * elem)?;
                     let (pre, d, post) = around(&tx.shape, *axis, g);
@@ -310,7 +313,15 @@ impl NcclComm {
                         .and_then(|_| {
                             // SAFETY: `t` holds g * count elements.
                             unsafe {
-                                nccl::reduce_scatter(ptr(t), mptr(out), count, dt, nccl_op(*op), c, stream)
+                                nccl::reduce_scatter(
+                                    ptr(t),
+                                    mptr(out),
+                                    count,
+                                    dt,
+                                    nccl_op(*op),
+                                    c,
+                                    stream,
+                                )
                             }
                             .map(drop)
                             .map_err(nccl_err("ncclReduceScatter"))
@@ -339,10 +350,24 @@ impl NcclComm {
                         for j in 0..g {
                             // SAFETY: part j of `send` and `recv`, `part` elements each.
                             unsafe {
-                                nccl::send(ptr(send + (j * part * elem) as u64), part, dt, j as i32, c, stream)
-                                    .map_err(nccl_err("ncclSend"))?;
-                                nccl::recv(mptr(recv + (j * part * elem) as u64), part, dt, j as i32, c, stream)
-                                    .map_err(nccl_err("ncclRecv"))?;
+                                nccl::send(
+                                    ptr(send + (j * part * elem) as u64),
+                                    part,
+                                    dt,
+                                    j as i32,
+                                    c,
+                                    stream,
+                                )
+                                .map_err(nccl_err("ncclSend"))?;
+                                nccl::recv(
+                                    mptr(recv + (j * part * elem) as u64),
+                                    part,
+                                    dt,
+                                    j as i32,
+                                    c,
+                                    stream,
+                                )
+                                .map_err(nccl_err("ncclRecv"))?;
                             }
                         }
                         nccl::group_end().map_err(nccl_err("ncclGroupEnd"))?;
@@ -406,7 +431,9 @@ impl NcclComm {
                 }
                 None => None,
             };
-            let out = self.device.alloc(out_ty.num_elements() * out_ty.dtype.size_bytes())?;
+            let out = self
+                .device
+                .alloc(out_ty.num_elements() * out_ty.dtype.size_bytes())?;
             let r = self.run_on_device(&call, inp.as_ref().map(|(p, t)| (*p, t)), (out, &out_ty));
             let mut bytes = vec![0u8; out_ty.num_elements() * out_ty.dtype.size_bytes()];
             let d = r.and_then(|_| self.device.download(out, &mut bytes));
@@ -430,13 +457,32 @@ impl Communicator for NcclComm {
         self.size
     }
 
-    fn all_reduce(&self, group: &[usize], op: ReduceOp, tensor: &mut Tensor) -> Result<(), CommError> {
-        let call = CommCall::AllReduce { group: group.to_vec(), op };
-        *tensor = self.staged(Collective::AllReduce, group, call, Some(tensor), tensor.ty())?;
+    fn all_reduce(
+        &self,
+        group: &[usize],
+        op: ReduceOp,
+        tensor: &mut Tensor,
+    ) -> Result<(), CommError> {
+        let call = CommCall::AllReduce {
+            group: group.to_vec(),
+            op,
+        };
+        *tensor = self.staged(
+            Collective::AllReduce,
+            group,
+            call,
+            Some(tensor),
+            tensor.ty(),
+        )?;
         Ok(())
     }
 
-    fn all_gather(&self, group: &[usize], axis: usize, input: &Tensor) -> Result<Tensor, CommError> {
+    fn all_gather(
+        &self,
+        group: &[usize],
+        axis: usize,
+        input: &Tensor,
+    ) -> Result<Tensor, CommError> {
         let mut ty = input.ty();
         if axis >= ty.shape.len() {
             return Err(CommError::InvalidArgument {
@@ -447,7 +493,10 @@ impl Communicator for NcclComm {
             });
         }
         ty.shape[axis] *= group.len();
-        let call = CommCall::AllGather { group: group.to_vec(), axis };
+        let call = CommCall::AllGather {
+            group: group.to_vec(),
+            axis,
+        };
         self.staged(Collective::AllGather, group, call, Some(input), ty)
     }
 
@@ -464,11 +513,18 @@ impl Communicator for NcclComm {
                 collective: Collective::ReduceScatter,
                 group: group.to_vec(),
                 rank: self.rank,
-                reason: format!("axis {axis} of {ty} does not split into {} parts", group.len()),
+                reason: format!(
+                    "axis {axis} of {ty} does not split into {} parts",
+                    group.len()
+                ),
             });
         }
         ty.shape[axis] /= group.len();
-        let call = CommCall::ReduceScatter { group: group.to_vec(), op, axis };
+        let call = CommCall::ReduceScatter {
+            group: group.to_vec(),
+            op,
+            axis,
+        };
         self.staged(Collective::ReduceScatter, group, call, Some(input), ty)
     }
 
@@ -481,7 +537,10 @@ impl Communicator for NcclComm {
     ) -> Result<Tensor, CommError> {
         let mut ty = input.ty();
         let g = group.len().max(1);
-        if split_dim >= ty.shape.len() || concat_dim >= ty.shape.len() || ty.shape[split_dim] % g != 0 {
+        if split_dim >= ty.shape.len()
+            || concat_dim >= ty.shape.len()
+            || ty.shape[split_dim] % g != 0
+        {
             return Err(CommError::InvalidArgument {
                 collective: Collective::AllToAll,
                 group: group.to_vec(),
@@ -491,13 +550,31 @@ impl Communicator for NcclComm {
         }
         ty.shape[split_dim] /= g;
         ty.shape[concat_dim] *= g;
-        let call = CommCall::AllToAll { group: group.to_vec(), split_dim, concat_dim };
+        let call = CommCall::AllToAll {
+            group: group.to_vec(),
+            split_dim,
+            concat_dim,
+        };
         self.staged(Collective::AllToAll, group, call, Some(input), ty)
     }
 
-    fn broadcast(&self, group: &[usize], root: usize, tensor: &mut Tensor) -> Result<(), CommError> {
-        let call = CommCall::Broadcast { group: group.to_vec(), root };
-        *tensor = self.staged(Collective::Broadcast, group, call, Some(tensor), tensor.ty())?;
+    fn broadcast(
+        &self,
+        group: &[usize],
+        root: usize,
+        tensor: &mut Tensor,
+    ) -> Result<(), CommError> {
+        let call = CommCall::Broadcast {
+            group: group.to_vec(),
+            root,
+        };
+        *tensor = self.staged(
+            Collective::Broadcast,
+            group,
+            call,
+            Some(tensor),
+            tensor.ty(),
+        )?;
         Ok(())
     }
 

@@ -169,7 +169,10 @@ pub fn preload(dirs: &[PathBuf]) -> Vec<PathBuf> {
             .collect();
         // Dependencies first: builtins before nvrtc, cublasLt before cublas.
         files.sort_by_key(|p| {
-            let n = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let n = p
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
             (!(n.contains("builtins") || n.contains("cublasLt")), n)
         });
         for f in files {
@@ -231,7 +234,11 @@ pub fn report() -> String {
     let mut s = String::new();
     for l in Library::ALL {
         let state = if l.present() { "found" } else { "missing" };
-        s.push_str(&format!("{:<16} {state:<8} {}\n", l.to_string(), l.purpose()));
+        s.push_str(&format!(
+            "{:<16} {state:<8} {}\n",
+            l.to_string(),
+            l.purpose()
+        ));
     }
     s
 }

@@ -17,7 +17,14 @@ fn without_a_driver_opening_a_gpu_is_a_clear_error() {
         let err = CudaDevice::new(0).unwrap_err();
         let text = err.to_string();
         assert!(matches!(err, CudaError::LibraryMissing(_)), "{err:?}");
-        for needle in ["CUDA not found", "libcuda.so", "tried", "libcuda.so.1", "NVIDIA driver", "--device-target CPU"] {
+        for needle in [
+            "CUDA not found",
+            "libcuda.so",
+            "tried",
+            "libcuda.so.1",
+            "NVIDIA driver",
+            "--device-target CPU",
+        ] {
             assert!(text.contains(needle), "missing {needle:?} in: {text}");
         }
     }
@@ -31,7 +38,13 @@ fn a_missing_nccl_says_how_to_link_the_pip_wheel() {
         return;
     }
     let text = NcclComm::version().unwrap_err().to_string();
-    for needle in ["libnccl.so", "libnccl.so.2", "ln -s", "LD_LIBRARY_PATH", probe::LIB_DIRS_ENV] {
+    for needle in [
+        "libnccl.so",
+        "libnccl.so.2",
+        "ln -s",
+        "LD_LIBRARY_PATH",
+        probe::LIB_DIRS_ENV,
+    ] {
         assert!(text.contains(needle), "missing {needle:?} in: {text}");
     }
 }

@@ -46,7 +46,10 @@ fn every_source_compiles_to_ptx_for_hopper_and_ampere() {
         Ok(dev) => {
             let mut names = dev.kernel_names().to_vec();
             names.sort();
-            assert_eq!(entries, names, "NVRTC and the emulator see different kernels");
+            assert_eq!(
+                entries, names,
+                "NVRTC and the emulator see different kernels"
+            );
         }
         Err(e) => eprintln!("(the emulator's kernel list is not compared: {e})"),
     }

@@ -38,9 +38,16 @@ pub(crate) struct OpCall<'a> {
     /// An `int` on the device that kernels set when they meet bad data (a label out of
     /// range); the executor reads it after the step.
     pub status: DevPtr,
+    /// The training step, counted from 0 (Dropout's masks).
+    pub step: u64,
 }
 
 use KernelArg::{Ptr, F64, I32, I64};
+
+mod batch_norm;
+mod conv;
+mod movement;
+mod pool;
 
 fn host(reason: impl Into<String>) -> CudaResult<Lowered> {
     Ok(Lowered::Host(reason.into()))
@@ -121,9 +128,15 @@ pub(crate) fn lower(call: &OpCall<'_>) -> CudaResult<Lowered> {
     let node = call.node;
     match node.op {
         MatMul | BatchMatMul => matmul(call),
-        Add | Sub | Mul | RealDiv | ReluGrad | SigmoidGrad | TanhGrad | SqrtGrad | GeLUGrad => {
-            binary(call)
-        }
+        Add | Sub | Mul | RealDiv | ReluGrad | SigmoidGrad | TanhGrad | SqrtGrad | GeLUGrad
+        | DropoutGrad => binary(call),
+        StridedSlice => movement::strided_slice(call),
+        StridedSliceGrad => movement::strided_slice_grad(call),
+        Concat => movement::concat(call),
+        Split => movement::split(call),
+        Gather => movement::gather(call),
+        Dropout => movement::dropout(call),
+        Equal => movement::equal(call),
         Neg | Square | Sqrt | Exp | Log | ReLU | GeLU | Sigmoid | Tanh => unary(call),
         BiasAdd => bias_add(call),
         BiasAddGrad => bias_add_grad(call),
@@ -144,6 +157,17 @@ pub(crate) fn lower(call: &OpCall<'_>) -> CudaResult<Lowered> {
         ApplyGradientDescent => apply_gradient_descent(call),
         SGD => sgd(call),
         Adam => adam(call),
+        Conv2D => conv::conv2d(call),
+        Conv2DBackpropInput => conv::conv2d_backprop_input(call),
+        Conv2DBackpropFilter => conv::conv2d_backprop_filter(call),
+        MaxPool | AvgPool => pool::pool(call),
+        MaxPoolGrad | AvgPoolGrad => pool::pool_grad(call),
+        BatchNorm => batch_norm::batch_norm(call),
+        BatchNormGrad => batch_norm::batch_norm_grad(call),
+        BNTrainingReduce => batch_norm::bn_training_reduce(call),
+        BNTrainingUpdate => batch_norm::bn_training_update(call),
+        BNTrainingUpdateGrad => batch_norm::bn_training_update_grad(call),
+        BNTrainingReduceGrad => batch_norm::bn_training_reduce_grad(call),
         op => host(format!("{op} has no CUDA kernel yet")),
     }
 }
@@ -176,7 +200,11 @@ fn matmul(call: &OpCall<'_>) -> CudaResult<Lowered> {
     } else {
         (ta.shape[ra - 2], ta.shape[ra - 1])
     };
-    let n = if tr_b { tb.shape[rb - 2] } else { tb.shape[rb - 1] };
+    let n = if tr_b {
+        tb.shape[rb - 2]
+    } else {
+        tb.shape[rb - 1]
+    };
     if tc.shape[rc - 2] != m || tc.shape[rc - 1] != n {
         return Err(call.err(format!("result {:?} is not ({m}, {n})", tc.shape)));
     }
@@ -227,6 +255,7 @@ fn binary(call: &OpCall<'_>) -> CudaResult<Lowered> {
         Sub => "sub",
         Mul => "mul",
         RealDiv => "div",
+        DropoutGrad => "mul",
         ReluGrad => "relu_grad",
         SigmoidGrad => "sigmoid_grad",
         TanhGrad => "tanh_grad",
@@ -245,7 +274,13 @@ fn binary(call: &OpCall<'_>) -> CudaResult<Lowered> {
             call.launch(
                 &format!("binary_{name}_{s}"),
                 call.grid(n as usize),
-                &[Ptr(*a), Ptr(*b), Ptr(y), I64(n), KernelArg::Strided(Box::new(st))],
+                &[
+                    Ptr(*a),
+                    Ptr(*b),
+                    Ptr(y),
+                    I64(n),
+                    KernelArg::Strided(Box::new(st)),
+                ],
             )
         }
         (Some(first), Some(second)) if matches!(call.node.op, Add | Sub | Mul | RealDiv) => {
@@ -257,9 +292,9 @@ fn binary(call: &OpCall<'_>) -> CudaResult<Lowered> {
             if x.1.dtype != ty.dtype || x.1.shape != ty.shape {
                 return host("a constant with a broadcast tensor");
             }
-            let v = c
-                .as_f64()
-                .ok_or_else(|| call.err(format!("the constant operand must be a number, got {c:?}")))?;
+            let v = c.as_f64().ok_or_else(|| {
+                call.err(format!("the constant operand must be a number, got {c:?}"))
+            })?;
             call.launch(
                 &format!("scalar_{name}_{s}"),
                 call.grid(n as usize),
@@ -341,13 +376,27 @@ fn bias_add_grad(call: &OpCall<'_>) -> CudaResult<Lowered> {
         return call.launch(
             &format!("reduce_cols_{s}"),
             call.grid(c),
-            &[Ptr(dy), Ptr(db), I64(1), I64(n as i64), I64(c as i64), I32(0), F64(1.0)],
+            &[
+                Ptr(dy),
+                Ptr(db),
+                I64(1),
+                I64(n as i64),
+                I64(c as i64),
+                I32(0),
+                F64(1.0),
+            ],
         );
     }
     call.launch(
         &format!("bias_add_grad_{s}"),
         call.rows_grid(c),
-        &[Ptr(dy), Ptr(db), I64(n as i64), I64(c as i64), I64(inner as i64)],
+        &[
+            Ptr(dy),
+            Ptr(db),
+            I64(n as i64),
+            I64(c as i64),
+            I64(inner as i64),
+        ],
     )
 }
 
@@ -370,22 +419,28 @@ fn fill(call: &OpCall<'_>) -> CudaResult<Lowered> {
     let Some(s) = suffix(ty.dtype) else {
         return host(format!("a fill of {}", ty.dtype));
     };
-    let v = if call.node.op == OpKind::OnesLike { 1.0 } else { 0.0 };
+    let v = if call.node.op == OpKind::OnesLike {
+        1.0
+    } else {
+        0.0
+    };
     let n = ty.num_elements();
-    call.launch(&format!("fill_{s}"), call.grid(n), &[Ptr(y), I64(n as i64), F64(v)])
+    call.launch(
+        &format!("fill_{s}"),
+        call.grid(n),
+        &[Ptr(y), I64(n as i64), F64(v)],
+    )
 }
 
 fn copy_same(call: &OpCall<'_>) -> CudaResult<Lowered> {
     let (x, tx) = call.tensor(0)?;
     let (y, ty) = call.out(0)?;
     if tx.dtype != ty.dtype || tx.num_elements() != ty.num_elements() {
-        return Err(call.err(format!(
-            "{} cannot be reshaped to {}",
-            tx, ty
-        )));
+        return Err(call.err(format!("{} cannot be reshaped to {}", tx, ty)));
     }
     if x != y {
-        call.dev.copy(y, x, ty.num_elements() * ty.dtype.size_bytes())?;
+        call.dev
+            .copy(y, x, ty.num_elements() * ty.dtype.size_bytes())?;
     }
     Ok(Lowered::Device)
 }
@@ -402,7 +457,12 @@ fn strided_copy(call: &OpCall<'_>, x: DevPtr, strides: &[i64]) -> CudaResult<Low
     call.launch(
         &format!("strided_copy_{s}"),
         call.grid(n),
-        &[Ptr(x), Ptr(y), I64(n as i64), KernelArg::Strided(Box::new(st))],
+        &[
+            Ptr(x),
+            Ptr(y),
+            I64(n as i64),
+            KernelArg::Strided(Box::new(st)),
+        ],
     )
 }
 
@@ -428,8 +488,12 @@ fn transpose(call: &OpCall<'_>) -> CudaResult<Lowered> {
 fn broadcast_to(call: &OpCall<'_>) -> CudaResult<Lowered> {
     let (x, tx) = call.tensor(0)?;
     let (_, ty) = call.out(0)?;
-    let strides = broadcast_strides(&ty.shape, &tx.shape)
-        .ok_or_else(|| call.err(format!("{:?} does not broadcast to {:?}", tx.shape, ty.shape)))?;
+    let strides = broadcast_strides(&ty.shape, &tx.shape).ok_or_else(|| {
+        call.err(format!(
+            "{:?} does not broadcast to {:?}",
+            tx.shape, ty.shape
+        ))
+    })?;
     strided_copy(call, x, &strides)
 }
 
@@ -460,7 +524,14 @@ fn one_hot(call: &OpCall<'_>) -> CudaResult<Lowered> {
     call.launch(
         &format!("one_hot_{is}_{s}"),
         call.grid(n * depth),
-        &[Ptr(idx), Ptr(y), I64(n as i64), I64(depth as i64), F64(on), F64(off)],
+        &[
+            Ptr(idx),
+            Ptr(y),
+            I64(n as i64),
+            I64(depth as i64),
+            F64(on),
+            F64(off),
+        ],
     )
 }
 
@@ -507,7 +578,11 @@ fn reduce(call: &OpCall<'_>) -> CudaResult<Lowered> {
     } else {
         tx.shape[hi + 1..].iter().product()
     };
-    let op = if call.node.op == OpKind::ReduceMax { 1 } else { 0 };
+    let op = if call.node.op == OpKind::ReduceMax {
+        1
+    } else {
+        0
+    };
     let scale = if call.node.op == OpKind::ReduceMean {
         1.0 / r.max(1) as f64
     } else {
@@ -520,7 +595,14 @@ fn reduce(call: &OpCall<'_>) -> CudaResult<Lowered> {
         call.launch(
             &format!("reduce_rows_{s}"),
             call.rows_grid(outer),
-            &[Ptr(x), Ptr(y), I64(outer as i64), I64(r as i64), I32(op), F64(scale)],
+            &[
+                Ptr(x),
+                Ptr(y),
+                I64(outer as i64),
+                I64(r as i64),
+                I32(op),
+                F64(scale),
+            ],
         )
     } else {
         call.launch(
@@ -591,7 +673,14 @@ fn softmax_grad(call: &OpCall<'_>) -> CudaResult<Lowered> {
     call.launch(
         &format!("softmax_grad_{s}"),
         call.rows_grid(rows),
-        &[Ptr(y), Ptr(dy), Ptr(dx), I64(rows as i64), I64(cols as i64), I32(log)],
+        &[
+            Ptr(y),
+            Ptr(dy),
+            Ptr(dx),
+            I64(rows as i64),
+            I64(cols as i64),
+            I32(log),
+        ],
     )
 }
 
@@ -608,7 +697,9 @@ fn ln_layout(call: &OpCall<'_>, x: &[usize], g: &[usize]) -> CudaResult<(usize, 
     };
     let (bna, bpa) = (norm("begin_norm_axis")?, norm("begin_params_axis")?);
     if g != &x[bpa..] {
-        return Err(call.err(format!("gamma {g:?} does not match x {x:?} from axis {bpa}")));
+        return Err(call.err(format!(
+            "gamma {g:?} does not match x {x:?} from axis {bpa}"
+        )));
     }
     let d: usize = x[bna..].iter().product();
     let p: usize = x[bpa..].iter().product();
@@ -718,7 +809,14 @@ fn softmax_ce(call: &OpCall<'_>) -> CudaResult<Lowered> {
     call.launch(
         &format!("softmax_ce_{s}"),
         call.rows_grid(n),
-        &[Ptr(x), Ptr(l), Ptr(loss), Ptr(back), I64(n as i64), I64(c as i64)],
+        &[
+            Ptr(x),
+            Ptr(l),
+            Ptr(loss),
+            Ptr(back),
+            I64(n as i64),
+            I64(c as i64),
+        ],
     )
 }
 
@@ -746,7 +844,11 @@ fn sparse_ce(call: &OpCall<'_>) -> CudaResult<Lowered> {
         Ptr(call.status),
     ];
     if call.node.attrs.bool_or("is_grad", false) {
-        call.launch(&format!("sparse_ce_grad_{is}_{s}"), call.rows_grid(n), &args)
+        call.launch(
+            &format!("sparse_ce_grad_{is}_{s}"),
+            call.rows_grid(n),
+            &args,
+        )
     } else {
         call.launch(&format!("sparse_ce_loss_{is}_{s}"), 1, &args)
     }
@@ -757,10 +859,7 @@ fn same_shape(call: &OpCall<'_>, idx: &[usize]) -> CudaResult<Option<usize>> {
     for &i in &idx[1..] {
         let (_, t) = call.tensor(i)?;
         if t.shape != t0.shape || t.dtype != t0.dtype {
-            return Err(call.err(format!(
-                "operand {i} is {t}, operand {} is {t0}",
-                idx[0]
-            )));
+            return Err(call.err(format!("operand {i} is {t}, operand {} is {t0}", idx[0])));
         }
     }
     Ok(float_suffix(t0.dtype).map(|_| t0.num_elements()))

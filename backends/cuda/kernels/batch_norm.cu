@@ -1,0 +1,151 @@
+// BatchNorm and the synchronised BatchNorm ops over x viewed as (n, c, s): per-channel
+// statistics (a block per channel, block-wide sums, two passes for the variance as the CPU),
+// then elementwise normalisation and gradients (a thread per element).
+// Element k of channel ch is x[((k / s) * c + ch) * s + k % s]: reads coalesced along s.
+
+#define BN_CHANNEL_INDEX(k, ch, c, s) ((((k) / (s)) * (c) + (ch)) * (s) + (k) % (s))
+
+// Per channel: training mode, the batch mean and variance (biased for rstd, unbiased for
+// batch_var); inference mode, mean_in / var_in.
+#define BN_STATS(T, S)                                                                      \
+    extern "C" __global__ void bn_stats_##S(                                                \
+        const T* __restrict__ x, const T* __restrict__ mean_in,                             \
+        const T* __restrict__ var_in, T* __restrict__ batch_mean, T* __restrict__ batch_var, \
+        T* __restrict__ saved_mean, T* __restrict__ saved_rstd, i64 n, i64 c, i64 s,        \
+        double eps, int training) {                                                         \
+        i64 m = n * s;                                                                      \
+        for (i64 ch = blockIdx.x; ch < c; ch += gridDim.x) {                                \
+            T mean, var, unbiased;                                                          \
+            if (training) {                                                                 \
+                T acc = (T)0;                                                               \
+                for (i64 k = threadIdx.x; k < m; k += blockDim.x)                           \
+                    acc += x[BN_CHANNEL_INDEX(k, ch, c, s)];                                \
+                mean = block_sum(acc) / (T)m;                                               \
+                T sq = (T)0;                                                                \
+                for (i64 k = threadIdx.x; k < m; k += blockDim.x) {                         \
+                    T d = x[BN_CHANNEL_INDEX(k, ch, c, s)] - mean;                          \
+                    sq += d * d;                                                            \
+                }                                                                           \
+                sq = block_sum(sq);                                                         \
+                var = m > 0 ? sq / (T)m : (T)0;                                             \
+                unbiased = m > 1 ? sq / (T)(m - 1) : var;                                   \
+            } else {                                                                        \
+                mean = mean_in[ch];                                                         \
+                var = var_in[ch];                                                           \
+                unbiased = var;                                                             \
+            }                                                                               \
+            if (threadIdx.x == 0) {                                                         \
+                batch_mean[ch] = mean;                                                      \
+                batch_var[ch] = unbiased;                                                   \
+                saved_mean[ch] = mean;                                                      \
+                saved_rstd[ch] = (T)1 / sh_sqrt(var + (T)eps);                              \
+            }                                                                               \
+        }                                                                                   \
+    }
+FOR_FLOATS(BN_STATS)
+
+// y = (x - mean) * (rstd * scale) + bias, per channel.
+#define BN_NORMALIZE(T, S)                                                                  \
+    extern "C" __global__ void bn_normalize_##S(                                            \
+        const T* __restrict__ x, const T* __restrict__ mean, const T* __restrict__ rstd,    \
+        const T* __restrict__ scale, const T* __restrict__ bias, T* __restrict__ y,         \
+        i64 total, i64 c, i64 s) {                                                          \
+        GRID_STRIDE(i, total) {                                                             \
+            i64 ch = (i / s) % c;                                                           \
+            T k = rstd[ch] * scale[ch];                                                     \
+            y[i] = (x[i] - mean[ch]) * k + bias[ch];                                        \
+        }                                                                                   \
+    }
+FOR_FLOATS(BN_NORMALIZE)
+
+// BNTrainingReduce: sum and square_sum per channel.
+#define BN_REDUCE(T, S)                                                                     \
+    extern "C" __global__ void bn_reduce_##S(const T* __restrict__ x, T* __restrict__ sum,  \
+                                            T* __restrict__ square_sum, i64 n, i64 c,       \
+                                            i64 s) {                                        \
+        i64 m = n * s;                                                                      \
+        for (i64 ch = blockIdx.x; ch < c; ch += gridDim.x) {                                \
+            T a = (T)0, q = (T)0;                                                           \
+            for (i64 k = threadIdx.x; k < m; k += blockDim.x) {                             \
+                T v = x[BN_CHANNEL_INDEX(k, ch, c, s)];                                     \
+                a += v;                                                                     \
+                q += v * v;                                                                 \
+            }                                                                               \
+            a = block_sum(a);                                                               \
+            q = block_sum(q);                                                               \
+            if (threadIdx.x == 0) {                                                         \
+                sum[ch] = a;                                                                \
+                square_sum[ch] = q;                                                         \
+            }                                                                               \
+        }                                                                                   \
+    }
+FOR_FLOATS(BN_REDUCE)
+
+// BNTrainingUpdate's statistics from the global sums: mean = sum / count, the biased
+// var = square_sum / count - mean^2 (never below 0), batch_var the unbiased one. A thread per
+// channel.
+#define BN_UPDATE_STATS(T, S)                                                               \
+    extern "C" __global__ void bn_update_stats_##S(                                         \
+        const T* __restrict__ sum, const T* __restrict__ square_sum,                        \
+        T* __restrict__ batch_mean, T* __restrict__ batch_var, T* __restrict__ saved_mean,  \
+        T* __restrict__ saved_rstd, i64 c, double count_v, double eps) {                    \
+        T count = (T)count_v;                                                               \
+        GRID_STRIDE(ch, c) {                                                                \
+            T mu = sum[ch] / count;                                                         \
+            T var = square_sum[ch] / count - mu * mu;                                       \
+            if (var < (T)0) var = (T)0;                                                     \
+            T unbiased = count > (T)1 ? var * count / (count - (T)1) : var;                 \
+            batch_mean[ch] = mu;                                                            \
+            batch_var[ch] = unbiased;                                                       \
+            saved_mean[ch] = mu;                                                            \
+            saved_rstd[ch] = (T)1 / sh_sqrt(var + (T)eps);                                  \
+        }                                                                                   \
+    }
+FOR_FLOATS(BN_UPDATE_STATS)
+
+// dscale = sum(dy * (x - mean) * rstd), dbias = sum(dy) per channel.
+#define BN_GRAD_SUMS(T, S)                                                                  \
+    extern "C" __global__ void bn_grad_sums_##S(                                            \
+        const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ mean,      \
+        const T* __restrict__ rstd, T* __restrict__ dscale, T* __restrict__ dbias, i64 n,   \
+        i64 c, i64 s) {                                                                     \
+        i64 m = n * s;                                                                      \
+        for (i64 ch = blockIdx.x; ch < c; ch += gridDim.x) {                                \
+            T mu = mean[ch], r = rstd[ch];                                                  \
+            T ds = (T)0, db = (T)0;                                                         \
+            for (i64 k = threadIdx.x; k < m; k += blockDim.x) {                             \
+                i64 i = BN_CHANNEL_INDEX(k, ch, c, s);                                      \
+                ds += dy[i] * ((x[i] - mu) * r);                                            \
+                db += dy[i];                                                                \
+            }                                                                               \
+            ds = block_sum(ds);                                                             \
+            db = block_sum(db);                                                             \
+            if (threadIdx.x == 0) {                                                         \
+                dscale[ch] = ds;                                                            \
+                dbias[ch] = db;                                                             \
+            }                                                                               \
+        }                                                                                   \
+    }
+FOR_FLOATS(BN_GRAD_SUMS)
+
+// dx, training mode: scale * rstd / m * (m * dy - dbias - xhat * dscale), m the (global)
+// count per channel; inference mode: dy * scale * rstd.
+#define BN_GRAD_DX(T, S)                                                                    \
+    extern "C" __global__ void bn_grad_dx_##S(                                              \
+        const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ scale,     \
+        const T* __restrict__ mean, const T* __restrict__ rstd,                             \
+        const T* __restrict__ dscale, const T* __restrict__ dbias, T* __restrict__ dx,      \
+        i64 total, i64 c, i64 s, double m_v, int training) {                                \
+        T m = (T)m_v;                                                                       \
+        GRID_STRIDE(i, total) {                                                             \
+            i64 ch = (i / s) % c;                                                           \
+            T r = rstd[ch], g = scale[ch];                                                  \
+            if (training) {                                                                 \
+                T xhat = (x[i] - mean[ch]) * r;                                             \
+                dx[i] = g * r / m * (m * dy[i] - dbias[ch] - xhat * dscale[ch]);            \
+            } else {                                                                        \
+                dx[i] = dy[i] * g * r;                                                      \
+            }                                                                               \
+        }                                                                                   \
+    }
+FOR_FLOATS(BN_GRAD_DX)

@@ -1,0 +1,377 @@
+//! Slicing, concatenation, splitting, Gather, Dropout and Equal on the device: strided
+//! copies and scatters (no new data, only addresses), the gather with its bounds check, and
+//! Dropout drawing the masks of `shardc_ir::dropout` bit for bit.
+
+use super::{host, suffix, Lowered, OpCall, Val};
+use crate::error::CudaResult;
+use crate::kernels::{contiguous_strides, DevPtr, KernelArg, Strided};
+use shardc_ir::{DType, TensorType};
+use KernelArg::{Ptr, F64, I64};
+
+fn ints(call: &OpCall<'_>, i: usize, what: &str) -> CudaResult<Vec<i64>> {
+    match call.inputs.get(i) {
+        Some(Val::Const(c)) => c
+            .as_ints()
+            .ok_or_else(|| call.err(format!("{what} must be integers, got {c:?}"))),
+        _ => Err(call.err(format!("{what} (operand {i}) must be a constant tuple"))),
+    }
+}
+
+/// (begin, step, count) per dim, as the CPU's StridedSlice reads its constants.
+fn slice_spec(
+    call: &OpCall<'_>,
+    shape: &[usize],
+    first: usize,
+) -> CudaResult<Vec<(usize, usize, usize)>> {
+    for mask in [
+        "begin_mask",
+        "end_mask",
+        "ellipsis_mask",
+        "new_axis_mask",
+        "shrink_axis_mask",
+    ] {
+        let v = call.node.attrs.int_or(mask, 0);
+        if v != 0 {
+            return Err(call.err(format!("{mask} {v} is not supported (only 0)")));
+        }
+    }
+    let (begin, end, steps) = (
+        ints(call, first, "begin")?,
+        ints(call, first + 1, "end")?,
+        ints(call, first + 2, "strides")?,
+    );
+    if begin.len() != end.len() || end.len() != steps.len() || begin.len() > shape.len() {
+        return Err(call.err(format!(
+            "begin {begin:?}, end {end:?} and strides {steps:?} must have equal lengths of at most the rank {}",
+            shape.len()
+        )));
+    }
+    let mut spec = Vec::with_capacity(shape.len());
+    for (d, &n) in shape.iter().enumerate() {
+        if d >= begin.len() {
+            spec.push((0, 1, n));
+            continue;
+        }
+        let st = steps[d];
+        if st <= 0 {
+            return Err(call.err(format!("stride {st} of dim {d} is not positive")));
+        }
+        let ni = n as i64;
+        let clamp = |v: i64| (if v < 0 { v + ni } else { v }).clamp(0, ni);
+        let (b, e) = (clamp(begin[d]), clamp(end[d]));
+        let count = if e > b { (e - b + st - 1) / st } else { 0 };
+        spec.push((b as usize, st as usize, count as usize));
+    }
+    Ok(spec)
+}
+
+/// The region of a tensor of `shape` a slice spec selects: its base element and, per dim of
+/// the slice, the element stride.
+fn region(shape: &[usize], spec: &[(usize, usize, usize)]) -> (usize, Vec<i64>, Vec<usize>) {
+    let st = contiguous_strides(shape);
+    let base = spec.iter().zip(&st).map(|(s, &t)| s.0 * t as usize).sum();
+    let strides = spec.iter().zip(&st).map(|(s, &t)| s.1 as i64 * t).collect();
+    let dims = spec.iter().map(|s| s.2).collect();
+    (base, strides, dims)
+}
+
+fn at(ptr: DevPtr, elements: usize, ty: &TensorType) -> DevPtr {
+    ptr + (elements * ty.dtype.size_bytes()) as u64
+}
+
+fn copy_kernel(
+    call: &OpCall<'_>,
+    kernel: &str,
+    src: DevPtr,
+    dst: DevPtr,
+    dims: &[usize],
+    strides: &[i64],
+    dtype: DType,
+) -> CudaResult<Lowered> {
+    let Some(s) = suffix(dtype) else {
+        return host(format!("{dtype} on the GPU"));
+    };
+    let n: usize = dims.iter().product();
+    if n == 0 {
+        return Ok(Lowered::Device);
+    }
+    let Some(st) = Strided::single(dims, strides) else {
+        return host("more than 8 dims");
+    };
+    call.launch(
+        &format!("{kernel}_{s}"),
+        call.grid(n),
+        &[
+            Ptr(src),
+            Ptr(dst),
+            I64(n as i64),
+            KernelArg::Strided(Box::new(st)),
+        ],
+    )
+}
+
+pub(super) fn strided_slice(call: &OpCall<'_>) -> CudaResult<Lowered> {
+    let (x, tx) = call.tensor(0)?;
+    let (y, ty) = call.out(0)?;
+    let spec = slice_spec(call, &tx.shape, 1)?;
+    let (base, strides, dims) = region(&tx.shape, &spec);
+    if dims != ty.shape {
+        return Err(call.err(format!(
+            "the result {:?} is not the slice {dims:?}",
+            ty.shape
+        )));
+    }
+    copy_kernel(
+        call,
+        "strided_copy",
+        at(x, base, tx),
+        y,
+        &dims,
+        &strides,
+        ty.dtype,
+    )
+}
+
+pub(super) fn strided_slice_grad(call: &OpCall<'_>) -> CudaResult<Lowered> {
+    let (dy, tdy) = call.tensor(0)?;
+    let (y, ty) = call.out(0)?;
+    let Some(s) = suffix(ty.dtype) else {
+        return host(format!("{} on the GPU", ty.dtype));
+    };
+    let spec = slice_spec(call, &ty.shape, 2)?;
+    let (base, strides, dims) = region(&ty.shape, &spec);
+    if dims != tdy.shape {
+        return Err(call.err(format!("dy {:?} is not the slice {dims:?}", tdy.shape)));
+    }
+    let n = ty.num_elements();
+    call.launch(
+        &format!("fill_{s}"),
+        call.grid(n),
+        &[Ptr(y), I64(n as i64), F64(0.0)],
+    )?;
+    copy_kernel(
+        call,
+        "strided_scatter",
+        dy,
+        at(y, base, ty),
+        &dims,
+        &strides,
+        ty.dtype,
+    )
+}
+
+fn axis_of(call: &OpCall<'_>, rank: usize) -> CudaResult<usize> {
+    let a = call.node.attrs.int_or("axis", 0);
+    let r = rank as i64;
+    let a = if a < 0 { a + r } else { a };
+    usize::try_from(a)
+        .ok()
+        .filter(|&a| a < rank)
+        .ok_or_else(|| call.err(format!("axis out of range for rank {rank}")))
+}
+
+pub(super) fn concat(call: &OpCall<'_>) -> CudaResult<Lowered> {
+    let (y, ty) = call.out(0)?;
+    let axis = axis_of(call, ty.shape.len())?;
+    let outer: usize = ty.shape[..axis].iter().product();
+    let inner: usize = ty.shape[axis + 1..].iter().product();
+    let total = ty.shape[axis];
+    let mut at_axis = 0;
+    for i in 0..call.inputs.len() {
+        let (x, tx) = call.tensor(i)?;
+        if tx.dtype != ty.dtype || tx.shape.len() != ty.shape.len() {
+            return Err(call.err(format!("operand {i} is {tx}, the result {ty}")));
+        }
+        let len = tx.shape[axis];
+        let dst = at(y, at_axis * inner, ty);
+        let placed = copy_kernel(
+            call,
+            "strided_scatter",
+            x,
+            dst,
+            &[outer, len * inner],
+            &[(total * inner) as i64, 1],
+            ty.dtype,
+        )?;
+        if let Lowered::Host(why) = placed {
+            return Ok(Lowered::Host(why));
+        }
+        at_axis += len;
+    }
+    if at_axis != total {
+        return Err(call.err(format!(
+            "the operands add up to {at_axis} along axis {axis}, the result has {total}"
+        )));
+    }
+    Ok(Lowered::Device)
+}
+
+pub(super) fn split(call: &OpCall<'_>) -> CudaResult<Lowered> {
+    let (x, tx) = call.tensor(0)?;
+    if suffix(tx.dtype).is_none() {
+        return host(format!("{} on the GPU", tx.dtype));
+    }
+    let axis = axis_of(call, tx.shape.len())?;
+    let parts = call.outputs.len();
+    if parts == 0 || tx.shape[axis] % parts != 0 {
+        return Err(call.err(format!(
+            "{parts} parts do not divide dim {axis} of {:?}",
+            tx.shape
+        )));
+    }
+    let outer: usize = tx.shape[..axis].iter().product();
+    let inner: usize = tx.shape[axis + 1..].iter().product();
+    let part = tx.shape[axis] / parts;
+    for i in 0..parts {
+        let (y, _) = call.out(i)?;
+        copy_kernel(
+            call,
+            "strided_copy",
+            at(x, i * part * inner, tx),
+            y,
+            &[outer, part * inner],
+            &[(parts * part * inner) as i64, 1],
+            tx.dtype,
+        )?;
+    }
+    Ok(Lowered::Device)
+}
+
+pub(super) fn gather(call: &OpCall<'_>) -> CudaResult<Lowered> {
+    let (p, tp) = call.tensor(0)?;
+    let (idx, ti) = call.tensor(1)?;
+    let (y, ty) = call.out(0)?;
+    let axis = match call.inputs.get(2) {
+        None => 0,
+        Some(Val::Const(c)) => c
+            .as_int()
+            .ok_or_else(|| call.err(format!("axis must be an integer, got {c:?}")))?,
+        Some(_) => return host("an axis from a tensor"),
+    };
+    let rank = tp.shape.len() as i64;
+    let axis = if axis < 0 { axis + rank } else { axis };
+    let axis = usize::try_from(axis)
+        .ok()
+        .filter(|&a| a < tp.shape.len())
+        .ok_or_else(|| call.err(format!("axis out of range for rank {rank}")))?;
+    let is = match ti.dtype {
+        DType::Int32 => "i32",
+        DType::Int64 => "i64",
+        other => return host(format!("{other} indices")),
+    };
+    let Some(s) = suffix(ty.dtype) else {
+        return host(format!("{} on the GPU", ty.dtype));
+    };
+    let pre: usize = tp.shape[..axis].iter().product();
+    let post: usize = tp.shape[axis + 1..].iter().product();
+    let n = ti.num_elements();
+    let total = pre * n * post;
+    if total == 0 {
+        return Ok(Lowered::Device);
+    }
+    call.launch(
+        &format!("gather_{is}_{s}"),
+        call.grid(total),
+        &[
+            Ptr(p),
+            Ptr(idx),
+            Ptr(y),
+            I64(pre as i64),
+            I64(tp.shape[axis] as i64),
+            I64(n as i64),
+            I64(post as i64),
+            Ptr(call.status),
+        ],
+    )
+}
+
+pub(super) fn dropout(call: &OpCall<'_>) -> CudaResult<Lowered> {
+    let (x, tx) = call.tensor(0)?;
+    let (y, ty) = call.out(0)?;
+    let (mask, _) = call.out(1)?;
+    let s = match ty.dtype {
+        DType::Float32 => "f32",
+        DType::Float64 => "f64",
+        other => return host(format!("{other} on the GPU")),
+    };
+    let a = &call.node.attrs;
+    let keep = a.float_or("keep_prob", 0.5);
+    if !(keep > 0.0 && keep <= 1.0) {
+        return Err(call.err(format!("keep_prob must be in (0, 1], got {keep}")));
+    }
+    let key = shardc_ir::dropout::key(a.int_or("seed0", 0), a.int_or("seed1", 0), call.step);
+    let read = |k: &str| a.get(k).and_then(|v| v.as_ints());
+    let (base, st) = match (read("global_shape"), read("offset")) {
+        (None, None) => (0i64, Strided::contiguous()),
+        (Some(g), Some(o)) if g.len() == tx.shape.len() && o.len() == tx.shape.len() => {
+            let gs: Vec<usize> = g.iter().map(|&v| v.max(0) as usize).collect();
+            let gst = contiguous_strides(&gs);
+            for d in 0..gs.len() {
+                if o[d] < 0 || o[d] as usize + tx.shape[d] > gs[d] {
+                    return Err(call.err(format!(
+                        "the block of shape {:?} at `offset` {o:?} does not fit in `global_shape` {g:?} (dim {d})",
+                        tx.shape
+                    )));
+                }
+            }
+            let base = o.iter().zip(&gst).map(|(&o, &s)| o * s).sum();
+            let Some(st) = Strided::single(&tx.shape, &gst) else {
+                return host("more than 8 dims");
+            };
+            (base, st)
+        }
+        _ => {
+            return Err(call.err(
+                "attributes `global_shape` and `offset` must both be given, one entry per dim of x",
+            ))
+        }
+    };
+    let n = tx.num_elements();
+    call.launch(
+        &format!("dropout_{s}"),
+        call.grid(n),
+        &[
+            Ptr(x),
+            Ptr(y),
+            Ptr(mask),
+            I64(n as i64),
+            I64(key as i64),
+            F64(keep),
+            I64(base),
+            KernelArg::Strided(Box::new(st)),
+        ],
+    )
+}
+
+pub(super) fn equal(call: &OpCall<'_>) -> CudaResult<Lowered> {
+    let (a, ta) = match call.inputs.first() {
+        Some(Val::Tensor { ptr, ty }) => (*ptr, *ty),
+        _ => return host("a constant operand"),
+    };
+    let (b, tb) = match call.inputs.get(1) {
+        Some(Val::Tensor { ptr, ty }) => (*ptr, *ty),
+        _ => return host("a constant operand"),
+    };
+    let (y, ty) = call.out(0)?;
+    let Some(s) = suffix(ta.dtype) else {
+        return host(format!("{} on the GPU", ta.dtype));
+    };
+    if ta.dtype != tb.dtype || ty.dtype != DType::Bool {
+        return host("mixed element types");
+    }
+    let Some(st) = Strided::broadcast(&ty.shape, &ta.shape, &tb.shape) else {
+        return host("a broadcast of more than 8 dims");
+    };
+    let n = ty.num_elements();
+    call.launch(
+        &format!("equal_{s}"),
+        call.grid(n),
+        &[
+            Ptr(a),
+            Ptr(b),
+            Ptr(y),
+            I64(n as i64),
+            KernelArg::Strided(Box::new(st)),
+        ],
+    )
+}
