@@ -530,3 +530,61 @@ fn full_batch_ranks_read_the_whole_batch_and_feed_their_block() {
         }
     }
 }
+
+/// `Model` on the GPU backend's emulated device (MindSpore's `device_target="GPU"`, the
+/// kernels run on the host): the same losses and weights as on the CPU, checkpoints through
+/// the same callback; on a machine without CUDA, `DeviceTarget::Gpu` is an error naming the
+/// missing library.
+#[test]
+fn model_trains_on_the_emulated_gpu_as_on_the_cpu() {
+    use shardc::train::DeviceTarget;
+    if shardc::cuda::emulator::EmulatedDevice::new(64).is_err() {
+        eprintln!("SKIP: no C++20 compiler for the emulated GPU");
+        return;
+    }
+    let net = || MlpNetwork::new(&[12, 16, 5]);
+    let loss = || SoftmaxCrossEntropyWithLogits::new(true, "mean");
+    let opt = Momentum::new(0.1, 0.9);
+    let data = classification(32, 12, 5, SourceOptions::default())
+        .batch(8, true)
+        .expect("batch");
+    let mut cpu = Model::new(net(), loss(), &opt).with_threads(1);
+    let a = cpu.train(2, &data, &mut []).expect("CPU");
+    let mut gpu = Model::new(net(), loss(), &opt)
+        .with_threads(1)
+        .with_device_target("GPU-emulated".parse::<DeviceTarget>().expect("a target"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut ckpt = ModelCheckpoint::new("gpu", dir.path(), CheckpointConfig::default());
+    let b = gpu.train(2, &data, &mut [&mut ckpt]).expect("emulated GPU");
+    assert!(gpu.executor().expect("built").device().contains("emulated"));
+    assert_eq!(a.losses.len(), b.losses.len());
+    for (x, y) in a.losses.iter().zip(&b.losses) {
+        assert!(
+            (x - y).abs() <= 1e-5 * (1.0 + x.abs()),
+            "{:?} vs {:?}",
+            a.losses,
+            b.losses
+        );
+    }
+    let names = trainable(&cpu);
+    let d = max_rel_diff(&weights_of(&gpu), &weights_of(&cpu), &names);
+    assert!(d <= 1e-5, "weights differ by {d}");
+    assert!(
+        std::fs::read_dir(dir.path().join("0"))
+            .expect("rank 0's checkpoints")
+            .count()
+            > 0
+    );
+
+    if !shardc::cuda::probe::Library::Driver.present() {
+        let mut real = Model::new(net(), loss(), &opt)
+            .with_device_target(DeviceTarget::Gpu { device_id: None });
+        let err = real.train(1, &data, &mut []).unwrap_err().to_string();
+        assert!(err.contains("CUDA not found: libcuda.so"), "{err}");
+    }
+    assert!("Ascend"
+        .parse::<DeviceTarget>()
+        .unwrap_err()
+        .to_string()
+        .contains("not built"));
+}
