@@ -75,6 +75,8 @@ pub struct GpuExecutor {
     member_of: Vec<Option<usize>>,
     /// Per node: the buckets whose members' results it reads.
     needs: Vec<Vec<usize>>,
+    /// Scratch memory the ops share (im2col columns).
+    workspace: ops::Workspace,
     step_count: u64,
     stats: GpuStats,
 }
@@ -123,6 +125,7 @@ impl Drop for GpuExecutor {
         for b in &self.buckets {
             self.device.free(b.flat);
         }
+        self.workspace.release(self.device.as_ref());
         self.device.free(self.status);
     }
 }
@@ -262,6 +265,7 @@ impl GpuExecutor {
             comm,
             nccl,
             plan,
+            workspace: ops::Workspace::default(),
             step_count: 0,
             stats: GpuStats::default(),
         };
@@ -564,6 +568,7 @@ impl GpuExecutor {
                     outputs: &outputs,
                     status: self.status,
                     step: self.step_count,
+                    workspace: &self.workspace,
                 };
                 ops::lower(&call)?
             }

@@ -3,7 +3,8 @@
 //! of `shardc_ir::geometry` (`valid` / `same` / `pad`, stride, dilation, groups).
 //!
 //! The batch is cut into chunks of images whose column matrices fit one scratch buffer
-//! (allocated per call, freed after the chunk loop):
+//! (the executor's workspace, kept from call to call: no allocation, so no synchronisation,
+//! in a step):
 //!
 //! - forward: the chunk's column matrices stacked `(nb, C·kh·kw, P)`, then per group one GEMM
 //!   batched over the images, `Y_b,g (og, P) = W_g (og, k) · cols_b,g (k, P)`, straight into
@@ -29,24 +30,16 @@ use KernelArg::{Ptr, I64};
 /// (16 MiB of Float32), unless a single image needs more.
 const SCRATCH_ELEMS: usize = 1 << 22;
 
-/// A device allocation freed when dropped.
-struct Scratch<'a> {
-    dev: &'a dyn Device,
+/// Scratch memory of one call: the executor's workspace, at least `bytes` long.
+struct Scratch {
     ptr: DevPtr,
 }
 
-impl<'a> Scratch<'a> {
-    fn new(dev: &'a dyn Device, bytes: usize) -> CudaResult<Scratch<'a>> {
+impl Scratch {
+    fn new(call: &OpCall<'_>, bytes: usize) -> CudaResult<Scratch> {
         Ok(Scratch {
-            dev,
-            ptr: dev.alloc(bytes.max(1))?,
+            ptr: call.workspace.get(call.dev, bytes)?,
         })
-    }
-}
-
-impl Drop for Scratch<'_> {
-    fn drop(&mut self) {
-        self.dev.free(self.ptr);
     }
 }
 
@@ -242,7 +235,7 @@ pub(super) fn conv2d(call: &OpCall<'_>) -> CudaResult<Lowered> {
     let scratch = if pointwise {
         None
     } else {
-        Some(Scratch::new(call.dev, b * per_image * d.esz as usize)?)
+        Some(Scratch::new(call, b * per_image * d.esz as usize)?)
     };
     for n0 in (0..d.g.n).step_by(b) {
         let nb = b.min(d.g.n - n0);
@@ -298,7 +291,7 @@ pub(super) fn conv2d_backprop_input(call: &OpCall<'_>) -> CudaResult<Lowered> {
     let scratch = if pointwise {
         None
     } else {
-        Some(Scratch::new(call.dev, b * per_image * d.esz as usize)?)
+        Some(Scratch::new(call, b * per_image * d.esz as usize)?)
     };
     for n0 in (0..d.g.n).step_by(b) {
         let nb = b.min(d.g.n - n0);
@@ -348,7 +341,7 @@ pub(super) fn conv2d_backprop_filter(call: &OpCall<'_>) -> CudaResult<Lowered> {
     let b = d.chunk((d.rows + d.g.c_out) * d.p);
     // One allocation: the column matrix, then (from a 256-byte boundary) dY side by side.
     let col_bytes = (b * d.rows * d.p * d.esz as usize).next_multiple_of(256);
-    let scratch = Scratch::new(call.dev, col_bytes + b * d.img_out * d.esz as usize)?;
+    let scratch = Scratch::new(call, col_bytes + b * d.img_out * d.esz as usize)?;
     let col = scratch.ptr;
     let gathered = col + col_bytes as u64;
     for (chunk, n0) in (0..d.g.n).step_by(b).enumerate() {

@@ -40,6 +40,39 @@ pub(crate) struct OpCall<'a> {
     pub status: DevPtr,
     /// The training step, counted from 0 (Dropout's masks).
     pub step: u64,
+    /// Scratch memory that outlives the call (im2col columns).
+    pub workspace: &'a Workspace,
+}
+
+/// Device scratch memory kept by the executor: grown to the largest request, then reused by
+/// every op that needs scratch (the device runs in order, so consecutive users never overlap),
+/// so a step allocates nothing (an allocation or a free synchronises a GPU).
+#[derive(Debug, Default)]
+pub(crate) struct Workspace {
+    ptr: std::cell::Cell<DevPtr>,
+    bytes: std::cell::Cell<usize>,
+}
+
+impl Workspace {
+    /// A device buffer of at least `bytes`, valid until the next call.
+    pub(crate) fn get(&self, dev: &dyn Device, bytes: usize) -> CudaResult<DevPtr> {
+        if bytes > self.bytes.get() || self.ptr.get() == 0 {
+            self.release(dev);
+            let p = dev.alloc(bytes.max(1))?;
+            self.ptr.set(p);
+            self.bytes.set(bytes.max(1));
+        }
+        Ok(self.ptr.get())
+    }
+
+    /// Frees the buffer (the executor's drop).
+    pub(crate) fn release(&self, dev: &dyn Device) {
+        if self.ptr.get() != 0 {
+            dev.free(self.ptr.get());
+            self.ptr.set(0);
+            self.bytes.set(0);
+        }
+    }
 }
 
 use KernelArg::{Ptr, F64, I32, I64};
