@@ -143,7 +143,7 @@ fn the_emulated_gpu_trains_one_device_and_in_process_ranks_as_the_cpu() {
     ]);
     assert!(gpu.status.success(), "{}", text(&gpu));
     assert!(
-        text(&gpu).contains("ops on the device, 0 on the host"),
+        text(&gpu).contains("fused kernels), 0 on the host"),
         "{}",
         text(&gpu)
     );

@@ -43,7 +43,9 @@ unsafe impl Send for Handles {}
 /// A GPU (see the module doc).
 pub struct CudaDevice {
     handles: Mutex<Handles>,
-    functions: HashMap<String, usize>,
+    functions: Mutex<HashMap<String, usize>>,
+    /// The NVRTC architecture of the device (`compute_90`).
+    arch: &'static str,
     ordinal: usize,
     name: String,
     capability: (i32, i32),
@@ -55,6 +57,36 @@ impl std::fmt::Debug for CudaDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.description())
     }
+}
+
+/// Loads a PTX module into the current context; the functions of its kernels (`only` these,
+/// when given) by name.
+fn load_ptx(unit: &str, ptx: &str, only: Option<&[String]>) -> CudaResult<Vec<(String, usize)>> {
+    let image = CString::new(ptx)
+        .map_err(|_| CudaError::Other(format!("PTX of {unit} holds a NUL byte")))?;
+    // SAFETY: a NUL-terminated PTX image; the module lives as long as the context.
+    let module = unsafe { drv::module::load_data(image.as_ptr() as *const c_void) }.map_err(|e| {
+        CudaError::Driver {
+            call: "cuModuleLoadData",
+            reason: format!(
+                "{unit}: {e:?} (a driver older than the NVRTC that compiled the kernels, CUDA 13.0, \
+                 refuses its PTX: update the driver, or put an NVRTC no newer than the driver's CUDA \
+                 first in SHARDC_CUDA_LIB_DIRS)"
+            ),
+        }
+    })?;
+    let mut out = Vec::new();
+    for entry in kernels::ptx_entries(ptx) {
+        if only.is_some_and(|names| !names.contains(&entry)) {
+            continue;
+        }
+        let cname = CString::new(entry.clone()).expect("PTX names hold no NUL");
+        // SAFETY: a loaded module.
+        let f = unsafe { drv::module::get_function(module, cname) }
+            .map_err(driver("cuModuleGetFunction"))?;
+        out.push((entry, f as usize));
+    }
+    Ok(out)
 }
 
 /// The libraries a device needs (NCCL only for NCCL collectives).
@@ -130,18 +162,7 @@ impl CudaDevice {
         let mut functions = HashMap::new();
         for (source, _) in kernels::SOURCES {
             let ptx = kernels::compile_ptx(source, Some(arch))?;
-            let image = CString::new(ptx.clone())
-                .map_err(|_| CudaError::Other(format!("PTX of {source} holds a NUL byte")))?;
-            // SAFETY: a NUL-terminated PTX image; the module lives as long as the context.
-            let module = unsafe { drv::module::load_data(image.as_ptr() as *const c_void) }
-                .map_err(driver("cuModuleLoadData"))?;
-            for entry in kernels::ptx_entries(&ptx) {
-                let cname = CString::new(entry.clone()).expect("PTX names hold no NUL");
-                // SAFETY: a loaded module.
-                let f = unsafe { drv::module::get_function(module, cname) }
-                    .map_err(driver("cuModuleGetFunction"))?;
-                functions.insert(entry, f as usize);
-            }
+            functions.extend(load_ptx(source, &ptx, None)?);
         }
         Ok(CudaDevice {
             handles: Mutex::new(Handles {
@@ -151,7 +172,8 @@ impl CudaDevice {
                 events: Vec::new(),
                 blas,
             }),
-            functions,
+            functions: Mutex::new(functions),
+            arch,
             ordinal,
             name,
             capability: (major, minor),
@@ -398,6 +420,8 @@ impl Device for CudaDevice {
     fn launch(&self, name: &str, grid: u32, block: u32, args: &[KernelArg]) -> CudaResult<()> {
         let f = *self
             .functions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
             .get(name)
             .ok_or_else(|| CudaError::UnknownKernel(name.to_string()))?;
         let h = self.current()?;
@@ -497,6 +521,17 @@ impl Device for CudaDevice {
             drv::stream::synchronize(h.comm).map_err(driver("cuStreamSynchronize"))?;
             drv::stream::synchronize(h.stream).map_err(driver("cuStreamSynchronize"))
         }
+    }
+
+    fn load_kernels(&self, unit: &str, text: &str, names: &[String]) -> CudaResult<()> {
+        let ptx = kernels::compile_ptx_text(unit, text, Some(self.arch))?;
+        let _h = self.current()?;
+        let loaded = load_ptx(unit, &ptx, Some(names))?;
+        self.functions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(loaded);
+        Ok(())
     }
 
     fn comm_after_compute(&self) -> CudaResult<()> {

@@ -130,6 +130,11 @@ pub trait Device: Send + Sync {
     /// Waits for every earlier operation.
     fn synchronize(&self) -> CudaResult<()>;
 
+    /// Compiles `text` (kernel source in the dialect of `kernels/prelude.cuh`, without the
+    /// prelude) as one more module named `unit`, and makes its kernels `names` launchable:
+    /// kernels generated for a graph (fused elementwise chains).
+    fn load_kernels(&self, unit: &str, text: &str, names: &[String]) -> CudaResult<()>;
+
     /// Orders the communication stream after everything issued so far on the compute
     /// stream (before a collective reads what the kernels wrote). A device with one stream
     /// does nothing.

@@ -16,7 +16,7 @@ use shardc_ir::DType;
 use std::alloc::Layout;
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::c_void;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::Mutex;
 
@@ -25,11 +25,19 @@ const HEADER: &str = include_str!("../kernels/emulator.hpp");
 type Thunk = unsafe extern "C" fn(*mut *mut c_void);
 type LaunchFn = unsafe extern "C" fn(Thunk, u32, u32, *mut *mut c_void) -> i32;
 
-/// The host-emulated device (see the module doc).
-pub struct EmulatedDevice {
+/// One compiled library of kernels with its own launch function (and so its own emulation
+/// state: a library's kernels are launched through its own `shardc_emu_launch`).
+struct Module {
     library: libloading::Library,
     launch_fn: LaunchFn,
-    thunks: Mutex<HashMap<String, Thunk>>,
+    names: Vec<String>,
+}
+
+/// The host-emulated device (see the module doc).
+pub struct EmulatedDevice {
+    /// The kernel sources' library first, then any loaded with `load_kernels`.
+    modules: Mutex<Vec<Module>>,
+    thunks: Mutex<HashMap<String, (LaunchFn, Thunk)>>,
     names: Vec<String>,
     /// Live allocations: start -> layout.
     allocations: Mutex<BTreeMap<u64, Layout>>,
@@ -75,14 +83,18 @@ fn run(cmd: &mut Command, what: &str) -> CudaResult<Vec<u8>> {
     Ok(out.stdout)
 }
 
-/// The combined translation unit: the header, the prelude, every source.
+/// The translation unit of the kernel sources: the header, the prelude, every source.
 fn translation_unit() -> String {
-    let mut s = String::from("#include \"emulator.hpp\"\n");
-    s.push_str(kernels::PRELUDE);
-    for (name, text) in kernels::SOURCES {
-        s.push_str(&format!("\n// ---- {name}\n{text}\n"));
+    let mut text = String::new();
+    for (name, source) in kernels::SOURCES {
+        text.push_str(&format!("\n// ---- {name}\n{source}\n"));
     }
-    s
+    unit_of(&text)
+}
+
+/// The translation unit of kernel text (without the prelude).
+fn unit_of(text: &str) -> String {
+    format!("#include \"emulator.hpp\"\n{}\n{text}\n", kernels::PRELUDE)
 }
 
 /// Writes `text` to `path` atomically (several processes may build the same cache at once).
@@ -93,11 +105,10 @@ fn write_atomic(path: &Path, text: &str) -> CudaResult<()> {
         .map_err(|e| CudaError::Emulator(format!("cannot write {}: {e}", path.display())))
 }
 
-/// Every kernel name of the sources, found by preprocessing them with the host compiler.
-pub fn kernel_names_in(dir: &Path, cxx: &str) -> CudaResult<Vec<String>> {
-    write_atomic(&dir.join("emulator.hpp"), HEADER)?;
+/// Every kernel name of a translation unit, found by preprocessing it with the host compiler.
+fn kernel_names_in(dir: &Path, cxx: &str, unit_text: &str) -> CudaResult<Vec<String>> {
     let unit = dir.join(format!("kernels.{}.cpp", std::process::id()));
-    write_atomic(&unit, &translation_unit())?;
+    write_atomic(&unit, unit_text)?;
     let pre = run(
         Command::new(cxx)
             .args(["-std=c++20", "-E", "-P", "-D__global__=", "-I"])
@@ -115,50 +126,87 @@ pub fn kernel_names_in(dir: &Path, cxx: &str) -> CudaResult<Vec<String>> {
     Ok(names)
 }
 
-fn build(dir: &Path) -> CudaResult<(PathBuf, Vec<String>)> {
+/// Builds (or finds in the cache) the library of a translation unit, with thunks for `names`
+/// (None: every kernel of the unit), and loads it.
+fn module(unit_text: &str, names: Option<&[String]>) -> CudaResult<Module> {
+    let mut h = Sha256::new();
+    h.update(HEADER);
+    h.update(unit_text);
+    if let Some(n) = names {
+        h.update(n.join(","));
+    }
+    let digest = h.finalize();
+    let tag: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    let dir = std::env::temp_dir().join(format!("shardc-cuda-emulator-{tag}"));
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| CudaError::Emulator(format!("cannot create {}: {e}", dir.display())))?;
+    write_atomic(&dir.join("emulator.hpp"), HEADER)?;
     let lib = dir.join("libshardc_emulated_kernels.so");
     let names_file = dir.join("kernels.txt");
-    if lib.exists() {
-        if let Ok(text) = std::fs::read_to_string(&names_file) {
-            let names: Vec<String> = text.lines().map(str::to_string).collect();
-            if !names.is_empty() {
-                return Ok((lib, names));
+    let cached: Option<Vec<String>> = if lib.exists() {
+        std::fs::read_to_string(&names_file)
+            .ok()
+            .map(|t| t.lines().map(str::to_string).collect::<Vec<_>>())
+            .filter(|n| !n.is_empty())
+    } else {
+        None
+    };
+    let names = match cached {
+        Some(n) => n,
+        None => {
+            let cxx = compiler();
+            let names = match names {
+                Some(n) => n.to_vec(),
+                None => kernel_names_in(&dir, &cxx, unit_text)?,
+            };
+            let mut unit = unit_text.to_string();
+            for n in &names {
+                unit.push_str(&format!(
+                    "extern \"C\" void shardc_thunk_{n}(void** a) {{ shardc_emu::invoke({n}, a); }}\n"
+                ));
             }
+            let src = dir.join(format!("kernels_thunks.{}.cpp", std::process::id()));
+            write_atomic(&src, &unit)?;
+            let tmp = dir.join(format!("lib.{}.tmp.so", std::process::id()));
+            run(
+                Command::new(&cxx)
+                    .args([
+                        "-std=c++20",
+                        "-O1",
+                        "-shared",
+                        "-fPIC",
+                        "-pthread",
+                        "-w",
+                        "-I",
+                    ])
+                    .arg(&dir)
+                    .arg(&src)
+                    .arg("-o")
+                    .arg(&tmp),
+                "compiling the kernel sources for the host",
+            )?;
+            let _ = std::fs::remove_file(&src);
+            std::fs::rename(&tmp, &lib)
+                .map_err(|e| CudaError::Emulator(format!("cannot place {}: {e}", lib.display())))?;
+            write_atomic(&names_file, &names.join("\n"))?;
+            names
         }
-    }
-    let cxx = compiler();
-    let names = kernel_names_in(dir, &cxx)?;
-    let mut unit = translation_unit();
-    for n in &names {
-        unit.push_str(&format!(
-            "extern \"C\" void shardc_thunk_{n}(void** a) {{ shardc_emu::invoke({n}, a); }}\n"
-        ));
-    }
-    let src = dir.join(format!("kernels_thunks.{}.cpp", std::process::id()));
-    write_atomic(&src, &unit)?;
-    let tmp = dir.join(format!("lib.{}.tmp.so", std::process::id()));
-    run(
-        Command::new(&cxx)
-            .args([
-                "-std=c++20",
-                "-O1",
-                "-shared",
-                "-fPIC",
-                "-pthread",
-                "-w",
-                "-I",
-            ])
-            .arg(dir)
-            .arg(&src)
-            .arg("-o")
-            .arg(&tmp),
-        "compiling the kernel sources for the host",
-    )?;
-    let _ = std::fs::remove_file(&src);
-    std::fs::rename(&tmp, &lib)
-        .map_err(|e| CudaError::Emulator(format!("cannot place {}: {e}", lib.display())))?;
-    write_atomic(&names_file, &names.join("\n"))?;
-    Ok((lib, names))
+    };
+    // SAFETY: the library is ours, built from our sources; loading runs no initialisers
+    // beyond the C++ runtime's.
+    let library = unsafe { libloading::Library::new(&lib) }
+        .map_err(|e| CudaError::Emulator(format!("cannot load {}: {e}", lib.display())))?;
+    // SAFETY: the symbol is `shardc_emu_launch` of emulator.hpp with this signature.
+    let launch_fn: LaunchFn = unsafe {
+        *library
+            .get::<LaunchFn>(b"shardc_emu_launch\0")
+            .map_err(|e| CudaError::Emulator(format!("no launch entry: {e}")))?
+    };
+    Ok(Module {
+        library,
+        launch_fn,
+        names,
+    })
 }
 
 impl EmulatedDevice {
@@ -170,30 +218,11 @@ impl EmulatedDevice {
                 "block size {block} must be a multiple of 32 in 32..=1024"
             )));
         }
-        let mut h = Sha256::new();
-        h.update(HEADER);
-        h.update(translation_unit());
-        let digest = h.finalize();
-        let tag: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
-        let dir = std::env::temp_dir().join(format!("shardc-cuda-emulator-{tag}"));
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| CudaError::Emulator(format!("cannot create {}: {e}", dir.display())))?;
-        let (lib_path, names) = build(&dir)?;
-        // SAFETY: the library is ours, built just now from our sources; loading runs no
-        // initialisers beyond the C++ runtime's.
-        let library = unsafe { libloading::Library::new(&lib_path) }
-            .map_err(|e| CudaError::Emulator(format!("cannot load {}: {e}", lib_path.display())))?;
-        // SAFETY: the symbol is `shardc_emu_launch` of emulator.hpp with this signature.
-        let launch_fn: LaunchFn = unsafe {
-            *library
-                .get::<LaunchFn>(b"shardc_emu_launch\0")
-                .map_err(|e| CudaError::Emulator(format!("no launch entry: {e}")))?
-        };
+        let base = module(&translation_unit(), None)?;
         Ok(EmulatedDevice {
-            library,
-            launch_fn,
+            names: base.names.clone(),
+            modules: Mutex::new(vec![base]),
             thunks: Mutex::new(HashMap::new()),
-            names,
             allocations: Mutex::new(BTreeMap::new()),
             launching: Mutex::new(()),
             block,
@@ -205,24 +234,28 @@ impl EmulatedDevice {
         &self.names
     }
 
-    fn thunk(&self, name: &str) -> CudaResult<Thunk> {
+    fn thunk(&self, name: &str) -> CudaResult<(LaunchFn, Thunk)> {
         let mut map = self.thunks.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(t) = map.get(name) {
             return Ok(*t);
         }
-        if !self.names.iter().any(|n| n == name) {
-            return Err(CudaError::UnknownKernel(name.to_string()));
-        }
+        let modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
+        // The newest module first: kernels generated later may share a name with none.
+        let m = modules
+            .iter()
+            .rev()
+            .find(|m| m.names.iter().any(|n| n == name))
+            .ok_or_else(|| CudaError::UnknownKernel(name.to_string()))?;
         let sym = format!("shardc_thunk_{name}\0");
-        // SAFETY: every thunk has the signature `void(void**)`.
+        // SAFETY: every thunk has the signature `void(void**)`; the library stays loaded as
+        // long as the device (modules are never removed).
         let t: Thunk = unsafe {
-            *self
-                .library
+            *m.library
                 .get::<Thunk>(sym.as_bytes())
                 .map_err(|_| CudaError::UnknownKernel(name.to_string()))?
         };
-        map.insert(name.to_string(), t);
-        Ok(t)
+        map.insert(name.to_string(), (m.launch_fn, t));
+        Ok((m.launch_fn, t))
     }
 
     /// Checks that `[ptr, ptr + bytes)` lies in one live allocation.
@@ -351,12 +384,12 @@ impl Device for EmulatedDevice {
     }
 
     fn launch(&self, name: &str, grid: u32, block: u32, args: &[KernelArg]) -> CudaResult<()> {
-        let thunk = self.thunk(name)?;
+        let (launch_fn, thunk) = self.thunk(name)?;
         let mut params = kernels::params(args);
         let _one = self.launching.lock().unwrap_or_else(|p| p.into_inner());
         // SAFETY: the thunk unpacks `params` as the kernel's parameter list; the executor
         // passes one value of the right type per parameter.
-        let rc = unsafe { (self.launch_fn)(thunk, grid, block, params.as_mut_ptr()) };
+        let rc = unsafe { launch_fn(thunk, grid, block, params.as_mut_ptr()) };
         if rc != 0 {
             return Err(CudaError::Emulator(format!(
                 "launch of {name} with grid {grid}, block {block} failed"
@@ -399,6 +432,15 @@ impl Device for EmulatedDevice {
     }
 
     fn synchronize(&self) -> CudaResult<()> {
+        Ok(())
+    }
+
+    fn load_kernels(&self, _unit: &str, text: &str, names: &[String]) -> CudaResult<()> {
+        let m = module(&unit_of(text), Some(names))?;
+        self.modules
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(m);
         Ok(())
     }
 }

@@ -14,7 +14,7 @@
 
 use crate::device::Device;
 use crate::error::{CudaError, CudaResult};
-use crate::kernels::DevPtr;
+use crate::kernels::{DevPtr, KernelArg};
 use crate::nccl::NcclComm;
 use crate::ops::{self, Lowered, OpCall, Val};
 use shardc_ir::{
@@ -37,6 +37,8 @@ pub struct GpuStats {
     pub host_ops: BTreeMap<String, (u64, String)>,
     /// Communication node executions.
     pub comm_ops: u64,
+    /// Launches of fused elementwise kernels (each covers several of `device_ops`).
+    pub fused_kernels: u64,
     /// Steps run.
     pub steps: u64,
 }
@@ -46,8 +48,8 @@ impl GpuStats {
     pub fn summary(&self) -> String {
         let host: u64 = self.host_ops.values().map(|(n, _)| n).sum();
         let mut s = format!(
-            "{} steps: {} ops on the device, {} on the host, {} collectives",
-            self.steps, self.device_ops, host, self.comm_ops
+            "{} steps: {} ops on the device ({} fused kernels), {} on the host, {} collectives",
+            self.steps, self.device_ops, self.fused_kernels, host, self.comm_ops
         );
         for (op, (n, why)) in &self.host_ops {
             s.push_str(&format!("\n  host: {op} x{n} ({why})"));
@@ -77,6 +79,9 @@ pub struct GpuExecutor {
     needs: Vec<Vec<usize>>,
     /// Scratch memory the ops share (im2col columns).
     workspace: ops::Workspace,
+    /// Fused elementwise runs, and per node its run and whether it launches it (the first).
+    runs: Vec<crate::fusion::FusedRun>,
+    fused: Vec<Option<(usize, bool)>>,
     step_count: u64,
     stats: GpuStats,
 }
@@ -249,7 +254,40 @@ impl GpuExecutor {
                 v
             })
             .collect();
+        // Elementwise runs (not through a collective's buckets); SHARDC_CUDA_FUSION=0 turns
+        // fusion off (to compare).
+        let excluded: Vec<bool> = (0..graph.nodes.len())
+            .map(|i| member_of[i].is_some() || calls[i].is_some())
+            .collect();
+        let mut runs = if std::env::var("SHARDC_CUDA_FUSION").as_deref() == Ok("0") {
+            Vec::new()
+        } else {
+            crate::fusion::plan(&graph, &excluded)
+        };
+        let mut fused = vec![None; graph.nodes.len()];
+        let mut needs = needs;
+        for (r, run) in runs.iter().enumerate() {
+            let first = run.nodes[0];
+            for &n in &run.nodes {
+                fused[n] = Some((r, n == first));
+                if n != first {
+                    let extra = needs[n].clone();
+                    needs[first].extend(extra);
+                }
+            }
+            needs[first].sort_unstable();
+            needs[first].dedup();
+        }
+        if !runs.is_empty() {
+            let text = crate::fusion::source(&graph, &mut runs);
+            let mut names: Vec<String> = runs.iter().map(|r| r.kernel.clone()).collect();
+            names.sort();
+            names.dedup();
+            device.load_kernels("fused.cu", &text, &names)?;
+        }
         let mut ex = GpuExecutor {
+            runs,
+            fused,
             buckets,
             members,
             member_of,
@@ -543,6 +581,14 @@ impl GpuExecutor {
         if let Some(m) = self.member_of[i] {
             return self.pack(graph, m);
         }
+        if let Some((r, first)) = self.fused[i] {
+            self.stats.device_ops += 1;
+            return if first {
+                self.run_fused(graph, r)
+            } else {
+                Ok(())
+            };
+        }
         if let Some(call) = self.calls[i].clone() {
             self.stats.comm_ops += 1;
             return self.run_comm(graph, i, &call);
@@ -643,6 +689,37 @@ impl GpuExecutor {
             self.device.upload(*ptr, &tensor_bytes(t))?;
         }
         Ok(())
+    }
+
+    /// Launches fused run `r` (its first node's turn; the others do nothing).
+    fn run_fused(&mut self, graph: &Graph, r: usize) -> CudaResult<()> {
+        let run = &self.runs[r];
+        let mut args = Vec::with_capacity(run.inputs.len() + run.outputs.len() + 1);
+        for o in &run.inputs {
+            match self.operand(graph, o)? {
+                Val::Tensor { ptr, .. } => args.push(KernelArg::Ptr(ptr)),
+                Val::Const(_) => unreachable!("constants are written into the kernel"),
+            }
+        }
+        for &n in &run.outputs {
+            args.push(KernelArg::Ptr(self.value_ptr(n, 0)?));
+        }
+        let shape = match &graph.nodes[run.nodes[0]].ty {
+            Type::Tensor(t) => t.shape.clone(),
+            Type::Tuple(_) => Vec::new(),
+        };
+        for st in run.strides.iter().flatten() {
+            let s = crate::kernels::Strided::single(&shape, st).ok_or_else(|| {
+                CudaError::Other(format!("fused kernel {}: more than 8 dims", run.kernel))
+            })?;
+            args.push(KernelArg::Strided(Box::new(s)));
+        }
+        args.push(KernelArg::I64(run.elements as i64));
+        let block = self.device.block_size();
+        let grid = (run.elements.div_ceil(block as usize).max(1) as u64)
+            .min(self.device.max_grid() as u64) as u32;
+        self.stats.fused_kernels += 1;
+        self.device.launch(&run.kernel, grid, block, &args)
     }
 
     /// Copies member `m`'s gradient into its bucket; the last member submits the bucket.

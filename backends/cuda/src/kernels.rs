@@ -12,9 +12,12 @@ use std::ffi::c_void;
 /// The prelude every source starts with.
 pub const PRELUDE: &str = include_str!("../kernels/prelude.cuh");
 
+/// The elementwise source (its op templates are what fused kernels call).
+pub const ELEMENTWISE: &str = include_str!("../kernels/elementwise.cu");
+
 /// The kernel sources: (file name, text).
 pub const SOURCES: &[(&str, &str)] = &[
-    ("elementwise.cu", include_str!("../kernels/elementwise.cu")),
+    ("elementwise.cu", ELEMENTWISE),
     ("reduce.cu", include_str!("../kernels/reduce.cu")),
     ("norm.cu", include_str!("../kernels/norm.cu")),
     ("loss.cu", include_str!("../kernels/loss.cu")),
@@ -181,12 +184,17 @@ pub fn unit(text: &str) -> String {
 /// Compiles source `name` of [`SOURCES`] to PTX with NVRTC for `arch` (`compute_90`; None:
 /// NVRTC's default). TF32 never enters: these are plain f32/f64 kernels.
 pub fn compile_ptx(name: &str, arch: Option<&'static str>) -> CudaResult<String> {
-    crate::probe::require(crate::probe::Library::Nvrtc)?;
     let text = SOURCES
         .iter()
         .find(|(n, _)| *n == name)
         .map(|(_, t)| *t)
         .ok_or_else(|| CudaError::Other(format!("no kernel source named {name}")))?;
+    compile_ptx_text(name, text, arch)
+}
+
+/// Compiles kernel source `text` (without the prelude) named `name` to PTX with NVRTC.
+pub fn compile_ptx_text(name: &str, text: &str, arch: Option<&'static str>) -> CudaResult<String> {
+    crate::probe::require(crate::probe::Library::Nvrtc)?;
     let opts = cudarc::nvrtc::CompileOptions {
         arch,
         name: Some(name.to_string()),
