@@ -146,6 +146,14 @@ fn fusable(g: &Graph, i: usize) -> Option<&TensorType> {
     Some(ty)
 }
 
+/// The fused kernels of a graph with nothing excluded: (their source, their names), as an
+/// executor would load them (for checking that NVRTC compiles them).
+pub fn generated_kernels(g: &Graph) -> (String, Vec<String>) {
+    let mut runs = plan(g, &vec![false; g.nodes.len()]);
+    let text = source(g, &mut runs);
+    (text, runs.into_iter().map(|r| r.kernel).collect())
+}
+
 /// Every run of the graph (see the module doc), the nodes in `excluded` never part of one.
 pub(crate) fn plan(g: &Graph, excluded: &[bool]) -> Vec<FusedRun> {
     // Who reads each node, and whether it is returned.

@@ -21,7 +21,7 @@ pub mod device;
 pub mod emulator;
 pub mod error;
 pub mod executor;
-mod fusion;
+pub mod fusion;
 pub mod kernels;
 pub mod nccl;
 mod ops;

@@ -63,3 +63,23 @@ fn a_compile_error_names_the_source_and_quotes_the_log() {
     let err = shardc_backend_cuda::kernels::compile_ptx("no_such.cu", None).unwrap_err();
     assert!(err.to_string().contains("no_such.cu"), "{err}");
 }
+
+#[test]
+fn generated_fused_kernels_compile_too() {
+    if !nvrtc_available() {
+        return;
+    }
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/quickstart.ir");
+    let text = std::fs::read_to_string(path).expect("the quickstart model");
+    let mut g = shardc_ir::text::parse_graph(&text, path).expect("it parses");
+    shardc_passes::infer::infer_graph(&mut g).expect("it types");
+    let (source, names) = shardc_backend_cuda::fusion::generated_kernels(&g);
+    assert!(!names.is_empty(), "the MSE loss's Sub and Square fuse");
+    let ptx =
+        shardc_backend_cuda::kernels::compile_ptx_text("fused.cu", &source, Some("compute_90"))
+            .unwrap_or_else(|e| panic!("{e}\n{source}"));
+    let entries = ptx_entries(&ptx);
+    for n in &names {
+        assert!(entries.contains(n), "{n} missing from the PTX");
+    }
+}
