@@ -6,6 +6,9 @@
 //! also checks that these ops ran on the device. Skips with a message where no C++20
 //! compiler is found.
 
+mod gpu_common;
+
+use gpu_common::{close, compare_on_with, emulated_device, momentum, train};
 use shardc::compiler::builder::{BuildError, GraphBuilder, Value};
 use shardc::compiler::loss::SoftmaxCrossEntropyWithLogits;
 use shardc::compiler::model::build_network;
@@ -15,99 +18,27 @@ use shardc::compiler::nn::{
 use shardc::compiler::pipeline::{compile, CompileOptions};
 use shardc::compiler::zoo::{self, BasicBlock};
 use shardc::cpu::CpuBackend;
-use shardc::cuda::emulator::EmulatedDevice;
 use shardc::cuda::{Device, GpuExecutor};
 use shardc::ir::TensorType;
 use shardc::ir::{Attr, Attrs, Const, DType, Graph, Init, Node, OpKind, Operand, Param, ParamKind};
-use shardc::passes::autodiff::{gradients, Optimizer};
+use shardc::passes::autodiff::gradients;
 use shardc::passes::infer::infer_node;
 use shardc::passes::parallel::sync_bn::sync_batch_norm;
-use shardc::runtime::data::synthetic::SyntheticData;
 use shardc::runtime::{Executor, Tensor};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 fn device() -> Option<Arc<dyn Device>> {
-    static DEV: OnceLock<Option<Arc<EmulatedDevice>>> = OnceLock::new();
-    let d = DEV.get_or_init(|| match EmulatedDevice::new(64) {
-        Ok(d) => Some(Arc::new(d)),
-        Err(e) => {
-            eprintln!("SKIP: the kernel emulator cannot be built here: {e}");
-            None
-        }
-    });
-    d.clone().map(|d| d as Arc<dyn Device>)
+    emulated_device()
 }
 
-fn train(g: Graph, optimizer: Optimizer) -> Graph {
-    let opts = CompileOptions {
-        optimizer: Some(optimizer),
-        ..Default::default()
-    };
-    compile(g, &opts).expect("compiles").graph
-}
-
-fn momentum() -> Optimizer {
-    Optimizer::Momentum {
-        learning_rate: 0.05,
-        momentum: 0.9,
-        use_nesterov: false,
-    }
-}
-
-fn close(a: &Tensor, b: &Tensor, tol: f64) -> Result<(), String> {
-    if a.shape != b.shape {
-        return Err(format!("shapes {:?} and {:?}", a.shape, b.shape));
-    }
-    let (x, y) = (a.to_f64_vec(), b.to_f64_vec());
-    for (i, (u, v)) in x.iter().zip(&y).enumerate() {
-        let scale = u.abs().max(v.abs()).max(1.0);
-        if (u - v).abs() > tol * scale || u.is_nan() != v.is_nan() {
-            return Err(format!("element {i}: {u} vs {v}"));
-        }
-    }
-    Ok(())
-}
-
-/// Runs `steps` steps on the CPU and on the emulated device; compares every output of every
-/// step and every weight after the last. Returns the GPU executor's stats summary.
+/// Training steps on the emulated device against the CPU (see `gpu_common`).
 fn compare(g: Graph, steps: u64, tol: f64) -> Option<String> {
     compare_with(g, steps, tol, tol)
 }
 
 /// As [`compare`], with the weights compared to `weight_tol`.
 fn compare_with(g: Graph, steps: u64, tol: f64, weight_tol: f64) -> Option<String> {
-    let dev = device()?;
-    let data = SyntheticData::new(&g, 7, 2).expect("synthetic data");
-    let cpu_backend = Arc::new(CpuBackend::with_threads(1));
-    let mut cpu = Executor::new(g.clone(), cpu_backend.clone()).expect("cpu executor");
-    let mut gpu = GpuExecutor::new(g.clone(), dev, cpu_backend).expect("gpu executor");
-    for s in 0..steps {
-        let feeds = data.feeds(s);
-        let a = cpu.step(&feeds).expect("cpu step");
-        let b = gpu.step(&feeds).expect("gpu step");
-        assert_eq!(a.len(), b.len());
-        for (i, (x, y)) in a.iter().zip(&b).enumerate() {
-            if let Err(e) = close(x, y, tol) {
-                panic!("{}: step {s}, output {i}: {e}", g.name);
-            }
-        }
-    }
-    let gw = gpu.weights().expect("weights");
-    let mut n = 0;
-    let mut worst = 0f64;
-    for (name, w) in &gw {
-        let c = cpu.param(name).expect("the cpu has the weight");
-        for (u, v) in c.to_f64_vec().iter().zip(w.to_f64_vec()) {
-            worst = worst.max((u - v).abs() / u.abs().max(v.abs()).max(1.0));
-        }
-        if let Err(e) = close(c, w, weight_tol) {
-            panic!("{}: weight {name} after {steps} steps: {e}", g.name);
-        }
-        n += 1;
-    }
-    assert!(n > 0);
-    println!("{}: largest weight difference {worst:.1e}", g.name);
-    Some(gpu.stats().summary())
+    Some(compare_on_with(device()?, g, steps, tol, weight_tol))
 }
 
 /// Panics when one of `ops` ran on the host.

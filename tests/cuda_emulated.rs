@@ -7,25 +7,16 @@
 
 mod gpu_common;
 
-use gpu_common::{compare_on, momentum, train};
+use gpu_common::{compare_on, emulated_device, momentum, train};
 use shardc::compiler::transformer::{transformer, TransformerConfig};
 use shardc::compiler::zoo;
-use shardc::cuda::emulator::EmulatedDevice;
 use shardc::cuda::Device;
 use shardc::ir::Graph;
 use shardc::passes::autodiff::Optimizer;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 fn device() -> Option<Arc<dyn Device>> {
-    static DEV: OnceLock<Option<Arc<EmulatedDevice>>> = OnceLock::new();
-    let d = DEV.get_or_init(|| match EmulatedDevice::new(64) {
-        Ok(d) => Some(Arc::new(d)),
-        Err(e) => {
-            eprintln!("SKIP: the kernel emulator cannot be built here: {e}");
-            None
-        }
-    });
-    d.clone().map(|d| d as Arc<dyn Device>)
+    emulated_device()
 }
 
 fn compare(g: Graph, steps: u64, tol: f64) -> Option<String> {

@@ -476,6 +476,53 @@ pub fn pool2d_geometry(node: &Node, x: &[usize]) -> Result<Pool2dGeometry, Geome
     })
 }
 
+/// StridedSlice's mask attributes; shardc supports each only at 0.
+pub const SLICE_MASKS: [&str; 5] = [
+    "begin_mask",
+    "end_mask",
+    "ellipsis_mask",
+    "new_axis_mask",
+    "shrink_axis_mask",
+];
+
+/// Where a `StridedSlice` of `shape` with the constants `begin`, `end` and `steps` reads: per
+/// dim `(first index, step, count)`, in Python's semantics (negative bounds count from the
+/// end, bounds are clamped, dims past the constants are taken whole). Every backend's kernel
+/// and `StridedSliceGrad` read the same elements through it.
+///
+/// Errors (the reason): constants of unequal lengths or longer than the rank, a step that is
+/// not positive.
+pub fn slice_spec(
+    shape: &[usize],
+    begin: &[i64],
+    end: &[i64],
+    steps: &[i64],
+) -> Result<Vec<(usize, usize, usize)>, String> {
+    if begin.len() != end.len() || end.len() != steps.len() || begin.len() > shape.len() {
+        return Err(format!(
+            "begin {begin:?}, end {end:?} and strides {steps:?} must have equal lengths of at most the rank {}",
+            shape.len()
+        ));
+    }
+    let mut spec = Vec::with_capacity(shape.len());
+    for (d, &n) in shape.iter().enumerate() {
+        if d >= begin.len() {
+            spec.push((0, 1, n));
+            continue;
+        }
+        let st = steps[d];
+        if st <= 0 {
+            return Err(format!("stride {st} of dim {d} is not positive"));
+        }
+        let ni = n as i64;
+        let clamp = |v: i64| (if v < 0 { v + ni } else { v }).clamp(0, ni);
+        let (b, e) = (clamp(begin[d]), clamp(end[d]));
+        let count = if e > b { (e - b + st - 1) / st } else { 0 };
+        spec.push((b as usize, st as usize, count as usize));
+    }
+    Ok(spec)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

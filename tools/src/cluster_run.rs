@@ -15,7 +15,6 @@ use shardc_runtime::cluster::{
 };
 use shardc_runtime::comm::{conformance, Communicator};
 use shardc_runtime::executor::Executor;
-use shardc_runtime::Tensor;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -308,34 +307,11 @@ fn train_rank(a: &RunArgs, art: Artifact, joined: &Joined) -> Result<()> {
         s.write_strategy(&a.artifact, &art)?;
     }
     for step in start..a.steps {
-        let mut feeds: Vec<(&str, Tensor)> = Vec::new();
-        for (name, t) in data.feeds(step) {
-            let layout = inputs
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, l)| l)
-                .ok_or_else(|| anyhow!("no layout for data input {name}"))?;
-            let block = t.block(&layout.block(rank)).ok_or_else(|| {
-                anyhow!(
-                    "data input {name}: a batch of shape {:?} does not fit its layout {layout}",
-                    t.shape
-                )
-            })?;
-            feeds.push((name, block));
-        }
+        let feeds = crate::commands::rank_block(data.feeds(step), &inputs, rank)?;
         let outputs = exec
             .step(&feeds)
             .with_context(|| format!("rank {rank}, step {}", step + 1))?;
-        let loss = outputs
-            .first()
-            .and_then(Tensor::scalar_value)
-            .context("the graph's first output is not a scalar loss")?;
-        println!(
-            "epoch: {} step: {}, loss is {}",
-            step / per_epoch + 1,
-            step % per_epoch + 1,
-            loss as f32
-        );
+        crate::commands::print_loss(&outputs, step, per_epoch)?;
         if let Some(s) = &saver {
             s.after_step(&exec, exec.step_count() == a.steps)?;
         }

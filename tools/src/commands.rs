@@ -313,16 +313,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
             }
         };
         let outputs = exec.step(&feeds)?;
-        let loss = outputs
-            .first()
-            .and_then(Tensor::scalar_value)
-            .context("the graph's first output is not a scalar loss")?;
-        println!(
-            "epoch: {} step: {}, loss is {}",
-            step / per_epoch + 1,
-            step % per_epoch + 1,
-            loss as f32
-        );
+        print_loss(&outputs, step, per_epoch)?;
         if let Some(s) = &saver {
             s.after_step(&exec, exec.step_count() == a.steps)?;
         }
@@ -428,19 +419,51 @@ fn run_ranks_in_process(a: &RunArgs, art: Artifact) -> Result<()> {
     let res =
         crate::in_process::run_ranks_with(art.graphs, &inputs, &feeds, a.steps, 1, Some(&hooks))?;
     for (i, outs) in res.outputs[0].iter().enumerate() {
-        let loss = outs
-            .first()
-            .and_then(Tensor::scalar_value)
-            .context("the graph's first output is not a scalar loss")?;
-        let step = start + i as u64;
-        println!(
-            "epoch: {} step: {}, loss is {}",
-            step / per_epoch + 1,
-            step % per_epoch + 1,
-            loss as f32
-        );
+        print_loss(outs, start + i as u64, per_epoch)?;
     }
     Ok(())
+}
+
+/// Prints `epoch: E step: S, loss is L` for the step's outputs (the loss first), as
+/// MindSpore's LossMonitor.
+pub(crate) fn print_loss(outputs: &[Tensor], step: u64, per_epoch: u64) -> Result<()> {
+    let loss = outputs
+        .first()
+        .and_then(Tensor::scalar_value)
+        .context("the graph's first output is not a scalar loss")?;
+    println!(
+        "epoch: {} step: {}, loss is {}",
+        step / per_epoch + 1,
+        step % per_epoch + 1,
+        loss as f32
+    );
+    Ok(())
+}
+
+/// Rank `rank`'s blocks of the global batch `global` (one tensor per data input), through
+/// the inputs' layouts.
+pub(crate) fn rank_block<N: AsRef<str>>(
+    global: Vec<(N, Tensor)>,
+    layouts: &[(String, TensorLayout)],
+    rank: usize,
+) -> Result<Vec<(N, Tensor)>> {
+    let mut feeds = Vec::with_capacity(global.len());
+    for (name, t) in global {
+        let layout = layouts
+            .iter()
+            .find(|(n, _)| n == name.as_ref())
+            .map(|(_, l)| l)
+            .ok_or_else(|| anyhow::anyhow!("no layout for data input {}", name.as_ref()))?;
+        let block = t.block(&layout.block(rank)).ok_or_else(|| {
+            anyhow::anyhow!(
+                "data input {}: a batch of shape {:?} does not fit its layout {layout}",
+                name.as_ref(),
+                t.shape
+            )
+        })?;
+        feeds.push((name, block));
+    }
+    Ok(feeds)
 }
 
 /// The synthetic data of a multi-rank artifact (global batches, from the manifest's global

@@ -9,7 +9,7 @@
 //! staged through that communicator (`--gpu-comm host`). `--gpu emulator` runs the same
 //! kernels on the host C++ emulator (for testing on machines without a GPU).
 
-use crate::commands::RunArgs;
+use crate::commands::{print_loss, rank_block, RunArgs};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, ValueEnum};
 use shardc_backend_cpu::CpuBackend;
@@ -18,7 +18,7 @@ use shardc_backend_cuda::emulator::EmulatedDevice;
 use shardc_backend_cuda::nccl::NcclComm;
 use shardc_backend_cuda::{Device, GpuExecutor};
 use shardc_ir::artifact::Artifact;
-use shardc_ir::{Graph, TensorLayout};
+use shardc_ir::Graph;
 use shardc_runtime::data::synthetic::SyntheticData;
 use shardc_runtime::{Communicator, InProcessWorld, Tensor};
 use std::sync::Arc;
@@ -107,55 +107,12 @@ fn checkpoints_unsupported(a: &RunArgs) -> Result<()> {
     Ok(())
 }
 
-fn print_loss(outputs: &[Tensor], step: u64, per_epoch: u64) -> Result<()> {
-    let loss = outputs
-        .first()
-        .and_then(Tensor::scalar_value)
-        .context("the graph's first output is not a scalar loss")?;
-    println!(
-        "epoch: {} step: {}, loss is {}",
-        step / per_epoch + 1,
-        step % per_epoch + 1,
-        loss as f32
-    );
-    Ok(())
-}
-
 fn host_backend(a: &RunArgs) -> Arc<CpuBackend> {
     Arc::new(CpuBackend::with_threads(if a.threads == 0 {
         1
     } else {
         a.threads
     }))
-}
-
-/// Feeds of `step` cut to `rank`'s blocks.
-fn rank_feeds(
-    data: &SyntheticData,
-    inputs: &[(String, TensorLayout)],
-    rank: usize,
-    step: u64,
-) -> Result<Vec<(String, Tensor)>> {
-    let mut feeds = Vec::new();
-    for (name, t) in data.feeds(step) {
-        let layout = inputs
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, l)| l)
-            .ok_or_else(|| anyhow!("no layout for data input {name}"))?;
-        let block = t.block(&layout.block(rank)).ok_or_else(|| {
-            anyhow!(
-                "data input {name}: a batch of shape {:?} does not fit its layout {layout}",
-                t.shape
-            )
-        })?;
-        feeds.push((name.to_string(), block));
-    }
-    Ok(feeds)
-}
-
-fn refs(feeds: &[(String, Tensor)]) -> Vec<(&str, Tensor)> {
-    feeds.iter().map(|(n, t)| (n.as_str(), t.clone())).collect()
 }
 
 /// `shardc run --device-target GPU` outside a cluster.
@@ -202,9 +159,9 @@ pub fn run(a: &RunArgs, art: Artifact) -> Result<()> {
                 s.spawn(move || -> Result<(Vec<Vec<Tensor>>, String)> {
                     let mut outs = Vec::new();
                     for step in 0..a.steps {
-                        let feeds = rank_feeds(data, inputs, rank, step)?;
+                        let feeds = rank_block(data.feeds(step), inputs, rank)?;
                         outs.push(
-                            exec.step(&refs(&feeds))
+                            exec.step(&feeds)
                                 .with_context(|| format!("rank {rank}, step {}", step + 1))?,
                         );
                     }
@@ -282,9 +239,9 @@ pub fn train_rank(
     };
     let per_epoch = a.steps_per_epoch.unwrap_or(a.data_pool as u64).max(1);
     for step in 0..a.steps {
-        let feeds = rank_feeds(&data, &inputs, rank, step)?;
+        let feeds = rank_block(data.feeds(step), &inputs, rank)?;
         let out = exec
-            .step(&refs(&feeds))
+            .step(&feeds)
             .with_context(|| format!("rank {rank}, step {}", step + 1))?;
         print_loss(&out, step, per_epoch)?;
     }

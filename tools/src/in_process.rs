@@ -75,46 +75,33 @@ pub fn run_ranks_with(
     }
     let results: Vec<Result<RankRun>> = std::thread::scope(|s| {
         let handles: Vec<_> = execs
-                .into_iter()
-                .enumerate()
-                .map(|(rank, mut exec)| {
-                    s.spawn(move || -> Result<RankRun> {
-                        let start = exec.step_count();
-                        let mut outs = Vec::with_capacity(steps.saturating_sub(start) as usize);
-                        for step in start..steps {
-                            let mut feeds = Vec::new();
-                            for (name, t) in global_feeds(step) {
-                                let layout = input_layouts
-                                    .iter()
-                                    .find(|(n, _)| *n == name)
-                                    .map(|(_, l)| l)
-                                    .ok_or_else(|| anyhow!("no layout for data input {name}"))?;
-                                let block = t.block(&layout.block(rank)).ok_or_else(|| {
-                                    anyhow!(
-                                        "data input {name}: a batch of shape {:?} does not fit its layout {layout}",
-                                        t.shape
-                                    )
-                                })?;
-                                feeds.push((name, block));
-                            }
-                            let refs: Vec<(&str, Tensor)> =
-                                feeds.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
-                            let o = exec
-                                .step(&refs)
-                                .with_context(|| format!("rank {rank}, step {}", step + 1))?;
-                            outs.push(o);
-                            if let Some(h) = hooks {
-                                (h.after_step)(rank, &exec)?;
-                            }
+            .into_iter()
+            .enumerate()
+            .map(|(rank, mut exec)| {
+                s.spawn(move || -> Result<RankRun> {
+                    let start = exec.step_count();
+                    let mut outs = Vec::with_capacity(steps.saturating_sub(start) as usize);
+                    for step in start..steps {
+                        let feeds =
+                            crate::commands::rank_block(global_feeds(step), input_layouts, rank)?;
+                        let refs: Vec<(&str, Tensor)> =
+                            feeds.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+                        let o = exec
+                            .step(&refs)
+                            .with_context(|| format!("rank {rank}, step {}", step + 1))?;
+                        outs.push(o);
+                        if let Some(h) = hooks {
+                            (h.after_step)(rank, &exec)?;
                         }
-                        let weights = exec
-                            .weights()
-                            .map(|(n, t)| (n.to_string(), t.clone()))
-                            .collect();
-                        Ok((outs, weights))
-                    })
+                    }
+                    let weights = exec
+                        .weights()
+                        .map(|(n, t)| (n.to_string(), t.clone()))
+                        .collect();
+                    Ok((outs, weights))
                 })
-                .collect();
+            })
+            .collect();
         handles
             .into_iter()
             .enumerate()

@@ -233,43 +233,11 @@ fn slice_spec(
     end: &[i64],
     steps: &[i64],
 ) -> KResult<Vec<(usize, usize, usize)>> {
-    for mask in [
-        "begin_mask",
-        "end_mask",
-        "ellipsis_mask",
-        "new_axis_mask",
-        "shrink_axis_mask",
-    ] {
+    for mask in shardc_ir::geometry::SLICE_MASKS {
         let v = ctx.node.attrs.int_or(mask, 0);
         ctx.ensure(v == 0, || format!("{mask} {v} is not supported (only 0)"))?;
     }
-    ctx.ensure(
-        begin.len() == end.len() && end.len() == steps.len() && begin.len() <= shape.len(),
-        || {
-            format!(
-                "begin {begin:?}, end {end:?} and strides {steps:?} must have equal lengths of at most the rank {}",
-                shape.len()
-            )
-        },
-    )?;
-    let mut spec = Vec::with_capacity(shape.len());
-    for (d, &n) in shape.iter().enumerate() {
-        if d >= begin.len() {
-            spec.push((0, 1, n));
-            continue;
-        }
-        let st = steps[d];
-        ctx.ensure(st > 0, || format!("stride {st} of dim {d} is not positive"))?;
-        let ni = n as i64;
-        let clamp = |v: i64| -> i64 {
-            let v = if v < 0 { v + ni } else { v };
-            v.clamp(0, ni)
-        };
-        let (b, e) = (clamp(begin[d]), clamp(end[d]));
-        let count = if e > b { (e - b + st - 1) / st } else { 0 };
-        spec.push((b as usize, st as usize, count as usize));
-    }
-    Ok(spec)
+    shardc_ir::geometry::slice_spec(shape, begin, end, steps).map_err(|reason| ctx.err(reason))
 }
 
 /// `StridedSlice(x, begin, end, strides)`.

@@ -17,19 +17,13 @@ fn ints(call: &OpCall<'_>, i: usize, what: &str) -> CudaResult<Vec<i64>> {
     }
 }
 
-/// (begin, step, count) per dim, as the CPU's StridedSlice reads its constants.
+/// (begin, step, count) per dim, as every backend's StridedSlice reads its constants.
 fn slice_spec(
     call: &OpCall<'_>,
     shape: &[usize],
     first: usize,
 ) -> CudaResult<Vec<(usize, usize, usize)>> {
-    for mask in [
-        "begin_mask",
-        "end_mask",
-        "ellipsis_mask",
-        "new_axis_mask",
-        "shrink_axis_mask",
-    ] {
+    for mask in shardc_ir::geometry::SLICE_MASKS {
         let v = call.node.attrs.int_or(mask, 0);
         if v != 0 {
             return Err(call.err(format!("{mask} {v} is not supported (only 0)")));
@@ -40,29 +34,7 @@ fn slice_spec(
         ints(call, first + 1, "end")?,
         ints(call, first + 2, "strides")?,
     );
-    if begin.len() != end.len() || end.len() != steps.len() || begin.len() > shape.len() {
-        return Err(call.err(format!(
-            "begin {begin:?}, end {end:?} and strides {steps:?} must have equal lengths of at most the rank {}",
-            shape.len()
-        )));
-    }
-    let mut spec = Vec::with_capacity(shape.len());
-    for (d, &n) in shape.iter().enumerate() {
-        if d >= begin.len() {
-            spec.push((0, 1, n));
-            continue;
-        }
-        let st = steps[d];
-        if st <= 0 {
-            return Err(call.err(format!("stride {st} of dim {d} is not positive")));
-        }
-        let ni = n as i64;
-        let clamp = |v: i64| (if v < 0 { v + ni } else { v }).clamp(0, ni);
-        let (b, e) = (clamp(begin[d]), clamp(end[d]));
-        let count = if e > b { (e - b + st - 1) / st } else { 0 };
-        spec.push((b as usize, st as usize, count as usize));
-    }
-    Ok(spec)
+    shardc_ir::geometry::slice_spec(shape, &begin, &end, &steps).map_err(|r| call.err(r))
 }
 
 /// The region of a tensor of `shape` a slice spec selects: its base element and, per dim of
