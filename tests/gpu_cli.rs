@@ -231,3 +231,51 @@ fn launched_workers_on_the_emulated_gpu_print_the_cpu_losses() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn the_emulated_gpu_saves_and_resumes_with_the_uninterrupted_losses() {
+    if !emulator_available() {
+        return;
+    }
+    let dir = tmp("resume");
+    let art = dir.join("art");
+    compile(&art, &[]);
+    let a = art.to_str().unwrap();
+    let ck = dir.join("ck");
+    let gpu = ["--device-target", "GPU", "--gpu", "emulator"];
+    let mut whole_args = vec!["run", a, "--steps", "6"];
+    whole_args.extend_from_slice(&gpu);
+    let whole = shardc(&whole_args);
+    assert!(whole.status.success(), "{}", text(&whole));
+    let mut first = vec![
+        "run",
+        a,
+        "--steps",
+        "3",
+        "--checkpoint-dir",
+        ck.to_str().unwrap(),
+    ];
+    first.extend_from_slice(&gpu);
+    let o = shardc(&first);
+    assert!(o.status.success(), "{}", text(&o));
+    let mut rest = vec![
+        "run",
+        a,
+        "--steps",
+        "6",
+        "--resume-from",
+        ck.to_str().unwrap(),
+    ];
+    rest.extend_from_slice(&gpu);
+    let o = shardc(&rest);
+    assert!(o.status.success(), "{}", text(&o));
+    let all = losses(&text(&whole));
+    let resumed = losses(&text(&o));
+    assert_eq!(resumed.len(), 3, "{}", text(&o));
+    assert_eq!(
+        &all[3..],
+        &resumed[..],
+        "resumed steps 4-6 equal the uninterrupted run's"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -97,14 +97,34 @@ fn emulator() -> Result<Arc<dyn Device>> {
     Ok(Arc::new(d))
 }
 
-fn checkpoints_unsupported(a: &RunArgs) -> Result<()> {
-    if a.checkpoint.checkpoint_dir.is_some() || a.checkpoint.resume_from.is_some() {
-        bail!("--device-target GPU does not save or resume checkpoints yet: run with --device-target CPU for --checkpoint-dir / --resume-from");
-    }
+fn synthetic_only(a: &RunArgs) -> Result<()> {
     if a.mnist.is_some() {
         bail!("--device-target GPU trains on synthetic data here (--mnist runs on the CPU)");
     }
     Ok(())
+}
+
+/// Loads rank `rank`'s file of the newest complete checkpoint step into `exec` (every rank
+/// reads the same directory and picks the same step); returns the step to continue from.
+fn resume(
+    a: &RunArgs,
+    art: &Artifact,
+    exec: &mut GpuExecutor,
+    rank: usize,
+    size: usize,
+) -> Result<u64> {
+    let Some(dir) = &a.checkpoint.resume_from else {
+        return Ok(0);
+    };
+    let graphs: Vec<&Graph> = art.graphs.iter().collect();
+    let who = if size > 1 {
+        format!("rank {rank}: ")
+    } else {
+        String::new()
+    };
+    let mut rp = crate::ckpt::resume_point(dir, &graphs, &|r| r == rank, &who, a.steps)?;
+    crate::ckpt::apply(&mut rp, rank, size, exec)?;
+    Ok(rp.step)
 }
 
 fn host_backend(a: &RunArgs) -> Arc<CpuBackend> {
@@ -117,7 +137,7 @@ fn host_backend(a: &RunArgs) -> Arc<CpuBackend> {
 
 /// `shardc run --device-target GPU` outside a cluster.
 pub fn run(a: &RunArgs, art: Artifact) -> Result<()> {
-    checkpoints_unsupported(a)?;
+    synthetic_only(a)?;
     let dev: Arc<dyn Device> = match a.device.gpu {
         GpuKind::Cuda => open_cuda(a.device.device_id.unwrap_or(0))?,
         GpuKind::Emulator => emulator()?,
@@ -128,9 +148,17 @@ pub fn run(a: &RunArgs, art: Artifact) -> Result<()> {
         let graph = art.graphs[0].clone();
         let data = SyntheticData::new(&graph, a.seed, a.data_pool)?;
         let mut exec = GpuExecutor::new(graph, dev, host_backend(a))?;
-        for step in 0..a.steps {
+        let start = resume(a, &art, &mut exec, 0, 1)?;
+        let saver = crate::ckpt::Saver::new(&a.checkpoint, &art.manifest.model, per_epoch, 0, 1)?;
+        if let Some(s) = &saver {
+            s.write_strategy(&a.artifact, &art)?;
+        }
+        for step in start..a.steps {
             let out = exec.step(&data.feeds(step))?;
             print_loss(&out, step, per_epoch)?;
+            if let Some(s) = &saver {
+                s.after_step(&exec, exec.step_count() == a.steps)?;
+            }
         }
         if a.stats {
             println!("{}", exec.memory_plan().summary());
@@ -139,6 +167,9 @@ pub fn run(a: &RunArgs, art: Artifact) -> Result<()> {
         return Ok(());
     }
     // Several ranks in threads on one device, collectives staged through the host.
+    if a.checkpoint.checkpoint_dir.is_some() || a.checkpoint.resume_from.is_some() {
+        bail!("--device-target GPU saves and resumes checkpoints on one device or in a cluster (shardc launch, mpirun); several ranks in one process do not yet");
+    }
     let (data, inputs) = crate::commands::distributed_data(a, &art)?;
     let n = art.graphs.len();
     let comms = InProcessWorld::new(n);
@@ -201,7 +232,7 @@ pub fn train_rank(
     comm: Arc<dyn Communicator>,
     local_rank: Option<usize>,
 ) -> Result<()> {
-    checkpoints_unsupported(a)?;
+    synthetic_only(a)?;
     let (rank, size) = (comm.rank(), comm.size());
     if art.graphs.len() != size {
         bail!(
@@ -212,6 +243,7 @@ pub fn train_rank(
     }
     let (data, inputs) = crate::commands::distributed_data(a, &art)?;
     let graph: Graph = art.graphs[rank].clone();
+    let cluster = comm.clone();
     let mut exec = match a.device.gpu {
         GpuKind::Emulator => {
             GpuExecutor::with_communicator(graph, emulator()?, host_backend(a), comm)?
@@ -238,12 +270,28 @@ pub fn train_rank(
         }
     };
     let per_epoch = a.steps_per_epoch.unwrap_or(a.data_pool as u64).max(1);
-    for step in 0..a.steps {
+    // As on the CPU: every rank picks the same newest complete step, loads its own file, and
+    // no rank saves (and prunes) before all have loaded.
+    let start = resume(a, &art, &mut exec, rank, size)?;
+    if a.checkpoint.resume_from.is_some() {
+        let all: Vec<usize> = (0..size).collect();
+        cluster.barrier(&all).map_err(|e| {
+            anyhow!("rank {rank}: waiting for every rank to load its checkpoint: {e}")
+        })?;
+    }
+    let saver = crate::ckpt::Saver::new(&a.checkpoint, &art.manifest.model, per_epoch, rank, size)?;
+    if let Some(s) = &saver {
+        s.write_strategy(&a.artifact, &art)?;
+    }
+    for step in start..a.steps {
         let feeds = rank_block(data.feeds(step), &inputs, rank)?;
         let out = exec
             .step(&feeds)
             .with_context(|| format!("rank {rank}, step {}", step + 1))?;
         print_loss(&out, step, per_epoch)?;
+        if let Some(s) = &saver {
+            s.after_step(&exec, exec.step_count() == a.steps)?;
+        }
     }
     if a.stats {
         println!("{}", exec.stats().summary());
