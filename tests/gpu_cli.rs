@@ -121,6 +121,22 @@ fn without_cuda_the_gpu_target_fails_with_the_missing_library() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `shardc run ART --steps N --device-target GPU --gpu emulator EXTRA...`.
+fn run_emulated(art: &Path, steps: &str, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "run",
+        art.to_str().unwrap(),
+        "--steps",
+        steps,
+        "--device-target",
+        "GPU",
+        "--gpu",
+        "emulator",
+    ];
+    args.extend_from_slice(extra);
+    shardc(&args)
+}
+
 #[test]
 fn the_emulated_gpu_trains_one_device_and_in_process_ranks_as_the_cpu() {
     if !emulator_available() {
@@ -130,17 +146,7 @@ fn the_emulated_gpu_trains_one_device_and_in_process_ranks_as_the_cpu() {
     let one = dir.join("one");
     compile(&one, &[]);
     let cpu = shardc(&["run", one.to_str().unwrap(), "--steps", "4"]);
-    let gpu = shardc(&[
-        "run",
-        one.to_str().unwrap(),
-        "--steps",
-        "4",
-        "--device-target",
-        "GPU",
-        "--gpu",
-        "emulator",
-        "--stats",
-    ]);
+    let gpu = run_emulated(&one, "4", &["--stats"]);
     assert!(gpu.status.success(), "{}", text(&gpu));
     assert!(
         text(&gpu).contains("fused kernels), 0 on the host"),
@@ -155,17 +161,7 @@ fn the_emulated_gpu_trains_one_device_and_in_process_ranks_as_the_cpu() {
         &["--device-num", "8", "--parallel-mode", "semi_auto_parallel"],
     );
     let cpu = shardc(&["run", four.to_str().unwrap(), "--steps", "3"]);
-    let gpu = shardc(&[
-        "run",
-        four.to_str().unwrap(),
-        "--steps",
-        "3",
-        "--device-target",
-        "GPU",
-        "--gpu",
-        "emulator",
-        "--stats",
-    ]);
+    let gpu = run_emulated(&four, "3", &["--stats"]);
     assert!(gpu.status.success(), "{}", text(&gpu));
     assert!(text(&gpu).contains("collectives"), "{}", text(&gpu));
     same_losses(
@@ -240,34 +236,13 @@ fn the_emulated_gpu_saves_and_resumes_with_the_uninterrupted_losses() {
     let dir = tmp("resume");
     let art = dir.join("art");
     compile(&art, &[]);
-    let a = art.to_str().unwrap();
     let ck = dir.join("ck");
-    let gpu = ["--device-target", "GPU", "--gpu", "emulator"];
-    let mut whole_args = vec!["run", a, "--steps", "6"];
-    whole_args.extend_from_slice(&gpu);
-    let whole = shardc(&whole_args);
+    let ck = ck.to_str().unwrap();
+    let whole = run_emulated(&art, "6", &[]);
     assert!(whole.status.success(), "{}", text(&whole));
-    let mut first = vec![
-        "run",
-        a,
-        "--steps",
-        "3",
-        "--checkpoint-dir",
-        ck.to_str().unwrap(),
-    ];
-    first.extend_from_slice(&gpu);
-    let o = shardc(&first);
+    let o = run_emulated(&art, "3", &["--checkpoint-dir", ck]);
     assert!(o.status.success(), "{}", text(&o));
-    let mut rest = vec![
-        "run",
-        a,
-        "--steps",
-        "6",
-        "--resume-from",
-        ck.to_str().unwrap(),
-    ];
-    rest.extend_from_slice(&gpu);
-    let o = shardc(&rest);
+    let o = run_emulated(&art, "6", &["--resume-from", ck]);
     assert!(o.status.success(), "{}", text(&o));
     let all = losses(&text(&whole));
     let resumed = losses(&text(&o));

@@ -513,9 +513,12 @@ pub(crate) fn dropout<T: Real>(
     ctx.ensure(keep > 0.0 && keep <= 1.0, || {
         format!("keep_prob must be in (0, 1], got {keep}")
     })?;
-    let seed0 = ctx.node.attrs.int_or("seed0", 0);
-    let seed1 = ctx.node.attrs.int_or("seed1", 0);
-    let step = ctx.step;
+    // The per-step key once; only the element index varies in the loop.
+    let key = shardc_ir::dropout::key(
+        ctx.node.attrs.int_or("seed0", 0),
+        ctx.node.attrs.int_or("seed1", 0),
+        ctx.step,
+    );
     let block = DropoutBlock::of(ctx, sx)?;
     let mut outs = ctx.outs::<T>(outputs, 2)?;
     for (i, (s, _)) in outs.iter().enumerate() {
@@ -541,7 +544,7 @@ pub(crate) fn dropout<T: Real>(
                     None => i as u64,
                     Some(b) => b.global(i),
                 };
-                let m = if dropout_uniform(seed0, seed1, step, index) < keep {
+                let m = if shardc_ir::dropout::uniform(key, index) < keep {
                     scale
                 } else {
                     T::ZERO

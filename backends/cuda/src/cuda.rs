@@ -80,7 +80,9 @@ fn load_ptx(unit: &str, ptx: &str, only: Option<&[String]>) -> CudaResult<Vec<(S
         if only.is_some_and(|names| !names.contains(&entry)) {
             continue;
         }
-        let cname = CString::new(entry.clone()).expect("PTX names hold no NUL");
+        let cname = CString::new(entry.clone()).map_err(|_| {
+            CudaError::Other(format!("PTX of {unit}: a kernel name holds a NUL byte"))
+        })?;
         // SAFETY: a loaded module.
         let f = unsafe { drv::module::get_function(module, cname) }
             .map_err(driver("cuModuleGetFunction"))?;

@@ -279,7 +279,7 @@ impl GpuExecutor {
             needs[first].dedup();
         }
         if !runs.is_empty() {
-            let text = crate::fusion::source(&graph, &mut runs);
+            let text = crate::fusion::source(&mut runs);
             let mut names: Vec<String> = runs.iter().map(|r| r.kernel.clone()).collect();
             names.sort();
             names.dedup();
@@ -664,13 +664,14 @@ impl GpuExecutor {
             .iter()
             .map(|v| self.download_val(v))
             .collect::<CudaResult<_>>()?;
+        // A tensor operand was downloaded; a constant passes as it is.
         let args: Vec<Arg<'_>> = inputs
             .iter()
             .zip(&host_inputs)
-            .map(|(v, t)| match (v, t) {
-                (_, Some(t)) => Arg::Tensor(t),
-                (Val::Const(c), None) => Arg::Const(c),
-                (Val::Tensor { .. }, None) => unreachable!("downloaded above"),
+            .filter_map(|(v, t)| match (v, t) {
+                (_, Some(t)) => Some(Arg::Tensor(t)),
+                (Val::Const(c), None) => Some(Arg::Const(c)),
+                (Val::Tensor { .. }, None) => None,
             })
             .collect();
         let mut outs: Vec<Tensor> = outputs.iter().map(|(_, t)| Tensor::zeros(t)).collect();
@@ -698,7 +699,12 @@ impl GpuExecutor {
         for o in &run.inputs {
             match self.operand(graph, o)? {
                 Val::Tensor { ptr, .. } => args.push(KernelArg::Ptr(ptr)),
-                Val::Const(_) => unreachable!("constants are written into the kernel"),
+                Val::Const(c) => {
+                    return Err(CudaError::Other(format!(
+                        "fused kernel {}: constant {c:?} given as a memory operand",
+                        run.kernel
+                    )))
+                }
             }
         }
         for &n in &run.outputs {

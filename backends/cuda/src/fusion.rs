@@ -19,7 +19,7 @@ use std::fmt::Write as _;
 pub(crate) struct FusedRun {
     /// The nodes, in program order.
     pub nodes: Vec<usize>,
-    /// The kernel's name (`fused_<first node>_<dtype>`).
+    /// The kernel's name: a placeholder until [`source`] names it after its code's hash.
     pub kernel: String,
     /// The operands read from memory, in kernel parameter order.
     pub inputs: Vec<Operand>,
@@ -30,6 +30,32 @@ pub(crate) struct FusedRun {
     pub outputs: Vec<usize>,
     /// Elements per tensor.
     pub elements: usize,
+    /// Per node, in order: the op template it calls and where each operand comes from.
+    pub steps: Vec<FusedStep>,
+    /// `float` or `double`.
+    pub c_type: &'static str,
+}
+
+/// One node of a run as the generated code computes it.
+#[derive(Clone, Debug)]
+pub(crate) struct FusedStep {
+    /// The node.
+    pub node: usize,
+    /// The template of `kernels/elementwise.cu` it calls (`op_relu`, `bin_add`).
+    pub template: String,
+    /// Its operands.
+    pub args: Vec<FusedRead>,
+}
+
+/// Where a fused operand comes from.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum FusedRead {
+    /// The register of an earlier node of the run.
+    Register(usize),
+    /// Kernel input `j`, at the element (None strides) or at its broadcast offset.
+    Input(usize),
+    /// A constant.
+    Const(f64),
 }
 
 fn unary_name(op: OpKind) -> Option<&'static str> {
@@ -150,7 +176,7 @@ fn fusable(g: &Graph, i: usize) -> Option<&TensorType> {
 /// executor would load them (for checking that NVRTC compiles them).
 pub fn generated_kernels(g: &Graph) -> (String, Vec<String>) {
     let mut runs = plan(g, &vec![false; g.nodes.len()]);
-    let text = source(g, &mut runs);
+    let text = source(&mut runs);
     (text, runs.into_iter().map(|r| r.kernel).collect())
 }
 
@@ -191,31 +217,50 @@ pub(crate) fn plan(g: &Graph, excluded: &[bool]) -> Vec<FusedRun> {
                 .collect();
             let mut inputs: Vec<Operand> = Vec::new();
             let mut strides: Vec<Option<Vec<i64>>> = Vec::new();
+            let mut steps = Vec::with_capacity(nodes.len());
             for &n in &nodes {
                 let node = &g.nodes[n];
-                let arity = if unary_name(node.op).is_some() { 1 } else { 2 };
+                let (template, arity) = match (unary_name(node.op), binary_name(node.op)) {
+                    (Some(u), _) => (format!("op_{u}"), 1),
+                    (_, Some(b)) => (format!("bin_{b}"), 2),
+                    _ => break,
+                };
+                let mut args = Vec::with_capacity(arity);
                 for (k, o) in node.inputs.iter().take(arity).enumerate() {
-                    let outside = match o {
-                        Operand::Node(id) => id.index() < i,
-                        Operand::Param(_) => true,
-                        Operand::Const(_) => false,
+                    let read = match o {
+                        Operand::Const(c) => FusedRead::Const(c.as_f64().unwrap_or(0.0)),
+                        Operand::Node(id) if id.index() >= i => FusedRead::Register(id.index()),
+                        _ => {
+                            let st = operand_type(g, o)
+                                .and_then(|x| operand_strides(node.op, k, ty, x))
+                                .flatten();
+                            let j = match inputs
+                                .iter()
+                                .zip(&strides)
+                                .position(|(x, s)| x == o && *s == st)
+                            {
+                                Some(j) => j,
+                                None => {
+                                    inputs.push(o.clone());
+                                    strides.push(st);
+                                    inputs.len() - 1
+                                }
+                            };
+                            FusedRead::Input(j)
+                        }
                     };
-                    if !outside {
-                        continue;
-                    }
-                    let st = operand_type(g, o)
-                        .and_then(|x| operand_strides(node.op, k, ty, x))
-                        .flatten();
-                    if !inputs.iter().zip(&strides).any(|(x, s)| x == o && *s == st) {
-                        inputs.push(o.clone());
-                        strides.push(st);
-                    }
+                    args.push(read);
                 }
+                steps.push(FusedStep {
+                    node: n,
+                    template,
+                    args,
+                });
             }
-            let suffix = if ty.dtype == DType::Float32 {
-                "f32"
+            let (suffix, c_type) = if ty.dtype == DType::Float32 {
+                ("f32", "float")
             } else {
-                "f64"
+                ("f64", "double")
             };
             runs.push(FusedRun {
                 kernel: format!("fused_{i}_{suffix}"),
@@ -224,6 +269,8 @@ pub(crate) fn plan(g: &Graph, excluded: &[bool]) -> Vec<FusedRun> {
                 strides,
                 outputs,
                 elements: ty.num_elements(),
+                steps,
+                c_type,
             });
         }
         i = j;
@@ -235,18 +282,14 @@ pub(crate) fn plan(g: &Graph, excluded: &[bool]) -> Vec<FusedRun> {
 /// `kernels/elementwise.cu`, whose op templates it calls). Names each run's kernel after a
 /// hash of its code (`fused_<hash>_<dtype>`): kernels of different graphs loaded into one
 /// device never collide, and equal ones share a name.
-pub(crate) fn source(g: &Graph, runs: &mut [FusedRun]) -> String {
+pub(crate) fn source(runs: &mut [FusedRun]) -> String {
     let mut s = String::from(crate::kernels::ELEMENTWISE);
     let mut emitted: Vec<String> = Vec::new();
     for run in runs.iter_mut() {
-        let code = kernel_code(g, run, "KERNEL");
+        let code = kernel_code(run, "KERNEL");
         let digest = <sha2::Sha256 as sha2::Digest>::digest(code.as_bytes());
         let tag: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
-        let suffix = if run.kernel.ends_with("f32") {
-            "f32"
-        } else {
-            "f64"
-        };
+        let suffix = if run.c_type == "float" { "f32" } else { "f64" };
         let name = format!("fused_{tag}_{suffix}");
         if !emitted.contains(&name) {
             s.push_str(&code.replace("KERNEL(", &format!("{name}(")));
@@ -258,80 +301,55 @@ pub(crate) fn source(g: &Graph, runs: &mut [FusedRun]) -> String {
 }
 
 /// One run's kernel, named `name`.
-fn kernel_code(g: &Graph, run: &FusedRun, name: &str) -> String {
+fn kernel_code(run: &FusedRun, name: &str) -> String {
     let mut s = String::new();
-    {
-        let t = if run.kernel.ends_with("f32") {
-            "float"
-        } else {
-            "double"
-        };
-        let mut params: Vec<String> = (0..run.inputs.len())
-            .map(|k| format!("const {t}* __restrict__ in{k}"))
-            .collect();
-        params.extend((0..run.outputs.len()).map(|k| format!("{t}* __restrict__ out{k}")));
-        for (k, st) in run.strides.iter().enumerate() {
-            if st.is_some() {
-                params.push(format!("Strided s{k}"));
-            }
+    let t = run.c_type;
+    let mut params: Vec<String> = (0..run.inputs.len())
+        .map(|k| format!("const {t}* __restrict__ in{k}"))
+        .collect();
+    params.extend((0..run.outputs.len()).map(|k| format!("{t}* __restrict__ out{k}")));
+    for (k, st) in run.strides.iter().enumerate() {
+        if st.is_some() {
+            params.push(format!("Strided s{k}"));
         }
-        params.push("i64 n".into());
+    }
+    params.push("i64 n".into());
+    let _ = writeln!(
+        s,
+        "extern \"C\" __global__ void {}({}) {{\n    GRID_STRIDE(i, n) {{",
+        name,
+        params.join(", ")
+    );
+    for (k, st) in run.strides.iter().enumerate() {
+        if st.is_some() {
+            let _ = writeln!(
+                s,
+                "        i64 o{k}, p{k};\n        strided_offsets(s{k}, i, &o{k}, &p{k});"
+            );
+        }
+    }
+    for step in &run.steps {
+        let args: Vec<String> = step
+            .args
+            .iter()
+            .map(|r| match r {
+                FusedRead::Const(v) => format!("({t})({v:?})"),
+                FusedRead::Register(n) => format!("v{n}"),
+                FusedRead::Input(j) if run.strides[*j].is_some() => format!("in{j}[o{j}]"),
+                FusedRead::Input(j) => format!("in{j}[i]"),
+            })
+            .collect();
         let _ = writeln!(
             s,
-            "extern \"C\" __global__ void {}({}) {{\n    GRID_STRIDE(i, n) {{",
-            name,
-            params.join(", ")
+            "        {t} v{} = {}<{t}>({});",
+            step.node,
+            step.template,
+            args.join(", ")
         );
-        for (k, st) in run.strides.iter().enumerate() {
-            if st.is_some() {
-                let _ = writeln!(
-                    s,
-                    "        i64 o{k}, p{k};\n        strided_offsets(s{k}, i, &o{k}, &p{k});"
-                );
-            }
-        }
-        for &n in &run.nodes {
-            let node = &g.nodes[n];
-            let Type::Tensor(ty) = &node.ty else {
-                unreachable!("only tensor nodes are fused")
-            };
-            let arg = |k: usize| -> String {
-                let o = &node.inputs[k];
-                match o {
-                    Operand::Const(c) => {
-                        format!("({t})({:?})", c.as_f64().unwrap_or(0.0))
-                    }
-                    Operand::Node(id) if run.nodes.contains(&id.index()) => {
-                        format!("v{}", id.index())
-                    }
-                    other => {
-                        let st = operand_type(g, other)
-                            .and_then(|x| operand_strides(node.op, k, ty, x))
-                            .flatten();
-                        let j = run
-                            .inputs
-                            .iter()
-                            .zip(&run.strides)
-                            .position(|(x, s)| x == other && *s == st)
-                            .unwrap_or(0);
-                        match st {
-                            Some(_) => format!("in{j}[o{j}]"),
-                            None => format!("in{j}[i]"),
-                        }
-                    }
-                }
-            };
-            let expr = match (unary_name(node.op), binary_name(node.op)) {
-                (Some(u), _) => format!("op_{u}<{t}>({})", arg(0)),
-                (_, Some(b)) => format!("bin_{b}<{t}>({}, {})", arg(0), arg(1)),
-                _ => unreachable!("only fusable nodes are in a run"),
-            };
-            let _ = writeln!(s, "        {t} v{n} = {expr};");
-        }
-        for (k, &n) in run.outputs.iter().enumerate() {
-            let _ = writeln!(s, "        out{k}[i] = v{n};");
-        }
-        s.push_str("    }\n}\n");
     }
+    for (k, &n) in run.outputs.iter().enumerate() {
+        let _ = writeln!(s, "        out{k}[i] = v{n};");
+    }
+    s.push_str("    }\n}\n");
     s
 }

@@ -129,7 +129,8 @@ impl NcclComm {
                 .chunks(4)
                 .map(|c| i32::from_ne_bytes([c[0] as u8, c[1] as u8, c[2] as u8, c[3] as u8]))
                 .collect();
-            let t = Tensor::from_i32(vec![32], words).expect("32 words");
+            let t = Tensor::from_i32(vec![32], words)
+                .ok_or_else(|| CudaError::Other("the NCCL id is not 128 bytes".into()))?;
             for &r in &group[1..] {
                 self.bootstrap.send(r, tag, &t).map_err(boot)?;
             }
@@ -592,7 +593,7 @@ impl Communicator for NcclComm {
     }
 
     fn barrier(&self, group: &[usize]) -> Result<(), CommError> {
-        let mut t = Tensor::from_f32(vec![1], vec![0.0]).expect("one element");
+        let mut t = Tensor::zeros(&TensorType::new(DType::Float32, vec![1]));
         self.all_reduce(group, ReduceOp::Sum, &mut t)
     }
 }

@@ -204,10 +204,10 @@ fn grad_dx(
 pub(super) fn batch_norm(call: &OpCall<'_>) -> CudaResult<Lowered> {
     let o = operands_or_host!(operands(call, 0, 5, &[1, 2, 3, 4], 5, &[0]));
     let [x, scale, bias, mean_in, var_in] = o.ptrs[..] else {
-        unreachable!("five operands")
+        return Err(call.err("five operands expected"));
     };
     let [y, batch_mean, batch_var, saved_mean, saved_rstd] = o.outs[..] else {
-        unreachable!("five results")
+        return Err(call.err("five results expected"));
     };
     let training = call.node.attrs.bool_or("is_training", true);
     call.launch(
@@ -235,10 +235,10 @@ pub(super) fn batch_norm(call: &OpCall<'_>) -> CudaResult<Lowered> {
 pub(super) fn batch_norm_grad(call: &OpCall<'_>) -> CudaResult<Lowered> {
     let o = operands_or_host!(operands(call, 1, 5, &[2, 3, 4], 3, &[0]));
     let [dy, x, scale, mean, rstd] = o.ptrs[..] else {
-        unreachable!("five operands")
+        return Err(call.err("five operands expected"));
     };
     let [dx, dscale, dbias] = o.outs[..] else {
-        unreachable!("three results")
+        return Err(call.err("three results expected"));
     };
     let training = call.node.attrs.bool_or("is_training", true);
     grad_sums(call, &o, [dy, x, mean, rstd, dscale, dbias])?;
@@ -274,10 +274,10 @@ pub(super) fn bn_training_reduce(call: &OpCall<'_>) -> CudaResult<Lowered> {
 pub(super) fn bn_training_update(call: &OpCall<'_>) -> CudaResult<Lowered> {
     let o = operands_or_host!(operands(call, 0, 5, &[1, 2, 3, 4], 5, &[0]));
     let [x, sum, square_sum, scale, bias] = o.ptrs[..] else {
-        unreachable!("five operands")
+        return Err(call.err("five operands expected"));
     };
     let [y, batch_mean, batch_var, saved_mean, saved_rstd] = o.outs[..] else {
-        unreachable!("five results")
+        return Err(call.err("five results expected"));
     };
     let count = count(call)?;
     call.launch(
@@ -302,7 +302,7 @@ pub(super) fn bn_training_update(call: &OpCall<'_>) -> CudaResult<Lowered> {
 pub(super) fn bn_training_update_grad(call: &OpCall<'_>) -> CudaResult<Lowered> {
     let o = operands_or_host!(operands(call, 1, 4, &[2, 3], 2, &[]));
     let [dy, x, mean, rstd] = o.ptrs[..] else {
-        unreachable!("four operands")
+        return Err(call.err("four operands expected"));
     };
     grad_sums(call, &o, [dy, x, mean, rstd, o.outs[0], o.outs[1]])
 }
@@ -311,7 +311,7 @@ pub(super) fn bn_training_update_grad(call: &OpCall<'_>) -> CudaResult<Lowered> 
 pub(super) fn bn_training_reduce_grad(call: &OpCall<'_>) -> CudaResult<Lowered> {
     let o = operands_or_host!(operands(call, 1, 7, &[2, 3, 4, 5, 6], 1, &[0]));
     let [dy, x, dscale, dbias, scale, mean, rstd] = o.ptrs[..] else {
-        unreachable!("seven operands")
+        return Err(call.err("seven operands expected"));
     };
     let count = count(call)?;
     grad_dx(

@@ -218,9 +218,7 @@ fn check_shape(call: &OpCall<'_>, what: &str, t: &TensorType, want: &[usize]) ->
 pub(super) fn conv2d(call: &OpCall<'_>) -> CudaResult<Lowered> {
     let (x, tx) = call.tensor(0)?;
     let (w, tw) = call.tensor(1)?;
-    let Some((y, ty, s)) = out_float(call)? else {
-        return host("only Float32 and Float64 run on the GPU");
-    };
+    let (y, ty, s) = or_host!(out_float(call)?, "only Float32 and Float64 run on the GPU");
     if tx.dtype != ty.dtype || tw.dtype != ty.dtype {
         return host("mixed element types");
     }
@@ -270,15 +268,14 @@ pub(super) fn conv2d(call: &OpCall<'_>) -> CudaResult<Lowered> {
 pub(super) fn conv2d_backprop_input(call: &OpCall<'_>) -> CudaResult<Lowered> {
     let (dy, tdy) = call.tensor(0)?;
     let (w, tw) = call.tensor(1)?;
-    let Some((dx, tdx, s)) = out_float(call)? else {
-        return host("only Float32 and Float64 run on the GPU");
-    };
+    let (dx, tdx, s) = or_host!(out_float(call)?, "only Float32 and Float64 run on the GPU");
     if tdy.dtype != tdx.dtype || tw.dtype != tdx.dtype {
         return host("mixed element types");
     }
-    let Some(x_shape) = shape_operand(call, 2, "input_size")? else {
-        return host("input_size from a tensor");
-    };
+    let x_shape = or_host!(
+        shape_operand(call, 2, "input_size")?,
+        "input_size from a tensor"
+    );
     let d = match dims(call, &x_shape, &tw.shape, tdx.dtype)? {
         Ok(d) => d,
         Err(why) => return host(why),
@@ -323,15 +320,14 @@ pub(super) fn conv2d_backprop_input(call: &OpCall<'_>) -> CudaResult<Lowered> {
 pub(super) fn conv2d_backprop_filter(call: &OpCall<'_>) -> CudaResult<Lowered> {
     let (dy, tdy) = call.tensor(0)?;
     let (x, tx) = call.tensor(1)?;
-    let Some((dw, tdw, s)) = out_float(call)? else {
-        return host("only Float32 and Float64 run on the GPU");
-    };
+    let (dw, tdw, s) = or_host!(out_float(call)?, "only Float32 and Float64 run on the GPU");
     if tdy.dtype != tdw.dtype || tx.dtype != tdw.dtype {
         return host("mixed element types");
     }
-    let Some(w_shape) = shape_operand(call, 2, "filter_size")? else {
-        return host("filter_size from a tensor");
-    };
+    let w_shape = or_host!(
+        shape_operand(call, 2, "filter_size")?,
+        "filter_size from a tensor"
+    );
     let d = match dims(call, &tx.shape, &w_shape, tdw.dtype)? {
         Ok(d) => d,
         Err(why) => return host(why),

@@ -77,6 +77,17 @@ impl Workspace {
 
 use KernelArg::{Ptr, F64, I32, I64};
 
+/// The value of an `Option`, or (when None) return `Lowered::Host` with the reason: a node
+/// no device kernel covers as typed.
+macro_rules! or_host {
+    ($e:expr, $why:expr) => {
+        match $e {
+            Some(v) => v,
+            None => return host($why),
+        }
+    };
+}
+
 mod batch_norm;
 mod conv;
 mod movement;
@@ -213,9 +224,10 @@ fn out_float<'a>(call: &OpCall<'a>) -> CudaResult<Option<(DevPtr, &'a TensorType
 fn matmul(call: &OpCall<'_>) -> CudaResult<Lowered> {
     let (a, ta) = call.tensor(0)?;
     let (b, tb) = call.tensor(1)?;
-    let Some((c, tc, _)) = out_float(call)? else {
-        return host("only Float32 and Float64 products run on the GPU");
-    };
+    let (c, tc, _) = or_host!(
+        out_float(call)?,
+        "only Float32 and Float64 products run on the GPU"
+    );
     if ta.dtype != tc.dtype || tb.dtype != tc.dtype {
         return host("mixed element types");
     }
@@ -280,9 +292,7 @@ fn matmul(call: &OpCall<'_>) -> CudaResult<Lowered> {
 
 fn binary(call: &OpCall<'_>) -> CudaResult<Lowered> {
     use OpKind::*;
-    let Some((y, ty, s)) = out_float(call)? else {
-        return host("only Float32 and Float64 run on the GPU");
-    };
+    let (y, ty, s) = or_host!(out_float(call)?, "only Float32 and Float64 run on the GPU");
     let name = match call.node.op {
         Add => "add",
         Sub => "sub",
@@ -301,9 +311,10 @@ fn binary(call: &OpCall<'_>) -> CudaResult<Lowered> {
             if ta.dtype != ty.dtype || tb.dtype != ty.dtype {
                 return host("mixed element types");
             }
-            let Some(st) = Strided::broadcast(&ty.shape, &ta.shape, &tb.shape) else {
-                return host("a broadcast of more than 8 dims");
-            };
+            let st = or_host!(
+                Strided::broadcast(&ty.shape, &ta.shape, &tb.shape),
+                "a broadcast of more than 8 dims"
+            );
             call.launch(
                 &format!("binary_{name}_{s}"),
                 call.grid(n as usize),
@@ -341,9 +352,7 @@ fn binary(call: &OpCall<'_>) -> CudaResult<Lowered> {
 fn unary(call: &OpCall<'_>) -> CudaResult<Lowered> {
     use OpKind::*;
     let (x, tx) = call.tensor(0)?;
-    let Some((y, ty, s)) = out_float(call)? else {
-        return host("only Float32 and Float64 run on the GPU");
-    };
+    let (y, ty, s) = or_host!(out_float(call)?, "only Float32 and Float64 run on the GPU");
     if tx.dtype != ty.dtype {
         return host("mixed element types");
     }
@@ -369,9 +378,7 @@ fn unary(call: &OpCall<'_>) -> CudaResult<Lowered> {
 fn bias_add(call: &OpCall<'_>) -> CudaResult<Lowered> {
     let (x, tx) = call.tensor(0)?;
     let (b, tb) = call.tensor(1)?;
-    let Some((y, ty, s)) = out_float(call)? else {
-        return host("only Float32 and Float64 run on the GPU");
-    };
+    let (y, ty, s) = or_host!(out_float(call)?, "only Float32 and Float64 run on the GPU");
     if tx.shape.len() < 2 || tb.shape != [tx.shape[1]] || tx.dtype != ty.dtype {
         return Err(call.err(format!(
             "x of rank >= 2 and a bias of shape (C) expected, got {:?} and {:?}",
@@ -396,9 +403,7 @@ fn bias_add(call: &OpCall<'_>) -> CudaResult<Lowered> {
 
 fn bias_add_grad(call: &OpCall<'_>) -> CudaResult<Lowered> {
     let (dy, tdy) = call.tensor(0)?;
-    let Some((db, _, s)) = out_float(call)? else {
-        return host("only Float32 and Float64 run on the GPU");
-    };
+    let (db, _, s) = or_host!(out_float(call)?, "only Float32 and Float64 run on the GPU");
     if tdy.shape.len() < 2 {
         return Err(call.err(format!("dy of rank >= 2 expected, got {:?}", tdy.shape)));
     }
@@ -449,9 +454,7 @@ fn cast(call: &OpCall<'_>) -> CudaResult<Lowered> {
 
 fn fill(call: &OpCall<'_>) -> CudaResult<Lowered> {
     let (y, ty) = call.out(0)?;
-    let Some(s) = suffix(ty.dtype) else {
-        return host(format!("a fill of {}", ty.dtype));
-    };
+    let s = or_host!(suffix(ty.dtype), format!("a fill of {}", ty.dtype));
     let v = if call.node.op == OpKind::OnesLike {
         1.0
     } else {
@@ -480,12 +483,8 @@ fn copy_same(call: &OpCall<'_>) -> CudaResult<Lowered> {
 
 fn strided_copy(call: &OpCall<'_>, x: DevPtr, strides: &[i64]) -> CudaResult<Lowered> {
     let (y, ty) = call.out(0)?;
-    let Some(s) = suffix(ty.dtype) else {
-        return host(format!("a copy of {}", ty.dtype));
-    };
-    let Some(st) = Strided::single(&ty.shape, strides) else {
-        return host("more than 8 dims");
-    };
+    let s = or_host!(suffix(ty.dtype), format!("a copy of {}", ty.dtype));
+    let st = or_host!(Strided::single(&ty.shape, strides), "more than 8 dims");
     let n = ty.num_elements();
     call.launch(
         &format!("strided_copy_{s}"),
@@ -532,9 +531,10 @@ fn broadcast_to(call: &OpCall<'_>) -> CudaResult<Lowered> {
 
 fn one_hot(call: &OpCall<'_>) -> CudaResult<Lowered> {
     let (idx, ti) = call.tensor(0)?;
-    let Some((y, ty, s)) = out_float(call)? else {
-        return host("only a Float32 or Float64 one-hot runs on the GPU");
-    };
+    let (y, ty, s) = or_host!(
+        out_float(call)?,
+        "only a Float32 or Float64 one-hot runs on the GPU"
+    );
     let rank = ty.shape.len() as i64;
     let axis = call.node.attrs.int_or("axis", -1);
     if axis != -1 && axis != rank - 1 {
@@ -570,9 +570,7 @@ fn one_hot(call: &OpCall<'_>) -> CudaResult<Lowered> {
 
 fn reduce(call: &OpCall<'_>) -> CudaResult<Lowered> {
     let (x, tx) = call.tensor(0)?;
-    let Some((y, _, s)) = out_float(call)? else {
-        return host("only Float32 and Float64 run on the GPU");
-    };
+    let (y, _, s) = or_host!(out_float(call)?, "only Float32 and Float64 run on the GPU");
     let rank = tx.shape.len();
     let axes: Vec<i64> = match call.inputs.get(1) {
         None => Vec::new(),
@@ -679,12 +677,11 @@ fn softmax_rows(call: &OpCall<'_>, shape: &[usize]) -> CudaResult<Option<(usize,
 
 fn softmax(call: &OpCall<'_>) -> CudaResult<Lowered> {
     let (x, tx) = call.tensor(0)?;
-    let Some((y, _, s)) = out_float(call)? else {
-        return host("only Float32 and Float64 run on the GPU");
-    };
-    let Some((rows, cols)) = softmax_rows(call, &tx.shape)? else {
-        return host("a softmax over an inner axis");
-    };
+    let (y, _, s) = or_host!(out_float(call)?, "only Float32 and Float64 run on the GPU");
+    let (rows, cols) = or_host!(
+        softmax_rows(call, &tx.shape)?,
+        "a softmax over an inner axis"
+    );
     let log = i32::from(call.node.op == OpKind::LogSoftmax);
     call.launch(
         &format!("softmax_{s}"),
@@ -696,12 +693,11 @@ fn softmax(call: &OpCall<'_>) -> CudaResult<Lowered> {
 fn softmax_grad(call: &OpCall<'_>) -> CudaResult<Lowered> {
     let (y, ty) = call.tensor(0)?;
     let (dy, _) = call.tensor(1)?;
-    let Some((dx, _, s)) = out_float(call)? else {
-        return host("only Float32 and Float64 run on the GPU");
-    };
-    let Some((rows, cols)) = softmax_rows(call, &ty.shape)? else {
-        return host("a softmax over an inner axis");
-    };
+    let (dx, _, s) = or_host!(out_float(call)?, "only Float32 and Float64 run on the GPU");
+    let (rows, cols) = or_host!(
+        softmax_rows(call, &ty.shape)?,
+        "a softmax over an inner axis"
+    );
     let log = i32::from(call.node.op == OpKind::LogSoftmaxGrad);
     call.launch(
         &format!("softmax_grad_{s}"),
@@ -746,9 +742,7 @@ fn layer_norm(call: &OpCall<'_>) -> CudaResult<Lowered> {
     let (x, tx) = call.tensor(0)?;
     let (g, tg) = call.tensor(1)?;
     let (b, _) = call.tensor(2)?;
-    let Some((y, _, s)) = out_float(call)? else {
-        return host("only Float32 and Float64 run on the GPU");
-    };
+    let (y, _, s) = or_host!(out_float(call)?, "only Float32 and Float64 run on the GPU");
     let (mean, _) = call.out(1)?;
     let (rstd, _) = call.out(2)?;
     let (rows, d, p) = ln_layout(call, &tx.shape, &tg.shape)?;
@@ -780,9 +774,7 @@ fn layer_norm_grad(call: &OpCall<'_>) -> CudaResult<Lowered> {
     let (rstd, _) = call.tensor(2)?;
     let (mean, _) = call.tensor(3)?;
     let (g, tg) = call.tensor(4)?;
-    let Some((dx, _, s)) = out_float(call)? else {
-        return host("only Float32 and Float64 run on the GPU");
-    };
+    let (dx, _, s) = or_host!(out_float(call)?, "only Float32 and Float64 run on the GPU");
     let (dg, _) = call.out(1)?;
     let (db, _) = call.out(2)?;
     let (rows, d, p) = ln_layout(call, &tx.shape, &tg.shape)?;
@@ -831,9 +823,7 @@ fn logits_nc(call: &OpCall<'_>, t: &TensorType) -> CudaResult<(usize, usize)> {
 fn softmax_ce(call: &OpCall<'_>) -> CudaResult<Lowered> {
     let (x, tx) = call.tensor(0)?;
     let (l, tl) = call.tensor(1)?;
-    let Some((loss, _, s)) = out_float(call)? else {
-        return host("only Float32 and Float64 run on the GPU");
-    };
+    let (loss, _, s) = or_host!(out_float(call)?, "only Float32 and Float64 run on the GPU");
     let (back, _) = call.out(1)?;
     let (n, c) = logits_nc(call, tx)?;
     if tl.shape != tx.shape || c == 0 {
@@ -856,9 +846,7 @@ fn softmax_ce(call: &OpCall<'_>) -> CudaResult<Lowered> {
 fn sparse_ce(call: &OpCall<'_>) -> CudaResult<Lowered> {
     let (x, tx) = call.tensor(0)?;
     let (l, tl) = call.tensor(1)?;
-    let Some((y, _, s)) = out_float(call)? else {
-        return host("only Float32 and Float64 run on the GPU");
-    };
+    let (y, _, s) = or_host!(out_float(call)?, "only Float32 and Float64 run on the GPU");
     let (n, c) = logits_nc(call, tx)?;
     let is = match tl.dtype {
         DType::Int32 => "i32",
@@ -899,12 +887,11 @@ fn same_shape(call: &OpCall<'_>, idx: &[usize]) -> CudaResult<Option<usize>> {
 }
 
 fn apply_momentum(call: &OpCall<'_>) -> CudaResult<Lowered> {
-    let Some(n) = same_shape(call, &[0, 1, 3])? else {
-        return host("only Float32 and Float64 run on the GPU");
-    };
-    let Some((vo, _, s)) = out_float(call)? else {
-        return host("only Float32 and Float64 run on the GPU");
-    };
+    let n = or_host!(
+        same_shape(call, &[0, 1, 3])?,
+        "only Float32 and Float64 run on the GPU"
+    );
+    let (vo, _, s) = or_host!(out_float(call)?, "only Float32 and Float64 run on the GPU");
     let (ao, _) = call.out(1)?;
     let (lr_p, lr_v) = call.scalar(2)?;
     let (mom_p, mom_v) = call.scalar(4)?;
@@ -929,12 +916,11 @@ fn apply_momentum(call: &OpCall<'_>) -> CudaResult<Lowered> {
 }
 
 fn apply_gradient_descent(call: &OpCall<'_>) -> CudaResult<Lowered> {
-    let Some(n) = same_shape(call, &[0, 2])? else {
-        return host("only Float32 and Float64 run on the GPU");
-    };
-    let Some((o, _, s)) = out_float(call)? else {
-        return host("only Float32 and Float64 run on the GPU");
-    };
+    let n = or_host!(
+        same_shape(call, &[0, 2])?,
+        "only Float32 and Float64 run on the GPU"
+    );
+    let (o, _, s) = or_host!(out_float(call)?, "only Float32 and Float64 run on the GPU");
     let (a_p, a_v) = call.scalar(1)?;
     call.launch(
         &format!("apply_gradient_descent_{s}"),
@@ -951,12 +937,11 @@ fn apply_gradient_descent(call: &OpCall<'_>) -> CudaResult<Lowered> {
 }
 
 fn sgd(call: &OpCall<'_>) -> CudaResult<Lowered> {
-    let Some(n) = same_shape(call, &[0, 1, 3, 5])? else {
-        return host("only Float32 and Float64 run on the GPU");
-    };
-    let Some((po, _, s)) = out_float(call)? else {
-        return host("only Float32 and Float64 run on the GPU");
-    };
+    let n = or_host!(
+        same_shape(call, &[0, 1, 3, 5])?,
+        "only Float32 and Float64 run on the GPU"
+    );
+    let (po, _, s) = or_host!(out_float(call)?, "only Float32 and Float64 run on the GPU");
     let (ao, _) = call.out(1)?;
     let (so, _) = call.out(2)?;
     let (lr_p, lr_v) = call.scalar(2)?;
@@ -986,12 +971,11 @@ fn sgd(call: &OpCall<'_>) -> CudaResult<Lowered> {
 }
 
 fn adam(call: &OpCall<'_>) -> CudaResult<Lowered> {
-    let Some(n) = same_shape(call, &[0, 1, 2, 9])? else {
-        return host("only Float32 and Float64 run on the GPU");
-    };
-    let Some((vo, _, s)) = out_float(call)? else {
-        return host("only Float32 and Float64 run on the GPU");
-    };
+    let n = or_host!(
+        same_shape(call, &[0, 1, 2, 9])?,
+        "only Float32 and Float64 run on the GPU"
+    );
+    let (vo, _, s) = or_host!(out_float(call)?, "only Float32 and Float64 run on the GPU");
     let (mo, _) = call.out(1)?;
     let (v2o, _) = call.out(2)?;
     let mut args = vec![

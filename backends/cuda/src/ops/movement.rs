@@ -60,16 +60,12 @@ fn copy_kernel(
     strides: &[i64],
     dtype: DType,
 ) -> CudaResult<Lowered> {
-    let Some(s) = suffix(dtype) else {
-        return host(format!("{dtype} on the GPU"));
-    };
+    let s = or_host!(suffix(dtype), format!("{dtype} on the GPU"));
     let n: usize = dims.iter().product();
     if n == 0 {
         return Ok(Lowered::Device);
     }
-    let Some(st) = Strided::single(dims, strides) else {
-        return host("more than 8 dims");
-    };
+    let st = or_host!(Strided::single(dims, strides), "more than 8 dims");
     call.launch(
         &format!("{kernel}_{s}"),
         call.grid(n),
@@ -107,9 +103,7 @@ pub(super) fn strided_slice(call: &OpCall<'_>) -> CudaResult<Lowered> {
 pub(super) fn strided_slice_grad(call: &OpCall<'_>) -> CudaResult<Lowered> {
     let (dy, tdy) = call.tensor(0)?;
     let (y, ty) = call.out(0)?;
-    let Some(s) = suffix(ty.dtype) else {
-        return host(format!("{} on the GPU", ty.dtype));
-    };
+    let s = or_host!(suffix(ty.dtype), format!("{} on the GPU", ty.dtype));
     let spec = slice_spec(call, &ty.shape, 2)?;
     let (base, strides, dims) = region(&ty.shape, &spec);
     if dims != tdy.shape {
@@ -231,9 +225,7 @@ pub(super) fn gather(call: &OpCall<'_>) -> CudaResult<Lowered> {
         DType::Int64 => "i64",
         other => return host(format!("{other} indices")),
     };
-    let Some(s) = suffix(ty.dtype) else {
-        return host(format!("{} on the GPU", ty.dtype));
-    };
+    let s = or_host!(suffix(ty.dtype), format!("{} on the GPU", ty.dtype));
     let pre: usize = tp.shape[..axis].iter().product();
     let post: usize = tp.shape[axis + 1..].iter().product();
     let n = ti.num_elements();
@@ -287,9 +279,7 @@ pub(super) fn dropout(call: &OpCall<'_>) -> CudaResult<Lowered> {
                 }
             }
             let base = o.iter().zip(&gst).map(|(&o, &s)| o * s).sum();
-            let Some(st) = Strided::single(&tx.shape, &gst) else {
-                return host("more than 8 dims");
-            };
+            let st = or_host!(Strided::single(&tx.shape, &gst), "more than 8 dims");
             (base, st)
         }
         _ => {
@@ -325,15 +315,14 @@ pub(super) fn equal(call: &OpCall<'_>) -> CudaResult<Lowered> {
         _ => return host("a constant operand"),
     };
     let (y, ty) = call.out(0)?;
-    let Some(s) = suffix(ta.dtype) else {
-        return host(format!("{} on the GPU", ta.dtype));
-    };
+    let s = or_host!(suffix(ta.dtype), format!("{} on the GPU", ta.dtype));
     if ta.dtype != tb.dtype || ty.dtype != DType::Bool {
         return host("mixed element types");
     }
-    let Some(st) = Strided::broadcast(&ty.shape, &ta.shape, &tb.shape) else {
-        return host("a broadcast of more than 8 dims");
-    };
+    let st = or_host!(
+        Strided::broadcast(&ty.shape, &ta.shape, &tb.shape),
+        "a broadcast of more than 8 dims"
+    );
     let n = ty.num_elements();
     call.launch(
         &format!("equal_{s}"),

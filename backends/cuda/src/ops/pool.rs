@@ -41,9 +41,7 @@ fn empty(g: &Pool2dGeometry) -> bool {
 /// `MaxPool(x)` / `AvgPool(x)`.
 pub(super) fn pool(call: &OpCall<'_>) -> CudaResult<Lowered> {
     let (x, tx) = call.tensor(0)?;
-    let Some((y, ty, s)) = out_float(call)? else {
-        return host("only Float32 and Float64 run on the GPU");
-    };
+    let (y, ty, s) = or_host!(out_float(call)?, "only Float32 and Float64 run on the GPU");
     if tx.dtype != ty.dtype {
         return host("mixed element types");
     }
@@ -71,9 +69,7 @@ pub(super) fn pool(call: &OpCall<'_>) -> CudaResult<Lowered> {
 pub(super) fn pool_grad(call: &OpCall<'_>) -> CudaResult<Lowered> {
     let (x, tx) = call.tensor(0)?;
     let (dy, tdy) = call.tensor(2)?;
-    let Some((dx, tdx, s)) = out_float(call)? else {
-        return host("only Float32 and Float64 run on the GPU");
-    };
+    let (dx, tdx, s) = or_host!(out_float(call)?, "only Float32 and Float64 run on the GPU");
     if tx.dtype != tdx.dtype || tdy.dtype != tdx.dtype {
         return host("mixed element types");
     }
