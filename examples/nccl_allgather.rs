@@ -66,7 +66,8 @@ fn gather(c: &Communication, on_gpu: bool) -> Result<(), TrainError> {
     } else {
         boot
     };
-    let x = Tensor::from_f32(vec![1, 1], vec![rank as f32]).expect("one element");
+    let x = Tensor::from_f32(vec![1, 1], vec![rank as f32])
+        .ok_or_else(|| TrainError::Mismatch("a (1, 1) tensor holds one value".into()))?;
     let world: Vec<usize> = (0..size).collect();
     let y = comm
         .all_gather(&world, 0, &x)
