@@ -132,6 +132,28 @@ fn movement_ops_match_the_cpu_exactly() {
             Attrs::new(),
         )
         .unwrap();
+    // A block of a vocabulary-split table: rows 4..8 of 12; indices outside give zeros.
+    let block = b
+        .weight(
+            "table_block",
+            DType::Float32,
+            &[4, 3],
+            Init::Normal {
+                sigma: 1.0,
+                mean: 0.0,
+                seed: 5,
+            },
+        )
+        .unwrap();
+    let gathered_block = b
+        .op(
+            OpKind::Gather,
+            &[block.into(), idx.into(), Operand::Const(Const::Int(0))],
+            Attrs::new()
+                .with("global_shape", Attr::ints(&[12, 3]))
+                .with("offset", Attr::ints(&[4, 0])),
+        )
+        .unwrap();
     let drop = b
         .op(
             OpKind::Dropout,
@@ -164,7 +186,19 @@ fn movement_ops_match_the_cpu_exactly() {
         .op(OpKind::Equal, &[x.into(), dgrad.into()], Attrs::new())
         .unwrap();
     let g = b
-        .finish(&[slice, cat, cat1, part, gathered, dy, mask, dgrad, sgrad, eq])
+        .finish(&[
+            slice,
+            cat,
+            cat1,
+            part,
+            gathered,
+            gathered_block,
+            dy,
+            mask,
+            dgrad,
+            sgrad,
+            eq,
+        ])
         .expect("the movement graph builds");
     let host = Arc::new(shardc::cpu::CpuBackend::with_threads(1));
     let mut cpu = shardc::runtime::Executor::new(g.clone(), host.clone()).unwrap();
@@ -188,6 +222,10 @@ fn movement_ops_match_the_cpu_exactly() {
         for (i, (u, v)) in a.iter().zip(&c).enumerate() {
             assert_eq!(u, v, "output {i} at step {step}");
         }
+        // Of indices 9, 0, 3, 3, 7 only 7 falls in rows 4..8 (as the block's row 3).
+        let rows = a[5].to_f64_vec();
+        assert!(rows[..12].iter().all(|&v| v == 0.0), "{rows:?}");
+        assert!(rows[12..].iter().any(|&v| v != 0.0), "{rows:?}");
     }
     let s = gpu.stats().summary();
     assert!(!s.contains("host:"), "{s}");

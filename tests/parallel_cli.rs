@@ -96,6 +96,12 @@ fn per_rank_dumps_parse_back_and_the_strategy_file_reproduces_the_graphs() {
         json["ops"]["matmul"]["strategy"],
         serde_json::json!([[2, 4], [4, 1]])
     );
+    // The loss gradient's BroadcastTo makes each rank's block of its result directly: a split
+    // of a dimension no input has, recorded as its out strategy (and reloaded below).
+    assert_eq!(
+        json["ops"]["grad_reduce_mean"]["out_strategy"],
+        serde_json::json!([[8, 1]])
+    );
 
     // Loading the file under auto_parallel (which would otherwise search) gives the same
     // per-rank graphs.

@@ -621,16 +621,15 @@ fn cases() -> Vec<Case> {
             ],
         },
         Case {
-            name: "gather_table_axis",
-            params: &["table: W (32, 16)", "idx: I32 (16)"],
-            body: "  %1(out) = Gather(%para1_table, %para2_idx, 0) {instance name: gather} primitive_attrs: {in_strategy: ((2, 1), (1))}",
+            name: "gather_vocab_not_divisible",
+            params: &["table: W (30, 16)", "idx: I32 (16)"],
+            body: "  %1(out) = Gather(%para1_table, %para2_idx, 0) {instance name: gather} primitive_attrs: {in_strategy: ((4, 1), (1))}",
             device_num: 8,
             data: Data::Parallel,
             kind: Kind::Strategy,
             expect: &[
                 "Gather 'gather'",
-                "input 0 dimension 0 cannot be split",
-                "gathered axis",
+                "input 0 dimension 0 of size 30 is not divisible by 4",
             ],
         },
         Case {

@@ -1,5 +1,5 @@
 //! The one invariant as a property: for random small models (MLP, attention block, conv
-//! block), random valid strategies and 2, 4 or 8 devices, the per-rank graphs run together
+//! block with trained or frozen BatchNorm, embedding block), random valid strategies and 2, 4 or 8 devices, the per-rank graphs run together
 //! (every rank a thread, the in-process communicator) compute the single device's losses and,
 //! after the steps, its weights (gathered from their slices). The models are f64, so the
 //! tolerance is tight (1e-9): a wrong block, group or scale shows at once. The
@@ -26,7 +26,9 @@ use shardc::runtime::Tensor;
 use shardc_tools::in_process::{rel, run_ranks, tensor_rel};
 use std::sync::Arc;
 
-const CASES: u64 = 300;
+const CASES: u64 = 320;
+/// The model families, taken in turn by seed.
+const FAMILIES: u64 = 4;
 /// The searchers the auto_parallel cases rotate through.
 const SEARCHERS: [SearchMode; 4] = [
     SearchMode::ShardingPropagation,
@@ -155,6 +157,7 @@ fn conv(rng: &mut ChaCha8Rng, batch: usize) -> Result<Graph, BuildError> {
     let pool = rng.random_range(0..3);
     let classes = *pick(rng, &[4usize, 8]);
     let bn = rng.random_bool(0.4);
+    let frozen_bn = rng.random_bool(0.5);
     let net = FnCell::new("ConvNet", move |b: &mut GraphBuilder, x: Value| {
         let w = b.weight("conv_w", DT, &[cout, cin, 3, 3], init::normal(0.2))?;
         let y = b.op(
@@ -169,7 +172,13 @@ fn conv(rng: &mut ChaCha8Rng, batch: usize) -> Result<Graph, BuildError> {
         let bias = b.weight("conv_b", DT, &[cout], init::normal(0.1))?;
         let y = b.bias_add(y, bias)?;
         let y = if bn {
-            call_cell(b, "bn", &BatchNorm2d::new(cout), y)?
+            // A frozen BatchNorm (inference mode in a training graph, as when fine-tuning)
+            // normalizes with its moving statistics.
+            let training = b.is_training();
+            b.set_training(training && !frozen_bn);
+            let y = call_cell(b, "bn", &BatchNorm2d::new(cout), y)?;
+            b.set_training(training);
+            y
         } else {
             y
         };
@@ -213,6 +222,37 @@ fn conv(rng: &mut ChaCha8Rng, batch: usize) -> Result<Graph, BuildError> {
     )
 }
 
+/// An embedding block: a Gather from a table (whose rows the strategies may split, a
+/// vocabulary split), pooled over the sequence by a mean or flattened, then a dense layer.
+fn embedding(rng: &mut ChaCha8Rng, batch: usize) -> Result<Graph, BuildError> {
+    let vocab = *pick(rng, &[8usize, 16, 32]);
+    let dim = *pick(rng, &[4usize, 8]);
+    let seq = *pick(rng, &[2usize, 4]);
+    let classes = *pick(rng, &[4usize, 8]);
+    let pool = rng.random_bool(0.5);
+    let net = FnCell::new("Embed", move |b: &mut GraphBuilder, idx: Value| {
+        let table = b.weight("table", DT, &[vocab, dim], init::normal(0.5))?;
+        let e = b.gather(table, idx, 0)?;
+        let (h, width) = if pool {
+            (b.reduce_mean(e, &[1], false)?, dim)
+        } else {
+            let flat = b.reshape(e, &[batch as i64, (seq * dim) as i64])?;
+            (flat, seq * dim)
+        };
+        let w = b.weight("fc_w", DT, &[width, classes], init::normal(0.3))?;
+        b.matmul(h, w)
+    });
+    build_network(
+        "Embed",
+        &net,
+        &SoftmaxCrossEntropyWithLogits::new(true, "mean"),
+        &[
+            ("idx", DType::Int32, &[batch, seq]),
+            ("label", DType::Int32, &[batch]),
+        ],
+    )
+}
+
 fn pick<'a, T>(rng: &mut ChaCha8Rng, xs: &'a [T]) -> &'a T {
     &xs[rng.random_range(0..xs.len())]
 }
@@ -239,16 +279,49 @@ fn annotate(rng: &mut ChaCha8Rng, g: &mut Graph, device_num: usize, p: f64) -> V
     notes
 }
 
+/// Which rarer rules a case's per-rank graphs exercise (the property test checks that the
+/// random cases reach each of them).
+#[derive(Default, Debug, Clone, Copy)]
+struct Reached {
+    /// A Gather from a block of a table split along the gathered axis.
+    vocab_split: bool,
+    /// An UnsortedSegmentSum into a block of segments (the table's gradient, split).
+    segment_split: bool,
+    /// A frozen (inference-mode) BatchNorm with its batch split.
+    frozen_bn_batch_split: bool,
+}
+
+fn reached(rank0: &Graph) -> Reached {
+    let mut r = Reached::default();
+    for n in &rank0.nodes {
+        let marked = n.attrs.get("offset").is_some();
+        match n.op {
+            OpKind::Gather => r.vocab_split |= marked,
+            OpKind::UnsortedSegmentSum => r.segment_split |= marked,
+            OpKind::BatchNorm if !n.attrs.bool_or("is_training", true) => {
+                r.frozen_bn_batch_split |= n
+                    .in_strategy
+                    .as_ref()
+                    .and_then(|s| s.0.first())
+                    .is_some_and(|x| x.first().is_some_and(|&b| b > 1));
+            }
+            _ => {}
+        }
+    }
+    r
+}
+
 /// Runs one case; `Err` describes the failure.
-fn run_case(seed: u64) -> Result<(), String> {
+fn run_case(seed: u64) -> Result<Reached, String> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let device_num = *pick(&mut rng, &[2usize, 4, 8]);
     let batch = device_num * *pick(&mut rng, &[1usize, 2]);
-    let kind = seed % 3;
+    let kind = seed % FAMILIES;
     let model = match kind {
         0 => mlp(&mut rng, batch),
         1 => attention(&mut rng, batch),
-        _ => conv(&mut rng, batch),
+        2 => conv(&mut rng, batch),
+        _ => embedding(&mut rng, batch),
     }
     .map_err(|e| format!("building the model: {e}"))?;
     let mode = if rng.random_bool(0.5) {
@@ -267,7 +340,7 @@ fn run_case(seed: u64) -> Result<(), String> {
     let alltoall = rng.random_bool(0.3);
     // In auto_parallel, every searcher in turn decides what the annotations leave open.
     let search = if mode == Mode::AutoParallel {
-        SEARCHERS[(seed / 3) as usize % SEARCHERS.len()]
+        SEARCHERS[(seed / FAMILIES) as usize % SEARCHERS.len()]
     } else {
         SearchMode::ShardingPropagation
     };
@@ -339,6 +412,7 @@ fn run_case(seed: u64) -> Result<(), String> {
         .filter(|(n, _)| exec.param(n).is_none())
         .cloned()
         .collect();
+    let reach = par.ranks.first().map(reached).unwrap_or_default();
     let res =
         run_ranks(par.ranks, &inputs, &feeds, STEPS, 1).map_err(|e| format!("{what}: {e:#}"))?;
     for (k, &l) in losses.iter().enumerate() {
@@ -370,7 +444,7 @@ fn run_case(seed: u64) -> Result<(), String> {
             ));
         }
     }
-    Ok(())
+    Ok(reach)
 }
 
 #[test]
@@ -383,9 +457,15 @@ fn distributed_equals_single_device_on_random_models_and_strategies() {
         None => (0..CASES).collect(),
     };
     let mut failures = Vec::new();
+    let (mut vocab, mut segment, mut frozen_bn) = (0, 0, 0);
     for seed in seeds {
-        if let Err(e) = run_case(seed) {
-            failures.push(e);
+        match run_case(seed) {
+            Ok(r) => {
+                vocab += r.vocab_split as usize;
+                segment += r.segment_split as usize;
+                frozen_bn += r.frozen_bn_batch_split as usize;
+            }
+            Err(e) => failures.push(e),
         }
     }
     assert!(
@@ -394,6 +474,19 @@ fn distributed_equals_single_device_on_random_models_and_strategies() {
         failures.len(),
         failures.join("\n")
     );
+    eprintln!(
+        "cases with a vocabulary-split Gather: {vocab}, a segment-split UnsortedSegmentSum: \
+         {segment}, a frozen BatchNorm with its batch split: {frozen_bn}"
+    );
+    if only.is_none() {
+        for (what, n) in [
+            ("a vocabulary-split Gather", vocab),
+            ("a segment-split UnsortedSegmentSum", segment),
+            ("a frozen BatchNorm with its batch split", frozen_bn),
+        ] {
+            assert!(n >= 3, "only {n} cases reach {what}");
+        }
+    }
 }
 
 /// `gradients_mean = false` is MindSpore's data-parallel sum of the replicas' gradients, each of

@@ -370,6 +370,9 @@ fn annotated(g: &Graph, a: &strategy::Assignment) -> Graph {
     for (node, d) in out.nodes.iter_mut().zip(&a.decisions) {
         if let Some(d) = d {
             node.in_strategy = Some(d.sharding.strategy.clone());
+            if d.sharding.out_strategy.is_some() {
+                node.out_strategy.clone_from(&d.sharding.out_strategy);
+            }
             node.comments.push(format!("strategy from: {}", d.source));
         }
     }
@@ -396,8 +399,11 @@ fn compile_parallel(
             let strategies = file.strategies_for(g, p.device_num, path)?;
             let mut g2 = g.clone();
             for (n, s) in g2.nodes.iter_mut().zip(strategies) {
-                if s.is_some() {
-                    n.in_strategy = s;
+                if let Some((in_strategy, out_strategy)) = s {
+                    n.in_strategy = Some(in_strategy);
+                    if out_strategy.is_some() {
+                        n.out_strategy = out_strategy;
+                    }
                 }
             }
             loaded = g2;

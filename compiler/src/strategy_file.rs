@@ -28,6 +28,9 @@ pub struct ParamLayout {
     pub tensor_shape: Vec<usize>,
 }
 
+/// An op's `(in_strategy, out_strategy)` as a strategy file imposes them.
+pub type InOutStrategy = (Strategy, Option<Strategy>);
+
 /// One op's entry.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OpEntry {
@@ -35,6 +38,10 @@ pub struct OpEntry {
     pub op: String,
     /// Its strategy, one tuple per tensor input.
     pub strategy: Vec<Vec<i64>>,
+    /// Its out strategy, one tuple per result, when it splits a dimension no input has
+    /// (UnsortedSegmentSum's segments).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub out_strategy: Option<Vec<Vec<i64>>>,
     /// Where it came from.
     pub source: String,
 }
@@ -136,6 +143,7 @@ impl StrategyFile {
                     OpEntry {
                         op: n.op.name().to_string(),
                         strategy: d.sharding.strategy.0.clone(),
+                        out_strategy: d.sharding.out_strategy.as_ref().map(|s| s.0.clone()),
                         source: d.source.to_string(),
                     },
                 ))
@@ -198,15 +206,16 @@ impl StrategyFile {
         Ok(f)
     }
 
-    /// The strategies to impose on `g` (the training graph), by node index: every op the file
-    /// names except optimizer updates and `Assign` (they follow their weight). Errors: a device
-    /// count or model that differs, an op of `g` the file lacks or of another kind.
+    /// The strategies to impose on `g` (the training graph), by node index, as `(in_strategy,
+    /// out_strategy)`: every op the file names except optimizer updates and `Assign` (they
+    /// follow their weight). Errors: a device count or model that differs, an op of `g` the
+    /// file lacks or of another kind.
     pub fn strategies_for(
         &self,
         g: &Graph,
         device_num: usize,
         path: &Path,
-    ) -> Result<Vec<Option<Strategy>>, StrategyFileError> {
+    ) -> Result<Vec<Option<InOutStrategy>>, StrategyFileError> {
         let mismatch = |reason: String| StrategyFileError::Mismatch {
             path: path.to_path_buf(),
             reason,
@@ -243,7 +252,10 @@ impl StrategyFile {
                     n.instance, e.op, n.op
                 )));
             }
-            out[i] = Some(Strategy(e.strategy.clone()));
+            out[i] = Some((
+                Strategy(e.strategy.clone()),
+                e.out_strategy.clone().map(Strategy),
+            ));
         }
         Ok(out)
     }

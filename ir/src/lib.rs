@@ -11,6 +11,7 @@
 pub mod artifact;
 pub mod attr;
 pub mod binary;
+pub mod block;
 pub mod dropout;
 pub mod geometry;
 pub mod graph;

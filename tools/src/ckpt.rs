@@ -180,11 +180,21 @@ pub fn strategy_of(art_dir: &Path, art: &Artifact) -> Result<StrategyFile> {
                     field("strategy")
                 )
             })?;
+            let out_strategy = match field("out_strategy") {
+                o if o.is_empty() => None,
+                o => Some(parse_strategy(&o).with_context(|| {
+                    format!(
+                        "{}: op {instance}: bad out strategy {o:?}",
+                        art_dir.display()
+                    )
+                })?),
+            };
             ops.insert(
                 instance.clone(),
                 OpEntry {
                     op: field("op"),
                     strategy,
+                    out_strategy,
                     source: field("source"),
                 },
             );

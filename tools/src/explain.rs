@@ -10,7 +10,7 @@ use clap::Args;
 use serde_json::{json, Map, Value};
 use shardc_compiler::pipeline::ParallelCompiled;
 use shardc_ir::artifact::Artifact;
-use shardc_ir::{Graph, OpKind};
+use shardc_ir::{Graph, OpKind, Strategy};
 use shardc_passes::parallel::strategy::Source;
 use std::path::PathBuf;
 
@@ -27,15 +27,23 @@ pub struct ExplainArgs {
     pub rank: u32,
 }
 
-/// Every op's decision as JSON (for the manifest): strategy, source, layouts, candidates.
+/// A strategy as `explain` prints it: the in strategy, then ` out ` and the out strategy when
+/// there is one.
+fn strategy_text(strategy: &Strategy, out: Option<&Strategy>) -> String {
+    match out {
+        Some(o) => format!("{strategy} out {o}"),
+        None => strategy.to_string(),
+    }
+}
+
+/// Every op's decision as JSON (for the manifest): strategy (and out strategy, when it splits
+/// a dimension no input has), source, layouts, candidates.
 pub fn decisions_json(p: &ParallelCompiled) -> Value {
     let mut m = Map::new();
     for (n, d) in p.begin.nodes.iter().zip(&p.assignment.decisions) {
         let Some(d) = d else { continue };
         let layouts = |ls: Vec<String>| Value::Array(ls.into_iter().map(Value::String).collect());
-        m.insert(
-            n.instance.clone(),
-            json!({
+        let mut entry = json!({
                 "op": n.op.name(),
                 "scope": n.scope,
                 "strategy": d.sharding.strategy.to_string(),
@@ -44,14 +52,17 @@ pub fn decisions_json(p: &ParallelCompiled) -> Value {
                 "inputs": layouts(d.sharding.inputs.iter().map(|l| l.as_ref().map_or("constant".to_string(), |l| l.to_string())).collect()),
                 "outputs": layouts(d.sharding.outputs.iter().map(|l| l.to_string()).collect()),
                 "candidates": d.candidates.iter().map(|c| json!({
-                    "strategy": c.strategy.to_string(),
+                    "strategy": strategy_text(&c.strategy, c.out_strategy.as_ref()),
                     "communication": c.communication,
                     "compute": c.compute,
                     "memory": c.memory,
                 })).collect::<Vec<_>>(),
                 "searched": matches!(d.source, Source::Searched { .. }),
-            }),
-        );
+        });
+        if let (Some(o), Some(e)) = (&d.sharding.out_strategy, entry.as_object_mut()) {
+            e.insert("out_strategy".into(), Value::String(o.to_string()));
+        }
+        m.insert(n.instance.clone(), entry);
     }
     Value::Object(m)
 }
@@ -115,7 +126,11 @@ pub fn explain(a: &ExplainArgs) -> Result<()> {
     };
     let s = |k: &str| d.get(k).and_then(Value::as_str).unwrap_or("").to_string();
     println!("op {} ({}), scope {}", a.op, s("op"), s("scope"));
-    println!("  strategy   {}", s("strategy"));
+    let chosen = match s("out_strategy") {
+        o if o.is_empty() => s("strategy"),
+        o => format!("{} out {o}", s("strategy")),
+    };
+    println!("  strategy   {chosen}");
     println!("  from       {}", s("source"));
     println!(
         "  device matrix {}",
@@ -147,7 +162,6 @@ pub fn explain(a: &ExplainArgs) -> Result<()> {
         .cloned()
         .unwrap_or_default();
     let searched = d.get("searched").and_then(Value::as_bool).unwrap_or(false);
-    let chosen = s("strategy");
     let field = |c: &Value, k: &str| num(&c[k]);
     if cands.is_empty() {
         println!("  candidates: none weighed (the strategy was given, or follows a weight)");

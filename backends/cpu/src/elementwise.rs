@@ -411,7 +411,7 @@ pub fn dropout_uniform(seed0: i64, seed1: i64, step: u64, index: u64) -> f64 {
 }
 
 /// Where a block of a sharded Dropout sits in the global tensor: from the optional attrs
-/// `global_shape` (Ints) and `offset` (Ints, one per dim). Local element `i` (row-major in
+/// `global_shape` and `offset` ([`shardc_ir::block::Block`]). Local element `i` (row-major in
 /// the block's shape) is global element `global(i)`, so that the block draws the single
 /// device's mask for its elements.
 struct DropoutBlock {
@@ -424,65 +424,19 @@ impl DropoutBlock {
     /// The block of `ctx`'s node for a local tensor of shape `local`, `None` when the node
     /// has neither attribute (the tensor is the whole tensor).
     fn of(ctx: &Ctx<'_>, local: &[usize]) -> KResult<Option<DropoutBlock>> {
-        let attrs = &ctx.node.attrs;
-        let read = |key: &str| -> KResult<Option<Vec<i64>>> {
-            match attrs.get(key) {
-                None => Ok(None),
-                Some(a) => a.as_ints().map(Some).ok_or_else(|| {
-                    ctx.err(format!(
-                        "attribute `{key}` must be a tuple of integers, got {a}"
-                    ))
-                }),
-            }
+        let Some(block) =
+            shardc_ir::block::Block::of(&ctx.node.attrs, local).map_err(|e| ctx.err(e))?
+        else {
+            return Ok(None);
         };
-        let (global, offset) = match (read("global_shape")?, read("offset")?) {
-            (None, None) => return Ok(None),
-            (Some(g), Some(o)) => (g, o),
-            (Some(_), None) => {
-                return Err(ctx.err("attribute `global_shape` is given without `offset`"))
-            }
-            (None, Some(_)) => {
-                return Err(ctx.err("attribute `offset` is given without `global_shape`"))
-            }
-        };
-        let text = |v: &[i64]| {
-            format!(
-                "({})",
-                v.iter()
-                    .map(|x| x.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
-        };
-        ctx.ensure(global.len() == local.len() && offset.len() == local.len(), || {
-            format!(
-                "attributes `global_shape` {} and `offset` {} must have one entry per dim of x of shape {local:?}",
-                text(&global),
-                text(&offset)
-            )
-        })?;
-        for d in 0..local.len() {
-            let (g, o) = (global[d], offset[d]);
-            let fits = g >= 0
-                && o >= 0
-                && (o as u64)
-                    .checked_add(local[d] as u64)
-                    .is_some_and(|end| end <= g as u64);
-            ctx.ensure(fits, || {
-                format!(
-                    "the block of shape {local:?} at `offset` {} does not fit in `global_shape` {} (dim {d})",
-                    text(&offset),
-                    text(&global)
-                )
-            })?;
-        }
+        let global = &block.global_shape;
         let mut global_strides = vec![1u64; local.len()];
         for d in (0..local.len().saturating_sub(1)).rev() {
             global_strides[d] = global_strides[d + 1].wrapping_mul(global[d + 1] as u64);
         }
         Ok(Some(DropoutBlock {
             local: local.to_vec(),
-            offset: offset.iter().map(|&o| o as u64).collect(),
+            offset: block.offset.iter().map(|&o| o as u64).collect(),
             global_strides,
         }))
     }

@@ -5,6 +5,7 @@ use crate::real::{Elem, Real};
 use crate::util::{
     chunk_of, for_chunks, index_tensor, strides, with_any, Ctx, KResult, ELEMWISE_CHUNK,
 };
+use shardc_ir::block::Block;
 use shardc_runtime::{Arg, Tensor};
 
 /// Edge of the square tiles a transposing copy works in.
@@ -408,7 +409,9 @@ pub(crate) fn split(ctx: &Ctx<'_>, inputs: &[Arg<'_>], outputs: &mut [Tensor]) -
     })
 }
 
-/// `Gather(params, indices, axis)`.
+/// `Gather(params, indices, axis)`. With `global_shape` and `offset` ([`Block`]), `params` is
+/// a block of a table split along `axis`: indices are checked against the whole table, and
+/// rows outside the block give zeros.
 pub(crate) fn gather(ctx: &Ctx<'_>, inputs: &[Arg<'_>], outputs: &mut [Tensor]) -> KResult {
     let params = ctx.tensor(inputs, 0)?;
     let (si, idx) = index_tensor(ctx, inputs, 1)?;
@@ -420,10 +423,13 @@ pub(crate) fn gather(ctx: &Ctx<'_>, inputs: &[Arg<'_>], outputs: &mut [Tensor]) 
     };
     let axis = ctx.axis(axis, rank)?;
     let dim = params.shape[axis];
+    // A block of a table split along `axis` holds rows `lo..lo + dim` of `global`.
+    let block = Block::of(&ctx.node.attrs, &params.shape).map_err(|e| ctx.err(e))?;
+    let (global, lo) = Block::along(block.as_ref(), axis, dim);
     for i in 0..idx.len() {
         let v = idx.get(i);
-        ctx.ensure(v >= 0 && (v as usize) < dim, || {
-            format!("index {v} (position {i}) is out of range for dim {axis} of size {dim}")
+        ctx.ensure(v >= 0 && (v as usize) < global, || {
+            format!("index {v} (position {i}) is out of range for dim {axis} of size {global}")
         })?;
     }
     let mut expected = params.shape[..axis].to_vec();
@@ -445,15 +451,23 @@ pub(crate) fn gather(ctx: &Ctx<'_>, inputs: &[Arg<'_>], outputs: &mut [Tensor]) 
             for (ri, orow) in oc.chunks_mut(inner).enumerate() {
                 let r = ci * chunk / inner + ri;
                 let (outer, j) = (r / n, r % n);
-                let src = (outer * dim + idx.get(j) as usize) * inner;
-                orow.copy_from_slice(&pv[src..src + inner]);
+                match (idx.get(j) as usize).checked_sub(lo).filter(|&k| k < dim) {
+                    Some(k) => {
+                        let src = (outer * dim + k) * inner;
+                        orow.copy_from_slice(&pv[src..src + inner]);
+                    }
+                    // A row another block of the table holds.
+                    None => orow.fill(<T as Elem>::zero()),
+                }
             }
         });
         Ok(())
     })
 }
 
-/// `UnsortedSegmentSum(x, segment_ids, num_segments)`: negative ids are dropped.
+/// `UnsortedSegmentSum(x, segment_ids, num_segments)`: negative ids are dropped. With
+/// `global_shape` and `offset` ([`Block`]), the result is a block of segments: ids are checked
+/// against the global count, and those outside the block are skipped.
 pub(crate) fn unsorted_segment_sum<T: Real>(
     ctx: &Ctx<'_>,
     inputs: &[Arg<'_>],
@@ -467,17 +481,21 @@ pub(crate) fn unsorted_segment_sum<T: Real>(
     ctx.ensure(sids.len() <= sx.len() && sx[..sids.len()] == *sids, || {
         format!("segment_ids shape {sids:?} is not a prefix of x's shape {sx:?}")
     })?;
-    for i in 0..ids.len() {
-        let v = ids.get(i);
-        ctx.ensure(v < num as i64, || {
-            format!("segment id {v} (position {i}) is not below num_segments {num}")
-        })?;
-    }
     let inner: usize = sx[sids.len()..].iter().product();
     let mut expected = vec![num];
     expected.extend_from_slice(&sx[sids.len()..]);
     let out_shape = ctx.out_shape(outputs, 0)?;
     ctx.check_shape("the result", &out_shape, &expected)?;
+    // A block of a result split along the segments holds segments `lo..lo + num` of `global`.
+    let block = Block::of(&ctx.node.attrs, &expected).map_err(|e| ctx.err(e))?;
+    let (global, lo) = Block::along(block.as_ref(), 0, num);
+    for i in 0..ids.len() {
+        let v = ids.get(i);
+        ctx.ensure(v < global as i64, || {
+            format!("segment id {v} (position {i}) is not below num_segments {global}")
+        })?;
+    }
+    let lo = lo as i64;
     let out = ctx.out::<T>(outputs, 0)?;
     if out.is_empty() {
         return Ok(());
@@ -490,7 +508,7 @@ pub(crate) fn unsorted_segment_sum<T: Real>(
         let s0 = ci * rows_per;
         let s1 = s0 + oc.len() / inner.max(1);
         for i in 0..ids.len() {
-            let id = ids.get(i);
+            let id = ids.get(i) - lo;
             if id < s0 as i64 || id >= s1 as i64 {
                 continue;
             }

@@ -393,3 +393,116 @@ fn one_hot_on_any_axis() {
         }
     }
 }
+
+/// A block of a vocabulary-split table (`global_shape`, `offset`): rows outside the block give
+/// zeros, indices are checked against the whole table; the blocks' results sum to the lookup.
+/// UnsortedSegmentSum into a block of segments sums only the ids that fall in it.
+#[test]
+fn gather_and_segment_sum_on_blocks_sum_to_the_whole() {
+    let cpu = CpuBackend::with_threads(1);
+    let table = iota(&[6, 2]);
+    let tv = table.to_f64_vec();
+    let idx = Tensor {
+        shape: vec![4],
+        data: Data::I32(vec![5, 0, 2, 5]),
+    };
+    let block = |rows: std::ops::Range<usize>| {
+        t64(&[rows.len(), 2], tv[rows.start * 2..rows.end * 2].to_vec())
+    };
+    let mut sum = vec![0.0; 8];
+    for lo in [0usize, 3] {
+        let got = op(OpKind::Gather)
+            .t(block(lo..lo + 3))
+            .t(idx.clone())
+            .c(Const::Int(0))
+            .attr("global_shape", attr_ints(&[6, 2]))
+            .attr("offset", attr_ints(&[lo as i64, 0]))
+            .out(DType::Float64, &[4, 2])
+            .run_on(&cpu)
+            .unwrap();
+        for (k, &i) in [5usize, 0, 2, 5].iter().enumerate() {
+            let inside = (lo..lo + 3).contains(&i);
+            for j in 0..2 {
+                let v = got[0].to_f64_vec()[k * 2 + j];
+                assert_eq!(v, if inside { tv[i * 2 + j] } else { 0.0 });
+                sum[k * 2 + j] += v;
+            }
+        }
+    }
+    let whole: Vec<f64> = [5usize, 0, 2, 5]
+        .iter()
+        .flat_map(|&i| [tv[i * 2], tv[i * 2 + 1]])
+        .collect();
+    assert_eq!(sum, whole);
+    // Index 6 is outside the whole table: an error even though no block holds it.
+    let e = op(OpKind::Gather)
+        .t(block(3..6))
+        .t(Tensor {
+            shape: vec![1],
+            data: Data::I32(vec![6]),
+        })
+        .c(Const::Int(0))
+        .attr("global_shape", attr_ints(&[6, 2]))
+        .attr("offset", attr_ints(&[3, 0]))
+        .out(DType::Float64, &[1, 2])
+        .run_on(&cpu)
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("index 6") && e.to_string().contains("size 6"),
+        "{e}"
+    );
+    // A block that does not fit the table is refused.
+    let e = op(OpKind::Gather)
+        .t(block(3..6))
+        .t(idx.clone())
+        .c(Const::Int(0))
+        .attr("global_shape", attr_ints(&[6, 2]))
+        .attr("offset", attr_ints(&[4, 0]))
+        .out(DType::Float64, &[4, 2])
+        .run_on(&cpu)
+        .unwrap_err();
+    assert!(e.to_string().contains("does not fit"), "{e}");
+
+    // Segments: x (4, 2) summed by ids into 6 segments, as two blocks of 3.
+    let x = iota(&[4, 2]);
+    let xv = x.to_f64_vec();
+    let ids = Tensor {
+        shape: vec![4],
+        data: Data::I64(vec![5, 0, 5, -1]),
+    };
+    let mut whole = vec![0.0; 12];
+    for (k, &id) in [5usize, 0, 5].iter().enumerate() {
+        for j in 0..2 {
+            whole[id * 2 + j] += xv[k * 2 + j];
+        }
+    }
+    for lo in [0usize, 3] {
+        let got = op(OpKind::UnsortedSegmentSum)
+            .t(x.clone())
+            .t(ids.clone())
+            .c(Const::Int(3))
+            .attr("global_shape", attr_ints(&[6, 2]))
+            .attr("offset", attr_ints(&[lo as i64, 0]))
+            .out(DType::Float64, &[3, 2])
+            .run_on(&cpu)
+            .unwrap();
+        assert_eq!(
+            got[0].to_f64_vec(),
+            whole[lo * 2..lo * 2 + 6].to_vec(),
+            "block at {lo}"
+        );
+    }
+    let e = op(OpKind::UnsortedSegmentSum)
+        .t(x)
+        .t(Tensor {
+            shape: vec![4],
+            data: Data::I64(vec![0, 6, 1, 2]),
+        })
+        .c(Const::Int(3))
+        .attr("global_shape", attr_ints(&[6, 2]))
+        .attr("offset", attr_ints(&[3, 0]))
+        .out(DType::Float64, &[3, 2])
+        .run_on(&cpu)
+        .unwrap_err();
+    assert!(e.to_string().contains("not below num_segments 6"), "{e}");
+}

@@ -16,21 +16,26 @@ STRIDED_SCATTER(double, f64)
 STRIDED_SCATTER(int, i32)
 STRIDED_SCATTER(i64, i64)
 
-// Gather(params (pre, dim, post), indices (n)) -> (pre, n, post). An index out of range sets
-// *status to (position + 1) and writes 0.
+// Gather(params (pre, dim, post), indices (n)) -> (pre, n, post). `params` holds rows
+// [lo, lo + dim) of a table of `bound` rows (the whole table: lo = 0, bound = dim); rows it
+// does not hold give 0. An index outside [0, bound) sets *status to (position + 1) and
+// writes 0.
 #define GATHER(I_T, I_S, T, S)                                                              \
     extern "C" __global__ void gather_##I_S##_##S(const T* __restrict__ p,                  \
                                                  const I_T* __restrict__ idx,               \
                                                  T* __restrict__ y, i64 pre, i64 dim,       \
-                                                 i64 n, i64 post, int* status) {            \
+                                                 i64 n, i64 post, i64 lo, i64 bound,        \
+                                                 int* status) {                             \
         GRID_STRIDE(i, pre * n * post) {                                                    \
             i64 q = i % post, j = (i / post) % n, o = i / (post * n);                       \
             i64 k = (i64)idx[j];                                                            \
-            if (k < 0 || k >= dim) {                                                        \
+            if (k < 0 || k >= bound) {                                                      \
                 *(volatile int*)status = (int)(j + 1);                                      \
                 y[i] = (T)0;                                                                \
+            } else if (k < lo || k >= lo + dim) {                                           \
+                y[i] = (T)0;                                                                \
             } else {                                                                        \
-                y[i] = p[(o * dim + k) * post + q];                                         \
+                y[i] = p[(o * dim + (k - lo)) * post + q];                                  \
             }                                                                               \
         }                                                                                   \
     }

@@ -281,8 +281,9 @@ pub fn op_dims(g: &Graph, node: &Node) -> Result<OpDims, DimsError> {
                     }
                 })
                 .collect();
-            for l in 0..x.len() {
-                if l != 1 {
+            let training = node.attrs.bool_or("is_training", true);
+            for l in (0..x.len()).filter(|&l| l != 1) {
+                if training {
                     d.fix(
                         l,
                         format!(
@@ -290,6 +291,13 @@ pub fn op_dims(g: &Graph, node: &Node) -> Result<OpDims, DimsError> {
                              reduction across devices (split the channel dimension instead)"
                         ),
                     );
+                } else if node.op == BatchNorm {
+                    // Inference normalizes with the moving statistics: elementwise given the
+                    // per-channel vectors, and the statistics it returns are those vectors.
+                    d.uniform[l] = true;
+                } else {
+                    // dscale and dbias are sums over the batch and spatial positions.
+                    d.combine[l] = Some(ReduceOp::Sum);
                 }
             }
             d
@@ -439,28 +447,30 @@ pub fn op_dims(g: &Graph, node: &Node) -> Result<OpDims, DimsError> {
             out.extend(il);
             out.extend((axis + 1..p.len()).map(Dim::Loop));
             d.outputs = vec![out];
-            d.fix(axis, "the gathered axis of the table needs it whole");
+            // A table split along the gathered axis (a vocabulary split): each part looks up
+            // the indices that fall in its rows and gives zeros for the others, so the parts'
+            // results sum to the lookup (the partition marks the local Gather with its rows).
+            d.combine[axis] = Some(ReduceOp::Sum);
             d
         }
         UnsortedSegmentSum => {
+            // loops: the segments first (so that a segment split takes the outer device axes,
+            // as the table's rows do in the Gather whose gradient this is), then x's dims.
             let x = in_shape(0)?;
             let ids = in_shape(1)?;
-            let mut sizes = x.clone();
-            sizes.push(out0[0]);
-            let seg = x.len();
+            let mut sizes = vec![out0[0]];
+            sizes.extend(&x);
             let mut d = OpDims::with_loops(sizes);
-            d.inputs = vec![
-                Some(OpDims::identity(x.len())),
-                Some(OpDims::identity(ids.len())),
-                None,
-            ];
-            let mut out = vec![Dim::Loop(seg)];
-            out.extend((ids.len()..x.len()).map(Dim::Loop));
+            let x_dims = |n: usize| -> Vec<Dim> { (1..=n).map(Dim::Loop).collect() };
+            d.inputs = vec![Some(x_dims(x.len())), Some(x_dims(ids.len())), None];
+            let mut out = vec![Dim::Loop(0)];
+            out.extend((ids.len()..x.len()).map(|k| Dim::Loop(k + 1)));
             d.outputs = vec![out];
-            for l in 0..ids.len() {
+            for l in 1..=ids.len() {
                 d.combine[l] = Some(ReduceOp::Sum);
             }
-            d.fix(seg, "the segment dimension is created by the op");
+            // A split segment dimension (through the out strategy): each part sums the rows
+            // whose ids fall in its segments (the partition marks the local op with them).
             d
         }
         Concat | Split => {

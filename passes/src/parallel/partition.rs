@@ -499,6 +499,16 @@ impl RankBuilder<'_> {
     }
 }
 
+/// Marks a local op with the block of `layout` this rank holds: `global_shape` (the logical
+/// shape) and `offset` (the block's first index per dimension): see [`shardc_ir::block`].
+fn mark_block(node: &mut Node, layout: &TensorLayout, rank: usize) {
+    shardc_ir::block::Block {
+        global_shape: layout.tensor_shape.clone(),
+        offset: layout.block(rank).iter().map(|r| r.start).collect(),
+    }
+    .set_on(&mut node.attrs);
+}
+
 fn localize(node: &mut Node, d: &Decision, rank: usize) {
     let out_local = d
         .sharding
@@ -532,13 +542,41 @@ fn localize(node: &mut Node, d: &Decision, rank: usize) {
                 node.inputs[2] = shape_const(&out_local);
             }
         }
+        OpKind::Gather => {
+            // A table split along the gathered axis: this rank holds rows `offset[axis]..`; the
+            // kernel checks indices against the global table and gives zeros for rows it
+            // does not hold.
+            let axis = node
+                .inputs
+                .get(2)
+                .and_then(Operand::as_const)
+                .and_then(Const::as_int)
+                .unwrap_or(0);
+            if let Some(table) = d.sharding.inputs.first().cloned().flatten() {
+                let rank_of_table = table.tensor_shape.len();
+                let axis = infer::normalize_axis(axis, rank_of_table).unwrap_or(0);
+                if table.splits().get(axis).copied().unwrap_or(1) > 1 {
+                    mark_block(node, &table, rank);
+                }
+            }
+        }
+        OpKind::UnsortedSegmentSum => {
+            // A split segment dimension: this rank sums segments `offset[0]..` only.
+            if let Some(out) = d.sharding.outputs.first() {
+                if out.splits().first().copied().unwrap_or(1) > 1 {
+                    mark_block(node, out, rank);
+                    if let Some(&n) = out_local.first() {
+                        if node.inputs.len() > 2 {
+                            node.inputs[2] = Operand::Const(Const::Int(n as i64));
+                        }
+                    }
+                }
+            }
+        }
         OpKind::Dropout => {
             if let Some(l) = d.sharding.outputs.first() {
                 if l.splits().iter().any(|&s| s > 1) {
-                    let g: Vec<i64> = l.tensor_shape.iter().map(|&x| x as i64).collect();
-                    let off: Vec<i64> = l.block(rank).iter().map(|r| r.start as i64).collect();
-                    node.attrs.set("global_shape", Attr::ints(&g));
-                    node.attrs.set("offset", Attr::ints(&off));
+                    mark_block(node, l, rank);
                 }
             }
         }
@@ -666,7 +704,11 @@ pub fn rank_graph_with(
             instance: node.instance.clone(),
             scope: node.scope.clone(),
             in_strategy: Some(d.sharding.strategy.clone()),
-            out_strategy: node.out_strategy.clone(),
+            out_strategy: d
+                .sharding
+                .out_strategy
+                .clone()
+                .or_else(|| node.out_strategy.clone()),
             comments: node.comments.clone(),
         };
         n.comments.push(edges.sources[i].clone());

@@ -11,7 +11,7 @@
 
 use super::dims::{op_dims, Dim, OpDims};
 use super::ParallelError;
-use shardc_ir::{Graph, Node, ReduceOp, Strategy, TensorLayout};
+use shardc_ir::{Graph, Node, OpKind, ReduceOp, Strategy, TensorLayout};
 
 /// What one op does under one strategy.
 #[derive(Clone, Debug, PartialEq)]
@@ -28,6 +28,10 @@ pub struct OpSharding {
     pub outputs: Vec<TensorLayout>,
     /// Multiply every result by this after the local op (a mean over a split loop), if any.
     pub scale: Option<f64>,
+    /// The results' strategy (one tuple per result) when the op splits a loop that no input
+    /// carries — UnsortedSegmentSum's segments, chosen by its `out_strategy`; `None` when it
+    /// splits none.
+    pub out_strategy: Option<Strategy>,
 }
 
 fn node_name(node: &Node) -> String {
@@ -75,12 +79,80 @@ pub fn sharding(
     sharding_with(g, node, &dims, strategy, device_num)
 }
 
-/// As [`sharding`], with the loop view already computed.
+/// As [`sharding`], with the loop view already computed. Loops that no input carries take
+/// their split from the node's `out_strategy`.
 pub fn sharding_with(
     g: &Graph,
     node: &Node,
     dims: &OpDims,
     strategy: &Strategy,
+    device_num: usize,
+) -> Result<OpSharding, ParallelError> {
+    sharding_in_out(
+        g,
+        node,
+        dims,
+        strategy,
+        node.out_strategy.as_ref(),
+        device_num,
+    )
+}
+
+/// The sharding that splits loop `l` by `splits[l]` (a candidate of a search), with the
+/// strategy and, when a loop no input carries is split, the out strategy that say so.
+pub fn sharding_of_loops(
+    g: &Graph,
+    node: &Node,
+    dims: &OpDims,
+    splits: &[usize],
+    device_num: usize,
+) -> Result<OpSharding, ParallelError> {
+    let strategy = strategy_from_loops(g, node, dims, splits);
+    let out = out_strategy_from_loops(dims, splits);
+    sharding_in_out(g, node, dims, &strategy, out.as_ref(), device_num)
+}
+
+/// The loops that some result carries and no input does (created by the op).
+fn output_only_loops(dims: &OpDims) -> Vec<usize> {
+    (0..dims.loop_sizes.len())
+        .filter(|&l| {
+            !dims
+                .inputs
+                .iter()
+                .flatten()
+                .any(|ds| ds.contains(&Dim::Loop(l)))
+                && dims.outputs.iter().any(|ds| ds.contains(&Dim::Loop(l)))
+        })
+        .collect()
+}
+
+/// The out strategy that splits the output-only loops as `splits` says, or `None` when none
+/// of them is split.
+pub fn out_strategy_from_loops(dims: &OpDims, splits: &[usize]) -> Option<Strategy> {
+    if !output_only_loops(dims).iter().any(|&l| splits[l] > 1) {
+        return None;
+    }
+    Some(Strategy(
+        dims.outputs
+            .iter()
+            .map(|ds| {
+                ds.iter()
+                    .map(|d| match d {
+                        Dim::Loop(l) => splits[*l] as i64,
+                        Dim::Whole => 1,
+                    })
+                    .collect()
+            })
+            .collect(),
+    ))
+}
+
+fn sharding_in_out(
+    g: &Graph,
+    node: &Node,
+    dims: &OpDims,
+    strategy: &Strategy,
+    out_strategy: Option<&Strategy>,
     device_num: usize,
 ) -> Result<OpSharding, ParallelError> {
     let bad = |reason: String| invalid(node, strategy, reason);
@@ -158,6 +230,67 @@ pub fn sharding_with(
                     }
                     Some(_) => {}
                 },
+            }
+        }
+    }
+    // Loops no input carries: from the out strategy (ignored by ops that have none).
+    let output_only = output_only_loops(dims);
+    let mut splits_out = false;
+    if let (false, Some(out)) = (output_only.is_empty(), out_strategy) {
+        let bad_out = |reason: String| bad(format!("out_strategy {out}: {reason}"));
+        if out.0.len() != dims.outputs.len() {
+            return Err(bad_out(format!(
+                "it has {} tuple(s) but the op has {} result(s)",
+                out.0.len(),
+                dims.outputs.len()
+            )));
+        }
+        for (o, (ds, t)) in dims.outputs.iter().zip(&out.0).enumerate() {
+            if t.len() != ds.len() {
+                return Err(bad_out(format!(
+                    "result {o} has rank {} but its tuple has {} entries",
+                    ds.len(),
+                    t.len()
+                )));
+            }
+            for (j, (d, &split)) in ds.iter().zip(t).enumerate() {
+                if split < 1 {
+                    return Err(bad_out(format!(
+                        "result {o} dimension {j} has split {split}; a split count must be >= 1"
+                    )));
+                }
+                let split = split as usize;
+                match *d {
+                    Dim::Loop(l) if output_only.contains(&l) => {
+                        if let (Some(why), true) = (&dims.fixed[l], split > 1) {
+                            return Err(bad_out(format!(
+                                "result {o} dimension {j} cannot be split: {why}"
+                            )));
+                        }
+                        match loop_split[l] {
+                            Some((s0, _, _)) if s0 != split => {
+                                return Err(bad_out(format!(
+                                    "result {o} dimension {j} is split {split} but another \
+                                     result splits the same dimension {s0}"
+                                )))
+                            }
+                            _ => loop_split[l] = Some((split, o, j)),
+                        }
+                        splits_out |= split > 1;
+                    }
+                    _ => {
+                        let from_inputs = match *d {
+                            Dim::Loop(l) => loop_split[l].map_or(1, |(v, _, _)| v),
+                            Dim::Whole => 1,
+                        };
+                        if split != from_inputs {
+                            return Err(bad_out(format!(
+                                "result {o} dimension {j} is split {split} but the input \
+                                 strategy splits it {from_inputs}"
+                            )));
+                        }
+                    }
+                }
             }
         }
     }
@@ -270,6 +403,7 @@ pub fn sharding_with(
         inputs,
         outputs,
         scale: (mean_div > 1).then(|| 1.0 / mean_div as f64),
+        out_strategy: splits_out.then(|| out_strategy.cloned()).flatten(),
     })
 }
 
@@ -324,18 +458,20 @@ pub fn loop_admits(g: &Graph, node: &Node, dims: &OpDims, l: usize, s: usize) ->
             .zip(&t.shape)
             .all(|(d, &n)| *d != Dim::Loop(l) || n % s == 0)
     });
-    // A loop that no input carries is created by the op: keep it whole.
-    let in_some_input = dims
+    // A loop that no tensor carries cannot be split (a loop only results carry is split
+    // through the out strategy).
+    let carried = dims
         .inputs
         .iter()
         .flatten()
+        .chain(&dims.outputs)
         .any(|ds| ds.contains(&Dim::Loop(l)));
-    ins_ok && outs_ok && in_some_input
+    ins_ok && outs_ok && carried
 }
 
-/// The semi-auto default for an unannotated op: split the batch (loop 0) over as many devices
-/// as divide it (all of them when possible); an op whose batch cannot be split runs whole on
-/// every device.
+/// The semi-auto default for an unannotated op: split the batch (loop 0; for Gather the
+/// indices' first dimension, for UnsortedSegmentSum x's) over as many devices as divide it
+/// (all of them when possible); an op whose batch cannot be split runs whole on every device.
 pub fn default_strategy(
     g: &Graph,
     node: &Node,
@@ -343,12 +479,27 @@ pub fn default_strategy(
 ) -> Result<Strategy, ParallelError> {
     let dims = dims_of(g, node)?;
     let mut splits = vec![1usize; dims.loop_sizes.len()];
-    if !splits.is_empty() {
+    // The batch loop: loop 0, but for the ops that number the loops of a weight or of their
+    // result first, the loop of their data's first dimension: Gather's indices (the table's
+    // rows are split only when the user asks) and UnsortedSegmentSum's x.
+    let data = match node.op {
+        OpKind::Gather => Some(1),
+        OpKind::UnsortedSegmentSum => Some(0),
+        _ => None,
+    };
+    let batch = match data {
+        None => Some(0),
+        Some(k) => match dims.inputs.get(k).cloned().flatten().as_deref() {
+            Some([Dim::Loop(l), ..]) => Some(*l),
+            _ => None,
+        },
+    };
+    if let Some(b) = batch.filter(|&b| b < splits.len()) {
         let mut s = device_num;
-        while s > 1 && !loop_admits(g, node, &dims, 0, s) {
+        while s > 1 && !loop_admits(g, node, &dims, b, s) {
             s = (1..s).rev().find(|d| device_num % d == 0).unwrap_or(1);
         }
-        splits[0] = s;
+        splits[b] = s;
     }
     Ok(strategy_from_loops(g, node, &dims, &splits))
 }

@@ -18,7 +18,7 @@
 //! candidates that were weighed, for the dumps and `shardc explain`.
 
 use super::redistribute::plan;
-use super::rules::{self, candidates, dims_of, sharding, sharding_with, OpSharding};
+use super::rules::{self, candidates, dims_of, sharding, OpSharding};
 use super::search::{self, problem::Problem, SearchReport};
 use super::{DatasetLayout, Mode, ParallelError, ParallelOptions, SearchMode};
 use shardc_ir::{
@@ -107,6 +107,8 @@ pub struct Decision {
 pub struct Candidate {
     /// The strategy.
     pub strategy: Strategy,
+    /// The out strategy, when it splits a loop no input carries.
+    pub out_strategy: Option<Strategy>,
     /// Redistribution to and from the settled neighbours (bytes sent per rank, plus a latency
     /// term per collective).
     pub communication: f64,
@@ -283,9 +285,22 @@ impl<'g> State<'g> {
             }
         }
         for (u, j, k) in self.value_users(n) {
-            if let Some(d) = &self.decisions[u.index()] {
-                if let (Some(want), Some(have)) = (d.sharding.inputs[j].as_ref(), c.outputs.get(k))
-                {
+            // A weight's update whose weight is laid out already will follow it: its layouts
+            // are known before it is settled (a gradient pays for reaching its weight's layout).
+            let user = self.g.node(u);
+            let followed = match &self.decisions[u.index()] {
+                Some(_) => None,
+                None => self
+                    .updated_weight(user)
+                    .and_then(|w| self.params[w].as_ref())
+                    .map(|l| follow_weight(self.g, user, l)),
+            };
+            let sharding = self.decisions[u.index()]
+                .as_ref()
+                .map(|d| &d.sharding)
+                .or(followed.as_ref());
+            if let Some(sh) = sharding {
+                if let (Some(want), Some(have)) = (sh.inputs[j].as_ref(), c.outputs.get(k)) {
                     cost += self.plan_cost(have, want);
                     let who = self.g.node(u).instance.clone();
                     if !from.contains(&who) {
@@ -312,15 +327,17 @@ impl<'g> State<'g> {
         let mut best: Option<(f64, OpSharding, Vec<String>)> = None;
         let mut weighed = Vec::with_capacity(cands.len());
         for splits in cands {
-            let s = rules::strategy_from_loops(self.g, node, &dims, &splits);
-            let Ok(c) = sharding_with(self.g, node, &dims, &s, self.opts.device_num) else {
+            let Ok(c) =
+                rules::sharding_of_loops(self.g, node, &dims, &splits, self.opts.device_num)
+            else {
                 continue;
             };
             let mut from = Vec::new();
             let (communication, compute) = self.cost(n, &c, &mut from);
             let cost = communication + compute;
             weighed.push(Candidate {
-                strategy: s,
+                strategy: c.strategy.clone(),
+                out_strategy: c.out_strategy.clone(),
                 communication,
                 compute,
                 memory: 0.0,
@@ -399,6 +416,7 @@ fn follow_weight(g: &Graph, node: &Node, w: &TensorLayout) -> OpSharding {
         inputs,
         outputs,
         scale: None,
+        out_strategy: None,
     }
 }
 
@@ -566,7 +584,7 @@ pub fn assign(g: &Graph, opts: &ParallelOptions) -> Result<Assignment, ParallelE
         for (k, (sh, weighed)) in found.shardings.into_iter().zip(found.weighed).enumerate() {
             let own = weighed
                 .iter()
-                .find(|c| c.strategy == sh.strategy)
+                .find(|c| c.strategy == sh.strategy && c.out_strategy == sh.out_strategy)
                 .map_or(0.0, |c| c.compute + c.communication);
             let source = if problem.fixed[k].is_some() {
                 Source::User

@@ -5,6 +5,7 @@
 use super::{host, suffix, Lowered, OpCall, Val};
 use crate::error::CudaResult;
 use crate::kernels::{contiguous_strides, DevPtr, KernelArg, Strided};
+use shardc_ir::block::Block;
 use shardc_ir::{DType, TensorType};
 use KernelArg::{Ptr, F64, I64};
 
@@ -233,6 +234,9 @@ pub(super) fn gather(call: &OpCall<'_>) -> CudaResult<Lowered> {
     if total == 0 {
         return Ok(Lowered::Device);
     }
+    // A block of a table split along `axis` (a vocabulary split).
+    let block = Block::of(&call.node.attrs, &tp.shape).map_err(|e| call.err(e))?;
+    let (bound, lo) = Block::along(block.as_ref(), axis, tp.shape[axis]);
     call.launch(
         &format!("gather_{is}_{s}"),
         call.grid(total),
@@ -244,6 +248,8 @@ pub(super) fn gather(call: &OpCall<'_>) -> CudaResult<Lowered> {
             I64(tp.shape[axis] as i64),
             I64(n as i64),
             I64(post as i64),
+            I64(lo as i64),
+            I64(bound as i64),
             Ptr(call.status),
         ],
     )
@@ -264,28 +270,14 @@ pub(super) fn dropout(call: &OpCall<'_>) -> CudaResult<Lowered> {
         return Err(call.err(format!("keep_prob must be in (0, 1], got {keep}")));
     }
     let key = shardc_ir::dropout::key(a.int_or("seed0", 0), a.int_or("seed1", 0), call.step);
-    let read = |k: &str| a.get(k).and_then(|v| v.as_ints());
-    let (base, st) = match (read("global_shape"), read("offset")) {
-        (None, None) => (0i64, Strided::contiguous()),
-        (Some(g), Some(o)) if g.len() == tx.shape.len() && o.len() == tx.shape.len() => {
-            let gs: Vec<usize> = g.iter().map(|&v| v.max(0) as usize).collect();
-            let gst = contiguous_strides(&gs);
-            for d in 0..gs.len() {
-                if o[d] < 0 || o[d] as usize + tx.shape[d] > gs[d] {
-                    return Err(call.err(format!(
-                        "the block of shape {:?} at `offset` {o:?} does not fit in `global_shape` {g:?} (dim {d})",
-                        tx.shape
-                    )));
-                }
-            }
-            let base = o.iter().zip(&gst).map(|(&o, &s)| o * s).sum();
+    let block = Block::of(a, &tx.shape).map_err(|e| call.err(e))?;
+    let (base, st) = match block {
+        None => (0i64, Strided::contiguous()),
+        Some(b) => {
+            let gst = contiguous_strides(&b.global_shape);
+            let base = b.offset.iter().zip(&gst).map(|(&o, &s)| o as i64 * s).sum();
             let st = or_host!(Strided::single(&tx.shape, &gst), "more than 8 dims");
             (base, st)
-        }
-        _ => {
-            return Err(call.err(
-                "attributes `global_shape` and `offset` must both be given, one entry per dim of x",
-            ))
         }
     };
     let n = tx.num_elements();

@@ -185,6 +185,7 @@ pub fn run(p: &Problem, mode: SearchMode) -> Result<Searched, ParallelError> {
                         let b = p.op_breakdown(k, s, &refs);
                         Candidate {
                             strategy: s.strategy.clone(),
+                            out_strategy: s.out_strategy.clone(),
                             communication: b.communication,
                             compute: b.compute,
                             memory: b.memory,
@@ -200,6 +201,7 @@ pub fn run(p: &Problem, mode: SearchMode) -> Result<Searched, ParallelError> {
                 let b = p.op_breakdown(k, s, &refs);
                 vec![Candidate {
                     strategy: s.strategy.clone(),
+                    out_strategy: s.out_strategy.clone(),
                     communication: b.communication,
                     compute: b.compute,
                     memory: b.memory,

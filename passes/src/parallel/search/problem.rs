@@ -18,7 +18,7 @@
 //! user of, with their optimizer state and gradient, and the results the backward pass reads.
 
 use super::super::cost::{elem_bytes, CommCost, Machine};
-use super::super::rules::{self, candidates, dims_of, sharding, sharding_with, OpSharding};
+use super::super::rules::{self, candidates, dims_of, sharding, OpSharding};
 use super::super::strategy::{is_generated, like_weight, updated_weight, MAX_SPLIT_LOOPS};
 use super::super::{ParallelError, ParallelOptions};
 use super::{CostGraph, SearchEdge, SearchNode};
@@ -401,10 +401,7 @@ impl<'g> Problem<'g> {
         }
         let out: Vec<OpSharding> = splits
             .iter()
-            .filter_map(|s| {
-                let st = rules::strategy_from_loops(self.g, node, &dims, s);
-                sharding_with(self.g, node, &dims, &st, n).ok()
-            })
+            .filter_map(|s| rules::sharding_of_loops(self.g, node, &dims, s, n).ok())
             .collect();
         if out.is_empty() {
             return Err(ParallelError::NoRule {

@@ -23,7 +23,7 @@
 //! its step time to its memory and doubles (at most [`MEMORY_ROUNDS`] times) until a result
 //! fits.
 
-use super::super::rules::{loop_admits, strategy_from_loops, OpSharding};
+use super::super::rules::{loop_admits, OpSharding};
 use super::super::ParallelError;
 use super::problem::Problem;
 use super::{check_memory_feasible, CostGraph, SearchError};
@@ -63,10 +63,7 @@ fn search_with(p: &Problem, lambda: f64) -> Result<Vec<OpSharding>, ParallelErro
         let node = g.node(p.ops[k]);
         cur.push(match &p.fixed[k] {
             Some(f) => f.clone(),
-            None => {
-                let s = strategy_from_loops(g, node, &dims[k], &splits[k]);
-                super::super::rules::sharding_with(g, node, &dims[k], &s, n)?
-            }
+            None => super::super::rules::sharding_of_loops(g, node, &dims[k], &splits[k], n)?,
         });
     }
     let weight: Vec<f64> = (0..count).map(|k| p.compute_seconds(k, &cur[k])).collect();
@@ -97,8 +94,7 @@ fn search_with(p: &Problem, lambda: f64) -> Result<Vec<OpSharding>, ParallelErro
                     }
                     let mut sp = splits[k].clone();
                     sp[l] = want;
-                    let st = strategy_from_loops(g, node, &dims[k], &sp);
-                    let Ok(s) = super::super::rules::sharding_with(g, node, &dims[k], &st, n)
+                    let Ok(s) = super::super::rules::sharding_of_loops(g, node, &dims[k], &sp, n)
                     else {
                         continue;
                     };
