@@ -547,15 +547,16 @@ fn cases() -> Vec<Case> {
             ],
         },
         Case {
-            name: "conv2d_spatial_dim",
+            // A split of the input's rows splits the output's rows (6 with a valid 3x3 window).
+            name: "conv2d_output_rows_not_divisible",
             params: &["x: F32 (16, 4, 8, 8)", "w: W (8, 4, 3, 3)"],
-            body: "  %1(out) = Conv2D(%para1_x, %para2_w) {instance name: conv2d} primitive_attrs: {out_channel: 8, kernel_size: (3, 3), pad_mode: valid, in_strategy: ((1, 1, 2, 1), (1, 1, 1, 1))}",
+            body: "  %1(out) = Conv2D(%para1_x, %para2_w) {instance name: conv2d} primitive_attrs: {out_channel: 8, kernel_size: (3, 3), pad_mode: valid, in_strategy: ((1, 1, 4, 1), (1, 1, 1, 1))}",
             device_num: 8,
             data: Data::Parallel,
             kind: Kind::Strategy,
             expect: &[
                 "Conv2D 'conv2d'",
-                "input 0 dimension 2 cannot be split",
+                "result 0 dimension 2 of size 6 is not divisible by 4",
             ],
         },
         Case {
@@ -898,21 +899,6 @@ fn known_failures() -> Vec<Case> {
                 "MaxPool 'max_pool'",
                 "input 0 dimension 3 cannot be split",
                 "dimension 3 is spatial: a window would cross the split",
-            ],
-        },
-        // Today: "input 0 dimension 2 cannot be split (Conv2D needs it whole), strategy has 2":
-        // no reason. It should say the dimension is spatial, as MaxPool's table entry does.
-        Case {
-            name: "conv2d_spatial_dim_reason",
-            params: &["x: F32 (16, 4, 8, 8)", "w: W (8, 4, 3, 3)"],
-            body: "  %1(out) = Conv2D(%para1_x, %para2_w) {instance name: conv2d} primitive_attrs: {out_channel: 8, kernel_size: (3, 3), pad_mode: valid, in_strategy: ((1, 1, 2, 1), (1, 1, 1, 1))}",
-            device_num: 8,
-            data: Data::Parallel,
-            kind: Kind::Strategy,
-            expect: &[
-                "Conv2D 'conv2d'",
-                "input 0 dimension 2 cannot be split",
-                "dimension 2 is spatial: a window would cross the split",
             ],
         },
         // Today: "input 0 dimension 1 cannot be split (Concat needs it whole), strategy has 2";

@@ -150,25 +150,70 @@ fn attention(rng: &mut ChaCha8Rng, batch: usize) -> Result<Graph, BuildError> {
     )
 }
 
+/// A conv block: its sizes and choices.
+#[derive(Clone, Copy)]
+struct ConvBlock {
+    cin: usize,
+    cout: usize,
+    hw: usize,
+    /// 0: none, 1: MaxPool 2x2, 2: AvgPool 2x2 (when the side is even).
+    pool: usize,
+    classes: usize,
+    bn: bool,
+    frozen_bn: bool,
+    /// The window: 0 padded, 1 `same` with stride 2, 2 `valid`, 3 dilated.
+    window: usize,
+}
+
 fn conv(rng: &mut ChaCha8Rng, batch: usize) -> Result<Graph, BuildError> {
-    let cin = *pick(rng, &[1usize, 2, 4]);
-    let cout = *pick(rng, &[2usize, 4, 8]);
-    let hw = *pick(rng, &[4usize, 6, 8]);
-    let pool = rng.random_range(0..3);
-    let classes = *pick(rng, &[4usize, 8]);
-    let bn = rng.random_bool(0.4);
-    let frozen_bn = rng.random_bool(0.5);
+    let c = ConvBlock {
+        cin: *pick(rng, &[1usize, 2, 4]),
+        cout: *pick(rng, &[2usize, 4, 8]),
+        hw: *pick(rng, &[4usize, 6, 8]),
+        pool: rng.random_range(0..3),
+        classes: *pick(rng, &[4usize, 8]),
+        bn: rng.random_bool(0.4),
+        frozen_bn: rng.random_bool(0.5),
+        window: rng.random_range(0..4),
+    };
+    conv_with(c, batch)
+}
+
+fn conv_with(c: ConvBlock, batch: usize) -> Result<Graph, BuildError> {
+    let ConvBlock {
+        cin,
+        cout,
+        hw,
+        pool,
+        classes,
+        bn,
+        frozen_bn,
+        window,
+    } = c;
+    let conv_side = match window {
+        1 => hw.div_ceil(2),
+        2 => hw - 2,
+        _ => hw,
+    };
     let net = FnCell::new("ConvNet", move |b: &mut GraphBuilder, x: Value| {
         let w = b.weight("conv_w", DT, &[cout, cin, 3, 3], init::normal(0.2))?;
-        let y = b.op(
-            OpKind::Conv2D,
-            &[x.into(), w.into()],
-            Attrs::new()
-                .with("out_channel", Attr::Int(cout as i64))
-                .with("kernel_size", Attr::ints(&[3, 3]))
+        let attrs = Attrs::new()
+            .with("out_channel", Attr::Int(cout as i64))
+            .with("kernel_size", Attr::ints(&[3, 3]));
+        let attrs = match window {
+            0 => attrs
                 .with("pad_mode", Attr::Str("pad".into()))
                 .with("pad", Attr::ints(&[1, 1, 1, 1])),
-        )?;
+            1 => attrs
+                .with("pad_mode", Attr::Str("same".into()))
+                .with("stride", Attr::ints(&[2, 2])),
+            2 => attrs.with("pad_mode", Attr::Str("valid".into())),
+            _ => attrs
+                .with("pad_mode", Attr::Str("pad".into()))
+                .with("pad", Attr::ints(&[2, 2, 2, 2]))
+                .with("dilation", Attr::ints(&[2, 2])),
+        };
+        let y = b.op(OpKind::Conv2D, &[x.into(), w.into()], attrs)?;
         let bias = b.weight("conv_b", DT, &[cout], init::normal(0.1))?;
         let y = b.bias_add(y, bias)?;
         let y = if bn {
@@ -184,7 +229,8 @@ fn conv(rng: &mut ChaCha8Rng, batch: usize) -> Result<Graph, BuildError> {
         };
         let y = b.relu(y)?;
         let (y, side) = match pool {
-            0 => (y, hw),
+            // A 2x2 pool needs an even side.
+            k if k == 0 || conv_side % 2 == 1 => (y, conv_side),
             k => {
                 let op = if k == 1 {
                     OpKind::MaxPool
@@ -199,7 +245,7 @@ fn conv(rng: &mut ChaCha8Rng, batch: usize) -> Result<Graph, BuildError> {
                         .with("strides", Attr::ints(&[2, 2]))
                         .with("pad_mode", Attr::Str("valid".into())),
                 )?;
-                (p, hw / 2)
+                (p, conv_side / 2)
             }
         };
         let flat = b.reshape(y, &[batch as i64, (cout * side * side) as i64])?;
@@ -289,12 +335,21 @@ struct Reached {
     segment_split: bool,
     /// A frozen (inference-mode) BatchNorm with its batch split.
     frozen_bn_batch_split: bool,
+    /// A Conv2D whose output rows or columns are split (it reads a window of its input).
+    conv_spatial_split: bool,
+    /// A convolution gradient whose dy rows or columns are split.
+    conv_grad_spatial_split: bool,
 }
 
 fn reached(rank0: &Graph) -> Reached {
     let mut r = Reached::default();
     for n in &rank0.nodes {
         let marked = n.attrs.get("offset").is_some();
+        let spatial = n
+            .in_strategy
+            .as_ref()
+            .and_then(|s| s.0.first())
+            .is_some_and(|x| x.iter().skip(2).any(|&s| s > 1));
         match n.op {
             OpKind::Gather => r.vocab_split |= marked,
             OpKind::UnsortedSegmentSum => r.segment_split |= marked,
@@ -304,6 +359,10 @@ fn reached(rank0: &Graph) -> Reached {
                     .as_ref()
                     .and_then(|s| s.0.first())
                     .is_some_and(|x| x.first().is_some_and(|&b| b > 1));
+            }
+            OpKind::Conv2D => r.conv_spatial_split |= spatial,
+            OpKind::Conv2DBackpropInput | OpKind::Conv2DBackpropFilter => {
+                r.conv_grad_spatial_split |= spatial
             }
             _ => {}
         }
@@ -350,6 +409,38 @@ fn run_case(seed: u64) -> Result<Reached, String> {
         search.name(),
         notes.join("; ")
     );
+    let case = Case {
+        seed,
+        device_num,
+        mode,
+        dataset,
+        alltoall,
+        search,
+    };
+    check_case(&what, model, annotated, &case)
+}
+
+/// How one case compiles.
+struct Case {
+    seed: u64,
+    device_num: usize,
+    mode: Mode,
+    dataset: DatasetLayout,
+    alltoall: bool,
+    search: SearchMode,
+}
+
+/// Compiles `model` on one device and `annotated` on `case.device_num`, trains both
+/// [`STEPS`] steps on the same data and compares losses and weights.
+fn check_case(what: &str, model: Graph, annotated: Graph, case: &Case) -> Result<Reached, String> {
+    let Case {
+        seed,
+        device_num,
+        mode,
+        ref dataset,
+        alltoall,
+        search,
+    } = *case;
     let opt = Momentum::new(0.1, 0.9).to_spec();
     let single = compile(
         model,
@@ -367,7 +458,7 @@ fn run_case(seed: u64) -> Result<Reached, String> {
             parallel: Some(ParallelOptions {
                 mode,
                 device_num,
-                dataset,
+                dataset: dataset.clone(),
                 gradients_mean: true,
                 enable_alltoall: alltoall,
                 search: SearchOptions {
@@ -457,13 +548,15 @@ fn distributed_equals_single_device_on_random_models_and_strategies() {
         None => (0..CASES).collect(),
     };
     let mut failures = Vec::new();
-    let (mut vocab, mut segment, mut frozen_bn) = (0, 0, 0);
+    let (mut vocab, mut segment, mut frozen_bn, mut conv, mut conv_grad) = (0, 0, 0, 0, 0);
     for seed in seeds {
         match run_case(seed) {
             Ok(r) => {
                 vocab += r.vocab_split as usize;
                 segment += r.segment_split as usize;
                 frozen_bn += r.frozen_bn_batch_split as usize;
+                conv += r.conv_spatial_split as usize;
+                conv_grad += r.conv_grad_spatial_split as usize;
             }
             Err(e) => failures.push(e),
         }
@@ -476,13 +569,19 @@ fn distributed_equals_single_device_on_random_models_and_strategies() {
     );
     eprintln!(
         "cases with a vocabulary-split Gather: {vocab}, a segment-split UnsortedSegmentSum: \
-         {segment}, a frozen BatchNorm with its batch split: {frozen_bn}"
+         {segment}, a frozen BatchNorm with its batch split: {frozen_bn}, a Conv2D with split \
+         rows or columns: {conv}, a convolution gradient with split rows or columns: {conv_grad}"
     );
     if only.is_none() {
         for (what, n) in [
             ("a vocabulary-split Gather", vocab),
             ("a segment-split UnsortedSegmentSum", segment),
             ("a frozen BatchNorm with its batch split", frozen_bn),
+            ("a Conv2D with split rows or columns", conv),
+            (
+                "a convolution gradient with split rows or columns",
+                conv_grad,
+            ),
         ] {
             assert!(n >= 3, "only {n} cases reach {what}");
         }
@@ -574,4 +673,56 @@ fn gradients_mean_false_sums_the_replicas_gradients() {
             );
         }
     }
+}
+
+/// Conv2D with its output rows, columns or both split (every rank reads the window of the
+/// input its block needs, with that window's padding), for every kind of window: padded,
+/// `same` with stride 2, `valid`, dilated; followed by a pool or not, on 4 devices.
+#[test]
+fn convolutions_with_split_rows_and_columns_equal_the_single_device() {
+    let mut failures = Vec::new();
+    let mut n = 0;
+    for window in 0..4 {
+        // A `valid` window gives 6 rows, which 4 does not divide.
+        let rows = if window == 2 { 2 } else { 4 };
+        for (k, split) in [[1i64, 1, 2, 2], [1, 1, rows, 1], [1, 1, 1, 2], [2, 1, 2, 1]]
+            .iter()
+            .enumerate()
+        {
+            let block = ConvBlock {
+                cin: 2,
+                cout: 4,
+                hw: 8,
+                pool: k % 3,
+                classes: 4,
+                bn: k == 3,
+                frozen_bn: false,
+                window,
+            };
+            let model = conv_with(block, 4).unwrap();
+            let mut annotated = model.clone();
+            let conv = annotated
+                .nodes
+                .iter_mut()
+                .find(|n| n.op == OpKind::Conv2D)
+                .unwrap();
+            conv.in_strategy = Some(Strategy(vec![split.to_vec(), vec![1, 1, 1, 1]]));
+            let what = format!("window {window}, Conv2D in_strategy {split:?}");
+            let case = Case {
+                seed: 100 + n,
+                device_num: 4,
+                mode: Mode::SemiAutoParallel,
+                dataset: DatasetLayout::DataParallel,
+                alltoall: false,
+                search: SearchMode::ShardingPropagation,
+            };
+            n += 1;
+            match check_case(&what, model, annotated, &case) {
+                Ok(r) if r.conv_spatial_split => {}
+                Ok(_) => failures.push(format!("{what}: the rank graph has no split Conv2D")),
+                Err(e) => failures.push(e),
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -16,6 +16,21 @@ pub enum Dim {
     Loop(usize),
     /// The dimension must stay whole (a broadcast size-1 dimension, or one the op needs whole).
     Whole,
+    /// An input dimension read through windows that follow loop `l` (a convolution's input
+    /// rows, for the output rows `l`): the strategy's split of this dimension splits loop `l`,
+    /// but each part reads a window that can reach anywhere, so the operand is whole along it
+    /// (gathered) and the local op slices its window.
+    Window(usize),
+}
+
+impl Dim {
+    /// The loop the dimension follows, if any (`Loop` and `Window`).
+    pub fn loop_of(self) -> Option<usize> {
+        match self {
+            Dim::Loop(l) | Dim::Window(l) => Some(l),
+            Dim::Whole => None,
+        }
+    }
 }
 
 /// An op as loops.
@@ -582,15 +597,21 @@ fn conv_dims(
 ) -> Result<OpDims, DimsError> {
     use OpKind::*;
     let group = node.attrs.int_or("group", 1);
-    // loops: n = 0, o = 1, c = 2, and the input's spatial h = 3, w = 4 (fixed: a window would
-    // cross a split). Kernel and output spatial dims stay whole.
+    // loops: n = 0, o = 1, c = 2, and the output's spatial oh = 3, ow = 4. A split of oh / ow
+    // splits the output (and dy) into blocks of rows / columns; the input's windows reach
+    // across any split, so the input (x, dx) is whole along them: x is gathered
+    // (`Dim::Window`) and the local op reads the window of its block; dx is a sum of the
+    // blocks' contributions. Kernel dims stay whole.
     let nd = |a: usize, b: usize| -> Vec<Dim> {
         let mut v = vec![Dim::Loop(a), Dim::Loop(b)];
         v.extend([Dim::Whole, Dim::Whole]);
         v
     };
-    let image = |a: usize, b: usize| -> Vec<Dim> {
+    let out_image = |a: usize, b: usize| -> Vec<Dim> {
         vec![Dim::Loop(a), Dim::Loop(b), Dim::Loop(3), Dim::Loop(4)]
+    };
+    let in_image = |a: usize, b: usize| -> Vec<Dim> {
+        vec![Dim::Loop(a), Dim::Loop(b), Dim::Window(3), Dim::Window(4)]
     };
     let get = |i: usize| ins.get(i).cloned().flatten().unwrap_or_default();
     let (n, o, c) = match node.op {
@@ -598,44 +619,36 @@ fn conv_dims(
         Conv2DBackpropInput => (get(0)[0], get(0)[1], outs[0][1]),
         _ => (get(0)[0], get(0)[1], get(1)[1]),
     };
-    let x_hw = match node.op {
-        Conv2D | Conv2DBackpropFilter => {
-            let x = get(if node.op == Conv2D { 0 } else { 1 });
-            (
-                x.get(2).copied().unwrap_or(1),
-                x.get(3).copied().unwrap_or(1),
-            )
-        }
-        _ => (
-            outs[0].get(2).copied().unwrap_or(1),
-            outs[0].get(3).copied().unwrap_or(1),
-        ),
+    // The output's (dy's) spatial extent.
+    let y = if node.op == Conv2D {
+        outs.first().cloned().unwrap_or_default()
+    } else {
+        get(0)
     };
-    let mut d = OpDims::with_loops(vec![n, o, c, x_hw.0, x_hw.1]);
-    for l in [3, 4] {
-        d.fix(
-            l,
-            format!(
-                "dimension {} is spatial: a window would cross the split",
-                l - 1
-            ),
-        );
-    }
+    let y_hw = (
+        y.get(2).copied().unwrap_or(1),
+        y.get(3).copied().unwrap_or(1),
+    );
+    let mut d = OpDims::with_loops(vec![n, o, c, y_hw.0, y_hw.1]);
     match node.op {
         Conv2D => {
-            d.inputs = vec![Some(image(0, 2)), Some(nd(1, 2))];
-            d.outputs = vec![nd(0, 1)];
+            d.inputs = vec![Some(in_image(0, 2)), Some(nd(1, 2))];
+            d.outputs = vec![out_image(0, 1)];
             d.combine[2] = Some(ReduceOp::Sum);
         }
         Conv2DBackpropInput => {
-            d.inputs = vec![Some(nd(0, 1)), Some(nd(1, 2)), None];
-            d.outputs = vec![image(0, 2)];
-            d.combine[1] = Some(ReduceOp::Sum);
+            d.inputs = vec![Some(out_image(0, 1)), Some(nd(1, 2)), None];
+            d.outputs = vec![nd(0, 2)];
+            for l in [1, 3, 4] {
+                d.combine[l] = Some(ReduceOp::Sum);
+            }
         }
         _ => {
-            d.inputs = vec![Some(nd(0, 1)), Some(image(0, 2)), None];
+            d.inputs = vec![Some(out_image(0, 1)), Some(in_image(0, 2)), None];
             d.outputs = vec![nd(1, 2)];
-            d.combine[0] = Some(ReduceOp::Sum);
+            for l in [0, 3, 4] {
+                d.combine[l] = Some(ReduceOp::Sum);
+            }
         }
     }
     if group != 1 {

@@ -491,12 +491,194 @@ impl RankBuilder<'_> {
         Ok(x)
     }
 
+    /// Emits a convolution whose output rows / columns are split (see [`conv_window`]): the
+    /// input it reads (x) is sliced to the window, the padding is the window's, and
+    /// Conv2DBackpropInput's window of dx is placed into the whole dx (zeros elsewhere; the
+    /// blocks' dx are partial sums, completed by their users' redistribution).
+    fn emit_conv_window(
+        &mut self,
+        mut n: Node,
+        ty: Type,
+        w: &ConvWindow,
+    ) -> Result<Operand, ParallelError> {
+        n.attrs.set("pad_mode", Attr::Str("pad".into()));
+        n.attrs.set(
+            "pad",
+            Attr::ints(&w.pads.iter().map(|&p| p as i64).collect::<Vec<_>>()),
+        );
+        n.comments.push(format!(
+            "rule: a block of the output rows {}..{} and columns {}..{} reads input rows {}..{} and columns {}..{} (padding {:?})",
+            w.out_rows.0, w.out_rows.1, w.out_cols.0, w.out_cols.1, w.rows.0, w.rows.1, w.cols.0, w.cols.1, w.pads
+        ));
+        let window_of = |shape: &[usize]| -> Vec<usize> {
+            vec![shape[0], shape[1], w.rows.1 - w.rows.0, w.cols.1 - w.cols.0]
+        };
+        let bounds = |shape: &[usize]| -> (Vec<i64>, Vec<i64>) {
+            (
+                vec![0, 0, w.rows.0 as i64, w.cols.0 as i64],
+                vec![
+                    shape[0] as i64,
+                    shape[1] as i64,
+                    w.rows.1 as i64,
+                    w.cols.1 as i64,
+                ],
+            )
+        };
+        if n.op == OpKind::Conv2DBackpropInput {
+            let Type::Tensor(full) = ty else {
+                return Err(self.partition_error(&n, "Conv2DBackpropInput has a tuple type"));
+            };
+            let window = window_of(&full.shape);
+            if n.inputs.len() > 2 {
+                n.inputs[2] = shape_const(&window);
+            }
+            let instance = n.instance.clone();
+            let dx = self.emit_typed(n, Type::Tensor(TensorType::new(full.dtype, window)))?;
+            let (begin, end) = bounds(&full.shape);
+            let mut place = Node::new(
+                OpKind::StridedSliceGrad,
+                vec![
+                    dx,
+                    shape_const(&full.shape),
+                    Operand::Const(Const::Ints(begin)),
+                    Operand::Const(Const::Ints(end)),
+                    Operand::Const(Const::Ints(vec![1; 4])),
+                ],
+            );
+            place.instance = format!("{instance}_window");
+            place.scope = self.scope.clone();
+            place.comments.push(
+                "rule: the block's dx covers the input window it read; elsewhere it is 0 (the blocks' dx sum to the whole)"
+                    .into(),
+            );
+            return self.emit_typed(place, Type::Tensor(full));
+        }
+        // Conv2D reads x as input 0, Conv2DBackpropFilter as input 1.
+        let k = if n.op == OpKind::Conv2D { 0 } else { 1 };
+        let x = n.inputs[k].clone();
+        let Some(Type::Tensor(tx)) = self.type_of(&x) else {
+            return Err(self.partition_error(&n, "the convolution's input is not a tensor"));
+        };
+        let (begin, end) = bounds(&tx.shape);
+        let mut slice = Node::new(
+            OpKind::StridedSlice,
+            vec![
+                x,
+                Operand::Const(Const::Ints(begin)),
+                Operand::Const(Const::Ints(end)),
+                Operand::Const(Const::Ints(vec![1; 4])),
+            ],
+        );
+        slice.instance = format!("{}_window", n.instance);
+        slice.scope = self.scope.clone();
+        slice
+            .comments
+            .push("rule: the input window this block of the output reads".into());
+        let window = TensorType::new(tx.dtype, window_of(&tx.shape));
+        n.inputs[k] = self.emit_typed(slice, Type::Tensor(window))?;
+        self.emit_typed(n, ty)
+    }
+
+    fn partition_error(&self, n: &Node, reason: &str) -> ParallelError {
+        ParallelError::Partition {
+            rank: self.rank,
+            instance: n.instance.clone(),
+            reason: reason.into(),
+        }
+    }
+
     fn out_shape(&self, x: &Operand) -> Vec<usize> {
         self.out
             .operand_tensor_type(x)
             .map(|t| t.shape.clone())
             .unwrap_or_default()
     }
+}
+
+/// Where a convolution's block of output rows and columns reads its input: the output block,
+/// the input window (clipped to the input) and the padding that window needs
+/// `(top, bottom, left, right)`.
+struct ConvWindow {
+    out_rows: (usize, usize),
+    out_cols: (usize, usize),
+    rows: (usize, usize),
+    cols: (usize, usize),
+    pads: [usize; 4],
+}
+
+/// The window of a Conv2D / Conv2DBackpropInput / Conv2DBackpropFilter whose output (dy)
+/// rows or columns are split (loops 3 and 4 of its `dims`), for `rank`; `None` when neither
+/// is split.
+fn conv_window(
+    node: &Node,
+    d: &Decision,
+    rank: usize,
+) -> Result<Option<ConvWindow>, ParallelError> {
+    use OpKind::*;
+    if !matches!(node.op, Conv2D | Conv2DBackpropInput | Conv2DBackpropFilter)
+        || d.sharding.loop_splits.iter().skip(3).all(|&s| s <= 1)
+    {
+        return Ok(None);
+    }
+    let fail = |reason: String| ParallelError::Partition {
+        rank,
+        instance: node.instance.clone(),
+        reason,
+    };
+    let input = |i: usize| d.sharding.inputs.get(i).cloned().flatten();
+    let output = || d.sharding.outputs.first().cloned();
+    let (y, x, w) = match node.op {
+        Conv2D => (output(), input(0), input(1)),
+        Conv2DBackpropInput => (input(0), output(), input(1)),
+        _ => (input(0), input(1), output()),
+    };
+    let (Some(y), Some(x), Some(w)) = (y, x, w) else {
+        return Err(fail("a convolution operand has no layout".into()));
+    };
+    let geo = shardc_ir::geometry::conv2d_geometry(node, &x.tensor_shape, &w.tensor_shape)
+        .map_err(|e| fail(e.reason))?;
+    let block = y.block(rank);
+    let (Some(r), Some(c)) = (block.get(2), block.get(3)) else {
+        return Err(fail("the convolution's result is not 4-d".into()));
+    };
+    // Input positions [start, end) that output positions [o0, o1) read, padding included:
+    // the window [lo, hi) of the input, and the padding before and after it.
+    type Window = ((usize, usize), usize, usize);
+    let window = |what: &str,
+                  (o0, o1): (usize, usize),
+                  (stride, dil, k, pad, n): (usize, usize, usize, usize, usize)|
+     -> Result<Window, ParallelError> {
+        let start = (o0 * stride) as i64 - pad as i64;
+        let end = ((o1 - 1) * stride + (k - 1) * dil + 1) as i64 - pad as i64;
+        let (lo, hi) = (start.max(0), end.min(n as i64));
+        if lo >= hi {
+            return Err(fail(format!(
+                "output {what} {o0}..{o1} read only padding; split the {what} fewer ways"
+            )));
+        }
+        Ok((
+            (lo as usize, hi as usize),
+            (lo - start) as usize,
+            (end - hi) as usize,
+        ))
+    };
+    let (rows, top, bottom) = window(
+        "rows",
+        (r.start, r.end),
+        (geo.stride_h, geo.dil_h, geo.kh, geo.pad_top, geo.h),
+    )?;
+    let (cols, left, right) = window(
+        "columns",
+        (c.start, c.end),
+        (geo.stride_w, geo.dil_w, geo.kw, geo.pad_left, geo.w),
+    )?;
+    Ok(Some(ConvWindow {
+        out_rows: (r.start, r.end),
+        out_cols: (c.start, c.end),
+        rows,
+        cols,
+        pads: [top, bottom, left, right],
+    }))
 }
 
 /// Marks a local op with the block of `layout` this rank holds: `global_shape` (the logical
@@ -728,7 +910,10 @@ pub fn rank_graph_with(
                     .collect(),
             ),
         };
-        let mut v = b.emit_typed(n, ty)?;
+        let mut v = match conv_window(node, d, rank)? {
+            Some(w) => b.emit_conv_window(n, ty, &w)?,
+            None => b.emit_typed(n, ty)?,
+        };
         if let Some(scale) = d.sharding.scale {
             let ty_v = b.type_of(&v).expect("a node's type");
             let mut m = Node::new(OpKind::Mul, vec![v, Operand::Const(Const::Float(scale))]);

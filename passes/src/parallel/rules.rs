@@ -120,7 +120,7 @@ fn output_only_loops(dims: &OpDims) -> Vec<usize> {
                 .inputs
                 .iter()
                 .flatten()
-                .any(|ds| ds.contains(&Dim::Loop(l)))
+                .any(|ds| ds.iter().any(|d| d.loop_of() == Some(l)))
                 && dims.outputs.iter().any(|ds| ds.contains(&Dim::Loop(l)))
         })
         .collect()
@@ -139,7 +139,7 @@ pub fn out_strategy_from_loops(dims: &OpDims, splits: &[usize]) -> Option<Strate
                 ds.iter()
                     .map(|d| match d {
                         Dim::Loop(l) => splits[*l] as i64,
-                        Dim::Whole => 1,
+                        Dim::Whole | Dim::Window(_) => 1,
                     })
                     .collect()
             })
@@ -205,7 +205,8 @@ fn sharding_in_out(
                     "input {i} dimension {j} cannot be split ({why}), strategy has {split}"
                 )));
             }
-            if shape[j] % split != 0 {
+            // A windowed dimension is gathered whole: its size need not divide.
+            if !matches!(dim, Dim::Window(_)) && shape[j] % split != 0 {
                 return Err(bad(format!(
                     "input {i} dimension {j} of size {} is not divisible by {split}",
                     shape[j]
@@ -213,7 +214,7 @@ fn sharding_in_out(
             }
             match dim {
                 Dim::Whole => {}
-                Dim::Loop(l) => match loop_split[l] {
+                Dim::Loop(l) | Dim::Window(l) => match loop_split[l] {
                     None => loop_split[l] = Some((split, i, j)),
                     Some((s0, i0, j0)) if s0 != split => {
                         let contracted = dims.combine[l].is_some()
@@ -281,7 +282,7 @@ fn sharding_in_out(
                     _ => {
                         let from_inputs = match *d {
                             Dim::Loop(l) => loop_split[l].map_or(1, |(v, _, _)| v),
-                            Dim::Whole => 1,
+                            Dim::Whole | Dim::Window(_) => 1,
                         };
                         if split != from_inputs {
                             return Err(bad_out(format!(
@@ -364,7 +365,7 @@ fn sharding_in_out(
             .iter()
             .map(|d| match d {
                 Dim::Loop(l) => axis_of(*l),
-                Dim::Whole => -1,
+                Dim::Whole | Dim::Window(_) => -1,
             })
             .collect(),
         tensor_shape: shape.to_vec(),
@@ -419,7 +420,7 @@ pub fn strategy_from_loops(g: &Graph, node: &Node, dims: &OpDims, splits: &[usiz
                     let ds = dims.inputs.get(i).cloned().flatten().unwrap_or_default();
                     (0..s.len())
                         .map(|j| match ds.get(j) {
-                            Some(Dim::Loop(l)) => splits[*l] as i64,
+                            Some(Dim::Loop(l)) | Some(Dim::Window(l)) => splits[*l] as i64,
                             _ => 1,
                         })
                         .collect()
@@ -465,7 +466,7 @@ pub fn loop_admits(g: &Graph, node: &Node, dims: &OpDims, l: usize, s: usize) ->
         .iter()
         .flatten()
         .chain(&dims.outputs)
-        .any(|ds| ds.contains(&Dim::Loop(l)));
+        .any(|ds| ds.iter().any(|d| d.loop_of() == Some(l)));
     ins_ok && outs_ok && carried
 }
 
