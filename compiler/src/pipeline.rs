@@ -28,6 +28,7 @@ use crate::parallel_context::{
     CommFusion, DatasetStrategy, ParallelContext, ParallelMode, SearchMode,
 };
 use crate::strategy_file::{StrategyFile, StrategyFileError};
+use rayon::prelude::*;
 use shardc_ir::Graph;
 use shardc_passes::autodiff::{self, Optimizer};
 use shardc_passes::grad_fusion::{self, GradFusion};
@@ -421,8 +422,7 @@ fn compile_parallel(
             stage: "step_parallel_end",
             error: source,
         })?;
-    let mut ranks = Vec::with_capacity(partitioned.len());
-    for (r, rg) in partitioned.iter().enumerate() {
+    let fuse = |r: usize, rg: &Graph| -> Result<Graph, CompileError> {
         if cfg!(debug_assertions) {
             check(rg, "step_parallel_end")?;
         }
@@ -430,14 +430,28 @@ fn compile_parallel(
         if cfg!(debug_assertions) {
             check(&fused, "grad_fusion")?;
         }
-        if let Some(dir) = dump_dir {
-            let rd = dir.join(format!("rank_{r}"));
-            write_named_dump(&rd, "step_parallel_begin", &begin)?;
-            write_named_dump(&rd, "step_parallel_end", rg)?;
-            write_dump(&rd, EXECUTE_INDEX, "execute", &fused)?;
+        Ok(fused)
+    };
+    let ranks: Vec<Graph> = match dump_dir {
+        // The ranks are independent; dumps are numbered in rank order, so they go one by one.
+        None => partitioned
+            .par_iter()
+            .enumerate()
+            .map(|(r, rg)| fuse(r, rg))
+            .collect::<Result<_, _>>()?,
+        Some(dir) => {
+            let mut ranks = Vec::with_capacity(partitioned.len());
+            for (r, rg) in partitioned.iter().enumerate() {
+                let fused = fuse(r, rg)?;
+                let rd = dir.join(format!("rank_{r}"));
+                write_named_dump(&rd, "step_parallel_begin", &begin)?;
+                write_named_dump(&rd, "step_parallel_end", rg)?;
+                write_dump(&rd, EXECUTE_INDEX, "execute", &fused)?;
+                ranks.push(fused);
+            }
+            ranks
         }
-        ranks.push(fused);
-    }
+    };
     let compiled = ParallelCompiled {
         options: p.clone(),
         assignment,
