@@ -338,9 +338,9 @@ pub fn grad_fusion_of(c: &CommFusion) -> GradFusion {
 }
 
 /// Runs `passes::grad_fusion` on rank `rank`'s graph.
-fn run_grad_fusion(g: &Graph, rank: usize, opts: &CompileOptions) -> Result<Graph, CompileError> {
+fn run_grad_fusion(g: Graph, rank: usize, opts: &CompileOptions) -> Result<Graph, CompileError> {
     let mode = opts.grad_fusion.clone().unwrap_or(GradFusion::Each);
-    let (out, _) = grad_fusion::fuse(g, &mode).map_err(|e| CompileError::Parallel {
+    let (out, _) = grad_fusion::fuse_owned(g, &mode).map_err(|e| CompileError::Parallel {
         stage: "grad_fusion",
         error: ParallelError::Options(format!("rank {rank}: {e}")),
     })?;
@@ -422,9 +422,9 @@ fn compile_parallel(
             stage: "step_parallel_end",
             error: source,
         })?;
-    let fuse = |r: usize, rg: &Graph| -> Result<Graph, CompileError> {
+    let fuse = |r: usize, rg: Graph| -> Result<Graph, CompileError> {
         if cfg!(debug_assertions) {
-            check(rg, "step_parallel_end")?;
+            check(&rg, "step_parallel_end")?;
         }
         let fused = run_grad_fusion(rg, r, opts)?;
         if cfg!(debug_assertions) {
@@ -435,14 +435,14 @@ fn compile_parallel(
     let ranks: Vec<Graph> = match dump_dir {
         // The ranks are independent; dumps are numbered in rank order, so they go one by one.
         None => partitioned
-            .par_iter()
+            .into_par_iter()
             .enumerate()
             .map(|(r, rg)| fuse(r, rg))
             .collect::<Result<_, _>>()?,
         Some(dir) => {
             let mut ranks = Vec::with_capacity(partitioned.len());
             for (r, rg) in partitioned.iter().enumerate() {
-                let fused = fuse(r, rg)?;
+                let fused = fuse(r, rg.clone())?;
                 let rd = dir.join(format!("rank_{r}"));
                 write_named_dump(&rd, "step_parallel_begin", &begin)?;
                 write_named_dump(&rd, "step_parallel_end", rg)?;

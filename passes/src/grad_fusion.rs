@@ -32,7 +32,7 @@
 //! The pass is deterministic and depends only on the graph's structure and types, so every
 //! rank of a data-parallel job gets the same buckets in the same order.
 
-use shardc_ir::{Attr, Graph, NodeId, OpKind, Operand};
+use shardc_ir::{Attr, Graph, Node, NodeId, OpKind, Operand};
 use std::collections::HashMap;
 use thiserror::Error;
 
@@ -138,6 +138,11 @@ pub fn is_gradient_all_reduce(node: &shardc_ir::Node) -> bool {
 
 /// Runs the pass (see the module doc); returns the new graph and its buckets.
 pub fn fuse(g: &Graph, mode: &GradFusion) -> Result<(Graph, Vec<Bucket>), GradFusionError> {
+    fuse_owned(g.clone(), mode)
+}
+
+/// As [`fuse`], on a graph it may take apart (no node is copied).
+pub fn fuse_owned(g: Graph, mode: &GradFusion) -> Result<(Graph, Vec<Bucket>), GradFusionError> {
     mode.validate()?;
     let out = hoist(g);
     let buckets = bucket(&out, mode)?;
@@ -159,9 +164,44 @@ pub fn fuse(g: &Graph, mode: &GradFusion) -> Result<(Graph, Vec<Bucket>), GradFu
     Ok((out, buckets))
 }
 
+/// The new order [`hoist`] builds: nodes placed so far, and the hoisted nodes whose inputs
+/// are all placed (`ready`) or how many are not yet (`missing`).
+struct Schedule {
+    order: Vec<usize>,
+    placed: Vec<bool>,
+    ready: std::collections::BTreeSet<usize>,
+    missing: Vec<usize>,
+    hoisted_users: Vec<Vec<usize>>,
+}
+
+impl Schedule {
+    fn place(&mut self, i: usize) {
+        self.order.push(i);
+        self.placed[i] = true;
+        for &u in &self.hoisted_users[i] {
+            self.missing[u] -= 1;
+            if self.missing[u] == 0 {
+                self.ready.insert(u);
+            }
+        }
+    }
+
+    /// Places the ready hoisted nodes, in passes over their old order.
+    fn flush(&mut self) {
+        while !self.ready.is_empty() {
+            let mut cursor = 0;
+            while let Some(&i) = self.ready.range(cursor..).next() {
+                self.ready.remove(&i);
+                self.place(i);
+                cursor = i + 1;
+            }
+        }
+    }
+}
+
 /// Moves every gradient AllReduce, and the `mirror_grad_*` nodes feeding it, to just after the
 /// last node it reads.
-fn hoist(g: &Graph) -> Graph {
+fn hoist(g: Graph) -> Graph {
     let n = g.nodes.len();
     let mut hoisted = vec![false; n];
     let mut stack: Vec<usize> = (0..n)
@@ -181,47 +221,48 @@ fn hoist(g: &Graph) -> Graph {
         }
     }
     if !hoisted.iter().any(|&h| h) {
-        return g.clone();
+        return g;
     }
     // New order: the other nodes in their order; each hoisted node as soon as every node it
-    // reads is placed (hoisted nodes among themselves keep their order).
-    let mut order: Vec<usize> = Vec::with_capacity(n);
-    let mut placed = vec![false; n];
-    let ready = |i: usize, placed: &[bool]| {
-        g.nodes[i].inputs.iter().all(|o| match o {
-            Operand::Node(s) => placed[s.index()],
-            _ => true,
-        })
+    // reads is placed. Ready hoisted nodes are placed in passes over their old order (a node
+    // that an earlier one of the same pass makes ready joins the pass if it comes later, the
+    // next pass otherwise), counting each one's unplaced inputs so that nothing is rescanned.
+    let mut missing = vec![0usize; n];
+    let mut hoisted_users: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for i in (0..n).filter(|&i| hoisted[i]) {
+        let mut srcs: Vec<usize> = g.nodes[i]
+            .inputs
+            .iter()
+            .filter_map(|o| match o {
+                Operand::Node(s) => Some(s.index()),
+                _ => None,
+            })
+            .collect();
+        srcs.sort_unstable();
+        srcs.dedup();
+        missing[i] = srcs.len();
+        for s in srcs {
+            hoisted_users[s].push(i);
+        }
+    }
+    let mut s = Schedule {
+        order: Vec::with_capacity(n),
+        placed: vec![false; n],
+        ready: (0..n).filter(|&i| hoisted[i] && missing[i] == 0).collect(),
+        missing,
+        hoisted_users,
     };
-    let mut pending: Vec<usize> = (0..n).filter(|&i| hoisted[i]).collect();
-    let flush = |order: &mut Vec<usize>, placed: &mut Vec<bool>, pending: &mut Vec<usize>| loop {
-        let before = pending.len();
-        let mut k = 0;
-        while k < pending.len() {
-            let i = pending[k];
-            if ready(i, placed) {
-                order.push(i);
-                placed[i] = true;
-                pending.remove(k);
-            } else {
-                k += 1;
-            }
+    s.flush();
+    for (i, &h) in hoisted.iter().enumerate() {
+        if !h {
+            s.place(i);
+            s.flush();
         }
-        if pending.len() == before {
-            break;
-        }
-    };
-    flush(&mut order, &mut placed, &mut pending);
-    for i in 0..n {
-        if hoisted[i] {
-            continue;
-        }
-        order.push(i);
-        placed[i] = true;
-        flush(&mut order, &mut placed, &mut pending);
     }
     // Every hoisted node becomes ready by the end (the old order was a schedule).
-    order.extend(pending);
+    let left: Vec<usize> = (0..n).filter(|&i| hoisted[i] && !s.placed[i]).collect();
+    let mut order = s.order;
+    order.extend(left);
     let mut new_index = vec![0u32; n];
     for (new, &old) in order.iter().enumerate() {
         new_index[old] = new as u32;
@@ -230,17 +271,30 @@ fn hoist(g: &Graph) -> Graph {
         Operand::Node(s) => Operand::Node(NodeId(new_index[s.index()])),
         other => other.clone(),
     };
-    let mut out = g.clone();
-    out.nodes = order
+    let Graph {
+        name,
+        params,
+        nodes,
+        outputs,
+    } = g;
+    // Each old index appears once in `order`: every node moves exactly once.
+    let mut slots: Vec<Option<Node>> = nodes.into_iter().map(Some).collect();
+    let nodes = order
         .iter()
-        .map(|&old| {
-            let mut node = g.nodes[old].clone();
-            node.inputs = node.inputs.iter().map(remap).collect();
+        .filter_map(|&old| slots[old].take())
+        .map(|mut node| {
+            for o in &mut node.inputs {
+                *o = remap(o);
+            }
             node
         })
         .collect();
-    out.outputs = g.outputs.iter().map(remap).collect();
-    out
+    Graph {
+        name,
+        params,
+        nodes,
+        outputs: outputs.iter().map(remap).collect(),
+    }
 }
 
 /// The trainable-parameter index of the weight whose gradient `instance` reduces

@@ -881,7 +881,8 @@ pub fn rank_graph_with(
             inputs,
             attrs: node.attrs.clone(),
             cnode_attrs: node.cnode_attrs.clone(),
-            ty: node.ty.clone(),
+            // Set by `emit_typed` from the layouts.
+            ty: Type::Tuple(Vec::new()),
             name: node.name.clone(),
             instance: node.instance.clone(),
             scope: node.scope.clone(),
