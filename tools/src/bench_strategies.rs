@@ -203,11 +203,7 @@ impl MatMulSite {
 /// `forward` without annotations, then each `MatMul` (in program order, `k`-th) with the
 /// strategy of `split(k, site)` where it gives one that fits.
 fn annotated(forward: &Graph, split: impl Fn(usize) -> [usize; 3]) -> Graph {
-    let mut g = forward.clone();
-    for n in &mut g.nodes {
-        n.in_strategy = None;
-        n.out_strategy = None;
-    }
+    let mut g = unannotated(forward);
     for (k, site) in matmul_sites(forward).iter().enumerate() {
         if let Some(s) = site.strategy(split(k)) {
             g.nodes[site.node].in_strategy = Some(s);
@@ -216,10 +212,20 @@ fn annotated(forward: &Graph, split: impl Fn(usize) -> [usize; 3]) -> Graph {
     g
 }
 
+/// `forward` with no annotation at all (what `auto_parallel` searches freely).
+fn unannotated(forward: &Graph) -> Graph {
+    let mut g = forward.clone();
+    for n in &mut g.nodes {
+        n.in_strategy = None;
+        n.out_strategy = None;
+    }
+    g
+}
+
 /// The candidate recipes of `forward` on `n` devices: (name, forward graph, mode, dataset,
 /// searcher).
 fn recipes(forward: &Graph, n: usize) -> Vec<(String, Graph, Mode, DatasetLayout, SearchMode)> {
-    let bare = annotated(forward, |_| [1, 1, 1]);
+    let bare = unannotated(forward);
     let col = |_k: usize| [1, 1, n];
     let row = |_k: usize| [1, n, 1];
     let megatron = |k: usize| if k % 2 == 0 { [1, 1, n] } else { [1, n, 1] };
