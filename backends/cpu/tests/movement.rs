@@ -470,7 +470,7 @@ fn gather_and_segment_sum_on_blocks_sum_to_the_whole() {
         shape: vec![4],
         data: Data::I64(vec![5, 0, 5, -1]),
     };
-    let mut whole = vec![0.0; 12];
+    let mut whole = [0.0; 12];
     for (k, &id) in [5usize, 0, 5].iter().enumerate() {
         for j in 0..2 {
             whole[id * 2 + j] += xv[k * 2 + j];
