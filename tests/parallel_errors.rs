@@ -560,15 +560,16 @@ fn cases() -> Vec<Case> {
             ],
         },
         Case {
-            name: "maxpool_spatial_dim",
+            // A split of the input's columns splits the pooled columns (4 of them).
+            name: "maxpool_pooled_columns_not_divisible",
             params: &["x: F32 (16, 4, 8, 8)"],
-            body: "  %1(out) = MaxPool(%para1_x) {instance name: max_pool} primitive_attrs: {kernel_size: (2, 2), strides: (2, 2), pad_mode: valid, in_strategy: ((1, 1, 1, 2))}",
+            body: "  %1(out) = MaxPool(%para1_x) {instance name: max_pool} primitive_attrs: {kernel_size: (2, 2), strides: (2, 2), pad_mode: valid, in_strategy: ((1, 1, 1, 8))}",
             device_num: 8,
             data: Data::Parallel,
             kind: Kind::Strategy,
             expect: &[
                 "MaxPool 'max_pool'",
-                "input 0 dimension 3 cannot be split",
+                "result 0 dimension 3 of size 4 is not divisible by 8",
             ],
         },
         Case {
@@ -884,25 +885,8 @@ fn every_invalid_annotation_gives_its_message() {
 /// Rows whose message is wrong or unclear today: each shows the message it should give.
 fn known_failures() -> Vec<Case> {
     vec![
-        // Today: "input 0 dimension 3 cannot be split (MaxPool needs it whole), strategy has 2".
-        // The dims table's own reason ("dimension 3 is spatial: a window would cross the
-        // split") is never reached: the input's spatial dims are `Dim::Whole`, and the rule's
-        // `Dim::Whole` branch gives the generic "needs it whole" first.
-        Case {
-            name: "maxpool_spatial_dim_reason",
-            params: &["x: F32 (16, 4, 8, 8)"],
-            body: "  %1(out) = MaxPool(%para1_x) {instance name: max_pool} primitive_attrs: {kernel_size: (2, 2), strides: (2, 2), pad_mode: valid, in_strategy: ((1, 1, 1, 2))}",
-            device_num: 8,
-            data: Data::Parallel,
-            kind: Kind::Strategy,
-            expect: &[
-                "MaxPool 'max_pool'",
-                "input 0 dimension 3 cannot be split",
-                "dimension 3 is spatial: a window would cross the split",
-            ],
-        },
         // Today: "input 0 dimension 1 cannot be split (Concat needs it whole), strategy has 2";
-        // the table's reason ("dimension 1 is the Concat axis") is unreachable, as for MaxPool.
+        // the table's reason ("dimension 1 is the Concat axis") is unreachable.
         Case {
             name: "concat_axis_reason",
             params: &["x: F32 (16, 8)", "y: F32 (16, 8)"],

@@ -339,6 +339,8 @@ struct Reached {
     conv_spatial_split: bool,
     /// A convolution gradient whose dy rows or columns are split.
     conv_grad_spatial_split: bool,
+    /// A MaxPool or AvgPool whose output rows or columns are split.
+    pool_spatial_split: bool,
 }
 
 fn reached(rank0: &Graph) -> Reached {
@@ -361,6 +363,7 @@ fn reached(rank0: &Graph) -> Reached {
                     .is_some_and(|x| x.first().is_some_and(|&b| b > 1));
             }
             OpKind::Conv2D => r.conv_spatial_split |= spatial,
+            OpKind::MaxPool | OpKind::AvgPool => r.pool_spatial_split |= spatial,
             OpKind::Conv2DBackpropInput | OpKind::Conv2DBackpropFilter => {
                 r.conv_grad_spatial_split |= spatial
             }
@@ -677,11 +680,13 @@ fn gradients_mean_false_sums_the_replicas_gradients() {
 
 /// Conv2D with its output rows, columns or both split (every rank reads the window of the
 /// input its block needs, with that window's padding), for every kind of window: padded,
-/// `same` with stride 2, `valid`, dilated; followed by a pool or not, on 4 devices.
+/// `same` with stride 2, `valid`, dilated; followed by a MaxPool or AvgPool split alike, or
+/// by nothing, on 4 devices.
 #[test]
 fn convolutions_with_split_rows_and_columns_equal_the_single_device() {
     let mut failures = Vec::new();
     let mut n = 0;
+    let mut pools = 0;
     for window in 0..4 {
         // A `valid` window gives 6 rows, which 4 does not divide.
         let rows = if window == 2 { 2 } else { 4 };
@@ -707,7 +712,21 @@ fn convolutions_with_split_rows_and_columns_equal_the_single_device() {
                 .find(|n| n.op == OpKind::Conv2D)
                 .unwrap();
             conv.in_strategy = Some(Strategy(vec![split.to_vec(), vec![1, 1, 1, 1]]));
-            let what = format!("window {window}, Conv2D in_strategy {split:?}");
+            // The pool after it (if any) split alike where its pooled rows and columns allow.
+            let mut pool_split = false;
+            if let Some(pool) = annotated
+                .nodes
+                .iter_mut()
+                .find(|n| matches!(n.op, OpKind::MaxPool | OpKind::AvgPool))
+            {
+                let pooled = pool.ty.tensors()[0].shape.clone();
+                if pooled[2] % split[2] as usize == 0 && pooled[3] % split[3] as usize == 0 {
+                    pool.in_strategy = Some(Strategy(vec![split.to_vec()]));
+                    pool_split = split[2] * split[3] > 1;
+                }
+            }
+            let what =
+                format!("window {window}, Conv2D in_strategy {split:?}, pool split {pool_split}");
             let case = Case {
                 seed: 100 + n,
                 device_num: 4,
@@ -718,11 +737,17 @@ fn convolutions_with_split_rows_and_columns_equal_the_single_device() {
             };
             n += 1;
             match check_case(&what, model, annotated, &case) {
-                Ok(r) if r.conv_spatial_split => {}
-                Ok(_) => failures.push(format!("{what}: the rank graph has no split Conv2D")),
+                Ok(r) if r.conv_spatial_split && r.pool_spatial_split == pool_split => {
+                    pools += pool_split as usize;
+                }
+                Ok(r) => failures.push(format!("{what}: the rank graph reaches {r:?}")),
                 Err(e) => failures.push(e),
             }
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(
+        pools >= 4,
+        "only {pools} cases split a pool's rows or columns"
+    );
 }

@@ -2,13 +2,14 @@
 //!
 //! The shape rules, autodiff and every backend's kernels use these functions, so they all
 //! agree on where each window sits. Layout is NCHW (`data_format` other than `NCHW` is an
-//! error). `pad_mode` is `valid`, `same` or (Conv2D only) `pad`, case-insensitive:
+//! error). `pad_mode` is `valid`, `same` or `pad`, case-insensitive:
 //!
 //! - `valid`: no padding, `out = (in - ((k - 1) * dil + 1)) / stride + 1`;
 //! - `same` (as TensorFlow and MindSpore): `out = ceil(in / stride)`,
 //!   `total = max((out - 1) * stride + (k - 1) * dil + 1 - in, 0)`, `top = total / 2`,
 //!   `bottom = total - top` (likewise left / right);
-//! - `pad`: the `pad` attribute (an Int, or `(top, bottom, left, right)`), then as `valid`.
+//! - `pad`: the `pad` attribute (an Int, or `(top, bottom, left, right)`), then as `valid`
+//!   (a pool's padding is never inside a max or an average).
 //!
 //! `stride` and `dilation` (and the pools' `kernel_size` and `strides`) are an Int, a 2-tuple
 //! `(h, w)` or a 4-tuple `(1, 1, h, w)`.
@@ -189,8 +190,8 @@ fn pair(node: &Node, key: &str, default: Option<usize>) -> Result<(usize, usize)
     Ok((h as usize, w as usize))
 }
 
-/// The `pad_mode` attribute of a node (default `valid`); `pad` is allowed for convolutions only.
-pub fn pad_mode(node: &Node, allow_pad: bool) -> Result<PadMode, GeometryError> {
+/// The `pad_mode` attribute of a node (default `valid`).
+pub fn pad_mode(node: &Node) -> Result<PadMode, GeometryError> {
     let s = match node.attrs.get("pad_mode") {
         None => "valid".to_string(),
         Some(Attr::Str(s)) => s.to_ascii_lowercase(),
@@ -204,13 +205,10 @@ pub fn pad_mode(node: &Node, allow_pad: bool) -> Result<PadMode, GeometryError> 
     match s.as_str() {
         "valid" => Ok(PadMode::Valid),
         "same" => Ok(PadMode::Same),
-        "pad" if allow_pad => Ok(PadMode::Pad),
+        "pad" => Ok(PadMode::Pad),
         _ => Err(GeometryError::new(
             node,
-            format!(
-                "pad_mode `{s}` is not supported (expected valid, same{})",
-                if allow_pad { " or pad" } else { "" }
-            ),
+            format!("pad_mode `{s}` is not supported (expected valid, same or pad)"),
         )),
     }
 }
@@ -397,7 +395,7 @@ pub fn conv2d_geometry(
     }
     let (stride_h, stride_w) = pair(node, "stride", Some(1))?;
     let (dil_h, dil_w) = pair(node, "dilation", Some(1))?;
-    let mode = pad_mode(node, true)?;
+    let mode = pad_mode(node)?;
     let pads = explicit_pad(node)?;
     if mode != PadMode::Pad && pads.iter().any(|&p| p != 0) {
         return Err(err(format!(
@@ -449,15 +447,45 @@ pub fn conv2d_geometry(
 
 /// The geometry of a MaxPool / AvgPool node (and their gradients) with input shape `x`
 /// `(N, C, H, W)`. `kernel_size` is required; `strides` defaults to 1; `pad_mode` is `valid`
-/// (default) or `same`.
+/// (default), `same`, or `pad` with an explicit `pad` (which the partition writes for the
+/// window of a rank's block of rows or columns). Padding is outside every window: a max never
+/// sees it, an average does not count it.
 pub fn pool2d_geometry(node: &Node, x: &[usize]) -> Result<Pool2dGeometry, GeometryError> {
     check_format(node)?;
     let [n, c, h, w] = rank4(node, "the input", x)?;
     let (kh, kw) = pair(node, "kernel_size", None)?;
     let (stride_h, stride_w) = pair(node, "strides", Some(1))?;
-    let mode = pad_mode(node, false)?;
-    let (pad_top, pad_bottom, out_h) = dim(node, "vertical", mode, h, kh, stride_h, 1, (0, 0))?;
-    let (pad_left, pad_right, out_w) = dim(node, "horizontal", mode, w, kw, stride_w, 1, (0, 0))?;
+    let mode = pad_mode(node)?;
+    let pads = explicit_pad(node)?;
+    if mode != PadMode::Pad && pads.iter().any(|&p| p != 0) {
+        return Err(GeometryError::new(
+            node,
+            format!(
+                "a non-zero `pad` ({}, {}, {}, {}) needs pad_mode `pad`",
+                pads[0], pads[1], pads[2], pads[3]
+            ),
+        ));
+    }
+    let (pad_top, pad_bottom, out_h) = dim(
+        node,
+        "vertical",
+        mode,
+        h,
+        kh,
+        stride_h,
+        1,
+        (pads[0], pads[1]),
+    )?;
+    let (pad_left, pad_right, out_w) = dim(
+        node,
+        "horizontal",
+        mode,
+        w,
+        kw,
+        stride_w,
+        1,
+        (pads[2], pads[3]),
+    )?;
     Ok(Pool2dGeometry {
         n,
         c,
@@ -625,13 +653,29 @@ mod tests {
         let n = node(OpKind::MaxPool, &[]);
         let e = pool2d_geometry(&n, &[1, 1, 4, 4]).unwrap_err();
         assert!(e.reason.contains("`kernel_size` is missing"), "{e}");
+        // Explicit padding (a rank's window of rows): outside every window.
         let n = node(
             OpKind::MaxPool,
             &[
                 ("kernel_size", Attr::Int(2)),
+                ("strides", Attr::Int(2)),
                 ("pad_mode", Attr::Str("pad".into())),
+                ("pad", Attr::ints(&[0, 1, 1, 0])),
             ],
         );
-        assert!(pool2d_geometry(&n, &[1, 1, 4, 4]).is_err());
+        let g = pool2d_geometry(&n, &[1, 1, 3, 3]).unwrap();
+        assert_eq!((g.out_h, g.pad_top, g.pad_bottom), (2, 0, 1));
+        assert_eq!((g.out_w, g.pad_left, g.pad_right), (2, 1, 0));
+        // A `pad` needs pad_mode `pad`.
+        let n = node(
+            OpKind::MaxPool,
+            &[
+                ("kernel_size", Attr::Int(2)),
+                ("pad_mode", Attr::Str("same".into())),
+                ("pad", Attr::ints(&[1, 1, 1, 1])),
+            ],
+        );
+        let e = pool2d_geometry(&n, &[1, 1, 4, 4]).unwrap_err();
+        assert!(e.reason.contains("needs pad_mode `pad`"), "{e}");
     }
 }

@@ -383,29 +383,33 @@ pub fn op_dims(g: &Graph, node: &Node) -> Result<OpDims, DimsError> {
             d
         }
         MaxPool | AvgPool | MaxPoolGrad | AvgPoolGrad => {
+            // loops: n = 0, c = 1, and the pooled result's spatial oh = 2, ow = 3 (as a
+            // convolution's: x is read through windows that reach across a split of them, so
+            // it is whole along them; the gradients' dx is the blocks' partial sums).
             let x = in_shape(0)?;
-            let mut d = OpDims::with_loops(x.clone());
-            let nc = |rk: usize| -> Vec<Dim> {
-                (0..rk)
-                    .map(|l| if l < 2 { Dim::Loop(l) } else { Dim::Whole })
-                    .collect()
+            let y = if matches!(node.op, MaxPool | AvgPool) {
+                out0.clone()
+            } else {
+                in_shape(1)?
             };
-            // Tensors of x's shape carry the spatial loops (fixed below, so that a split is
-            // refused with its reason); the pooled shapes keep them whole.
-            let like_x = |s: &Vec<usize>| -> Vec<Dim> {
-                if *s == x {
-                    OpDims::identity(s.len())
-                } else {
-                    nc(s.len())
-                }
-            };
-            d.inputs = ins.iter().map(|s| s.as_ref().map(like_x)).collect();
-            d.outputs = outs.iter().map(like_x).collect();
-            for l in 2..x.len() {
-                d.fix(
-                    l,
-                    format!("dimension {l} is spatial: a window would cross the split"),
-                );
+            if x.len() != 4 || y.len() != 4 {
+                return Err(err(format!(
+                    "pooling is over NCHW tensors, got x of rank {} and a result of rank {}",
+                    x.len(),
+                    y.len()
+                )));
+            }
+            let mut d = OpDims::with_loops(vec![x[0], x[1], y[2], y[3]]);
+            let window = vec![Dim::Loop(0), Dim::Loop(1), Dim::Window(2), Dim::Window(3)];
+            let pooled = OpDims::identity(4);
+            if matches!(node.op, MaxPool | AvgPool) {
+                d.inputs = vec![Some(window)];
+                d.outputs = vec![pooled];
+            } else {
+                d.inputs = vec![Some(window), Some(pooled.clone()), Some(pooled)];
+                d.outputs = vec![vec![Dim::Loop(0), Dim::Loop(1), Dim::Whole, Dim::Whole]];
+                d.combine[2] = Some(ReduceOp::Sum);
+                d.combine[3] = Some(ReduceOp::Sum);
             }
             d
         }

@@ -491,16 +491,18 @@ impl RankBuilder<'_> {
         Ok(x)
     }
 
-    /// Emits a convolution whose output rows / columns are split (see [`conv_window`]): the
-    /// input it reads (x) is sliced to the window, the padding is the window's, and
-    /// Conv2DBackpropInput's window of dx is placed into the whole dx (zeros elsewhere; the
-    /// blocks' dx are partial sums, completed by their users' redistribution).
-    fn emit_conv_window(
+    /// Emits a window op (a convolution or pool, or a gradient of one) whose output rows /
+    /// columns are split (see [`spatial_window`]): the input it reads (x) is sliced to the
+    /// window, the padding is the window's, and the ops that return dx (Conv2DBackpropInput,
+    /// MaxPoolGrad, AvgPoolGrad) place their window of dx into the whole dx (zeros elsewhere;
+    /// the blocks' dx are partial sums, completed by their users' redistribution).
+    fn emit_window_op(
         &mut self,
         mut n: Node,
         ty: Type,
-        w: &ConvWindow,
+        w: &SpatialWindow,
     ) -> Result<Operand, ParallelError> {
+        use OpKind::*;
         n.attrs.set("pad_mode", Attr::Str("pad".into()));
         n.attrs.set(
             "pad",
@@ -524,59 +526,65 @@ impl RankBuilder<'_> {
                 ],
             )
         };
-        if n.op == OpKind::Conv2DBackpropInput {
-            let Type::Tensor(full) = ty else {
-                return Err(self.partition_error(&n, "Conv2DBackpropInput has a tuple type"));
+        // The operand that is x, sliced to the window.
+        let reads_x = match n.op {
+            Conv2DBackpropInput => None,
+            Conv2DBackpropFilter => Some(1),
+            _ => Some(0),
+        };
+        if let Some(k) = reads_x {
+            let x = n.inputs[k].clone();
+            let Some(Type::Tensor(tx)) = self.type_of(&x) else {
+                return Err(self.partition_error(&n, "the input it reads is not a tensor"));
             };
-            let window = window_of(&full.shape);
-            if n.inputs.len() > 2 {
-                n.inputs[2] = shape_const(&window);
-            }
-            let instance = n.instance.clone();
-            let dx = self.emit_typed(n, Type::Tensor(TensorType::new(full.dtype, window)))?;
-            let (begin, end) = bounds(&full.shape);
-            let mut place = Node::new(
-                OpKind::StridedSliceGrad,
+            let (begin, end) = bounds(&tx.shape);
+            let mut slice = Node::new(
+                OpKind::StridedSlice,
                 vec![
-                    dx,
-                    shape_const(&full.shape),
+                    x,
                     Operand::Const(Const::Ints(begin)),
                     Operand::Const(Const::Ints(end)),
                     Operand::Const(Const::Ints(vec![1; 4])),
                 ],
             );
-            place.instance = format!("{instance}_window");
-            place.scope = self.scope.clone();
-            place.comments.push(
-                "rule: the block's dx covers the input window it read; elsewhere it is 0 (the blocks' dx sum to the whole)"
-                    .into(),
-            );
-            return self.emit_typed(place, Type::Tensor(full));
+            slice.instance = format!("{}_input_window", n.instance);
+            slice.scope = self.scope.clone();
+            slice
+                .comments
+                .push("rule: the input window this block of the output reads".into());
+            let window = TensorType::new(tx.dtype, window_of(&tx.shape));
+            n.inputs[k] = self.emit_typed(slice, Type::Tensor(window))?;
         }
-        // Conv2D reads x as input 0, Conv2DBackpropFilter as input 1.
-        let k = if n.op == OpKind::Conv2D { 0 } else { 1 };
-        let x = n.inputs[k].clone();
-        let Some(Type::Tensor(tx)) = self.type_of(&x) else {
-            return Err(self.partition_error(&n, "the convolution's input is not a tensor"));
+        if !matches!(n.op, Conv2DBackpropInput | MaxPoolGrad | AvgPoolGrad) {
+            return self.emit_typed(n, ty);
+        }
+        let Type::Tensor(full) = ty else {
+            return Err(self.partition_error(&n, "dx has a tuple type"));
         };
-        let (begin, end) = bounds(&tx.shape);
-        let mut slice = Node::new(
-            OpKind::StridedSlice,
+        let window = window_of(&full.shape);
+        if n.op == Conv2DBackpropInput && n.inputs.len() > 2 {
+            n.inputs[2] = shape_const(&window);
+        }
+        let instance = n.instance.clone();
+        let dx = self.emit_typed(n, Type::Tensor(TensorType::new(full.dtype, window)))?;
+        let (begin, end) = bounds(&full.shape);
+        let mut place = Node::new(
+            OpKind::StridedSliceGrad,
             vec![
-                x,
+                dx,
+                shape_const(&full.shape),
                 Operand::Const(Const::Ints(begin)),
                 Operand::Const(Const::Ints(end)),
                 Operand::Const(Const::Ints(vec![1; 4])),
             ],
         );
-        slice.instance = format!("{}_window", n.instance);
-        slice.scope = self.scope.clone();
-        slice
-            .comments
-            .push("rule: the input window this block of the output reads".into());
-        let window = TensorType::new(tx.dtype, window_of(&tx.shape));
-        n.inputs[k] = self.emit_typed(slice, Type::Tensor(window))?;
-        self.emit_typed(n, ty)
+        place.instance = format!("{instance}_dx_window");
+        place.scope = self.scope.clone();
+        place.comments.push(
+            "rule: the block's dx covers the input window it read; elsewhere it is 0 (the blocks' dx sum to the whole)"
+                .into(),
+        );
+        self.emit_typed(place, Type::Tensor(full))
     }
 
     fn partition_error(&self, n: &Node, reason: &str) -> ParallelError {
@@ -595,10 +603,10 @@ impl RankBuilder<'_> {
     }
 }
 
-/// Where a convolution's block of output rows and columns reads its input: the output block,
+/// Where a window op's block of output rows and columns reads its input: the output block,
 /// the input window (clipped to the input) and the padding that window needs
 /// `(top, bottom, left, right)`.
-struct ConvWindow {
+struct SpatialWindow {
     out_rows: (usize, usize),
     out_cols: (usize, usize),
     rows: (usize, usize),
@@ -606,17 +614,18 @@ struct ConvWindow {
     pads: [usize; 4],
 }
 
-/// The window of a Conv2D / Conv2DBackpropInput / Conv2DBackpropFilter whose output (dy)
-/// rows or columns are split (loops 3 and 4 of its `dims`), for `rank`; `None` when neither
-/// is split.
-fn conv_window(
+/// The window of a Conv2D, MaxPool or AvgPool (or one of their gradients) whose output (dy)
+/// rows or columns are split (the last two loops of its `dims`), for `rank`; `None` when
+/// neither is split.
+fn spatial_window(
     node: &Node,
     d: &Decision,
     rank: usize,
-) -> Result<Option<ConvWindow>, ParallelError> {
+) -> Result<Option<SpatialWindow>, ParallelError> {
     use OpKind::*;
-    if !matches!(node.op, Conv2D | Conv2DBackpropInput | Conv2DBackpropFilter)
-        || d.sharding.loop_splits.iter().skip(3).all(|&s| s <= 1)
+    let is_pool = matches!(node.op, MaxPool | AvgPool | MaxPoolGrad | AvgPoolGrad);
+    if !(is_pool || matches!(node.op, Conv2D | Conv2DBackpropInput | Conv2DBackpropFilter))
+        || d.sharding.loop_splits.iter().rev().take(2).all(|&s| s <= 1)
     {
         return Ok(None);
     }
@@ -627,19 +636,37 @@ fn conv_window(
     };
     let input = |i: usize| d.sharding.inputs.get(i).cloned().flatten();
     let output = || d.sharding.outputs.first().cloned();
+    // The layouts of the output (or dy), x and the convolution's weight.
     let (y, x, w) = match node.op {
         Conv2D => (output(), input(0), input(1)),
         Conv2DBackpropInput => (input(0), output(), input(1)),
-        _ => (input(0), input(1), output()),
+        Conv2DBackpropFilter => (input(0), input(1), output()),
+        MaxPool | AvgPool => (output(), input(0), None),
+        _ => (input(1), input(0), None),
     };
-    let (Some(y), Some(x), Some(w)) = (y, x, w) else {
-        return Err(fail("a convolution operand has no layout".into()));
+    let (Some(y), Some(x)) = (y, x) else {
+        return Err(fail("an operand has no layout".into()));
     };
-    let geo = shardc_ir::geometry::conv2d_geometry(node, &x.tensor_shape, &w.tensor_shape)
-        .map_err(|e| fail(e.reason))?;
+    // Per spatial axis: (stride, dilation, kernel, padding before, input size).
+    let axes = if is_pool {
+        let g = shardc_ir::geometry::pool2d_geometry(node, &x.tensor_shape)
+            .map_err(|e| fail(e.reason))?;
+        [
+            (g.stride_h, 1, g.kh, g.pad_top, g.h),
+            (g.stride_w, 1, g.kw, g.pad_left, g.w),
+        ]
+    } else {
+        let w = w.ok_or_else(|| fail("the weight has no layout".into()))?;
+        let g = shardc_ir::geometry::conv2d_geometry(node, &x.tensor_shape, &w.tensor_shape)
+            .map_err(|e| fail(e.reason))?;
+        [
+            (g.stride_h, g.dil_h, g.kh, g.pad_top, g.h),
+            (g.stride_w, g.dil_w, g.kw, g.pad_left, g.w),
+        ]
+    };
     let block = y.block(rank);
     let (Some(r), Some(c)) = (block.get(2), block.get(3)) else {
-        return Err(fail("the convolution's result is not 4-d".into()));
+        return Err(fail("the result is not 4-d".into()));
     };
     // Input positions [start, end) that output positions [o0, o1) read, padding included:
     // the window [lo, hi) of the input, and the padding before and after it.
@@ -662,17 +689,9 @@ fn conv_window(
             (end - hi) as usize,
         ))
     };
-    let (rows, top, bottom) = window(
-        "rows",
-        (r.start, r.end),
-        (geo.stride_h, geo.dil_h, geo.kh, geo.pad_top, geo.h),
-    )?;
-    let (cols, left, right) = window(
-        "columns",
-        (c.start, c.end),
-        (geo.stride_w, geo.dil_w, geo.kw, geo.pad_left, geo.w),
-    )?;
-    Ok(Some(ConvWindow {
+    let (rows, top, bottom) = window("rows", (r.start, r.end), axes[0])?;
+    let (cols, left, right) = window("columns", (c.start, c.end), axes[1])?;
+    Ok(Some(SpatialWindow {
         out_rows: (r.start, r.end),
         out_cols: (c.start, c.end),
         rows,
@@ -911,8 +930,8 @@ pub fn rank_graph_with(
                     .collect(),
             ),
         };
-        let mut v = match conv_window(node, d, rank)? {
-            Some(w) => b.emit_conv_window(n, ty, &w)?,
+        let mut v = match spatial_window(node, d, rank)? {
+            Some(w) => b.emit_window_op(n, ty, &w)?,
             None => b.emit_typed(n, ty)?,
         };
         if let Some(scale) = d.sharding.scale {
