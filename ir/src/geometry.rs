@@ -300,6 +300,23 @@ fn check_format(node: &Node) -> Result<(), GeometryError> {
 }
 
 /// The explicit `pad` attribute as `[top, bottom, left, right]` (an Int pads all four sides).
+/// `pad_mode` and the explicit `pad` `(top, bottom, left, right)`, which must be zero unless
+/// the mode is `pad`.
+fn padding(node: &Node) -> Result<(PadMode, [usize; 4]), GeometryError> {
+    let mode = pad_mode(node)?;
+    let pads = explicit_pad(node)?;
+    if mode != PadMode::Pad && pads.iter().any(|&p| p != 0) {
+        return Err(GeometryError::new(
+            node,
+            format!(
+                "a non-zero `pad` ({}, {}, {}, {}) needs pad_mode `pad`",
+                pads[0], pads[1], pads[2], pads[3]
+            ),
+        ));
+    }
+    Ok((mode, pads))
+}
+
 fn explicit_pad(node: &Node) -> Result<[usize; 4], GeometryError> {
     let Some(a) = node.attrs.get("pad") else {
         return Ok([0; 4]);
@@ -395,14 +412,7 @@ pub fn conv2d_geometry(
     }
     let (stride_h, stride_w) = pair(node, "stride", Some(1))?;
     let (dil_h, dil_w) = pair(node, "dilation", Some(1))?;
-    let mode = pad_mode(node)?;
-    let pads = explicit_pad(node)?;
-    if mode != PadMode::Pad && pads.iter().any(|&p| p != 0) {
-        return Err(err(format!(
-            "a non-zero `pad` ({}, {}, {}, {}) needs pad_mode `pad`",
-            pads[0], pads[1], pads[2], pads[3]
-        )));
-    }
+    let (mode, pads) = padding(node)?;
     let (pad_top, pad_bottom, out_h) = dim(
         node,
         "vertical",
@@ -455,17 +465,7 @@ pub fn pool2d_geometry(node: &Node, x: &[usize]) -> Result<Pool2dGeometry, Geome
     let [n, c, h, w] = rank4(node, "the input", x)?;
     let (kh, kw) = pair(node, "kernel_size", None)?;
     let (stride_h, stride_w) = pair(node, "strides", Some(1))?;
-    let mode = pad_mode(node)?;
-    let pads = explicit_pad(node)?;
-    if mode != PadMode::Pad && pads.iter().any(|&p| p != 0) {
-        return Err(GeometryError::new(
-            node,
-            format!(
-                "a non-zero `pad` ({}, {}, {}, {}) needs pad_mode `pad`",
-                pads[0], pads[1], pads[2], pads[3]
-            ),
-        ));
-    }
+    let (mode, pads) = padding(node)?;
     let (pad_top, pad_bottom, out_h) = dim(
         node,
         "vertical",
