@@ -300,6 +300,40 @@ fn check_format(node: &Node) -> Result<(), GeometryError> {
 }
 
 /// The explicit `pad` attribute as `[top, bottom, left, right]` (an Int pads all four sides).
+/// Both spatial dimensions of a convolution or pool (input, kernel, stride and dilation as
+/// `(vertical, horizontal)`): `[(top, bottom, out_h), (left, right, out_w)]`.
+fn spatial(
+    node: &Node,
+    input: (usize, usize),
+    kernel: (usize, usize),
+    stride: (usize, usize),
+    dilation: (usize, usize),
+) -> Result<[(usize, usize, usize); 2], GeometryError> {
+    let (mode, pads) = padding(node)?;
+    Ok([
+        dim(
+            node,
+            "vertical",
+            mode,
+            input.0,
+            kernel.0,
+            stride.0,
+            dilation.0,
+            (pads[0], pads[1]),
+        )?,
+        dim(
+            node,
+            "horizontal",
+            mode,
+            input.1,
+            kernel.1,
+            stride.1,
+            dilation.1,
+            (pads[2], pads[3]),
+        )?,
+    ])
+}
+
 /// `pad_mode` and the explicit `pad` `(top, bottom, left, right)`, which must be zero unless
 /// the mode is `pad`.
 fn padding(node: &Node) -> Result<(PadMode, [usize; 4]), GeometryError> {
@@ -412,26 +446,12 @@ pub fn conv2d_geometry(
     }
     let (stride_h, stride_w) = pair(node, "stride", Some(1))?;
     let (dil_h, dil_w) = pair(node, "dilation", Some(1))?;
-    let (mode, pads) = padding(node)?;
-    let (pad_top, pad_bottom, out_h) = dim(
+    let [(pad_top, pad_bottom, out_h), (pad_left, pad_right, out_w)] = spatial(
         node,
-        "vertical",
-        mode,
-        h,
-        kh,
-        stride_h,
-        dil_h,
-        (pads[0], pads[1]),
-    )?;
-    let (pad_left, pad_right, out_w) = dim(
-        node,
-        "horizontal",
-        mode,
-        wd,
-        kw,
-        stride_w,
-        dil_w,
-        (pads[2], pads[3]),
+        (h, wd),
+        (kh, kw),
+        (stride_h, stride_w),
+        (dil_h, dil_w),
     )?;
     Ok(Conv2dGeometry {
         n,
@@ -465,27 +485,8 @@ pub fn pool2d_geometry(node: &Node, x: &[usize]) -> Result<Pool2dGeometry, Geome
     let [n, c, h, w] = rank4(node, "the input", x)?;
     let (kh, kw) = pair(node, "kernel_size", None)?;
     let (stride_h, stride_w) = pair(node, "strides", Some(1))?;
-    let (mode, pads) = padding(node)?;
-    let (pad_top, pad_bottom, out_h) = dim(
-        node,
-        "vertical",
-        mode,
-        h,
-        kh,
-        stride_h,
-        1,
-        (pads[0], pads[1]),
-    )?;
-    let (pad_left, pad_right, out_w) = dim(
-        node,
-        "horizontal",
-        mode,
-        w,
-        kw,
-        stride_w,
-        1,
-        (pads[2], pads[3]),
-    )?;
+    let [(pad_top, pad_bottom, out_h), (pad_left, pad_right, out_w)] =
+        spatial(node, (h, w), (kh, kw), (stride_h, stride_w), (1, 1))?;
     Ok(Pool2dGeometry {
         n,
         c,

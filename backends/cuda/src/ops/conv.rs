@@ -97,6 +97,18 @@ impl Dims {
         g.n == 0 || g.c_in == 0 || g.c_out == 0 || self.p == 0 || g.h == 0 || g.w == 0
     }
 
+    /// The column matrix of im2col / col2im: elements per image (0 when pointwise), images per
+    /// chunk, and the scratch that holds one chunk (none when pointwise).
+    fn columns(&self, call: &OpCall<'_>) -> CudaResult<(usize, usize, Option<Scratch>)> {
+        if self.pointwise() {
+            return Ok((0, self.chunk(0), None));
+        }
+        let per_image = self.rows * self.p;
+        let b = self.chunk(per_image);
+        let scratch = Scratch::new(call, b * per_image * self.esz as usize)?;
+        Ok((per_image, b, Some(scratch)))
+    }
+
     /// Images per chunk when one image needs `per_image` scratch elements.
     fn chunk(&self, per_image: usize) -> usize {
         (SCRATCH_ELEMS / per_image.max(1)).clamp(1, self.g.n.max(1))
@@ -227,14 +239,7 @@ pub(super) fn conv2d(call: &OpCall<'_>) -> CudaResult<Lowered> {
         Err(why) => return host(why),
     };
     check_shape(call, "the result", ty, &d.g.output_shape())?;
-    let pointwise = d.pointwise();
-    let per_image = if pointwise { 0 } else { d.rows * d.p };
-    let b = d.chunk(per_image);
-    let scratch = if pointwise {
-        None
-    } else {
-        Some(Scratch::new(call, b * per_image * d.esz as usize)?)
-    };
+    let (per_image, b, scratch) = d.columns(call)?;
     for n0 in (0..d.g.n).step_by(b) {
         let nb = b.min(d.g.n - n0);
         let xc = d.at(x, n0 * d.img_in);
@@ -282,14 +287,7 @@ pub(super) fn conv2d_backprop_input(call: &OpCall<'_>) -> CudaResult<Lowered> {
     };
     check_shape(call, "dy", tdy, &d.g.output_shape())?;
     check_shape(call, "the result", tdx, &x_shape)?;
-    let pointwise = d.pointwise();
-    let per_image = if pointwise { 0 } else { d.rows * d.p };
-    let b = d.chunk(per_image);
-    let scratch = if pointwise {
-        None
-    } else {
-        Some(Scratch::new(call, b * per_image * d.esz as usize)?)
-    };
+    let (per_image, b, scratch) = d.columns(call)?;
     for n0 in (0..d.g.n).step_by(b) {
         let nb = b.min(d.g.n - n0);
         let dyc = d.at(dy, n0 * d.img_out);
