@@ -81,4 +81,13 @@ pub trait Backend: Send + Sync {
         outputs: &mut [Tensor],
         ctx: &KernelContext,
     ) -> Result<(), KernelError>;
+
+    /// Runs `step` (a whole training step: every kernel and the executor's bookkeeping) in
+    /// the backend's threading context. A backend with its own worker threads runs the step on
+    /// one of them, so that the kernels it keeps serial run on a thread of its team rather
+    /// than on a further thread that competes with idle workers for the cores. The default
+    /// runs `step` on the calling thread.
+    fn in_context(&self, step: &mut (dyn FnMut() + Send)) {
+        step()
+    }
 }

@@ -900,7 +900,9 @@ impl Executor {
     pub fn step(&mut self, feeds: &[(&str, Tensor)]) -> Result<Vec<Tensor>, RuntimeError> {
         let start = Instant::now();
         self.bind_feeds(feeds)?;
-        let result = self.run_step(feeds);
+        let backend = Arc::clone(&self.backend);
+        let mut result = Ok(Vec::new());
+        backend.in_context(&mut || result = self.run_step(feeds));
         if result.is_err() {
             self.drain();
         } else {
