@@ -319,7 +319,7 @@ fn gemm_column_major_rhs<T: Real>(
     let a_moves = if a.rs == 1 { 0 } else { m * k };
     if k * n <= a_moves + m * n {
         let mut packed = take_vec::<T>(k * n);
-        transpose_into(b.data, (k, n), b.cs, &mut packed[..k * n], n, |d, v| *d = v);
+        transpose_rows(par, b.data, (k, n), b.cs, &mut packed[..k * n], n, |d, v| *d = v);
         let result = gemm_strided(
             m,
             n,
@@ -342,7 +342,7 @@ fn gemm_column_major_rhs<T: Real>(
     } else {
         a_packed = take_vec::<T>(m * k);
         if a.cs == 1 {
-            transpose_into(a.data, (k, m), a.rs, &mut a_packed[..m * k], m, |d, v| {
+            transpose_rows(par, a.data, (k, m), a.rs, &mut a_packed[..m * k], m, |d, v| {
                 *d = v
             });
         } else {
@@ -388,7 +388,7 @@ fn gemm_column_major_rhs<T: Real>(
             }
         };
         if cs == 1 {
-            transpose_into(&c[..m * n], (m, n), m, data, rs, put);
+            transpose_rows(par, &c[..m * n], (m, n), m, data, rs, put);
         } else {
             for j in 0..n {
                 for i in 0..m {
@@ -400,6 +400,36 @@ fn gemm_column_major_rhs<T: Real>(
     give_vec(c);
     give_vec(a_packed);
     result
+}
+
+/// [`transpose_into`], on bands of rows in parallel when `par` allows several threads and
+/// the copy is large enough to be worth it (a serial copy would cap the speed-up of the
+/// parallel product that follows it).
+fn transpose_rows<T: Real>(
+    par: gemm::Parallelism,
+    src: &[T],
+    (rows, cols): (usize, usize),
+    src_ld: usize,
+    dst: &mut [T],
+    dst_ld: usize,
+    put: impl Fn(&mut T, T) + Sync,
+) {
+    const BAND: usize = 64;
+    let parallel = matches!(par, gemm::Parallelism::Rayon(t) if t != 1)
+        && rows > BAND
+        && rows * cols >= 1 << 15;
+    if !parallel {
+        transpose_into(src, (rows, cols), src_ld, dst, dst_ld, put);
+        return;
+    }
+    dst.par_chunks_mut(BAND * dst_ld)
+        .take(rows.div_ceil(BAND))
+        .enumerate()
+        .for_each(|(band, d)| {
+            let i0 = band * BAND;
+            let h = BAND.min(rows - i0);
+            transpose_into(&src[i0..], (h, cols), src_ld, d, dst_ld, &put);
+        });
 }
 
 /// Writes `rows × cols` elements into the row-major `dst` (row stride `dst_ld`) from `src`,
