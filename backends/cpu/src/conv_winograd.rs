@@ -18,7 +18,7 @@
 //! so results do not depend on the thread count.
 
 use crate::conv::{give_vec, take_vec};
-use crate::matmul::{gemm_checked, gemm_par, Dst, Src};
+use crate::matmul::{gemm_checked, Dst, Src};
 use crate::real::Real;
 use crate::util::{Ctx, KResult};
 use rayon::prelude::*;
@@ -101,6 +101,25 @@ where
         for (i, c) in data.chunks_mut(chunk).enumerate() {
             f(i, c, &mut s);
         }
+    }
+}
+
+/// Runs `f(ξ, dst_ξ)` for the 16 taps, each on its own `len`-element slice of `dst`: on
+/// rayon when `parallel` (16 independent serial products keep both threads busy, where one
+/// product split across threads at a time synchronises 16 times per block), else in order.
+fn for_taps<T: Real, F>(parallel: bool, dst: &mut [T], len: usize, f: F) -> KResult
+where
+    F: Fn(usize, &mut [T]) -> KResult + Sync + Send,
+{
+    let taps = &mut dst[..16 * len];
+    if parallel {
+        taps.par_chunks_mut(len)
+            .enumerate()
+            .try_for_each(|(xi, d)| f(xi, d))
+    } else {
+        taps.chunks_mut(len)
+            .enumerate()
+            .try_for_each(|(xi, d)| f(xi, d))
     }
 }
 
@@ -494,7 +513,6 @@ pub(crate) fn forward<T: Real>(
     let (c_n, o_n, hw) = (g.c_in, g.c_out, g.h * g.w);
     let work = g.n * o_n * c_n * t.per_image * 16;
     let parallel = ctx.par.parallel(work);
-    let gpar = gemm_par(ctx.par, work);
     let cols_max = t.cols(t.b);
     let mut u = take_vec::<T>(16 * o_n * c_n);
     let mut v = take_vec::<T>(16 * c_n * cols_max);
@@ -517,13 +535,14 @@ pub(crate) fn forward<T: Real>(
                     }
                 },
             );
-            for xi in 0..16 {
+            let (u, v) = (&u[..], &v[..]);
+            for_taps(parallel, &mut m, o_n * cols, |xi, dst| {
                 gemm_checked(
                     ctx,
                     (o_n, cols, c_n),
                     Dst {
-                        data: &mut m[xi * cols..],
-                        rs: 16 * cols,
+                        data: dst,
+                        rs: cols,
                         cs: 1,
                         accumulate: false,
                     },
@@ -537,14 +556,14 @@ pub(crate) fn forward<T: Real>(
                         rs: 16 * cols,
                         cs: 1,
                     },
-                    gpar,
-                )?;
-            }
+                    gemm::Parallelism::None,
+                )
+            })?;
             let mm = &m[..];
             for_planes(parallel, yb, hw, |q, out, s| {
                 let (img, o) = (q / o_n, q % o_n);
-                let src = &mm[o * 16 * cols + img * t.per_image..];
-                output_transform(g, &t, src, cols, out, s);
+                let src = &mm[o * cols + img * t.per_image..];
+                output_transform(g, &t, src, o_n * cols, out, s);
             });
         }
         Ok(())
@@ -567,7 +586,6 @@ pub(crate) fn backprop_input<T: Real>(
     let (c_n, o_n, hw) = (g.c_in, g.c_out, g.h * g.w);
     let work = g.n * o_n * c_n * t.per_image * 16;
     let parallel = ctx.par.parallel(work);
-    let gpar = gemm_par(ctx.par, work);
     let cols_max = t.cols(t.b);
     let mut u = take_vec::<T>(16 * o_n * c_n);
     let mut v = take_vec::<T>(16 * c_n * cols_max);
@@ -590,13 +608,14 @@ pub(crate) fn backprop_input<T: Real>(
                     }
                 },
             );
-            for xi in 0..16 {
+            let (u, m) = (&u[..], &m[..]);
+            for_taps(parallel, &mut v, c_n * cols, |xi, dst| {
                 gemm_checked(
                     ctx,
                     (c_n, cols, o_n),
                     Dst {
-                        data: &mut v[xi * cols..],
-                        rs: 16 * cols,
+                        data: dst,
+                        rs: cols,
                         cs: 1,
                         accumulate: false,
                     },
@@ -610,14 +629,14 @@ pub(crate) fn backprop_input<T: Real>(
                         rs: 16 * cols,
                         cs: 1,
                     },
-                    gpar,
-                )?;
-            }
+                    gemm::Parallelism::None,
+                )
+            })?;
             let vv = &v[..];
             for_planes(parallel, dxb, hw, |q, out, s| {
                 let (img, c) = (q / c_n, q % c_n);
-                let src = &vv[c * 16 * cols + img * t.per_image..];
-                input_grad_transform(g, &t, src, cols, out, s);
+                let src = &vv[c * cols + img * t.per_image..];
+                input_grad_transform(g, &t, src, c_n * cols, out, s);
             });
         }
         Ok(())
@@ -640,7 +659,6 @@ pub(crate) fn backprop_filter<T: Real>(
     let (c_n, o_n, hw) = (g.c_in, g.c_out, g.h * g.w);
     let work = g.n * o_n * c_n * t.per_image * 16;
     let parallel = ctx.par.parallel(work);
-    let gpar = gemm_par(ctx.par, work);
     let cols_max = t.cols(t.b);
     let mut du = take_vec::<T>(16 * o_n * c_n);
     let mut v = take_vec::<T>(16 * c_n * cols_max);
@@ -674,12 +692,13 @@ pub(crate) fn backprop_filter<T: Real>(
                     }
                 },
             );
-            for xi in 0..16 {
+            let (m, v) = (&m[..], &v[..]);
+            for_taps(parallel, &mut du, o_n * c_n, |xi, dst| {
                 gemm_checked(
                     ctx,
                     (o_n, c_n, cols),
                     Dst {
-                        data: &mut du[xi * o_n * c_n..][..o_n * c_n],
+                        data: dst,
                         rs: c_n,
                         cs: 1,
                         accumulate: n0 > 0,
@@ -694,9 +713,9 @@ pub(crate) fn backprop_filter<T: Real>(
                         rs: 1,
                         cs: 16 * cols,
                     },
-                    gpar,
-                )?;
-            }
+                    gemm::Parallelism::None,
+                )
+            })?;
             n0 += b;
         }
         filter_output_transform(g, &du, dw);

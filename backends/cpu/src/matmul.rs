@@ -319,7 +319,15 @@ fn gemm_column_major_rhs<T: Real>(
     let a_moves = if a.rs == 1 { 0 } else { m * k };
     if k * n <= a_moves + m * n {
         let mut packed = take_vec::<T>(k * n);
-        transpose_rows(par, b.data, (k, n), b.cs, &mut packed[..k * n], n, |d, v| *d = v);
+        transpose_rows(
+            par,
+            b.data,
+            (k, n),
+            b.cs,
+            &mut packed[..k * n],
+            n,
+            |d, v| *d = v,
+        );
         let result = gemm_strided(
             m,
             n,
@@ -342,9 +350,15 @@ fn gemm_column_major_rhs<T: Real>(
     } else {
         a_packed = take_vec::<T>(m * k);
         if a.cs == 1 {
-            transpose_rows(par, a.data, (k, m), a.rs, &mut a_packed[..m * k], m, |d, v| {
-                *d = v
-            });
+            transpose_rows(
+                par,
+                a.data,
+                (k, m),
+                a.rs,
+                &mut a_packed[..m * k],
+                m,
+                |d, v| *d = v,
+            );
         } else {
             for p in 0..k {
                 for i in 0..m {

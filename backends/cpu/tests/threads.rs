@@ -19,6 +19,18 @@ fn cases() -> Vec<Case> {
             .attr("transpose_b", Attr::Bool(true))
             .out(DType::Float64, &[200, 150]),
     );
+    // Few rows: the product is computed column-major from a column-major `a` (both
+    // transposes) or a copied one.
+    for ta in [false, true] {
+        v.push(
+            op(OpKind::MatMul)
+                .t(if ta { r(&[300, 24]) } else { r(&[24, 300]) })
+                .t(r(&[400, 300]))
+                .attr("transpose_a", Attr::Bool(ta))
+                .attr("transpose_b", Attr::Bool(true))
+                .out(DType::Float64, &[24, 400]),
+        );
+    }
     v.push(
         op(OpKind::MatMul)
             .t(r(&[517, 263]))
