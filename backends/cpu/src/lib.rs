@@ -32,6 +32,7 @@ pub use real::{Elem, Real};
 
 use shardc_ir::{DType, Node, OpClass, OpKind};
 use shardc_runtime::{Arg, Backend, KernelContext, KernelError, Tensor};
+use std::sync::atomic::{AtomicBool, Ordering};
 use util::{with_float, Ctx, KResult, Par};
 
 /// The CPU backend.
@@ -44,6 +45,10 @@ pub struct CpuBackend {
     pool: Option<rayon::ThreadPool>,
     /// Threads the kernels may use (1: fully serial).
     threads: usize,
+    /// Whether a kernel has run on several threads: from then on, steps run on the pool
+    /// (see [`Backend::in_context`]); a graph of small kernels only (the quickstart net) stays
+    /// on the caller's thread and pays no hand-off per step.
+    used_pool: AtomicBool,
 }
 
 impl CpuBackend {
@@ -52,6 +57,7 @@ impl CpuBackend {
         CpuBackend {
             pool: None,
             threads: rayon::current_num_threads().max(1),
+            used_pool: AtomicBool::new(false),
         }
     }
 
@@ -63,6 +69,7 @@ impl CpuBackend {
             return CpuBackend {
                 pool: None,
                 threads: 1,
+                used_pool: AtomicBool::new(false),
             };
         }
         match rayon::ThreadPoolBuilder::new()
@@ -73,10 +80,12 @@ impl CpuBackend {
             Ok(pool) => CpuBackend {
                 pool: Some(pool),
                 threads,
+                used_pool: AtomicBool::new(false),
             },
             Err(_) => CpuBackend {
                 pool: None,
                 threads: 1,
+                used_pool: AtomicBool::new(false),
             },
         }
     }
@@ -116,20 +125,23 @@ impl Backend for CpuBackend {
             },
             step: ctx.step,
         };
+        if parallel && !self.used_pool.load(Ordering::Relaxed) {
+            self.used_pool.store(true, Ordering::Relaxed);
+        }
         match &self.pool {
             Some(pool) if parallel => pool.install(|| dispatch(&kctx, inputs, outputs)),
             _ => dispatch(&kctx, inputs, outputs),
         }
     }
 
-    /// With a dedicated pool, the step runs on one of its workers: serial kernels then run
-    /// inline on that worker, and no caller thread competes with the pool's spinning workers
-    /// for the cores (with two cores and two workers, the caller made three threads, and every
-    /// small kernel ran several times slower).
+    /// With a dedicated pool, once a kernel has used it, the step runs on one of its workers:
+    /// serial kernels then run inline on that worker, and no caller thread competes with the
+    /// pool's spinning workers for the cores (with two cores and two workers, the caller made
+    /// three threads, and every small kernel ran several times slower).
     fn in_context(&self, step: &mut (dyn FnMut() + Send)) {
         match &self.pool {
-            Some(pool) => pool.install(step),
-            None => step(),
+            Some(pool) if self.used_pool.load(Ordering::Relaxed) => pool.install(step),
+            _ => step(),
         }
     }
 }
