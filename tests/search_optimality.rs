@@ -1,7 +1,8 @@
 //! The searchers against the exact optimum: on random small training graphs (about 20 to 40
 //! searched ops) at 4 and 8 devices, the integer program's optimum of the cost graph is the
-//! reference; dynamic programming must equal it wherever it claims exactness, and recursive
-//! programming must stay within 10 % of it on average. The distribution of the ratios is
+//! reference; dynamic programming must equal it wherever it claims exactness (and claim it
+//! in at least 80 % of the cases), and recursive programming must stay within 10 % of it on
+//! average. The distribution of the ratios is
 //! printed (`cargo nextest run --test search_optimality --no-capture`).
 //!
 //! `SHARDC_CASE=seed` reruns one case.
@@ -224,6 +225,14 @@ fn searchers_against_the_ilp_optimum_on_random_small_graphs() {
             c.seed, c.devices, c.rec, c.optimum
         );
     }
+    // Training graphs are not series-parallel (a weight meets its gradient and its update),
+    // so exactness comes from conditioning on small cut sets; the comparison above must not
+    // be vacuous.
+    assert!(
+        exact * 10 >= cases.len() * 8,
+        "dynamic programming proved only {exact} of {} cases (expected at least 80 %)",
+        cases.len()
+    );
     let mean = rec.iter().sum::<f64>() / rec.len() as f64;
     assert!(
         mean <= 1.10,

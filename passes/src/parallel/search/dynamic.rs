@@ -15,11 +15,17 @@
 //! On a series-parallel graph (chains, trees, diamonds, nested residual blocks) these steps
 //! eliminate everything, and back-substitution in reverse order recovers a choice that is
 //! optimal. Where every remaining node has three neighbours or more, the fallback conditions
-//! on the node of most neighbours (lowest index first): it takes the candidate with the least unary cost plus the
-//! best of each incident edge, its edges become unary costs of its neighbours, and the result
-//! is no longer proven optimal (`exact: false`, a note names the nodes so fixed). Those
-//! nodes are a cut set: [`improve`] then searches around the result, each cut node trying
-//! every candidate with the rest re-solved exactly.
+//! on the node of most neighbours (lowest index first): it takes the candidate with the least
+//! unary cost plus the best of each incident edge, and its edges become unary costs of its
+//! neighbours. The nodes so fixed are a cut set: with them fixed, the rest is solved exactly.
+//! - When the combinations of the cut's candidates fit [`CUT_BUDGET`], every one is tried
+//!   (cut-set conditioning, on rayon) and the best is optimal (`exact: true`, a note gives
+//!   the cut's size). Training graphs are rarely series-parallel (a weight meets its
+//!   gradient and its update), but their cut sets are small: 1 to 4 ops on the random graphs
+//!   of `tests/search_optimality.rs`.
+//! - Otherwise [`improve`] searches around the fallback's result, each cut node trying every
+//!   candidate with the rest re-solved exactly, and the result is not proven optimal
+//!   (`exact: false`, a note names the cut).
 //!
 //! The memory limit: memory is a sum of per-node terms, so the search minimises
 //! `time + λ · memory` (Lagrangian relaxation). With `λ = 0` first; if that choice does not
@@ -306,14 +312,88 @@ impl Elimination {
     }
 }
 
-/// One elimination at memory weight `lambda`: the choice, and the nodes fixed greedily.
-fn solve(cg: &CostGraph, lambda: f64) -> (Vec<usize>, Vec<usize>) {
-    let (choice, fixed, _) = Elimination::new(cg, lambda).run(&[]);
-    if fixed.is_empty() {
-        return (choice, fixed);
+/// What one solve at a memory weight found.
+struct Solved {
+    /// A candidate per node.
+    choice: Vec<usize>,
+    /// The cut set the fallback fixed (empty for a series-parallel graph).
+    cut: Vec<usize>,
+    /// Whether `choice` is proven optimal at this weight: the graph was series-parallel, or
+    /// every combination of the cut's candidates was tried with the rest solved exactly.
+    exact: bool,
+}
+
+/// One elimination at memory weight `lambda`. Where the fallback had to fix a cut set, every
+/// combination of the cut's candidates is tried when they fit [`CUT_BUDGET`] (cut-set
+/// conditioning: exact); otherwise [`improve`] searches around the result.
+fn solve(cg: &CostGraph, lambda: f64) -> Solved {
+    let (choice, cut, work) = Elimination::new(cg, lambda).run(&[]);
+    if cut.is_empty() {
+        return Solved {
+            choice,
+            cut,
+            exact: true,
+        };
     }
-    let choice = improve(cg, lambda, choice, fixed.clone());
-    (choice, fixed)
+    if let Some(best) = condition_on_cut(cg, lambda, &cut, work) {
+        return Solved {
+            choice: best,
+            cut,
+            exact: true,
+        };
+    }
+    let choice = improve(cg, lambda, choice, cut.clone());
+    Solved {
+        choice,
+        cut,
+        exact: false,
+    }
+}
+
+/// The work [`condition_on_cut`] may spend, in the unit of [`IMPROVE_BUDGET`] (about two
+/// seconds of one core here, shared by the threads).
+pub const CUT_BUDGET: usize = 2 * IMPROVE_BUDGET;
+
+/// Cut-set conditioning: the optimum over every combination of the candidates of `cut`,
+/// each with the rest of the graph solved exactly by elimination, or `None` when the
+/// combinations would exceed [`CUT_BUDGET`] (one solve costs about `work`) or some
+/// combination leaves a remainder that elimination cannot solve exactly. Combinations run on
+/// rayon; ties go to the first combination in counting order, so the answer does not depend
+/// on the thread count.
+fn condition_on_cut(cg: &CostGraph, lambda: f64, cut: &[usize], work: usize) -> Option<Vec<usize>> {
+    use rayon::prelude::*;
+    let radix: Vec<usize> = cut.iter().map(|&v| cg.nodes[v].len().max(1)).collect();
+    let combos = radix
+        .iter()
+        .try_fold(1usize, |acc, &r| acc.checked_mul(r))?;
+    if combos.checked_mul(work.max(1))? > CUT_BUDGET {
+        return None;
+    }
+    let price = |c: &[usize]| cg.total(c) + lambda * cg.memory(c);
+    let best = (0..combos)
+        .into_par_iter()
+        .map(|index| {
+            let mut rest = index;
+            let forced: Vec<(usize, usize)> = cut
+                .iter()
+                .zip(&radix)
+                .map(|(&v, &r)| {
+                    let c = rest % r;
+                    rest /= r;
+                    (v, c)
+                })
+                .collect();
+            let (choice, more, _) = Elimination::new(cg, lambda).run(&forced);
+            more.is_empty().then(|| (price(&choice), index, choice))
+        })
+        .try_reduce_with(|a, b| {
+            Some(if b.0 < a.0 || (b.0 == a.0 && b.1 < a.1) {
+                b
+            } else {
+                a
+            })
+        })??;
+    Some(best.2)
 }
 
 /// The work [`improve`] may spend, in candidate combinations its re-solves visit (a
@@ -324,6 +404,12 @@ pub const IMPROVE_BUDGET: usize = 60_000_000;
 /// set for [`improve`].
 pub fn cut_set(cg: &CostGraph) -> Vec<usize> {
     Elimination::new(cg, 0.0).run(&[]).1
+}
+
+/// Whether [`search`] proves its answer on `cg` (without a memory limit): the graph is
+/// series-parallel, or its cut set's combinations fit [`CUT_BUDGET`].
+pub fn is_exact(cg: &CostGraph) -> bool {
+    solve(cg, 0.0).exact
 }
 
 /// Large-neighbourhood search around `choice` for a graph that elimination cannot solve
@@ -389,7 +475,7 @@ pub fn search(cg: &CostGraph, memory_limit: Option<f64>) -> Result<SearchResult,
     cg.validate()?;
     check_memory_feasible(cg, memory_limit)?;
     let mut notes = Vec::new();
-    let (choice, fixed) = solve(cg, 0.0);
+    let first = solve(cg, 0.0);
     let fallback_note = |fixed: &[usize]| {
         let names: Vec<&str> = fixed
             .iter()
@@ -405,11 +491,21 @@ pub fn search(cg: &CostGraph, memory_limit: Option<f64>) -> Result<SearchResult,
             if fixed.len() > 8 { ", ..." } else { "" }
         )
     };
+    let conditioned_note = |cut: &[usize]| {
+        let combos: f64 = cut.iter().map(|&v| cg.nodes[v].len() as f64).product();
+        format!(
+            "dynamic_programming: the cost graph is not series-parallel; solved exactly by \
+             conditioning on a cut set of {} op(s) ({combos} candidate combinations)",
+            cut.len()
+        )
+    };
     let fits = |c: &[usize]| memory_limit.is_none_or(|l| cg.memory(c) <= l);
-    if fits(&choice) {
-        let exact = fixed.is_empty();
+    if fits(&first.choice) {
+        let Solved { choice, cut, exact } = first;
         if !exact {
-            notes.push(fallback_note(&fixed));
+            notes.push(fallback_note(&cut));
+        } else if !cut.is_empty() {
+            notes.push(conditioned_note(&cut));
         }
         let cost = cg.total(&choice);
         return Ok(SearchResult {
@@ -419,6 +515,7 @@ pub fn search(cg: &CostGraph, memory_limit: Option<f64>) -> Result<SearchResult,
             notes,
         });
     }
+    let choice = first.choice;
     let limit = memory_limit.unwrap_or(f64::INFINITY);
     // Grow λ until a choice fits, then bisect towards the least such λ.
     let scale = cg.total(&choice) / cg.memory(&choice).max(1.0);
@@ -434,7 +531,9 @@ pub fn search(cg: &CostGraph, memory_limit: Option<f64>) -> Result<SearchResult,
     let mut best: Kept = None;
     let mut found = false;
     for _ in 0..200 {
-        let (c, f) = solve(cg, hi);
+        let Solved {
+            choice: c, cut: f, ..
+        } = solve(cg, hi);
         if fits(&c) {
             keep(hi, c, f, &mut best);
             found = true;
@@ -450,7 +549,9 @@ pub fn search(cg: &CostGraph, memory_limit: Option<f64>) -> Result<SearchResult,
     } else {
         for _ in 0..BISECTIONS {
             let mid = 0.5 * (lo + hi);
-            let (c, f) = solve(cg, mid);
+            let Solved {
+                choice: c, cut: f, ..
+            } = solve(cg, mid);
             if fits(&c) {
                 keep(mid, c, f, &mut best);
                 hi = mid;
@@ -525,7 +626,7 @@ mod tests {
     }
 
     #[test]
-    fn series_parallel_graphs_are_exact_and_complete_graphs_fall_back() {
+    fn series_parallel_graphs_are_exact_small_cuts_are_conditioned_and_large_ones_fall_back() {
         let mut rng = Rng(5);
         // A diamond and a chain with skip edges of length 2.
         for shape in [
@@ -549,21 +650,36 @@ mod tests {
             assert!(r.exact, "{shape:?}");
             assert!(close(r.cost, brute_force(&cg, None).unwrap().cost));
         }
-        // K5: every node has four neighbours.
-        let nodes: Vec<SearchNode> = (0..5)
-            .map(|i| node(&format!("k{i}"), vec![1.0, 2.0]))
-            .collect();
-        let mut edges = Vec::new();
-        for a in 0..5 {
-            for b in a + 1..5 {
-                edges.push(SearchEdge {
-                    a,
-                    b,
-                    cost: (0..4).map(|_| rng.unit()).collect(),
-                });
+        // K5: every node has four neighbours; a cut set of two nodes leaves a triangle, and
+        // their 4 combinations are all tried: exact.
+        let complete = |n: usize, k: usize, rng: &mut Rng| {
+            let nodes: Vec<SearchNode> = (0..n)
+                .map(|i| node(&format!("k{i}"), (0..k).map(|c| 1.0 + c as f64).collect()))
+                .collect();
+            let mut edges = Vec::new();
+            for a in 0..n {
+                for b in a + 1..n {
+                    edges.push(SearchEdge {
+                        a,
+                        b,
+                        cost: (0..k * k).map(|_| rng.unit()).collect(),
+                    });
+                }
             }
-        }
-        let cg = CostGraph { nodes, edges };
+            CostGraph { nodes, edges }
+        };
+        let cg = complete(5, 2, &mut rng);
+        let r = search(&cg, None).unwrap();
+        assert!(r.exact, "{:?}", r.notes);
+        assert!(
+            r.notes[0].contains("conditioning on a cut set of 2"),
+            "{:?}",
+            r.notes
+        );
+        assert!(close(r.cost, brute_force(&cg, None).unwrap().cost));
+        // K9 with 10 candidates: a cut set of 7 nodes, 10^7 combinations, beyond the budget:
+        // the fallback's local search, not proven.
+        let cg = complete(9, 10, &mut rng);
         let r = search(&cg, None).unwrap();
         assert!(!r.exact);
         assert!(r.notes[0].contains("not series-parallel"), "{:?}", r.notes);
