@@ -208,7 +208,7 @@ fn gelu<T: Real>(x: T) -> T {
     let c = T::from_f64(GELU_C);
     let a = T::from_f64(GELU_A);
     let half = T::from_f64(0.5);
-    half * x * (T::ONE + (c * (x + a * x * x * x)).tanh())
+    half * x * (T::ONE + (c * (x + a * x * x * x)).tanh_fast())
 }
 
 /// The exact derivative of [`gelu`].
@@ -218,7 +218,7 @@ fn gelu_grad<T: Real>(x: T) -> T {
     let a = T::from_f64(GELU_A);
     let half = T::from_f64(0.5);
     let three = T::from_f64(3.0);
-    let t = (c * (x + a * x * x * x)).tanh();
+    let t = (c * (x + a * x * x * x)).tanh_fast();
     half * (T::ONE + t) + half * x * (T::ONE - t * t) * c * (T::ONE + three * a * x * x)
 }
 

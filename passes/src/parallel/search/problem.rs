@@ -146,7 +146,7 @@ fn const_index(o: Option<&Operand>) -> usize {
 
 /// FLOPs of one iteration of `op`'s loops, and whether they run at the GEMM rate (a
 /// contraction) or the vector rate. The vector weights are what one element costs relative to
-/// an add: a transcendental function (erf, exp, tanh) tens of operations, a normalisation or a
+/// an add: a transcendental function (exp, tanh) tens of operations, a normalisation or a
 /// softmax its several passes over the row.
 fn flops_per_iteration(g: &Graph, node: &shardc_ir::Node) -> (f64, bool) {
     use OpKind::*;
@@ -171,9 +171,10 @@ fn flops_per_iteration(g: &Graph, node: &shardc_ir::Node) -> (f64, bool) {
                 .unwrap_or(9.0);
             return (2.0 * k, true);
         }
-        GeLU
-        | GeLUGrad
-        | Softmax
+        // The tanh GeLU's tanh is a vectorised rational function in f32 (measured on rank 0
+        // of `shardc bench strategies --stats`: about a fifth of a softmax per element).
+        GeLU | GeLUGrad => 8.0,
+        Softmax
         | LogSoftmax
         | SoftmaxGrad
         | LogSoftmaxGrad
