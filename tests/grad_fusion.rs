@@ -271,3 +271,36 @@ fn gradient_all_reduces_follow_their_gradients() {
         .unwrap();
     assert!(last_reduce < first_update);
 }
+
+#[test]
+fn data_parallel_reduces_weight_gradients_instead_of_gathering_the_batch() {
+    // With a large weight and a small batch, gathering the batch to compute each weight
+    // gradient whole moves fewer bytes than reducing the gradient; data_parallel still splits
+    // the batch everywhere and reduces the partial gradients, as MindSpore's does.
+    let mlp = zoo::mlp(64, &[784, 512, 512, 10]).unwrap();
+    let par = compile(mlp, &options(2, true, None))
+        .unwrap()
+        .parallel
+        .unwrap();
+    for (r, g) in par.ranks.iter().enumerate() {
+        let ops: Vec<_> = g.nodes.iter().map(|n| n.op).collect();
+        assert!(
+            !ops.contains(&shardc::ir::OpKind::AllGather),
+            "rank {r} gathers: {ops:?}"
+        );
+    }
+    for node in &par.begin.nodes {
+        if node.op == shardc::ir::OpKind::MatMul && node.instance.ends_with("_b") {
+            let d = par.assignment.decisions
+                [par.begin.node_by_instance(&node.instance).unwrap().index()]
+            .as_ref()
+            .unwrap();
+            assert_eq!(
+                d.sharding.strategy.to_string(),
+                "((2, 1), (2, 1))",
+                "{} does not split the batch",
+                node.instance
+            );
+        }
+    }
+}

@@ -269,7 +269,13 @@ impl<'g> State<'g> {
 
     /// Cost of candidate sharding `c` for node `n` against its known neighbours:
     /// (communication, compute).
-    fn cost(&self, n: NodeId, c: &OpSharding, from: &mut Vec<String>) -> (f64, f64) {
+    fn cost(
+        &self,
+        n: NodeId,
+        c: &OpSharding,
+        local_iterations: f64,
+        from: &mut Vec<String>,
+    ) -> (f64, f64) {
         let node = self.g.node(n);
         let eb = |l: &TensorLayout| -> usize {
             let _ = l;
@@ -310,14 +316,18 @@ impl<'g> State<'g> {
             }
         }
         // Compute: the local iteration count, in bytes-equivalent (a flop is cheap next to a
-        // byte on the wire).
-        let iters: f64 = c
+        // byte on the wire). The largest local tensor is a floor: an op whose loops are fewer
+        // than its elements still writes every element.
+        let largest: f64 = c
             .outputs
             .iter()
             .chain(c.inputs.iter().flatten())
             .map(|l| l.slice_shape().iter().product::<usize>() as f64)
             .fold(0.0, f64::max);
-        (cost, iters * COMPUTE_BYTES_PER_ELEMENT)
+        (
+            cost,
+            local_iterations.max(largest) * COMPUTE_BYTES_PER_ELEMENT,
+        )
     }
 
     fn choose(&self, n: NodeId) -> Result<Decision, ParallelError> {
@@ -325,6 +335,12 @@ impl<'g> State<'g> {
         let dims = dims_of(self.g, node)?;
         let cands = candidates(self.g, node, &dims, self.opts.device_num, MAX_SPLIT_LOOPS);
         let mut best: Option<(f64, OpSharding, Vec<String>)> = None;
+        // In data_parallel every op takes its operands as they come (split along the batch)
+        // and only the partial sums of the weight gradients are reduced, as MindSpore's data
+        // parallelism does: a candidate that redistributes an operand is taken only when no
+        // candidate avoids it.
+        let pure_data_parallel = self.opts.mode == Mode::DataParallel;
+        let mut best_in_place: Option<(f64, OpSharding, Vec<String>)> = None;
         let mut weighed = Vec::with_capacity(cands.len());
         for splits in cands {
             let Ok(c) =
@@ -333,7 +349,15 @@ impl<'g> State<'g> {
                 continue;
             };
             let mut from = Vec::new();
-            let (communication, compute) = self.cost(n, &c, &mut from);
+            // Every loop, contractions included: a weight gradient that gathers the batch
+            // instead of splitting it does the whole batch's multiply-adds on every device.
+            let local_iterations: f64 = dims
+                .loop_sizes
+                .iter()
+                .zip(&splits)
+                .map(|(&size, &split)| (size / split.max(1)).max(1) as f64)
+                .product();
+            let (communication, compute) = self.cost(n, &c, local_iterations, &mut from);
             let cost = communication + compute;
             weighed.push(Candidate {
                 strategy: c.strategy.clone(),
@@ -342,15 +366,29 @@ impl<'g> State<'g> {
                 compute,
                 memory: 0.0,
             });
-            if best.as_ref().is_none_or(|(b, _, _)| cost < *b - 1e-9) {
-                best = Some((cost, c, from));
+            let in_place = pure_data_parallel
+                && node.inputs.iter().zip(&c.inputs).all(|(o, want)| {
+                    match (self.operand_layout(o), want) {
+                        (Some((have, _)), Some(want)) => self.plan_cost(&have, want) == 0.0,
+                        _ => true,
+                    }
+                });
+            let slot = if in_place {
+                &mut best_in_place
+            } else {
+                &mut best
+            };
+            if slot.as_ref().is_none_or(|(b, _, _)| cost < *b - 1e-9) {
+                *slot = Some((cost, c, from));
             }
         }
-        let (cost, sh, from) = best.ok_or_else(|| ParallelError::NoRule {
-            instance: node.instance.clone(),
-            op: node.op,
-            reason: "no strategy is valid on this device count".into(),
-        })?;
+        let (cost, sh, from) = best_in_place
+            .or(best)
+            .ok_or_else(|| ParallelError::NoRule {
+                instance: node.instance.clone(),
+                op: node.op,
+                reason: "no strategy is valid on this device count".into(),
+            })?;
         Ok(Decision {
             sharding: sh,
             source: Source::Propagated { from, cost },
