@@ -1,4 +1,6 @@
-//! Waiting on a word of shared memory: a short spin, a few yields, then a futex sleep.
+//! Waiting on a word of shared memory: a short spin, a few yields, then a futex sleep
+//! ([`WaitPolicy`]: no spin and longer yielding when the ranks on the host outnumber its
+//! cores, so that a waiter hands its core to the rank it waits for).
 //!
 //! The futex calls use the shared (not `FUTEX_PRIVATE_FLAG`) variants, so a process can sleep
 //! on a word of a mapping that another process changes and wakes. Each wait pairs a *word*
@@ -8,10 +10,38 @@
 use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
-/// How long a waiter spins before yielding.
-const SPIN: Duration = Duration::from_micros(15);
-/// How many times a waiter yields its core before it sleeps.
-const YIELDS: u32 = 4;
+/// How a waiter passes the time before it sleeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WaitPolicy {
+    /// How long it spins before yielding.
+    pub spin: Duration,
+    /// How long it yields its core (at least a few times) before it sleeps.
+    pub yielding: Duration,
+}
+
+impl WaitPolicy {
+    /// For `ranks` processes on a host with `cores` cores. With a core each, a short spin
+    /// answers fastest (a futex wake-up costs tens of microseconds). With more ranks than
+    /// cores, a spinning waiter holds the core the rank it waits for needs: it yields at
+    /// once, for up to 200 µs (as Open MPI yields when it finds itself oversubscribed), and
+    /// only then sleeps.
+    pub fn for_host(ranks: usize, cores: usize) -> WaitPolicy {
+        if ranks > cores.max(1) {
+            WaitPolicy {
+                spin: Duration::ZERO,
+                yielding: Duration::from_micros(200),
+            }
+        } else {
+            WaitPolicy {
+                spin: Duration::from_micros(15),
+                yielding: Duration::ZERO,
+            }
+        }
+    }
+}
+
+/// The fewest yields before a sleep, whatever the policy's yielding time.
+const MIN_YIELDS: u32 = 4;
 /// The longest single futex sleep (the condition is checked again after each).
 const MAX_SLEEP: Duration = Duration::from_millis(50);
 
@@ -61,31 +91,36 @@ pub(crate) fn signal(word: &AtomicU32, sleepers: &AtomicU32) {
     }
 }
 
-/// Waits until `cond` holds, at most `timeout`; returns whether it holds. `cond` must become
-/// true only after a [`signal`] on (`word`, `sleepers`) by the side that makes it true.
+/// Waits until `cond` holds, at most `timeout`, as `policy` says; returns whether it holds.
+/// `cond` must become true only after a [`signal`] on (`word`, `sleepers`) by the side that
+/// makes it true.
 pub(crate) fn wait_until(
     word: &AtomicU32,
     sleepers: &AtomicU32,
     timeout: Duration,
+    policy: WaitPolicy,
     mut cond: impl FnMut() -> bool,
 ) -> bool {
     if cond() {
         return true;
     }
     let start = Instant::now();
-    loop {
+    while !policy.spin.is_zero() {
         for _ in 0..64 {
             if cond() {
                 return true;
             }
             std::hint::spin_loop();
         }
-        if start.elapsed() >= SPIN {
+        if start.elapsed() >= policy.spin {
             break;
         }
     }
-    for _ in 0..YIELDS {
+    let yielded = Instant::now();
+    let mut yields = 0u32;
+    while yields < MIN_YIELDS || yielded.elapsed() < policy.yielding {
         std::thread::yield_now();
+        yields += 1;
         if cond() {
             return true;
         }

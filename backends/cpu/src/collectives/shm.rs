@@ -31,7 +31,7 @@
 //! the results. ReduceScatter and AllToAll use the same pieces; AllGather and Broadcast
 //! stream the tensor in box-sized rounds.
 
-use super::futex::{signal, wait_until};
+use super::futex::{signal, wait_until, WaitPolicy};
 use shardc_ir::{DType, ReduceOp};
 use shardc_runtime::comm::{arguments, check_group, Collective, CommError, Communicator};
 use shardc_runtime::{Data, Tensor};
@@ -266,6 +266,8 @@ pub struct ShmComm {
     rank: usize,
     size: usize,
     timeout: Duration,
+    /// How members wait for each other (oversubscribed hosts yield instead of spinning).
+    wait: WaitPolicy,
     /// Per rank: its segment, for the ranks on this host.
     segs: Vec<Option<Segment>>,
     box_bytes: usize,
@@ -480,7 +482,9 @@ impl ShmComm {
         let want = (local.len() - 1) as u32;
         let remaining = setup.timeout.saturating_sub(start.elapsed());
         let (w, s) = (own.u32_at(H_MAPPED), own.u32_at(H_MAPPED_SLEEPERS));
-        if !wait_until(w, s, remaining, || w.load(Ordering::SeqCst) >= want) {
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        let wait = WaitPolicy::for_host(local.len(), cores);
+        if !wait_until(w, s, remaining, wait, || w.load(Ordering::SeqCst) >= want) {
             return Err(setup_error(
                 setup,
                 format!(
@@ -495,6 +499,7 @@ impl ShmComm {
             rank: setup.rank,
             size: setup.size,
             timeout: setup.timeout,
+            wait,
             segs,
             box_bytes,
             state: Mutex::new(State {
@@ -701,7 +706,7 @@ impl<'a> Call<'a> {
                 .all(|&(r, t)| own.ack(b, r).load(Ordering::Acquire) == t)
         };
         let (w, s) = own.ack_word(b);
-        if !wait_until(w, s, self.comm.timeout, done) {
+        if !wait_until(w, s, self.comm.timeout, self.comm.wait, done) {
             let missing: Vec<usize> = pending
                 .iter()
                 .filter(|&&(r, t)| own.ack(b, r).load(Ordering::Acquire) != t)
@@ -742,7 +747,9 @@ impl<'a> Call<'a> {
     fn wait(&mut self, k: usize, b: usize, step: u64) -> Result<&'a [u8], CommError> {
         let seg = self.comm.seg(self.group[k]);
         let (w, s) = seg.ready(b);
-        if !wait_until(w, s, self.comm.timeout, || self.published(k, b, step)) {
+        if !wait_until(w, s, self.comm.timeout, self.comm.wait, || {
+            self.published(k, b, step)
+        }) {
             let missing: Vec<usize> = (0..self.n())
                 .filter(|&j| j != self.me && !self.published(j, b, step))
                 .map(|j| self.group[j])
