@@ -542,8 +542,8 @@ impl ShmComm {
         &'a self,
         collective: Collective,
         group: &'a [usize],
-        params: &str,
-        ty: &str,
+        params: &dyn std::fmt::Display,
+        ty: &dyn std::fmt::Display,
         fill: impl FnOnce(&mut [u8]),
     ) -> Result<Call<'a>, CommError> {
         check_group(collective, group, self.rank, self.size)?;
@@ -560,10 +560,15 @@ impl ShmComm {
         let me = group.iter().position(|&r| r == self.rank).unwrap_or(0);
         let mut st = self.lock();
         let seq = {
-            let s = st.seq.entry(group.to_vec()).or_insert(0);
-            let v = *s;
-            *s += 1;
-            v
+            // The group's key is allocated on its first call only.
+            if !st.seq.contains_key(group) {
+                st.seq.insert(group.to_vec(), 0);
+            }
+            let s = st.seq.get_mut(group).map_or(0, |s| {
+                *s += 1;
+                *s - 1
+            });
+            s
         };
         let mut call = Call {
             comm: self,
@@ -576,7 +581,7 @@ impl ShmComm {
         };
         let own = self.seg(self.rank);
         let buf = call.acquire(0)?;
-        write_meta(own.meta_ptr(0), &format!("{collective}({params})"), ty);
+        write_meta(own.meta_ptr(0), &format_args!("{collective}({params})"), ty);
         fill(buf);
         call.commit(0, 0);
         if let Err(e) = call.wait_all(0, 0) {
@@ -605,40 +610,86 @@ impl ShmComm {
     }
 }
 
-/// Writes a call description (two strings, each truncated to fit).
-fn write_meta(p: *mut u8, call: &str, ty: &str) {
-    let cap = (META_BYTES - 8) / 2;
-    let cut = |s: &str| -> usize {
-        let mut n = s.len().min(cap);
+/// Bytes of a call description before its two strings: the FNV-1a hash of both (whole,
+/// before truncation) and the two lengths.
+const META_HEAD: usize = 16;
+
+/// Formats into a fixed buffer (the rest is cut) while hashing everything written.
+struct MetaWriter<'b> {
+    buf: &'b mut [u8],
+    len: usize,
+    hash: u64,
+}
+
+impl std::fmt::Write for MetaWriter<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        for &b in s.as_bytes() {
+            self.hash = (self.hash ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        let mut n = s.len().min(self.buf.len() - self.len);
         while !s.is_char_boundary(n) {
             n -= 1;
         }
-        n
-    };
-    let (a, b) = (cut(call), cut(ty));
+        self.buf[self.len..self.len + n].copy_from_slice(&s.as_bytes()[..n]);
+        self.len += n;
+        Ok(())
+    }
+}
+
+/// Writes a call description: the call and the operand type, each truncated to fit, and a
+/// hash of both that the members compare first (no allocation on the way: this runs on
+/// every call, and a 4 KiB AllReduce takes about a microsecond).
+fn write_meta(p: *mut u8, call: &dyn std::fmt::Display, ty: &dyn std::fmt::Display) {
+    use std::fmt::Write;
+    let cap = (META_BYTES - META_HEAD) / 2;
     // SAFETY: the description area of our own box, META_BYTES long; nobody reads it before
     // the tag is published.
-    unsafe {
-        std::ptr::copy_nonoverlapping((a as u32).to_le_bytes().as_ptr(), p, 4);
-        std::ptr::copy_nonoverlapping((b as u32).to_le_bytes().as_ptr(), p.add(4), 4);
-        std::ptr::copy_nonoverlapping(call.as_ptr(), p.add(8), a);
-        std::ptr::copy_nonoverlapping(ty.as_ptr(), p.add(8 + a), b);
-    }
+    let area = unsafe { std::slice::from_raw_parts_mut(p, META_BYTES) };
+    let (head, strings) = area.split_at_mut(META_HEAD);
+    let (first, second) = strings.split_at_mut(cap);
+    let mut w = MetaWriter {
+        buf: first,
+        len: 0,
+        hash: 0xcbf2_9ce4_8422_2325,
+    };
+    let _ = write!(w, "{call}\u{0}");
+    let (a, hash) = (w.len, w.hash);
+    let mut w = MetaWriter {
+        buf: &mut second[..cap],
+        len: 0,
+        hash,
+    };
+    let _ = write!(w, "{ty}");
+    let (b, hash) = (w.len, w.hash);
+    // The second string follows the first directly (read_meta expects them adjacent).
+    strings.copy_within(cap..cap + b, a);
+    head[..8].copy_from_slice(&hash.to_le_bytes());
+    head[8..12].copy_from_slice(&(a as u32).to_le_bytes());
+    head[12..16].copy_from_slice(&(b as u32).to_le_bytes());
+}
+
+/// The hash of a description written by [`write_meta`].
+fn meta_hash(p: *const u8) -> u64 {
+    let mut h = [0u8; 8];
+    // SAFETY: a published description area of META_BYTES, not written until acknowledged.
+    unsafe { std::ptr::copy_nonoverlapping(p, h.as_mut_ptr(), 8) };
+    u64::from_le_bytes(h)
 }
 
 /// Reads a call description written by [`write_meta`].
 fn read_meta(p: *const u8) -> (String, String) {
-    let cap = (META_BYTES - 8) / 2;
+    let cap = (META_BYTES - META_HEAD) / 2;
     // SAFETY: a published description area of META_BYTES, not written until acknowledged.
     unsafe {
         let mut n = [0u8; 4];
-        std::ptr::copy_nonoverlapping(p, n.as_mut_ptr(), 4);
+        std::ptr::copy_nonoverlapping(p.add(8), n.as_mut_ptr(), 4);
         let a = (u32::from_le_bytes(n) as usize).min(cap);
-        std::ptr::copy_nonoverlapping(p.add(4), n.as_mut_ptr(), 4);
+        std::ptr::copy_nonoverlapping(p.add(12), n.as_mut_ptr(), 4);
         let b = (u32::from_le_bytes(n) as usize).min(cap);
-        let s = std::slice::from_raw_parts(p.add(8), a + b);
+        let s = std::slice::from_raw_parts(p.add(META_HEAD), a + b);
+        let call = String::from_utf8_lossy(&s[..a]);
         (
-            String::from_utf8_lossy(&s[..a]).into_owned(),
+            call.trim_end_matches('\u{0}').to_string(),
             String::from_utf8_lossy(&s[a..]).into_owned(),
         )
     }
@@ -734,7 +785,10 @@ impl<'a> Call<'a> {
                 self.st.pending[b].push((r, tag));
             }
         }
-        own.tag(b).store(tag, Ordering::SeqCst);
+        // Release suffices: `signal`'s read-modify-write on the word is sequentially
+        // consistent, so a waiter that then sleeps is seen, and one that reads the word after
+        // it sees the tag.
+        own.tag(b).store(tag, Ordering::Release);
         let (w, s) = own.ready(b);
         signal(w, s);
     }
@@ -812,6 +866,10 @@ impl<'a> Call<'a> {
 
     /// The first disagreement between member 0's description and another's.
     fn check_meta(&self) -> Option<CommError> {
+        let own = meta_hash(self.comm.seg(self.comm.rank).meta_ptr(0));
+        if (0..self.n()).all(|k| meta_hash(self.comm.seg(self.group[k]).meta_ptr(0)) == own) {
+            return None;
+        }
         let metas: Vec<(String, String)> = (0..self.n())
             .map(|k| read_meta(self.comm.seg(self.group[k]).meta_ptr(0)))
             .collect();
@@ -834,7 +892,13 @@ impl<'a> Call<'a> {
                 g[k], metas[k].1, g[0], metas[0].1
             )));
         }
-        None
+        // Same text, different hashes: one description was cut short.
+        Some(mismatch(format!(
+            "call #{} on this group: the members' calls differ beyond the first {} bytes of \
+             their descriptions",
+            self.seq,
+            (META_BYTES - META_HEAD) / 2
+        )))
     }
 }
 
@@ -1209,8 +1273,8 @@ impl ShmComm {
             .map(|j| ((j as u128 * len as u128) / n as u128) as usize)
             .collect();
         let pc = piece_elems(self.box_bytes, n, es);
-        let ty = t.ty().to_string();
-        let mut call = self.begin(c, group, &format!("op={op}"), &ty, |buf| {
+        let ty = t.ty();
+        let mut call = self.begin(c, group, &format_args!("op={op}"), &ty, |buf| {
             if !valid {
                 return;
             }
@@ -1297,12 +1361,18 @@ impl ShmComm {
         let part = len / n;
         let bounds: Vec<usize> = (0..=n).map(|j| j * part).collect();
         let pc = piece_elems(self.box_bytes, n, es);
-        let ty = input.ty().to_string();
-        let mut call = self.begin(c, group, &format!("op={op}, axis={axis}"), &ty, |buf| {
-            if error.is_none() {
-                fill_pieces(buf, Src::new(src), &bounds, pc, 0, es);
-            }
-        })?;
+        let ty = input.ty();
+        let mut call = self.begin(
+            c,
+            group,
+            &format_args!("op={op}, axis={axis}"),
+            &ty,
+            |buf| {
+                if error.is_none() {
+                    fill_pieces(buf, Src::new(src), &bounds, pc, 0, es);
+                }
+            },
+        )?;
         if let Some(e) = error {
             let _ = call.ack_all(0, 0);
             return Err(e);
@@ -1342,9 +1412,9 @@ impl ShmComm {
         let src = bytes(&input.data);
         let ce = self.box_bytes / es;
         let rounds = len.div_ceil(ce).max(1);
-        let ty = input.ty().to_string();
+        let ty = input.ty();
         let first = len.min(ce) * es;
-        let mut call = self.begin(c, group, &format!("axis={axis}"), &ty, |buf| {
+        let mut call = self.begin(c, group, &format_args!("axis={axis}"), &ty, |buf| {
             if error.is_none() {
                 buf[..first].copy_from_slice(&src[..first]);
             }
@@ -1402,10 +1472,10 @@ impl ShmComm {
         let len = t.len();
         let ce = self.box_bytes / es;
         let rounds = len.div_ceil(ce).max(1);
-        let ty = t.ty().to_string();
+        let ty = t.ty();
         let is_root = self.rank == root;
         let first = len.min(ce) * es;
-        let call = self.begin(c, group, &format!("root={root}"), &ty, |buf| {
+        let call = self.begin(c, group, &format_args!("root={root}"), &ty, |buf| {
             if is_root {
                 buf[..first].copy_from_slice(&bytes(&t.data)[..first]);
             }
@@ -1458,11 +1528,11 @@ impl ShmComm {
         let part = len / n;
         let bounds: Vec<usize> = (0..=n).map(|j| j * part).collect();
         let pc = piece_elems(self.box_bytes, n, es);
-        let ty = input.ty().to_string();
+        let ty = input.ty();
         let mut call = self.begin(
             c,
             group,
-            &format!("split_dim={split_dim}, concat_dim={concat_dim}"),
+            &format_args!("split_dim={split_dim}, concat_dim={concat_dim}"),
             &ty,
             |buf| {
                 if error.is_none() {
@@ -1604,7 +1674,7 @@ impl Communicator for ShmComm {
     }
 
     fn barrier(&self, group: &[usize]) -> Result<(), CommError> {
-        let call = self.begin(Collective::Barrier, group, "", "", |_| {})?;
+        let call = self.begin(Collective::Barrier, group, &"", &"", |_| {})?;
         call.ack_all(0, 0)?;
         Ok(())
     }
@@ -1613,6 +1683,33 @@ impl Communicator for ShmComm {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn call_descriptions_hash_alike_only_when_equal_and_read_back_whole() {
+        let mut a = vec![0u8; META_BYTES];
+        let mut b = vec![0u8; META_BYTES];
+        let write = |m: &mut Vec<u8>, call: &str, ty: &str| write_meta(m.as_mut_ptr(), &call, &ty);
+        write(&mut a, "AllReduce(op=sum)", "Tensor[Float32](2, 3)");
+        write(&mut b, "AllReduce(op=sum)", "Tensor[Float32](2, 3)");
+        assert_eq!(meta_hash(a.as_ptr()), meta_hash(b.as_ptr()));
+        write(&mut b, "AllReduce(op=max)", "Tensor[Float32](2, 3)");
+        assert_ne!(meta_hash(a.as_ptr()), meta_hash(b.as_ptr()));
+        // The boundary between the two strings counts.
+        write(&mut a, "ab", "c");
+        write(&mut b, "a", "bc");
+        assert_ne!(meta_hash(a.as_ptr()), meta_hash(b.as_ptr()));
+        assert_eq!(read_meta(a.as_ptr()), ("ab".to_string(), "c".to_string()));
+        // Too long: cut to fit, the hash still of the whole.
+        let long = "x".repeat(2 * META_BYTES);
+        write(&mut a, &long, "t");
+        let (call, ty) = read_meta(a.as_ptr());
+        assert_eq!(
+            (call.len(), ty.as_str()),
+            ((META_BYTES - META_HEAD) / 2, "t")
+        );
+        write(&mut b, &format!("{long}y"), "t");
+        assert_ne!(meta_hash(a.as_ptr()), meta_hash(b.as_ptr()));
+    }
 
     #[test]
     fn parts_and_placement_are_inverse() {
