@@ -377,14 +377,22 @@ impl Communicator for InProcessComm {
     ) -> Result<Tensor, CommError> {
         let c = Collective::AllGather;
         let rank = self.rank;
+        // The last member to arrive only checks; every member then concatenates the shared
+        // inputs itself, in parallel (one copy each, none of them serial).
         let (outcome, _) =
             self.collective(c, group, format!("axis={axis}"), input.clone(), |inputs| {
                 same_types(c, group, rank, &inputs)?;
                 check_axis(c, group, rank, &inputs[0], axis, "axis")?;
-                let refs: Vec<&Tensor> = inputs.iter().collect();
-                Ok(vec![concat_axis(&refs, axis)])
+                Ok(inputs)
             })?;
-        take(self, c, group, &outcome, 0)
+        let parts: Vec<&Tensor> = (0..group.len())
+            .map(|k| {
+                part(&outcome, k).ok_or_else(|| {
+                    self.invalid(c, group, format!("internal: no input of member {k}"))
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(concat_axis(&parts, axis))
     }
 
     fn reduce_scatter(
