@@ -13,12 +13,10 @@
 use crate::conv_winograd;
 use crate::matmul::{gemm_checked, gemm_par, Dst, Src};
 use crate::real::Real;
-use crate::util::{for_chunks, Ctx, KResult};
+use crate::util::{for_chunks, give_vec, take_vec, Ctx, KResult};
 use rayon::prelude::*;
 use shardc_ir::geometry::{conv2d_geometry, Conv2dGeometry};
 use shardc_runtime::{Arg, Tensor};
-use std::any::Any;
-use std::cell::RefCell;
 
 /// Columns (images × output pixels) a forward / input-gradient block aims for.
 const BLOCK_COLS: usize = 1024;
@@ -242,79 +240,6 @@ fn shape_operand(ctx: &Ctx<'_>, inputs: &[Arg<'_>], i: usize, what: &str) -> KRe
         format!("{what} must be 4 non-negative sizes, got {v:?}")
     })?;
     Ok(v.iter().map(|&d| d as usize).collect())
-}
-
-/// Most scratch vectors a thread keeps between calls (the Winograd kernels hold three at
-/// once, im2col two, and sizes differ from layer to layer).
-const SCRATCH_KEPT: usize = 8;
-
-thread_local! {
-    /// Scratch vectors (`Vec<f32>` / `Vec<f64>`) kept by this thread between kernel calls, so
-    /// that large im2col buffers are not allocated (and zeroed) on every call.
-    static SCRATCH_POOL: RefCell<Vec<Box<dyn Any>>> = const { RefCell::new(Vec::new()) };
-}
-
-/// The length of a pooled vector of type `Vec<T>`, or `None` for another type.
-fn pooled_len<T: Real>(b: &dyn Any) -> Option<usize> {
-    b.downcast_ref::<Vec<T>>().map(Vec::len)
-}
-
-/// A vector of at least `len` elements of unspecified contents, from this thread's pool when
-/// it has one: the smallest that is long enough, else the longest (grown).
-pub(crate) fn take_vec<T: Real>(len: usize) -> Vec<T> {
-    let cached = SCRATCH_POOL.with(|pool| {
-        let mut pool = pool.borrow_mut();
-        let lens = pool
-            .iter()
-            .enumerate()
-            .filter_map(|(i, b)| Some((i, pooled_len::<T>(b.as_ref())?)));
-        let fit = lens
-            .clone()
-            .filter(|&(_, l)| l >= len)
-            .min_by_key(|&(_, l)| l)
-            .or_else(|| lens.max_by_key(|&(_, l)| l))?;
-        Some(pool.swap_remove(fit.0))
-    });
-    let mut v = cached
-        .and_then(|b| b.downcast::<Vec<T>>().ok())
-        .map(|b| *b)
-        .unwrap_or_default();
-    if v.len() < len {
-        // The old contents are not needed: drop them rather than copy them while growing.
-        v = Vec::new();
-        v.resize(len, T::ZERO);
-    }
-    v
-}
-
-/// Returns a vector to this thread's pool; a full pool keeps its longest vectors.
-pub(crate) fn give_vec<T: Real>(v: Vec<T>) {
-    if v.is_empty() {
-        return;
-    }
-    SCRATCH_POOL.with(|pool| {
-        let mut pool = pool.borrow_mut();
-        if pool.len() < SCRATCH_KEPT {
-            pool.push(Box::new(v));
-            return;
-        }
-        let size = |b: &Box<dyn Any>| {
-            pooled_len::<f32>(b.as_ref())
-                .map(|l| l * 4)
-                .or_else(|| pooled_len::<f64>(b.as_ref()).map(|l| l * 8))
-                .unwrap_or(0)
-        };
-        let new_size = v.len() * std::mem::size_of::<T>();
-        if let Some((i, _)) = pool
-            .iter()
-            .enumerate()
-            .map(|(i, b)| (i, size(b)))
-            .filter(|&(_, s)| s < new_size)
-            .min_by_key(|&(_, s)| s)
-        {
-            pool[i] = Box::new(v);
-        }
-    });
 }
 
 /// Scratch buffers of one worker: an im2col matrix and an `(O, B·P)` matrix. Their contents

@@ -12,15 +12,16 @@
 //! (overlapping) patches, and the filter gradient is `dU_ξ = Σ_blocks dM_ξ · V_ξᵀ` followed by
 //! `Gᵀ dU G`.
 //!
-//! Layouts: `V` and `M` are `[channel][ξ][tile]` (the GEMM operands `V_ξ`, `M_ξ` are matrices
-//! with rows `16 · T` apart), `U` is `[ξ][o][c]`. Blocks of images depend on the shapes only,
-//! the transforms of distinct planes are independent, and sums over blocks run in block order,
-//! so results do not depend on the thread count.
+//! Layouts: a transform writes `[channel][ξ][tile]` (the GEMM operands `V_ξ`, `M_ξ` are
+//! matrices with rows `16 · T` apart); a GEMM writes `[ξ][channel][tile]` (`M` of the forward
+//! pass, `dV` of the input gradient), so that the 16 products own disjoint slices and run in
+//! parallel, each on one thread; `U` and `dU` are `[ξ][o][c]`. Blocks of images depend on
+//! the shapes only, the transforms of distinct planes are independent, and sums over blocks
+//! run in block order, so results do not depend on the thread count.
 
-use crate::conv::{give_vec, take_vec};
 use crate::matmul::{gemm_checked, Dst, Src};
 use crate::real::Real;
-use crate::util::{Ctx, KResult};
+use crate::util::{give_vec, take_vec, Ctx, KResult};
 use rayon::prelude::*;
 use shardc_ir::geometry::Conv2dGeometry;
 

@@ -1,8 +1,7 @@
 //! GEMM (through the `gemm` crate) and the MatMul / BatchMatMul kernels.
 
-use crate::conv::{give_vec, take_vec};
 use crate::real::Real;
-use crate::util::{Ctx, KResult, Par};
+use crate::util::{give_vec, take_vec, Ctx, KResult, Par};
 use rayon::prelude::*;
 use shardc_runtime::{Arg, Tensor};
 
@@ -258,7 +257,16 @@ pub(crate) fn gemm_strided<T: Real>(
     }
     check("a", span(m, k, a.rs, a.cs), a.data.len())?;
     check("b", span(k, n, b.rs, b.cs), b.data.len())?;
-    if dst.cs == 1 && b.rs == 1 && b.cs > 1 && n > 1 && m > 1 && m * n * k >= REWRITE_MIN_WORK {
+    // Rewritten only with rows of `dst` that do not overlap (`rs >= n`): the rewrites cut
+    // `dst` into row bands.
+    if dst.cs == 1
+        && dst.rs >= n
+        && b.rs == 1
+        && b.cs > 1
+        && n > 1
+        && m > 1
+        && m * n * k >= REWRITE_MIN_WORK
+    {
         return gemm_column_major_rhs(m, n, k, dst, a, b, par);
     }
     // SAFETY: every element the product reads or writes lies inside the checked spans of the
@@ -303,7 +311,8 @@ const ROW_BAND_MAX_ROWS: usize = 128;
 const REWRITE_MIN_WORK: usize = 1 << 18;
 
 /// [`gemm_strided`] for a column-major right operand (`b.rs == 1`: `MatMul` with
-/// `transpose_b`), a row-major destination and more than one row, after the bounds checks.
+/// `transpose_b`), a row-major destination whose rows do not overlap and more than one row,
+/// after the bounds checks.
 ///
 /// The gemm crate is slow on this layout: about 4x slower than on a row-major `b` at
 /// m = 32, n = k = 512 (25 against 105 GFLOP/s), 15x at m = 8, and a second thread does not
@@ -370,7 +379,9 @@ fn gemm_column_major_rhs<T: Real>(
                 .enumerate()
                 .try_for_each(|(bi, d)| {
                     let i0 = bi * band;
-                    gemm_strided(
+                    // Rewritten directly: a band may fall below REWRITE_MIN_WORK, where
+                    // `gemm_strided` would hand it to the crate's slow path.
+                    gemm_column_major_rhs(
                         band.min(m - i0),
                         n,
                         k,

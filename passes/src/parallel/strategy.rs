@@ -268,23 +268,26 @@ impl<'g> State<'g> {
     }
 
     /// Cost of candidate sharding `c` for node `n` against its known neighbours:
-    /// (communication, compute).
+    /// (communication, compute, whether an operand must be redistributed to reach `c`).
     fn cost(
         &self,
         n: NodeId,
         c: &OpSharding,
         local_iterations: f64,
         from: &mut Vec<String>,
-    ) -> (f64, f64) {
+    ) -> (f64, f64, bool) {
         let node = self.g.node(n);
         let eb = |l: &TensorLayout| -> usize {
             let _ = l;
             4
         };
         let mut cost = 0.0;
+        let mut moves_operands = false;
         for (i, o) in node.inputs.iter().enumerate() {
             if let (Some((l, who)), Some(want)) = (self.operand_layout(o), c.inputs[i].as_ref()) {
-                cost += self.plan_cost(&l, want) * eb(&l) as f64 / 4.0;
+                let plan = self.plan_cost(&l, want);
+                moves_operands |= plan > 0.0;
+                cost += plan * eb(&l) as f64 / 4.0;
                 if !from.contains(&who) {
                     from.push(who);
                 }
@@ -327,6 +330,7 @@ impl<'g> State<'g> {
         (
             cost,
             local_iterations.max(largest) * COMPUTE_BYTES_PER_ELEMENT,
+            moves_operands,
         )
     }
 
@@ -357,7 +361,8 @@ impl<'g> State<'g> {
                 .zip(&splits)
                 .map(|(&size, &split)| (size / split.max(1)).max(1) as f64)
                 .product();
-            let (communication, compute) = self.cost(n, &c, local_iterations, &mut from);
+            let (communication, compute, moves_operands) =
+                self.cost(n, &c, local_iterations, &mut from);
             let cost = communication + compute;
             weighed.push(Candidate {
                 strategy: c.strategy.clone(),
@@ -366,14 +371,7 @@ impl<'g> State<'g> {
                 compute,
                 memory: 0.0,
             });
-            let in_place = pure_data_parallel
-                && node.inputs.iter().zip(&c.inputs).all(|(o, want)| {
-                    match (self.operand_layout(o), want) {
-                        (Some((have, _)), Some(want)) => self.plan_cost(&have, want) == 0.0,
-                        _ => true,
-                    }
-                });
-            let slot = if in_place {
+            let slot = if pure_data_parallel && !moves_operands {
                 &mut best_in_place
             } else {
                 &mut best

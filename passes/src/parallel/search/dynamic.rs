@@ -323,10 +323,12 @@ struct Solved {
     exact: bool,
 }
 
-/// One elimination at memory weight `lambda`. Where the fallback had to fix a cut set, every
-/// combination of the cut's candidates is tried when they fit [`CUT_BUDGET`] (cut-set
-/// conditioning: exact); otherwise [`improve`] searches around the result.
-fn solve(cg: &CostGraph, lambda: f64) -> Solved {
+/// One elimination at memory weight `lambda`. Where the fallback had to fix a cut set and
+/// `condition` holds, every combination of the cut's candidates is tried when they fit
+/// [`CUT_BUDGET`] (cut-set conditioning: exact); otherwise [`improve`] searches around the
+/// result. The memory limit's re-solves (dozens of weights, none of them proven anyway) do not
+/// condition, so a bound search costs what it did before conditioning existed.
+fn solve(cg: &CostGraph, lambda: f64, condition: bool) -> Solved {
     let (choice, cut, work) = Elimination::new(cg, lambda).run(&[]);
     if cut.is_empty() {
         return Solved {
@@ -335,7 +337,10 @@ fn solve(cg: &CostGraph, lambda: f64) -> Solved {
             exact: true,
         };
     }
-    if let Some(best) = condition_on_cut(cg, lambda, &cut, work) {
+    if let Some(best) = condition
+        .then(|| condition_on_cut(cg, lambda, &cut, work))
+        .flatten()
+    {
         return Solved {
             choice: best,
             cut,
@@ -406,12 +411,6 @@ pub fn cut_set(cg: &CostGraph) -> Vec<usize> {
     Elimination::new(cg, 0.0).run(&[]).1
 }
 
-/// Whether [`search`] proves its answer on `cg` (without a memory limit): the graph is
-/// series-parallel, or its cut set's combinations fit [`CUT_BUDGET`].
-pub fn is_exact(cg: &CostGraph) -> bool {
-    solve(cg, 0.0).exact
-}
-
 /// Large-neighbourhood search around `choice` for a graph that elimination cannot solve
 /// exactly: the cut set `cut` (the nodes the fallback fixed) is what makes the rest
 /// series-parallel, so with the cut fixed the rest is solved exactly by elimination. Each cut
@@ -475,7 +474,7 @@ pub fn search(cg: &CostGraph, memory_limit: Option<f64>) -> Result<SearchResult,
     cg.validate()?;
     check_memory_feasible(cg, memory_limit)?;
     let mut notes = Vec::new();
-    let first = solve(cg, 0.0);
+    let first = solve(cg, 0.0, true);
     let fallback_note = |fixed: &[usize]| {
         let names: Vec<&str> = fixed
             .iter()
@@ -533,7 +532,7 @@ pub fn search(cg: &CostGraph, memory_limit: Option<f64>) -> Result<SearchResult,
     for _ in 0..200 {
         let Solved {
             choice: c, cut: f, ..
-        } = solve(cg, hi);
+        } = solve(cg, hi, false);
         if fits(&c) {
             keep(hi, c, f, &mut best);
             found = true;
@@ -551,7 +550,7 @@ pub fn search(cg: &CostGraph, memory_limit: Option<f64>) -> Result<SearchResult,
             let mid = 0.5 * (lo + hi);
             let Solved {
                 choice: c, cut: f, ..
-            } = solve(cg, mid);
+            } = solve(cg, mid, false);
             if fits(&c) {
                 keep(mid, c, f, &mut best);
                 hi = mid;
