@@ -537,6 +537,7 @@ pub fn worker_main(args: &CollectivesArgs) -> Result<()> {
         peers,
         listener,
         token: None,
+        tls: None,
         timeout: Duration::from_secs(args.timeout as u64),
     };
     let comm = ProcessComm::new(setup)

@@ -7,6 +7,7 @@
 use crate::commands::RunArgs;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, ValueEnum};
+use shardc_backend_cpu::collectives::tcp::DataPlaneTls;
 use shardc_backend_cpu::collectives::{CommSetup, Peer, ProcessComm};
 use shardc_backend_cpu::CpuBackend;
 use shardc_ir::artifact::Artifact;
@@ -184,6 +185,7 @@ fn join_native(env: &ClusterEnv) -> Result<Joined> {
         std::process::exit(1);
     });
     let config = WorkerConfig::from_env(env)?;
+    let tls = data_plane_tls(&config)?;
     let membership = cluster::join(&config, port, on_abort)?;
     rank_cell.store(membership.rank, Ordering::SeqCst);
     let setup = CommSetup {
@@ -200,6 +202,7 @@ fn join_native(env: &ClusterEnv) -> Result<Joined> {
             .collect(),
         listener,
         token: membership.token.clone(),
+        tls,
         timeout: comm_timeout()?,
     };
     let local = membership
@@ -208,8 +211,13 @@ fn join_native(env: &ClusterEnv) -> Result<Joined> {
         .filter(|p| p.host_id == membership.peers[membership.rank].host_id)
         .count();
     let transport = format!(
-        "native: {local} of {} ranks on this host over shared memory, the rest over TCP",
-        membership.size
+        "native: {local} of {} ranks on this host over shared memory, the rest over TCP{}",
+        membership.size,
+        if setup.tls.is_some() {
+            " (TLS, sealed records)"
+        } else {
+            ""
+        }
     );
     let comm = ProcessComm::new(setup)
         .map_err(|e| anyhow!("rank {}: building the communicator: {e}", membership.rank))?;
@@ -221,6 +229,21 @@ fn join_native(env: &ClusterEnv) -> Result<Joined> {
         membership: Some(membership),
         embedded,
     })
+}
+
+/// The data plane's TLS when the cluster runs with TLS: every worker accepts connections
+/// from higher ranks and connects to lower ones, so the configuration file must name both
+/// identities.
+fn data_plane_tls(config: &WorkerConfig) -> Result<Option<DataPlaneTls>> {
+    let Some(t) = &config.tls else {
+        return Ok(None);
+    };
+    let Some(server) = &t.data_server else {
+        bail!(
+            "SHARDC_ENABLE_SSL: the TLS configuration names no server certificate (server_cert_path); every worker needs one, because it accepts the data-plane connections of higher ranks"
+        );
+    };
+    Ok(Some(DataPlaneTls::new(server.clone(), t.config.clone())))
 }
 
 /// `SHARDC_COMM_TIMEOUT` (seconds; default 300): how long a collective waits for its peers.

@@ -564,6 +564,7 @@ fn process_comm(r: &Role) -> ProcessComm {
             .collect(),
         listener,
         token: Some(b"secret".to_vec()),
+        tls: None,
         timeout: Duration::from_secs(60),
     })
     .unwrap()

@@ -1,15 +1,18 @@
 //! AllReduce (f32, sum) latency and bandwidth of `TcpComm` with 2 ranks over loopback
-//! (threads of this process, each with its own sockets). Ignored by default; run with
+//! (threads of this process, each with its own sockets), plain and with TLS (sealed
+//! records) in the same run. Ignored by default; run with
 //! `cargo test --release -p shardc-backend-cpu --test tcp_bench -- --ignored --nocapture`.
 
-use shardc_backend_cpu::collectives::tcp::{TcpComm, TcpSetup};
+mod pki;
+
+use shardc_backend_cpu::collectives::tcp::{DataPlaneTls, TcpComm, TcpSetup};
 use shardc_ir::ReduceOp;
 use shardc_runtime::comm::Communicator;
 use shardc_runtime::tensor::Tensor;
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
-fn world(n: usize) -> Vec<TcpComm> {
+fn world(n: usize, tls: Option<DataPlaneTls>) -> Vec<TcpComm> {
     let ls: Vec<TcpListener> = (0..n)
         .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
         .collect();
@@ -25,6 +28,7 @@ fn world(n: usize) -> Vec<TcpComm> {
                 peers: peers.clone(),
                 listener,
                 token: None,
+                tls: tls.clone(),
                 timeout: Duration::from_secs(60),
             };
             std::thread::spawn(move || TcpComm::new(s).unwrap())
@@ -65,24 +69,30 @@ fn time_all_reduce(comms: &[TcpComm], elems: usize, warmup: usize, iters: usize)
 #[test]
 #[ignore = "a benchmark: run with --ignored --nocapture in release"]
 fn all_reduce_f32_two_ranks_over_loopback() {
-    let comms = world(2);
+    let dir = tempfile::tempdir().unwrap();
+    pki::write_pki(dir.path(), "bench CA");
+    let plain = world(2, None);
+    let sealed = world(2, Some(pki::tls(dir.path())));
+    println!("AllReduce f32 sum, 2 ranks over loopback: median per call (bytes / median)");
     for (bytes, warmup, iters) in [
         (4 << 10, 200, 3000),
         (64 << 10, 50, 500),
         (1 << 20, 20, 200),
         (16 << 20, 3, 20),
     ] {
-        let mut times = time_all_reduce(&comms, bytes / 4, warmup, iters);
-        let total: Duration = times.iter().sum();
-        times.sort();
-        let median = times[times.len() / 2];
-        let mean = total / times.len() as u32;
+        let median = |comms: &[TcpComm]| {
+            let mut times = time_all_reduce(comms, bytes / 4, warmup, iters);
+            times.sort();
+            times[times.len() / 2].as_secs_f64()
+        };
+        let (p, t) = (median(&plain), median(&sealed));
         println!(
-            "AllReduce f32 sum, 2 ranks, {:>8} bytes: median {:>9.1} us, mean {:>9.1} us, {:>6.2} GB/s (bytes / median)",
-            bytes,
-            median.as_secs_f64() * 1e6,
-            mean.as_secs_f64() * 1e6,
-            bytes as f64 / median.as_secs_f64() / 1e9
+            "{bytes:>9} bytes: plain {:>9.1} us {:>6.2} GB/s | TLS {:>9.1} us {:>6.2} GB/s | TLS / plain time {:.2}",
+            p * 1e6,
+            bytes as f64 / p / 1e9,
+            t * 1e6,
+            bytes as f64 / t / 1e9,
+            t / p
         );
     }
 }

@@ -35,6 +35,7 @@ fn setup(
         peers: peers.to_vec(),
         listener,
         token: token.map(<[u8]>::to_vec),
+        tls: None,
         timeout,
     }
 }

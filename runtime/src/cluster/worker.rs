@@ -47,6 +47,10 @@ pub struct WorkerTls {
     pub config: Arc<rustls::ClientConfig>,
     /// The name the scheduler's certificate is checked against.
     pub server_name: rustls::pki_types::ServerName<'static>,
+    /// The server identity of the same file, for the data-plane connections this worker
+    /// accepts from higher ranks (`None` when the file names none; the data plane then
+    /// cannot run with TLS).
+    pub data_server: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl fmt::Debug for WorkerTls {
@@ -101,6 +105,7 @@ pub fn tls_from_env(env: &ClusterEnv) -> Result<Option<TlsConfigs>, ClusterError
         Some(WorkerTls {
             config: settings.client_config().map_err(fail)?,
             server_name: super::tls::server_name(&env.sched_host),
+            data_server: server.clone(),
         })
     } else {
         None

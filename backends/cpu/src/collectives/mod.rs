@@ -44,6 +44,9 @@ pub struct CommSetup {
     pub listener: TcpListener,
     /// When set, TCP data connections must prove they hold this token.
     pub token: Option<Vec<u8>>,
+    /// When set, TCP data connections run TLS with these certificates and their messages
+    /// are sealed (the cluster's `SHARDC_ENABLE_SSL`); shared memory never leaves the host.
+    pub tls: Option<tcp::DataPlaneTls>,
     /// How long a member waits for the others (setup included) before
     /// [`CommError::Timeout`].
     pub timeout: Duration,
@@ -99,6 +102,7 @@ impl ProcessComm {
             peers: setup.peers.iter().map(|p| p.data_addr).collect(),
             listener: setup.listener,
             token: setup.token,
+            tls: setup.tls,
             timeout: setup.timeout,
         })?;
         Ok(ProcessComm {

@@ -9,7 +9,10 @@
 //! with a wrong token or from strangers are refused and logged, and setup goes on waiting
 //! for the right peer. Sockets use `TCP_NODELAY`; one reader thread per connection files
 //! incoming messages by (group, call number, step) or (source, tag), so different groups'
-//! collectives and send/receive interleave freely.
+//! collectives and send/receive interleave freely. When the cluster runs with TLS
+//! ([`TcpSetup::tls`]), each connection then runs a TLS handshake with the cluster's
+//! certificates (both sides verified) and every message travels AES-256-GCM sealed under keys
+//! exported from it (see `seal.rs`).
 //!
 //! # Algorithms
 //! Every message carries the sender's collective, parameters, element type and shape, so
@@ -36,7 +39,10 @@
 
 mod mesh;
 mod ops;
+mod seal;
 mod wire;
+
+pub use seal::{DataPlaneTls, EXPORTER_LABEL, MAX_RECORD, RECORDS_PER_KEY};
 
 use mesh::{Call, Mesh, Msg};
 use ops::{
@@ -79,6 +85,9 @@ pub struct TcpSetup {
     pub listener: TcpListener,
     /// When set, peers must prove they hold this token (HMAC-SHA256 challenge-response).
     pub token: Option<Vec<u8>>,
+    /// When set, every connection runs a TLS handshake with these certificates and its
+    /// messages travel in sealed records ([`DataPlaneTls`]); every rank must agree.
+    pub tls: Option<DataPlaneTls>,
     /// How long setup and every call wait for the other ranks.
     pub timeout: Duration,
 }

@@ -9,13 +9,14 @@
 //! with their call's deadline. A connection that closes or breaks marks its peer dead, and
 //! every call waiting on a message from that peer fails at once.
 
+use super::seal::{self, DataPlaneTls, OpenedReader, SealedWriter, Secret};
 use super::wire::{self, Body, Header, Hello, Kind, Side, WireError};
 use super::TcpSetup;
 use shardc_ir::DType;
 use shardc_runtime::comm::{Collective, CommError};
 use shardc_runtime::tensor::Data;
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::io::{self, BufReader};
+use std::io::{self, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -85,7 +86,7 @@ pub(super) struct Mesh {
     pub peers: Vec<SocketAddr>,
     pub timeout: Duration,
     /// The write side of each peer's connection (`None` for this rank).
-    writers: Vec<Option<Mutex<TcpStream>>>,
+    writers: Vec<Option<Mutex<Link>>>,
     state: Mutex<MailState>,
     cv: Condvar,
     closing: AtomicBool,
@@ -116,8 +117,48 @@ struct AcceptCtx {
     job_id: String,
     token: Option<Vec<u8>>,
     timeout: Duration,
+    tls: Option<DataPlaneTls>,
     claimed: Arc<Mutex<Vec<bool>>>,
-    tx: mpsc::Sender<(usize, TcpStream)>,
+    tx: mpsc::Sender<(usize, Connected)>,
+}
+
+/// An authenticated connection: the stream, and its TLS secret when the data plane is
+/// encrypted.
+type Connected = (TcpStream, Option<Secret>);
+
+/// The sending side of a connection.
+enum Link {
+    Plain(TcpStream),
+    Sealed(Box<SealedWriter<TcpStream>>),
+}
+
+impl Link {
+    fn stream(&self) -> &TcpStream {
+        match self {
+            Link::Plain(s) => s,
+            Link::Sealed(w) => w.get_ref(),
+        }
+    }
+
+    /// Writes one frame.
+    fn frame(&mut self, h: &Header, payload: &[u8]) -> io::Result<()> {
+        match self {
+            Link::Plain(s) => wire::write_frame(s, h, payload),
+            Link::Sealed(w) => {
+                wire::write_frame(w, h, payload)?;
+                w.flush()
+            }
+        }
+    }
+}
+
+/// Why the two ends of a connection disagree about TLS, if they do.
+fn tls_mismatch(theirs: bool, ours: bool) -> Option<String> {
+    match (theirs, ours) {
+        (true, false) => Some("it encrypts the data plane (TLS) but this rank does not".into()),
+        (false, true) => Some("it does not use TLS but this rank requires it".into()),
+        _ => None,
+    }
 }
 
 fn set_timeouts(s: &TcpStream, t: Duration) -> io::Result<()> {
@@ -172,7 +213,7 @@ fn accept_one(ctx: AcceptCtx, mut s: TcpStream, addr: SocketAddr) {
             "it uses a cluster token but this job has none".to_string()
         })
     } else {
-        None
+        tls_mismatch(hello.tls, ctx.tls.is_some())
     };
     if let Some(p) = problem {
         refuse(&mut s, &p);
@@ -232,11 +273,26 @@ fn accept_one(ctx: AcceptCtx, mut s: TcpStream, addr: SocketAddr) {
         }
         claimed[from] = true;
     }
+    let unclaim = || {
+        ctx.claimed.lock().unwrap_or_else(|e| e.into_inner())[from] = false;
+    };
     if wire::write_status(&mut s, Some((&[0; 32], &[0; 32])), "").is_err() {
+        unclaim();
         return;
     }
+    let secret = match &ctx.tls {
+        None => None,
+        Some(tls) => match seal::accept(tls, &mut s, &ctx.job_id, ctx.rank, from) {
+            Ok(secret) => Some(secret),
+            Err(e) => {
+                log_refusal(ctx.rank, addr, &format!("rank {from}: {e}"));
+                unclaim();
+                return;
+            }
+        },
+    };
     // The receiver is gone only when setup already failed.
-    let _ = ctx.tx.send((from, s));
+    let _ = ctx.tx.send((from, (s, secret)));
 }
 
 /// Why connecting to a lower rank failed.
@@ -248,7 +304,7 @@ enum ConnectError {
 }
 
 /// The connector side: connects to `to` (retrying until `deadline`) and authenticates.
-fn connect_one(setup: &TcpSetup, to: usize, deadline: Instant) -> Result<TcpStream, ConnectError> {
+fn connect_one(setup: &TcpSetup, to: usize, deadline: Instant) -> Result<Connected, ConnectError> {
     let addr = setup.peers[to];
     let mut last = String::from("no attempt");
     loop {
@@ -276,7 +332,7 @@ fn handshake_connector(
     to: usize,
     mut s: TcpStream,
     deadline: Instant,
-) -> Result<TcpStream, ConnectError> {
+) -> Result<Connected, ConnectError> {
     let addr = setup.peers[to];
     let io = |e: io::Error| ConnectError::Unreachable(format!("handshake with {addr}: {e}"));
     set_timeouts(&s, deadline.saturating_duration_since(Instant::now())).map_err(io)?;
@@ -285,6 +341,7 @@ fn handshake_connector(
         to: to as u32,
         size: setup.size as u32,
         has_token: setup.token.is_some(),
+        tls: setup.tls.is_some(),
         nonce: wire::nonce().map_err(|e| ConnectError::Refused(e.to_string()))?,
         job_id: setup.job_id.clone(),
     };
@@ -312,12 +369,23 @@ fn handshake_connector(
         None => [0u8; 32],
     };
     wire::write_status(&mut s, Some((&[0; 32], &my_proof)), "").map_err(io)?;
-    match wire::read_status(&mut s).map_err(io)? {
-        Ok(_) => Ok(s),
-        Err(reason) => Err(ConnectError::Refused(format!(
+    if let Err(reason) = wire::read_status(&mut s).map_err(io)? {
+        return Err(ConnectError::Refused(format!(
             "rank {to} ({addr}) refused the data connection: {reason}"
-        ))),
+        )));
     }
+    let secret = match &setup.tls {
+        None => None,
+        Some(tls) => {
+            let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
+            let secret =
+                seal::connect(tls, &mut s, name, &setup.job_id, to, setup.rank).map_err(|e| {
+                    ConnectError::Refused(format!("data connection to rank {to} ({addr}): {e}"))
+                })?;
+            Some(secret)
+        }
+    };
+    Ok((s, secret))
 }
 
 impl Mesh {
@@ -341,6 +409,7 @@ impl Mesh {
                 size,
                 job_id: setup.job_id.clone(),
                 token: setup.token.clone(),
+                tls: setup.tls.clone(),
                 timeout: setup.timeout,
                 claimed: Arc::new(Mutex::new(vec![false; size])),
                 tx,
@@ -362,7 +431,7 @@ impl Mesh {
                 let _ = h.join();
             }
         };
-        let mut streams: Vec<Option<TcpStream>> = (0..size).map(|_| None).collect();
+        let mut streams: Vec<Option<Connected>> = (0..size).map(|_| None).collect();
         for (to, slot) in streams.iter_mut().enumerate().take(rank) {
             match connect_one(&setup, to, deadline) {
                 Ok(s) => *slot = Some(s),
@@ -404,7 +473,7 @@ impl Mesh {
         let mut writers = Vec::with_capacity(size);
         let mut readers = Vec::new();
         for (peer, s) in streams.into_iter().enumerate() {
-            let Some(s) = s else {
+            let Some((s, secret)) = s else {
                 writers.push(None);
                 continue;
             };
@@ -418,8 +487,12 @@ impl Mesh {
             let r = prepare().map_err(|e| {
                 setup_transport(rank, size, format!("connection to rank {peer}: {e}"))
             })?;
-            readers.push((peer, r));
-            writers.push(Some(Mutex::new(s)));
+            let link = match &secret {
+                None => Link::Plain(s),
+                Some(k) => Link::Sealed(Box::new(SealedWriter::new(s, k, rank, peer))),
+            };
+            readers.push((peer, r, secret));
+            writers.push(Some(Mutex::new(link)));
         }
         let mesh = Arc::new(Mesh {
             rank,
@@ -434,11 +507,20 @@ impl Mesh {
             cv: Condvar::new(),
             closing: AtomicBool::new(false),
         });
-        for (peer, stream) in readers {
+        for (peer, stream, secret) in readers {
             let m = mesh.clone();
             let spawned = thread::Builder::new()
                 .name(format!("shardc-tcp-{rank}-from-{peer}"))
-                .spawn(move || m.read_loop(peer, stream));
+                .spawn(move || match secret {
+                    None => {
+                        let r = BufReader::with_capacity(READ_BUFFER, &stream);
+                        m.read_loop(peer, &stream, r)
+                    }
+                    Some(k) => {
+                        let r = OpenedReader::new(&stream, &k, peer, rank);
+                        m.read_loop(peer, &stream, r)
+                    }
+                });
             if let Err(e) = spawned {
                 mesh.close();
                 return Err(setup_transport(rank, size, format!("thread: {e}")));
@@ -466,8 +548,8 @@ impl Mesh {
         self.cv.notify_all();
     }
 
-    fn read_loop(self: Arc<Self>, peer: usize, stream: TcpStream) {
-        let mut r = BufReader::with_capacity(READ_BUFFER, &stream);
+    /// Files the frames read through `r` (from `stream`) until the connection ends.
+    fn read_loop(&self, peer: usize, stream: &TcpStream, mut r: impl Read) {
         let why = loop {
             match wire::read_frame(&mut r) {
                 Ok(Some((h, body))) => self.deliver(peer, h, body),
@@ -532,9 +614,9 @@ impl Mesh {
             return Err(format!("no connection to rank {dest}"));
         };
         let mut s = w.lock().unwrap_or_else(|e| e.into_inner());
-        if let Err(e) = wire::write_frame(&mut *s, h, payload) {
+        if let Err(e) = s.frame(h, payload) {
             // A partly written frame leaves the stream unusable.
-            let _ = s.shutdown(Shutdown::Both);
+            let _ = s.stream().shutdown(Shutdown::Both);
             drop(s);
             let why = format!("sending to {} failed: {e}", self.peer_name(dest));
             self.mark_dead(dest, why.clone());
@@ -764,7 +846,7 @@ impl Mesh {
         self.closing.store(true, Ordering::Release);
         for w in self.writers.iter().flatten() {
             let s = w.lock().unwrap_or_else(|e| e.into_inner());
-            let _ = s.shutdown(Shutdown::Both);
+            let _ = s.stream().shutdown(Shutdown::Both);
         }
     }
 }

@@ -476,6 +476,8 @@ pub(super) struct Hello {
     pub to: u32,
     pub size: u32,
     pub has_token: bool,
+    /// The connection continues with TLS and sealed records ([`super::seal`]).
+    pub tls: bool,
     pub nonce: [u8; 32],
     pub job_id: String,
 }
@@ -487,7 +489,7 @@ pub(super) fn write_hello(w: &mut impl Write, h: &Hello) -> io::Result<()> {
     b.extend_from_slice(&h.from.to_le_bytes());
     b.extend_from_slice(&h.to.to_le_bytes());
     b.extend_from_slice(&h.size.to_le_bytes());
-    b.push(h.has_token as u8);
+    b.push(h.has_token as u8 | (h.tls as u8) << 1);
     b.extend_from_slice(&h.nonce);
     b.push(job.len() as u8);
     b.extend_from_slice(job);
@@ -510,7 +512,8 @@ pub(super) fn read_hello(r: &mut impl Read) -> io::Result<Hello> {
         from: u32_at(8),
         to: u32_at(12),
         size: u32_at(16),
-        has_token: b[20] != 0,
+        has_token: b[20] & 1 != 0,
+        tls: b[20] & 2 != 0,
         nonce,
         job_id: String::from_utf8_lossy(&job).into_owned(),
     })
@@ -693,6 +696,7 @@ mod tests {
             to: 0,
             size: 2,
             has_token: true,
+            tls: false,
             nonce: [1; 32],
             job_id: "job".into(),
         };
