@@ -9,7 +9,8 @@
 //! [`ShmComm::new`] on the host (its pid is dead).
 //!
 //! A segment holds a header and four *boxes*: two input boxes and two output boxes used
-//! alternately by the rounds of a collective. A box has a tag (which call and step its
+//! alternately by the rounds of a collective, and by consecutive calls of a group (a call's
+//! first step then never waits for the acknowledgements of the previous call's). A box has a tag (which call and step its
 //! contents belong to), a futex word incremented at each publication, one acknowledgement
 //! counter per reader rank, a description of the call (for mismatch errors) and the data.
 //!
@@ -32,10 +33,10 @@
 //! stream the tensor in box-sized rounds.
 
 use super::futex::{signal, wait_until, WaitPolicy};
+use rustc_hash::FxHashMap;
 use shardc_ir::{DType, ReduceOp};
 use shardc_runtime::comm::{arguments, check_group, Collective, CommError, Communicator};
 use shardc_runtime::{Data, Tensor};
-use std::collections::HashMap;
 use std::fs::OpenOptions;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
@@ -255,7 +256,12 @@ pub fn segment_files(job_id: &str) -> Vec<PathBuf> {
 /// The per-rank bookkeeping, behind the communicator's mutex (one call at a time).
 struct State {
     /// Per group: the sequence number of the next call.
-    seq: HashMap<Vec<usize>, u64>,
+    seq: FxHashMap<Vec<usize>, u64>,
+    /// What the description areas of own input boxes 0 and 1 hold (written by the last
+    /// [`ShmComm::begin`] on each that changed it): a call like the one before does not
+    /// write it again.
+    #[allow(clippy::type_complexity)]
+    meta: [Option<(Collective, CallParams, Option<(DType, Vec<usize>)>)>; 2],
     /// Per own box: the readers of its current contents that have not acknowledged them
     /// yet, with the tag they acknowledge.
     pending: Vec<Vec<(usize, u64)>>,
@@ -503,7 +509,8 @@ impl ShmComm {
             segs,
             box_bytes,
             state: Mutex::new(State {
-                seq: HashMap::new(),
+                seq: FxHashMap::default(),
+                meta: [None, None],
                 pending: vec![Vec::new(); NBOX],
             }),
         })
@@ -542,8 +549,8 @@ impl ShmComm {
         &'a self,
         collective: Collective,
         group: &'a [usize],
-        params: &dyn std::fmt::Display,
-        ty: &dyn std::fmt::Display,
+        params: CallParams,
+        ty: Option<&Tensor>,
         fill: impl FnOnce(&mut [u8]),
     ) -> Result<Call<'a>, CommError> {
         check_group(collective, group, self.rank, self.size)?;
@@ -581,7 +588,29 @@ impl ShmComm {
         };
         let own = self.seg(self.rank);
         let buf = call.acquire(0)?;
-        write_meta(own.meta_ptr(0), &format_args!("{collective}({params})"), ty);
+        let b0 = call.phys(0);
+        let same = call.st.meta[b0].as_ref().is_some_and(|(c, p, t)| {
+            *c == collective
+                && *p == params
+                && match (t, ty) {
+                    (None, None) => true,
+                    (Some((d, shape)), Some(x)) => *d == x.dtype() && shape[..] == x.shape[..],
+                    _ => false,
+                }
+        });
+        if !same {
+            let tt = ty.map(Tensor::ty);
+            let text: &dyn std::fmt::Display = match &tt {
+                Some(t) => t,
+                None => &"",
+            };
+            write_meta(
+                own.meta_ptr(b0),
+                &format_args!("{collective}({params})"),
+                text,
+            );
+            call.st.meta[b0] = Some((collective, params, tt.map(|t| (t.dtype, t.shape))));
+        }
         fill(buf);
         call.commit(0, 0);
         if let Err(e) = call.wait_all(0, 0) {
@@ -606,6 +635,30 @@ impl ShmComm {
             group: group.to_vec(),
             rank: self.rank,
             reason,
+        }
+    }
+}
+
+/// The parameters of a call, as its description shows them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CallParams {
+    None,
+    Op(ReduceOp),
+    OpAxis(ReduceOp, usize),
+    Axis(usize),
+    Root(usize),
+    SplitConcat(usize, usize),
+}
+
+impl std::fmt::Display for CallParams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CallParams::None => Ok(()),
+            CallParams::Op(op) => write!(f, "op={op}"),
+            CallParams::OpAxis(op, axis) => write!(f, "op={op}, axis={axis}"),
+            CallParams::Axis(axis) => write!(f, "axis={axis}"),
+            CallParams::Root(root) => write!(f, "root={root}"),
+            CallParams::SplitConcat(s, c) => write!(f, "split_dim={s}, concat_dim={c}"),
         }
     }
 }
@@ -728,6 +781,15 @@ impl<'a> Call<'a> {
         mix(self.ghash ^ mix(self.seq ^ mix(step))) | 1
     }
 
+    /// The physical box of logical box `b`: calls of odd sequence numbers swap the two
+    /// input boxes and the two output boxes, so that a call's first step does not wait for
+    /// the peers to acknowledge the previous call's (they usually have not yet: a member
+    /// acknowledges only after it has reduced).
+    fn phys(&self, b: usize) -> usize {
+        let flip = (self.seq & 1) as usize;
+        (b & !1) | ((b & 1) ^ flip)
+    }
+
     fn timeout(&self, missing: Vec<usize>) -> CommError {
         CommError::Timeout {
             collective: self.collective,
@@ -749,6 +811,7 @@ impl<'a> Call<'a> {
     /// Waits until every reader acknowledged own box `b`'s current contents; invalidates its
     /// tag and returns its data for writing.
     fn acquire(&mut self, b: usize) -> Result<&'a mut [u8], CommError> {
+        let b = self.phys(b);
         let own = self.comm.seg(self.comm.rank);
         let pending = &self.st.pending[b];
         let done = || {
@@ -778,6 +841,7 @@ impl<'a> Call<'a> {
 
     /// Publishes own box `b` as step `step` of this call.
     fn commit(&mut self, b: usize, step: u64) {
+        let b = self.phys(b);
         let own = self.comm.seg(self.comm.rank);
         let tag = self.tag(step);
         for (k, &r) in self.group.iter().enumerate() {
@@ -794,18 +858,23 @@ impl<'a> Call<'a> {
     }
 
     fn published(&self, k: usize, b: usize, step: u64) -> bool {
+        self.published_phys(k, self.phys(b), step)
+    }
+
+    fn published_phys(&self, k: usize, b: usize, step: u64) -> bool {
         self.comm.seg(self.group[k]).tag(b).load(Ordering::Acquire) == self.tag(step)
     }
 
     /// Waits for member `k`'s box `b` to hold step `step`; returns its data.
     fn wait(&mut self, k: usize, b: usize, step: u64) -> Result<&'a [u8], CommError> {
+        let b = self.phys(b);
         let seg = self.comm.seg(self.group[k]);
         let (w, s) = seg.ready(b);
         if !wait_until(w, s, self.comm.timeout, self.comm.wait, || {
-            self.published(k, b, step)
+            self.published_phys(k, b, step)
         }) {
             let missing: Vec<usize> = (0..self.n())
-                .filter(|&j| j != self.me && !self.published(j, b, step))
+                .filter(|&j| j != self.me && !self.published_phys(j, b, step))
                 .map(|j| self.group[j])
                 .collect();
             self.abandon(&missing);
@@ -817,6 +886,7 @@ impl<'a> Call<'a> {
 
     /// The data of member `k`'s box `b` (own box included), already waited for.
     fn data(&self, k: usize, b: usize) -> &'a [u8] {
+        let b = self.phys(b);
         let seg = self.comm.seg(self.group[k]);
         // SAFETY: as in `wait`.
         unsafe { std::slice::from_raw_parts(seg.data_ptr(b), seg.box_bytes) }
@@ -834,6 +904,7 @@ impl<'a> Call<'a> {
     /// Acknowledges member `k`'s box `b` (step `step`), which this rank has finished
     /// reading. Fails if the box changed meanwhile: its owner gave up on this rank.
     fn ack(&self, k: usize, b: usize, step: u64) -> Result<(), CommError> {
+        let b = self.phys(b);
         let seg = self.comm.seg(self.group[k]);
         std::sync::atomic::fence(Ordering::Acquire);
         let tag = self.tag(step);
@@ -866,12 +937,13 @@ impl<'a> Call<'a> {
 
     /// The first disagreement between member 0's description and another's.
     fn check_meta(&self) -> Option<CommError> {
-        let own = meta_hash(self.comm.seg(self.comm.rank).meta_ptr(0));
-        if (0..self.n()).all(|k| meta_hash(self.comm.seg(self.group[k]).meta_ptr(0)) == own) {
+        let b = self.phys(0);
+        let own = meta_hash(self.comm.seg(self.comm.rank).meta_ptr(b));
+        if (0..self.n()).all(|k| meta_hash(self.comm.seg(self.group[k]).meta_ptr(b)) == own) {
             return None;
         }
         let metas: Vec<(String, String)> = (0..self.n())
-            .map(|k| read_meta(self.comm.seg(self.group[k]).meta_ptr(0)))
+            .map(|k| read_meta(self.comm.seg(self.group[k]).meta_ptr(b)))
             .collect();
         let g = self.group;
         let mismatch = |reason: String| CommError::Mismatch {
@@ -1269,12 +1341,15 @@ impl ShmComm {
         let nbytes = len * es;
         let valid = reducible(dtype);
         let direct = nbytes <= self.box_bytes && nbytes * (n - 1) <= DIRECT_LIMIT;
-        let bounds: Vec<usize> = (0..=n)
-            .map(|j| ((j as u128 * len as u128) / n as u128) as usize)
-            .collect();
+        let bounds: Vec<usize> = if direct {
+            Vec::new()
+        } else {
+            (0..=n)
+                .map(|j| ((j as u128 * len as u128) / n as u128) as usize)
+                .collect()
+        };
         let pc = piece_elems(self.box_bytes, n, es);
-        let ty = t.ty();
-        let mut call = self.begin(c, group, &format_args!("op={op}"), &ty, |buf| {
+        let mut call = self.begin(c, group, CallParams::Op(op), Some(t), |buf| {
             if !valid {
                 return;
             }
@@ -1290,9 +1365,19 @@ impl ShmComm {
             return Err(not_reducible(self, c, group, t));
         }
         if direct {
-            let srcs: Vec<&[u8]> = (0..n).map(|k| &call.data(k, 0)[..nbytes]).collect();
-            reduce_into(dtype, op, bytes_mut(&mut t.data), &srcs);
-            drop(srcs);
+            // Up to 8 members without allocating.
+            let mut few: [&[u8]; 8] = [&[]; 8];
+            let many: Vec<&[u8]>;
+            let srcs: &[&[u8]] = if n <= few.len() {
+                for (k, s) in few.iter_mut().enumerate().take(n) {
+                    *s = &call.data(k, 0)[..nbytes];
+                }
+                &few[..n]
+            } else {
+                many = (0..n).map(|k| &call.data(k, 0)[..nbytes]).collect();
+                &many
+            };
+            reduce_into(dtype, op, bytes_mut(&mut t.data), srcs);
             call.ack_all(0, 0)?;
             return Ok(());
         }
@@ -1361,18 +1446,11 @@ impl ShmComm {
         let part = len / n;
         let bounds: Vec<usize> = (0..=n).map(|j| j * part).collect();
         let pc = piece_elems(self.box_bytes, n, es);
-        let ty = input.ty();
-        let mut call = self.begin(
-            c,
-            group,
-            &format_args!("op={op}, axis={axis}"),
-            &ty,
-            |buf| {
-                if error.is_none() {
-                    fill_pieces(buf, Src::new(src), &bounds, pc, 0, es);
-                }
-            },
-        )?;
+        let mut call = self.begin(c, group, CallParams::OpAxis(op, axis), Some(input), |buf| {
+            if error.is_none() {
+                fill_pieces(buf, Src::new(src), &bounds, pc, 0, es);
+            }
+        })?;
         if let Some(e) = error {
             let _ = call.ack_all(0, 0);
             return Err(e);
@@ -1412,9 +1490,8 @@ impl ShmComm {
         let src = bytes(&input.data);
         let ce = self.box_bytes / es;
         let rounds = len.div_ceil(ce).max(1);
-        let ty = input.ty();
         let first = len.min(ce) * es;
-        let mut call = self.begin(c, group, &format_args!("axis={axis}"), &ty, |buf| {
+        let mut call = self.begin(c, group, CallParams::Axis(axis), Some(input), |buf| {
             if error.is_none() {
                 buf[..first].copy_from_slice(&src[..first]);
             }
@@ -1472,10 +1549,9 @@ impl ShmComm {
         let len = t.len();
         let ce = self.box_bytes / es;
         let rounds = len.div_ceil(ce).max(1);
-        let ty = t.ty();
         let is_root = self.rank == root;
         let first = len.min(ce) * es;
-        let call = self.begin(c, group, &format_args!("root={root}"), &ty, |buf| {
+        let call = self.begin(c, group, CallParams::Root(root), Some(t), |buf| {
             if is_root {
                 buf[..first].copy_from_slice(&bytes(&t.data)[..first]);
             }
@@ -1528,12 +1604,11 @@ impl ShmComm {
         let part = len / n;
         let bounds: Vec<usize> = (0..=n).map(|j| j * part).collect();
         let pc = piece_elems(self.box_bytes, n, es);
-        let ty = input.ty();
         let mut call = self.begin(
             c,
             group,
-            &format_args!("split_dim={split_dim}, concat_dim={concat_dim}"),
-            &ty,
+            CallParams::SplitConcat(split_dim, concat_dim),
+            Some(input),
             |buf| {
                 if error.is_none() {
                     fill_pieces(buf, Src::new(src), &bounds, pc, 0, es);
@@ -1674,7 +1749,7 @@ impl Communicator for ShmComm {
     }
 
     fn barrier(&self, group: &[usize]) -> Result<(), CommError> {
-        let call = self.begin(Collective::Barrier, group, &"", &"", |_| {})?;
+        let call = self.begin(Collective::Barrier, group, CallParams::None, None, |_| {})?;
         call.ack_all(0, 0)?;
         Ok(())
     }
