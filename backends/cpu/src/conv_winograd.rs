@@ -128,9 +128,39 @@ where
 /// that every step is a loop over filters).
 const FILTER_CHUNK: usize = 64;
 
-/// `U = G g Gᵀ` of every filter `(o, c)` into `u` `[ξ][o][c]`.
-fn weight_transform<T: Real>(g: &Conv2dGeometry, w: &[T], u: &mut [T]) {
+/// Filters per parallel part of the weight transforms.
+const FILTER_PART: usize = 4 * FILTER_CHUNK;
+
+/// `U = G g Gᵀ` of every filter `(o, c)` into `u` `[ξ][o][c]`, in parts of
+/// [`FILTER_PART`] filters on rayon when `parallel`.
+fn weight_transform<T: Real>(parallel: bool, g: &Conv2dGeometry, w: &[T], u: &mut [T]) {
     let oc = g.c_out * g.c_in;
+    if oc == 0 {
+        return;
+    }
+    // Part p's 16 rows: u[ξ * oc + p * FILTER_PART..][..len].
+    let mut parts: Vec<Vec<&mut [T]>> = (0..oc.div_ceil(FILTER_PART))
+        .map(|_| Vec::with_capacity(16))
+        .collect();
+    for row in u[..16 * oc].chunks_mut(oc) {
+        for (p, piece) in row.chunks_mut(FILTER_PART).enumerate() {
+            parts[p].push(piece);
+        }
+    }
+    let run = |(p, rows): (usize, Vec<&mut [T]>)| {
+        let n = rows[0].len();
+        weight_transform_part(&w[p * FILTER_PART * 9..][..n * 9], rows);
+    };
+    if parallel && parts.len() > 1 {
+        parts.into_par_iter().enumerate().for_each(run);
+    } else {
+        parts.into_iter().enumerate().for_each(run);
+    }
+}
+
+/// `U = G g Gᵀ` of the filters `w` (`n × 9`) into the 16 rows `u[ξ]` (`n` each).
+fn weight_transform_part<T: Real>(w: &[T], mut u: Vec<&mut [T]>) {
+    let oc = u[0].len();
     let half = T::from_f64(0.5);
     let mut taps = [[T::ZERO; FILTER_CHUNK]; 9];
     // Rows of W = G g (4 × 3), row-major.
@@ -153,30 +183,40 @@ fn weight_transform<T: Real>(g: &Conv2dGeometry, w: &[T], u: &mut [T]) {
         }
         for k in 0..4 {
             let (a, b, c) = (&r[3 * k][..n], &r[3 * k + 1][..n], &r[3 * k + 2][..n]);
-            let mut it = u[4 * k * oc..].chunks_mut(oc);
-            let mut next = || {
-                let row = it.next().unwrap_or_default();
-                &mut row[i0..i0 + n]
+            let [u0, u1, u2, u3] = &mut u[4 * k..4 * k + 4] else {
+                unreachable!("16 rows")
             };
-            let (u0, u1, u2, u3) = (next(), next(), next(), next());
-            u0.copy_from_slice(a);
-            map3(u1, a, b, c, |a, b, c| half * (a + b + c));
-            map3(u2, a, b, c, |a, b, c| half * (a - b + c));
-            u3.copy_from_slice(c);
+            u0[i0..i0 + n].copy_from_slice(a);
+            map3(&mut u1[i0..i0 + n], a, b, c, |a, b, c| half * (a + b + c));
+            map3(&mut u2[i0..i0 + n], a, b, c, |a, b, c| half * (a - b + c));
+            u3[i0..i0 + n].copy_from_slice(c);
         }
     }
 }
 
-/// `dg = Gᵀ dU G` of every filter `(o, c)` from `du` `[ξ][o][c]` into `dw` `(O, C, 3, 3)`.
-fn filter_output_transform<T: Real>(g: &Conv2dGeometry, du: &[T], dw: &mut [T]) {
+/// `dg = Gᵀ dU G` of every filter `(o, c)` from `du` `[ξ][o][c]` into `dw` `(O, C, 3, 3)`, in
+/// parts of [`FILTER_PART`] filters on rayon when `parallel`.
+fn filter_output_transform<T: Real>(parallel: bool, g: &Conv2dGeometry, du: &[T], dw: &mut [T]) {
     let oc = g.c_out * g.c_in;
+    let run = |(p, dst): (usize, &mut [T])| filter_output_transform_part(du, oc, p * FILTER_PART, dst);
+    let dw = &mut dw[..oc * 9];
+    if parallel && oc > FILTER_PART {
+        dw.par_chunks_mut(FILTER_PART * 9).enumerate().for_each(run);
+    } else {
+        dw.chunks_mut(FILTER_PART * 9).enumerate().for_each(run);
+    }
+}
+
+/// [`filter_output_transform`] of filters `f0..f0 + dw.len() / 9` of the `oc` in `du`.
+fn filter_output_transform_part<T: Real>(du: &[T], oc: usize, f0: usize, dw: &mut [T]) {
     let half = T::from_f64(0.5);
     // Rows of R = Gᵀ dU (3 × 4), row-major.
     let mut r = [[T::ZERO; FILTER_CHUNK]; 12];
     let mut taps = [[T::ZERO; FILTER_CHUNK]; 9];
-    for i0 in (0..oc).step_by(FILTER_CHUNK) {
-        let n = FILTER_CHUNK.min(oc - i0);
-        let u = |xi: usize| &du[xi * oc + i0..][..n];
+    let len = dw.len() / 9;
+    for i0 in (0..len).step_by(FILTER_CHUNK) {
+        let n = FILTER_CHUNK.min(len - i0);
+        let u = |xi: usize| &du[xi * oc + f0 + i0..][..n];
         for l in 0..4 {
             let (u0, u1, u2, u3) = (u(l), u(4 + l), u(8 + l), u(12 + l));
             for j in 0..n {
@@ -518,7 +558,7 @@ pub(crate) fn forward<T: Real>(
     let mut u = take_vec::<T>(16 * o_n * c_n);
     let mut v = take_vec::<T>(16 * c_n * cols_max);
     let mut m = take_vec::<T>(16 * o_n * cols_max);
-    weight_transform(g, w, &mut u);
+    weight_transform(parallel, g, w, &mut u);
     let result = (|| {
         for (bi, yb) in y.chunks_mut(t.b * o_n * hw).enumerate() {
             let n0 = bi * t.b;
@@ -591,7 +631,7 @@ pub(crate) fn backprop_input<T: Real>(
     let mut u = take_vec::<T>(16 * o_n * c_n);
     let mut v = take_vec::<T>(16 * c_n * cols_max);
     let mut m = take_vec::<T>(16 * o_n * cols_max);
-    weight_transform(g, w, &mut u);
+    weight_transform(parallel, g, w, &mut u);
     let result = (|| {
         for (bi, dxb) in dx.chunks_mut(t.b * c_n * hw).enumerate() {
             let n0 = bi * t.b;
@@ -719,7 +759,7 @@ pub(crate) fn backprop_filter<T: Real>(
             })?;
             n0 += b;
         }
-        filter_output_transform(g, &du, dw);
+        filter_output_transform(parallel, g, &du, dw);
         Ok(())
     })();
     give_vec(du);

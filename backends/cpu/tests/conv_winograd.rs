@@ -121,3 +121,32 @@ fn conv_winograd_results_do_not_depend_on_threads() {
         }
     }
 }
+
+/// Times the convolution and its gradients at the shapes of CIFAR ResNet-18's 3×3 layers
+/// (batch 32, f32, 2 threads; the fastest of 10 runs each). A benchmark, not a test: run with
+/// `cargo test --release -p shardc-backend-cpu --test conv_winograd -- --ignored --nocapture`.
+#[test]
+#[ignore = "a benchmark: run with --ignored --nocapture in release"]
+fn resnet18_layer_timings() {
+    let backend = CpuBackend::with_threads(2);
+    let mut total = 0.0;
+    for (c, hw) in [(64, 32), (128, 16), (256, 8), (512, 4)] {
+        let (cases, _) = cases((32, c, c, hw, hw), 1);
+        let mut line = format!("C={c:>3} H=W={hw:>2}:");
+        for case in cases.iter().map(Case::as_f32) {
+            case.run_on(&backend).expect("warm-up");
+            // The fastest of several runs: this machine's noise only ever adds time.
+            let ms = (0..10)
+                .map(|_| {
+                    let t0 = std::time::Instant::now();
+                    case.run_on(&backend).expect("run");
+                    t0.elapsed().as_secs_f64() * 1e3
+                })
+                .fold(f64::INFINITY, f64::min);
+            total += ms;
+            line += &format!(" {} {ms:7.2} ms", case.node.op);
+        }
+        println!("{line}");
+    }
+    println!("total {total:.1} ms");
+}
