@@ -12,6 +12,13 @@
 //! (overlapping) patches, and the filter gradient is `dU_ξ = Σ_blocks dM_ξ · V_ξᵀ` followed by
 //! `Gᵀ dU G`.
 //!
+//! Tiles of a block of `b` images are ordered `(tile row, image, tile column)`, so that one
+//! tile row of every image of the block is one run of `b · tw` tiles: the input-side
+//! transforms (of `x` and of `dY`) take all images of a channel at once and combine rows with
+//! vector loops over the whole run, which keeps them efficient on planes of a few tiles
+//! (ResNet's 8×8 and 4×4 stages). The GEMMs do not care about the order; the output-side
+//! transforms read each image's tiles at its offset in the runs.
+//!
 //! Layouts: a transform writes `[channel][ξ][tile]` (the GEMM operands `V_ξ`, `M_ξ` are
 //! matrices with rows `16 · T` apart); a GEMM writes `[ξ][channel][tile]` (`M` of the forward
 //! pass, `dV` of the input gradient), so that the 16 products own disjoint slices and run in
@@ -198,7 +205,8 @@ fn weight_transform_part<T: Real>(w: &[T], mut u: Vec<&mut [T]>) {
 /// parts of [`FILTER_PART`] filters on rayon when `parallel`.
 fn filter_output_transform<T: Real>(parallel: bool, g: &Conv2dGeometry, du: &[T], dw: &mut [T]) {
     let oc = g.c_out * g.c_in;
-    let run = |(p, dst): (usize, &mut [T])| filter_output_transform_part(du, oc, p * FILTER_PART, dst);
+    let run =
+        |(p, dst): (usize, &mut [T])| filter_output_transform_part(du, oc, p * FILTER_PART, dst);
     let dw = &mut dw[..oc * 9];
     if parallel && oc > FILTER_PART {
         dw.par_chunks_mut(FILTER_PART * 9).enumerate().for_each(run);
@@ -299,146 +307,161 @@ fn acc3<T: Real>(o: &mut [T], a: &[T], b: &[T], c: &[T], f: impl Fn(T, T, T) -> 
     }
 }
 
-/// Row `ih` of `plane` (zero when outside the image), deinterleaved around the one-pixel left
-/// padding: `even[j]` is column `2j - 1`, `odd[j]` column `2j` (zero outside the image).
-fn deinterleave_padded<T: Real>(plane: &[T], w: usize, ih: isize, even: &mut [T], odd: &mut [T]) {
-    even.fill(T::ZERO);
-    odd.fill(T::ZERO);
-    if ih < 0 || (ih as usize) * w >= plane.len() {
-        return;
-    }
-    let row = &plane[ih as usize * w..][..w];
-    for (o, pair) in odd.iter_mut().zip(row.chunks(2)) {
-        *o = pair[0];
-    }
-    for (e, pair) in even[1..].iter_mut().zip(row.chunks_exact(2)) {
-        *e = pair[1];
-    }
-}
-
-/// `V_t = Bᵀ d_t B` of every tile of one input plane `(h, w)`: element `ξ` of tile `t` goes to
-/// `dst[ξ * ld + t]`. `s` is scratch.
+/// `V_t = Bᵀ d_t B` of every tile of the same channel of `b` images (`planes` holds image
+/// `img`'s plane `(h, w)` at `img * plane_stride`): element `ξ` of tile `(ti, img, tj)` goes
+/// to `dst[ξ * ld + (ti * b + img) * tw + tj]`, so that a tile row of all `b` images is one
+/// run (long vector loops even for planes of a few tiles). `s` is scratch.
+#[allow(clippy::too_many_arguments)]
 fn input_transform<T: Real>(
     g: &Conv2dGeometry,
     t: &Tiles,
-    plane: &[T],
-    dst: &mut [T],
-    ld: usize,
-    s: &mut Vec<T>,
-) {
-    let (tw, n2) = (t.tw, t.tw + 1);
-    let [re0, re1, re2, re3, ro0, ro1, ro2, ro3, te0, te1, te2, te3, to0, to1, to2, to3] =
-        split_scratch::<T, 16>(s, n2);
-    let mut all = rows_mut(dst, ld, 0, t.per_image);
-    for ti in 0..t.th {
-        // Input rows 2ti-1 ..= 2ti+2, each as padded even / odd columns.
-        let top = 2 * ti as isize - 1;
-        deinterleave_padded(plane, g.w, top, re0, ro0);
-        deinterleave_padded(plane, g.w, top + 1, re1, ro1);
-        deinterleave_padded(plane, g.w, top + 2, re2, ro2);
-        deinterleave_padded(plane, g.w, top + 3, re3, ro3);
-        // Rows of Bᵀ d: r0 - r2, r1 + r2, r2 - r1, r1 - r3.
-        map2(te0, re0, re2, |a, b| a - b);
-        map2(te1, re1, re2, |a, b| a + b);
-        map2(te2, re2, re1, |a, b| a - b);
-        map2(te3, re1, re3, |a, b| a - b);
-        map2(to0, ro0, ro2, |a, b| a - b);
-        map2(to1, ro1, ro2, |a, b| a + b);
-        map2(to2, ro2, ro1, |a, b| a - b);
-        map2(to3, ro1, ro3, |a, b| a - b);
-        let d = all.each_mut().map(|r| &mut r[ti * tw..][..tw]);
-        let [d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11, d12, d13, d14, d15] = d;
-        // Columns: with a, b, c, d the padded columns 2j .. 2j+3: a - c, b + c, c - b, b - d.
-        for ((e, o), [x0, x1, x2, x3]) in [
-            ((&*te0, &*to0), [d0, d1, d2, d3]),
-            ((&*te1, &*to1), [d4, d5, d6, d7]),
-            ((&*te2, &*to2), [d8, d9, d10, d11]),
-            ((&*te3, &*to3), [d12, d13, d14, d15]),
-        ] {
-            let (a, c) = (&e[..tw], &e[1..]);
-            let (b, d) = (&o[..tw], &o[1..]);
-            map2(x0, a, c, |a, c| a - c);
-            map2(x1, b, c, |b, c| b + c);
-            map2(x2, c, b, |c, b| c - b);
-            map2(x3, b, d, |b, d| b - d);
-        }
-    }
-}
-
-/// `dM_t = A dY_t Aᵀ` of every tile of one output-gradient plane `(h, w)` (zero outside the
-/// image): element `ξ` of tile `t` goes to `dst[ξ * ld + t]`. `s` is scratch.
-fn output_grad_transform<T: Real>(
-    g: &Conv2dGeometry,
-    t: &Tiles,
-    plane: &[T],
+    b: usize,
+    planes: &[T],
+    plane_stride: usize,
     dst: &mut [T],
     ld: usize,
     s: &mut Vec<T>,
 ) {
     let (h, w, tw) = (g.h, g.w, t.tw);
-    let [e0, o0, e1, o1, qe1, qo1, qe2, qo2] = split_scratch::<T, 8>(s, tw);
-    let split = |r: usize, e: &mut [T], o: &mut [T]| {
-        e.fill(T::ZERO);
-        o.fill(T::ZERO);
-        if r < h {
-            let row = &plane[r * w..][..w];
-            for (e, pair) in e.iter_mut().zip(row.chunks(2)) {
-                *e = pair[0];
-            }
-            for (o, pair) in o.iter_mut().zip(row.chunks_exact(2)) {
-                *o = pair[1];
+    let run = b * tw;
+    // col[4 r + k]: column combination k of input row r of the tile row, for every image.
+    s.clear();
+    s.resize(16 * run + 2 * tw + 2, T::ZERO);
+    let (cols, prow) = s.split_at_mut(16 * run);
+    let mut it = cols.chunks_exact_mut(run.max(1));
+    let mut col: [&mut [T]; 16] = std::array::from_fn(|_| it.next().unwrap_or_default());
+    let out = rows_mut(dst, ld, 0, t.th * run);
+    for ti in 0..t.th {
+        for img in 0..b {
+            let plane = &planes[img * plane_stride..][..h * w];
+            for r in 0..4 {
+                let ih = (2 * ti + r) as isize - 1;
+                let o = img * tw;
+                if ih < 0 || ih as usize >= h {
+                    for k in 0..4 {
+                        col[4 * r + k][o..o + tw].fill(T::ZERO);
+                    }
+                    continue;
+                }
+                // Padded row: column q of the image at q + 1, zeros around.
+                prow[0] = T::ZERO;
+                prow[1..=w].copy_from_slice(&plane[ih as usize * w..][..w]);
+                prow[w + 1..].fill(T::ZERO);
+                let [k0, k1, k2, k3] = &mut col[4 * r..4 * r + 4] else {
+                    unreachable!("four columns")
+                };
+                let (k0, k1, k2, k3) = (
+                    &mut k0[o..o + tw],
+                    &mut k1[o..o + tw],
+                    &mut k2[o..o + tw],
+                    &mut k3[o..o + tw],
+                );
+                // With a, b, c, d the padded columns 2j .. 2j+3: a - c, b + c, c - b, b - d.
+                for (j, q) in prow.windows(4).step_by(2).take(tw).enumerate() {
+                    let (a, b, c, d) = (q[0], q[1], q[2], q[3]);
+                    k0[j] = a - c;
+                    k1[j] = b + c;
+                    k2[j] = c - b;
+                    k3[j] = b - d;
+                }
             }
         }
-    };
-    let mut all = rows_mut(dst, ld, 0, t.per_image);
-    for ti in 0..t.th {
-        split(2 * ti, e0, o0);
-        split(2 * ti + 1, e1, o1);
-        // q = A · [g0; g1]: g0, g0 + g1, g0 - g1, -g1.
-        map2(qe1, e0, e1, |a, b| a + b);
-        map2(qo1, o0, o1, |a, b| a + b);
-        map2(qe2, e0, e1, |a, b| a - b);
-        map2(qo2, o0, o1, |a, b| a - b);
-        let d = all.each_mut().map(|r| &mut r[ti * tw..][..tw]);
-        let [d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11, d12, d13, d14, d15] = d;
-        // Columns of q Aᵀ: a, a + b, a - b, -b; row 3 is -g1.
-        let cols = |a: &[T], b: &[T], neg: bool, x: [&mut [T]; 4]| {
-            let [x0, x1, x2, x3] = x;
-            if neg {
-                map2(x0, a, b, |a, _| -a);
-                map2(x1, a, b, |a, b| -(a + b));
-                map2(x2, a, b, |a, b| b - a);
-                map2(x3, a, b, |_, b| b);
-            } else {
-                map2(x0, a, b, |a, _| a);
-                map2(x1, a, b, |a, b| a + b);
-                map2(x2, a, b, |a, b| a - b);
-                map2(x3, a, b, |_, b| -b);
-            }
-        };
-        cols(e0, o0, false, [d0, d1, d2, d3]);
-        cols(qe1, qo1, false, [d4, d5, d6, d7]);
-        cols(qe2, qo2, false, [d8, d9, d10, d11]);
-        cols(e1, o1, true, [d12, d13, d14, d15]);
+        // Rows of Bᵀ (.): r0 - r2, r1 + r2, r2 - r1, r1 - r3, over the whole run.
+        let at = ti * run;
+        for k in 0..4 {
+            let (r0, r1, r2, r3) = (&*col[k], &*col[4 + k], &*col[8 + k], &*col[12 + k]);
+            map2(&mut out[k][at..at + run], r0, r2, |a, b| a - b);
+            map2(&mut out[4 + k][at..at + run], r1, r2, |a, b| a + b);
+            map2(&mut out[8 + k][at..at + run], r2, r1, |a, b| a - b);
+            map2(&mut out[12 + k][at..at + run], r1, r3, |a, b| a - b);
+        }
     }
 }
 
-/// `Y_t = Aᵀ M_t A` of every tile, from `src[ξ * ld + t]`, into one output plane `(h, w)`.
-/// `s` is scratch.
+/// `dM_t = A dY_t Aᵀ` of every tile of the same channel of `b` output-gradient planes
+/// (`planes` holds image `img`'s at `img * plane_stride`; zero outside the image), in the
+/// tile order of [`input_transform`]. `s` is scratch.
+#[allow(clippy::too_many_arguments)]
+fn output_grad_transform<T: Real>(
+    g: &Conv2dGeometry,
+    t: &Tiles,
+    b: usize,
+    planes: &[T],
+    plane_stride: usize,
+    dst: &mut [T],
+    ld: usize,
+    s: &mut Vec<T>,
+) {
+    let (h, w, tw) = (g.h, g.w, t.tw);
+    let run = b * tw;
+    s.clear();
+    s.resize(8 * run + 2 * tw, T::ZERO);
+    let (cols, prow) = s.split_at_mut(8 * run);
+    let mut it = cols.chunks_exact_mut(run.max(1));
+    let mut col: [&mut [T]; 8] = std::array::from_fn(|_| it.next().unwrap_or_default());
+    let out = rows_mut(dst, ld, 0, t.th * run);
+    for ti in 0..t.th {
+        for img in 0..b {
+            let plane = &planes[img * plane_stride..][..h * w];
+            for r in 0..2 {
+                let ih = 2 * ti + r;
+                let o = img * tw;
+                if ih >= h {
+                    for k in 0..4 {
+                        col[4 * r + k][o..o + tw].fill(T::ZERO);
+                    }
+                    continue;
+                }
+                prow[..w].copy_from_slice(&plane[ih * w..][..w]);
+                prow[w..].fill(T::ZERO);
+                let [k0, k1, k2, k3] = &mut col[4 * r..4 * r + 4] else {
+                    unreachable!("four columns")
+                };
+                let (k0, k1, k2, k3) = (
+                    &mut k0[o..o + tw],
+                    &mut k1[o..o + tw],
+                    &mut k2[o..o + tw],
+                    &mut k3[o..o + tw],
+                );
+                // Columns of (.) Aᵀ, with a, b the columns 2j, 2j + 1: a, a + b, a - b, -b.
+                for (j, q) in prow.chunks_exact(2).take(tw).enumerate() {
+                    let (a, b) = (q[0], q[1]);
+                    k0[j] = a;
+                    k1[j] = a + b;
+                    k2[j] = a - b;
+                    k3[j] = -b;
+                }
+            }
+        }
+        // Rows of A (.): g0, g0 + g1, g0 - g1, -g1, over the whole run.
+        let at = ti * run;
+        for k in 0..4 {
+            let (g0, g1) = (&*col[k], &*col[4 + k]);
+            out[k][at..at + run].copy_from_slice(g0);
+            map2(&mut out[4 + k][at..at + run], g0, g1, |a, b| a + b);
+            map2(&mut out[8 + k][at..at + run], g0, g1, |a, b| a - b);
+            map2(&mut out[12 + k][at..at + run], g0, g1, |_, b| -b);
+        }
+    }
+}
+
+/// `Y_t = Aᵀ M_t A` of every tile of one image, from `src[ξ * ld + ti * run + tj]` (the tile
+/// order of [`input_transform`]: `run` tiles per tile row of the block), into its output
+/// plane `(h, w)`. `s` is scratch.
 fn output_transform<T: Real>(
     g: &Conv2dGeometry,
     t: &Tiles,
     src: &[T],
-    ld: usize,
+    (ld, run): (usize, usize),
     out: &mut [T],
     s: &mut Vec<T>,
 ) {
     let (h, w, tw) = (g.h, g.w, t.tw);
     let [s00, s01, s02, s03, s10, s11, s12, s13, y00, y01, y10, y11] =
         split_scratch::<T, 12>(s, tw);
-    let all = rows(src, ld, 0, t.per_image);
+    let all = rows(src, ld, 0, (t.th - 1) * run + tw);
     for ti in 0..t.th {
-        let m = all.map(|r| &r[ti * tw..][..tw]);
+        let m = all.map(|r| &r[ti * run..][..tw]);
         // Rows of Aᵀ M: m0 + m1 + m2 and m1 - m2 - m3, for each column l.
         for (l, (a, b)) in [
             (&mut *s00, &mut *s10),
@@ -480,7 +503,7 @@ fn input_grad_transform<T: Real>(
     g: &Conv2dGeometry,
     t: &Tiles,
     src: &[T],
-    ld: usize,
+    (ld, run): (usize, usize),
     out: &mut [T],
     s: &mut Vec<T>,
 ) {
@@ -495,9 +518,9 @@ fn input_grad_transform<T: Real>(
     let (odd, rest) = rest.split_at_mut(ph * n2);
     let mut it = rest.chunks_exact_mut(tw.max(1));
     let e: [&mut [T]; 16] = std::array::from_fn(|_| it.next().unwrap_or_default());
-    let all = rows(src, ld, 0, t.per_image);
+    let all = rows(src, ld, 0, (t.th - 1) * run + tw);
     for ti in 0..t.th {
-        let m = all.map(|r| &r[ti * tw..][..tw]);
+        let m = all.map(|r| &r[ti * run..][..tw]);
         // Rows of B dV: v0, v1 - v2 + v3, v1 + v2 - v0, -v3 (kept positive: signs below).
         for l in 0..4 {
             let (v0, v1, v2, v3) = (m[l], m[4 + l], m[8 + l], m[12 + l]);
@@ -569,12 +592,7 @@ pub(crate) fn forward<T: Real>(
                 parallel,
                 &mut v[..16 * c_n * cols],
                 16 * cols,
-                |c, dst, s| {
-                    for img in 0..b {
-                        let plane = &xb[(img * c_n + c) * hw..][..hw];
-                        input_transform(g, &t, plane, &mut dst[img * t.per_image..], cols, s);
-                    }
-                },
+                |c, dst, s| input_transform(g, &t, b, &xb[c * hw..], c_n * hw, dst, cols, s),
             );
             let (u, v) = (&u[..], &v[..]);
             for_taps(parallel, &mut m, o_n * cols, |xi, dst| {
@@ -603,8 +621,8 @@ pub(crate) fn forward<T: Real>(
             let mm = &m[..];
             for_planes(parallel, yb, hw, |q, out, s| {
                 let (img, o) = (q / o_n, q % o_n);
-                let src = &mm[o * cols + img * t.per_image..];
-                output_transform(g, &t, src, o_n * cols, out, s);
+                let src = &mm[o * cols + img * t.tw..];
+                output_transform(g, &t, src, (o_n * cols, b * t.tw), out, s);
             });
         }
         Ok(())
@@ -642,12 +660,7 @@ pub(crate) fn backprop_input<T: Real>(
                 parallel,
                 &mut m[..16 * o_n * cols],
                 16 * cols,
-                |o, dst, s| {
-                    for img in 0..b {
-                        let plane = &dyb[(img * o_n + o) * hw..][..hw];
-                        output_grad_transform(g, &t, plane, &mut dst[img * t.per_image..], cols, s);
-                    }
-                },
+                |o, dst, s| output_grad_transform(g, &t, b, &dyb[o * hw..], o_n * hw, dst, cols, s),
             );
             let (u, m) = (&u[..], &m[..]);
             for_taps(parallel, &mut v, c_n * cols, |xi, dst| {
@@ -676,8 +689,8 @@ pub(crate) fn backprop_input<T: Real>(
             let vv = &v[..];
             for_planes(parallel, dxb, hw, |q, out, s| {
                 let (img, c) = (q / c_n, q % c_n);
-                let src = &vv[c * cols + img * t.per_image..];
-                input_grad_transform(g, &t, src, c_n * cols, out, s);
+                let src = &vv[c * cols + img * t.tw..];
+                input_grad_transform(g, &t, src, (c_n * cols, b * t.tw), out, s);
             });
         }
         Ok(())
@@ -715,23 +728,13 @@ pub(crate) fn backprop_filter<T: Real>(
                 parallel,
                 &mut v[..16 * c_n * cols],
                 16 * cols,
-                |c, dst, s| {
-                    for img in 0..b {
-                        let plane = &xb[(img * c_n + c) * hw..][..hw];
-                        input_transform(g, &t, plane, &mut dst[img * t.per_image..], cols, s);
-                    }
-                },
+                |c, dst, s| input_transform(g, &t, b, &xb[c * hw..], c_n * hw, dst, cols, s),
             );
             for_planes(
                 parallel,
                 &mut m[..16 * o_n * cols],
                 16 * cols,
-                |o, dst, s| {
-                    for img in 0..b {
-                        let plane = &dyb[(img * o_n + o) * hw..][..hw];
-                        output_grad_transform(g, &t, plane, &mut dst[img * t.per_image..], cols, s);
-                    }
-                },
+                |o, dst, s| output_grad_transform(g, &t, b, &dyb[o * hw..], o_n * hw, dst, cols, s),
             );
             let (m, v) = (&m[..], &v[..]);
             for_taps(parallel, &mut du, o_n * c_n, |xi, dst| {

@@ -323,7 +323,11 @@ fn script(comm: &dyn Communicator, large: usize) -> Vec<Out> {
     for round in 0..6 {
         step(&mut |g, m, c| {
             let odd_one = round == 3 && g.len() > 1 && m == g.len() - 1;
-            let op = if odd_one { ReduceOp::Max } else { ReduceOp::Sum };
+            let op = if odd_one {
+                ReduceOp::Max
+            } else {
+                ReduceOp::Sum
+            };
             let mut t = data(c, m, &[6], DType::Float32);
             out(comm.all_reduce(g, op, &mut t).map(|()| t))
         });
