@@ -4,14 +4,15 @@
 //! the group's sequence number (each rank counts its calls per group). The last member to
 //! arrive combines the tensors in member order, once, and publishes the result; every member
 //! takes its part of that one result, so results are bit-identical on every member and do
-//! not depend on arrival order. Waiting members spin briefly, then sleep on the slot's
-//! condition variable until the result is published or the timeout expires; a member that
-//! times out publishes a [`CommError::Timeout`] naming the ranks that never arrived, which
-//! every later arrival of that call also gets. Point-to-point messages go through FIFO
+//! not depend on arrival order. Waiting members spin briefly (or yield, when the ranks
+//! outnumber the cores: [`WaitPolicy`]), then sleep on the slot's condition variable until the
+//! result is published or the timeout expires; a member that times out publishes a
+//! [`CommError::Timeout`] naming the ranks that never arrived, which every later arrival of
+//! that call also gets. Point-to-point messages go through FIFO
 //! mailboxes keyed by (source, destination, tag); `send` never blocks.
 
 use super::tensor_ops::{concat_axis, reduce_in_order, split_axis};
-use super::{arguments, assign, check_group, Collective, CommError, Communicator};
+use super::{arguments, assign, check_group, Collective, CommError, Communicator, WaitPolicy};
 use crate::tensor::{Data, Tensor};
 use shardc_ir::{ReduceOp, TensorType};
 use std::collections::{HashMap, VecDeque};
@@ -21,9 +22,6 @@ use std::time::{Duration, Instant};
 
 /// The default time a member waits for the others before a collective fails.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// Iterations of the busy wait before a waiting member goes to sleep.
-const SPIN_ITERATIONS: u32 = 200;
 
 /// The result of one collective call: per member index, or for one-result collectives a
 /// single tensor every member copies.
@@ -65,6 +63,8 @@ struct Shared {
     state: Mutex<State>,
     /// Signalled on every send.
     mail_cv: Condvar,
+    /// How a member waiting for the others passes the time before it sleeps.
+    wait: WaitPolicy,
 }
 
 impl Shared {
@@ -103,6 +103,10 @@ impl InProcessWorld {
             timeout,
             state: Mutex::new(State::default()),
             mail_cv: Condvar::new(),
+            wait: WaitPolicy::for_host(
+                size,
+                std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+            ),
         });
         (0..size)
             .map(|rank| InProcessComm {
@@ -245,12 +249,11 @@ impl InProcessComm {
             } else {
                 let signal = slot.signal.clone();
                 drop(state);
-                for _ in 0..SPIN_ITERATIONS {
-                    if signal.ready.load(Ordering::Acquire) {
-                        break;
-                    }
-                    std::hint::spin_loop();
-                }
+                // A condition variable's wake-up costs tens to hundreds of microseconds: spin
+                // (or yield, when the ranks outnumber the cores) for a while first.
+                self.shared
+                    .wait
+                    .pass_time(|| signal.ready.load(Ordering::Acquire));
                 state = self.shared.lock();
                 while let Some(slot) = state.slots.get_mut(&key) {
                     if slot.outcome.is_some() {

@@ -16,8 +16,10 @@ pub mod arguments;
 pub mod conformance;
 mod in_process;
 pub mod tensor_ops;
+mod wait;
 
 pub use in_process::{InProcessComm, InProcessWorld, DEFAULT_TIMEOUT};
+pub use wait::WaitPolicy;
 
 use crate::tensor::Tensor;
 use shardc_ir::{ReduceOp, TensorType};

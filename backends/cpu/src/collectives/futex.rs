@@ -10,40 +10,8 @@
 use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
-/// How a waiter passes the time before it sleeps.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct WaitPolicy {
-    /// How long it spins before yielding.
-    pub spin: Duration,
-    /// How long it yields its core (at least a few times) before it sleeps.
-    pub yielding: Duration,
-}
+pub(crate) use shardc_runtime::comm::WaitPolicy;
 
-impl WaitPolicy {
-    /// For `ranks` processes on a host with `cores` cores. With a core each, a short spin
-    /// answers fastest (a futex wake-up costs tens of microseconds). With more ranks than
-    /// cores, a spinning waiter holds the core the rank it waits for needs: it yields at
-    /// once, for up to 200 µs (as Open MPI yields when it finds itself oversubscribed), and
-    /// only then sleeps.
-    pub fn for_host(ranks: usize, cores: usize) -> WaitPolicy {
-        if ranks > cores.max(1) {
-            WaitPolicy {
-                spin: Duration::ZERO,
-                yielding: Duration::from_micros(200),
-            }
-        } else {
-            WaitPolicy {
-                spin: Duration::from_micros(15),
-                yielding: Duration::ZERO,
-            }
-        }
-    }
-}
-
-/// Checks of the condition before a spinning waiter first reads the clock.
-const QUICK_SPINS: u32 = 128;
-/// The fewest yields before a sleep, whatever the policy's yielding time.
-const MIN_YIELDS: u32 = 4;
 /// The longest single futex sleep (the condition is checked again after each).
 const MAX_SLEEP: Duration = Duration::from_millis(50);
 
@@ -103,40 +71,10 @@ pub(crate) fn wait_until(
     policy: WaitPolicy,
     mut cond: impl FnMut() -> bool,
 ) -> bool {
-    if cond() {
+    if policy.pass_time(&mut cond) {
         return true;
     }
-    if !policy.spin.is_zero() {
-        // Most waits between ranks with a core each end within a few hundred cycles: check
-        // before reading the clock.
-        for _ in 0..QUICK_SPINS {
-            std::hint::spin_loop();
-            if cond() {
-                return true;
-            }
-        }
-    }
     let start = Instant::now();
-    while !policy.spin.is_zero() {
-        for _ in 0..64 {
-            if cond() {
-                return true;
-            }
-            std::hint::spin_loop();
-        }
-        if start.elapsed() >= policy.spin {
-            break;
-        }
-    }
-    let yielded = Instant::now();
-    let mut yields = 0u32;
-    while yields < MIN_YIELDS || yielded.elapsed() < policy.yielding {
-        std::thread::yield_now();
-        yields += 1;
-        if cond() {
-            return true;
-        }
-    }
     loop {
         let elapsed = start.elapsed();
         if elapsed >= timeout {
