@@ -405,12 +405,15 @@ pub fn all_reduce_seconds(
     let comms = InProcessWorld::new(p);
     let group: Vec<usize> = (0..p).collect();
     let barrier = Barrier::new(p);
+    // One clock for every rank: the ranks leave the barrier at different times (a futex
+    // wake-up each), and only the time from the last arrival counts.
+    let epoch = Instant::now();
     let per_rank: Vec<Result<Vec<(f64, f64)>>> = std::thread::scope(|s| {
         let handles: Vec<_> = comms
             .into_iter()
             .enumerate()
             .map(|(rank, comm)| {
-                let (group, barrier) = (&group, &barrier);
+                let (group, barrier, epoch) = (&group, &barrier, &epoch);
                 s.spawn(move || -> Result<Vec<(f64, f64)>> {
                     let mut t = Tensor::from_f32(vec![elems], vec![1.0; elems])
                         .ok_or_else(|| anyhow!("an f32 tensor of {elems} elements"))?;
@@ -422,10 +425,10 @@ pub fn all_reduce_seconds(
                         while t0.elapsed() < busy {
                             std::hint::spin_loop();
                         }
-                        let arrive = t0.elapsed().as_secs_f64();
+                        let arrive = epoch.elapsed().as_secs_f64();
                         comm.all_reduce(group, ReduceOp::Sum, &mut t)
                             .map_err(|e| anyhow!("in-process AllReduce: {e}"))?;
-                        times.push((arrive, t0.elapsed().as_secs_f64()));
+                        times.push((arrive, epoch.elapsed().as_secs_f64()));
                     }
                     Ok(times.split_off(2))
                 })
