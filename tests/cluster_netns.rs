@@ -8,20 +8,27 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-fn ip(args: &[&str]) -> Result<(), String> {
-    let o = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| format!("ip: {e}"))?;
+/// Runs `program args` (in `dir` when given); its standard error on failure.
+fn tool(program: &str, args: &[&str], dir: Option<&Path>) -> Result<(), String> {
+    let mut c = Command::new(program);
+    c.args(args);
+    if let Some(d) = dir {
+        c.current_dir(d);
+    }
+    let o = c.output().map_err(|e| format!("{program}: {e}"))?;
     if o.status.success() {
         Ok(())
     } else {
         Err(format!(
-            "ip {}: {}",
+            "{program} {}: {}",
             args.join(" "),
             String::from_utf8_lossy(&o.stderr).trim()
         ))
     }
+}
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    tool("ip", args, None)
 }
 
 /// Two namespaces `a` and `b` with a veth pair `10.77.R.1` <-> `10.77.R.2`; removed on drop.
@@ -155,79 +162,37 @@ fn two_hosts_with_tls_run_every_collective_over_sealed_connections() {
 /// addresses are not known in advance, so none; shardc then checks the chain only, as
 /// MindSpore's clusters that share one certificate do), with `ssl.json`.
 fn write_pki(dir: &Path) -> Result<(), String> {
-    let run = |args: &[&str]| -> Result<(), String> {
-        let o = Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .output()
-            .map_err(|e| format!("openssl: {e}"))?;
-        if o.status.success() {
-            Ok(())
-        } else {
-            Err(format!(
-                "openssl {}: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&o.stderr).trim()
-            ))
+    // `words` split at spaces, then the subject (which has spaces) when given.
+    let run = |words: &str, subject: Option<&str>| {
+        let mut args: Vec<&str> = words.split_whitespace().collect();
+        if let Some(s) = subject {
+            args.extend(["-subj", s]);
         }
+        tool("openssl", &args, Some(dir))
     };
-    run(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:P-256",
-        "-nodes",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.pem",
-        "-days",
-        "400",
-        "-subj",
-        "/CN=netns test CA",
-        "-addext",
-        "basicConstraints=critical,CA:TRUE",
-        "-addext",
-        "keyUsage=critical,keyCertSign,cRLSign,digitalSignature",
-    ])?;
-    run(&[
-        "req",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:P-256",
-        "-nodes",
-        "-keyout",
-        "node.key",
-        "-out",
-        "node.csr",
-        "-subj",
-        "/CN=shardc node",
-    ])?;
+    let key = "-newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes";
+    run(
+        &format!(
+            "req -x509 {key} -keyout ca.key -out ca.pem -days 400 \
+             -addext basicConstraints=critical,CA:TRUE \
+             -addext keyUsage=critical,keyCertSign,cRLSign,digitalSignature"
+        ),
+        Some("/CN=netns test CA"),
+    )?;
+    run(
+        &format!("req {key} -keyout node.key -out node.csr"),
+        Some("/CN=shardc node"),
+    )?;
     std::fs::write(
         dir.join("ext.cnf"),
         "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth,clientAuth\n",
     )
     .map_err(|e| e.to_string())?;
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        "node.csr",
-        "-CA",
-        "ca.pem",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "node.crt",
-        "-days",
-        "400",
-        "-extfile",
-        "ext.cnf",
-    ])?;
+    run(
+        "x509 -req -in node.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out node.crt \
+         -days 400 -extfile ext.cnf",
+        None,
+    )?;
     std::fs::write(
         dir.join("ssl.json"),
         r#"{"server_cert_path": "node.crt", "server_key_path": "node.key",

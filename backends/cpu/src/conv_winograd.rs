@@ -307,6 +307,14 @@ fn acc3<T: Real>(o: &mut [T], a: &[T], b: &[T], c: &[T], f: impl Fn(T, T, T) -> 
     }
 }
 
+/// `range` of each of the four slices `rows`.
+fn four_mut<'s, T>(rows: &'s mut [&mut [T]], range: std::ops::Range<usize>) -> [&'s mut [T]; 4] {
+    let [a, b, c, d] = rows else {
+        unreachable!("four rows")
+    };
+    [a, b, c, d].map(|r| &mut r[range.clone()])
+}
+
 /// `V_t = Bᵀ d_t B` of every tile of the same channel of `b` images (`planes` holds image
 /// `img`'s plane `(h, w)` at `img * plane_stride`): element `ξ` of tile `(ti, img, tj)` goes
 /// to `dst[ξ * ld + (ti * b + img) * tw + tj]`, so that a tile row of all `b` images is one
@@ -347,15 +355,7 @@ fn input_transform<T: Real>(
                 prow[0] = T::ZERO;
                 prow[1..=w].copy_from_slice(&plane[ih as usize * w..][..w]);
                 prow[w + 1..].fill(T::ZERO);
-                let [k0, k1, k2, k3] = &mut col[4 * r..4 * r + 4] else {
-                    unreachable!("four columns")
-                };
-                let (k0, k1, k2, k3) = (
-                    &mut k0[o..o + tw],
-                    &mut k1[o..o + tw],
-                    &mut k2[o..o + tw],
-                    &mut k3[o..o + tw],
-                );
+                let [k0, k1, k2, k3] = four_mut(&mut col[4 * r..4 * r + 4], o..o + tw);
                 // With a, b, c, d the padded columns 2j .. 2j+3: a - c, b + c, c - b, b - d.
                 for (j, q) in prow.windows(4).step_by(2).take(tw).enumerate() {
                     let (a, b, c, d) = (q[0], q[1], q[2], q[3]);
@@ -414,15 +414,7 @@ fn output_grad_transform<T: Real>(
                 }
                 prow[..w].copy_from_slice(&plane[ih * w..][..w]);
                 prow[w..].fill(T::ZERO);
-                let [k0, k1, k2, k3] = &mut col[4 * r..4 * r + 4] else {
-                    unreachable!("four columns")
-                };
-                let (k0, k1, k2, k3) = (
-                    &mut k0[o..o + tw],
-                    &mut k1[o..o + tw],
-                    &mut k2[o..o + tw],
-                    &mut k3[o..o + tw],
-                );
+                let [k0, k1, k2, k3] = four_mut(&mut col[4 * r..4 * r + 4], o..o + tw);
                 // Columns of (.) Aᵀ, with a, b the columns 2j, 2j + 1: a, a + b, a - b, -b.
                 for (j, q) in prow.chunks_exact(2).take(tw).enumerate() {
                     let (a, b) = (q[0], q[1]);
