@@ -13,11 +13,13 @@
 //! `Gᵀ dU G`.
 //!
 //! Tiles of a block of `b` images are ordered `(tile row, image, tile column)`, so that one
-//! tile row of every image of the block is one run of `b · tw` tiles: the input-side
-//! transforms (of `x` and of `dY`) take all images of a channel at once and combine rows with
-//! vector loops over the whole run, which keeps them efficient on planes of a few tiles
-//! (ResNet's 8×8 and 4×4 stages). The GEMMs do not care about the order; the output-side
-//! transforms read each image's tiles at its offset in the runs.
+//! tile row of every image of the block is one run of `b · tw` tiles. Every transform takes
+//! all images of one channel at once and runs over whole runs (vector loops that stay long
+//! on planes of a few tiles, ResNet's 8×8 and 4×4 stages); only moving pixels between the
+//! planes and the tiles goes image by image. The GEMMs do not care about the order. The
+//! output-side transforms write a channel's planes of all images together (channel-major),
+//! and a copy puts them in the images' order, except for one-image blocks, whose planes
+//! already are in that order.
 //!
 //! Layouts: a transform writes `[channel][ξ][tile]` (the GEMM operands `V_ξ`, `M_ξ` are
 //! matrices with rows `16 · T` apart); a GEMM writes `[ξ][channel][tile]` (`M` of the forward
@@ -299,14 +301,6 @@ fn map3<T: Real>(o: &mut [T], a: &[T], b: &[T], c: &[T], f: impl Fn(T, T, T) -> 
     }
 }
 
-/// `o[j] += f(a[j], b[j], c[j])` over the common length.
-#[inline(always)]
-fn acc3<T: Real>(o: &mut [T], a: &[T], b: &[T], c: &[T], f: impl Fn(T, T, T) -> T) {
-    for (((o, &a), &b), &c) in o.iter_mut().zip(a).zip(b).zip(c) {
-        *o += f(a, b, c);
-    }
-}
-
 /// `range` of each of the four slices `rows`.
 fn four_mut<'s, T>(rows: &'s mut [&mut [T]], range: std::ops::Range<usize>) -> [&'s mut [T]; 4] {
     let [a, b, c, d] = rows else {
@@ -437,23 +431,26 @@ fn output_grad_transform<T: Real>(
     }
 }
 
-/// `Y_t = Aᵀ M_t A` of every tile of one image, from `src[ξ * ld + ti * run + tj]` (the tile
-/// order of [`input_transform`]: `run` tiles per tile row of the block), into its output
-/// plane `(h, w)`. `s` is scratch.
+/// `Y_t = Aᵀ M_t A` of every tile of one output channel of `b` images, from
+/// `src[ξ * ld + t]` in the tile order of [`input_transform`], into the channel's `b` output
+/// planes `(h, w)`, one after another in `out`. Everything but the final placement of the
+/// pixels runs over the whole tile row of all images at once. `s` is scratch.
 fn output_transform<T: Real>(
     g: &Conv2dGeometry,
     t: &Tiles,
+    b: usize,
     src: &[T],
-    (ld, run): (usize, usize),
+    ld: usize,
     out: &mut [T],
     s: &mut Vec<T>,
 ) {
     let (h, w, tw) = (g.h, g.w, t.tw);
+    let run = b * tw;
     let [s00, s01, s02, s03, s10, s11, s12, s13, y00, y01, y10, y11] =
-        split_scratch::<T, 12>(s, tw);
-    let all = rows(src, ld, 0, (t.th - 1) * run + tw);
+        split_scratch::<T, 12>(s, run);
+    let all = rows(src, ld, 0, t.th * run);
     for ti in 0..t.th {
-        let m = all.map(|r| &r[ti * run..][..tw]);
+        let m = all.map(|r| &r[ti * run..][..run]);
         // Rows of Aᵀ M: m0 + m1 + m2 and m1 - m2 - m3, for each column l.
         for (l, (a, b)) in [
             (&mut *s00, &mut *s10),
@@ -472,47 +469,65 @@ fn output_transform<T: Real>(
         map3(y10, s10, s11, s12, |a, b, c| a + b + c);
         map3(y11, s11, s12, s13, |a, b, c| a - b - c);
         let r0 = 2 * ti;
-        for (r, (e, o)) in [(r0, (&*y00, &*y01)), (r0 + 1, (&*y10, &*y11))] {
-            if r >= h {
-                continue;
-            }
-            let row = &mut out[r * w..][..w];
-            let full = w / 2;
-            for ((pair, &e), &o) in row.chunks_exact_mut(2).zip(&e[..full]).zip(&o[..full]) {
-                pair[0] = e;
-                pair[1] = o;
-            }
-            if w % 2 == 1 {
-                row[w - 1] = e[full];
+        for (img, plane) in out.chunks_exact_mut(h * w).take(b).enumerate() {
+            let at = img * tw;
+            for (r, (e, o)) in [(r0, (&*y00, &*y01)), (r0 + 1, (&*y10, &*y11))] {
+                if r >= h {
+                    continue;
+                }
+                let (e, o) = (&e[at..at + tw], &o[at..at + tw]);
+                let row = &mut plane[r * w..][..w];
+                let full = w / 2;
+                for ((pair, &e), &o) in row.chunks_exact_mut(2).zip(&e[..full]).zip(&o[..full]) {
+                    pair[0] = e;
+                    pair[1] = o;
+                }
+                if w % 2 == 1 {
+                    row[w - 1] = e[full];
+                }
             }
         }
     }
 }
 
-/// `B dV_t Bᵀ` of every tile, from `src[ξ * ld + t]`, summed over the overlapping patches
-/// into one input-gradient plane `(h, w)` (overwritten). `s` is scratch.
+/// `o[j] += f(a[j], b[j], c[j])` over the common length.
+#[inline(always)]
+fn acc3<T: Real>(o: &mut [T], a: &[T], b: &[T], c: &[T], f: impl Fn(T, T, T) -> T) {
+    for (((o, &a), &b), &c) in o.iter_mut().zip(a).zip(b).zip(c) {
+        *o += f(a, b, c);
+    }
+}
+
+/// `B dV_t Bᵀ` of every tile of one input channel of `b` images, from `src[ξ * ld + t]` in
+/// the tile order of [`input_transform`], summed over the overlapping patches into the
+/// channel's `b` input-gradient planes `(h, w)`, one after another in `out` (overwritten).
+/// The rows of `B dV` are combined over the whole tile row of all images at once; the columns
+/// are combined while summing into each image's patches. `s` is scratch.
 fn input_grad_transform<T: Real>(
     g: &Conv2dGeometry,
     t: &Tiles,
+    b: usize,
     src: &[T],
-    (ld, run): (usize, usize),
+    ld: usize,
     out: &mut [T],
     s: &mut Vec<T>,
 ) {
     let (h, w, tw) = (g.h, g.w, t.tw);
+    let run = b * tw;
     let n2 = tw + 1;
     let ph = 2 * t.th + 2;
-    // Padded plane (row p, column q holds input (p - 1, q - 1)) as even and odd columns:
-    // even[p][j] is column 2j, odd[p][j] column 2j + 1.
+    let pad = ph * n2;
+    // Per image, its padded plane (row p, column q holds input (p - 1, q - 1)) as even and
+    // odd columns: even[p][j] is column 2j, odd[p][j] column 2j + 1.
     s.clear();
-    s.resize(2 * ph * n2 + 16 * tw, T::ZERO);
-    let (even, rest) = s.split_at_mut(ph * n2);
-    let (odd, rest) = rest.split_at_mut(ph * n2);
-    let mut it = rest.chunks_exact_mut(tw.max(1));
+    s.resize(2 * b * pad + 16 * run, T::ZERO);
+    let (even, rest) = s.split_at_mut(b * pad);
+    let (odd, rest) = rest.split_at_mut(b * pad);
+    let mut it = rest.chunks_exact_mut(run.max(1));
     let e: [&mut [T]; 16] = std::array::from_fn(|_| it.next().unwrap_or_default());
-    let all = rows(src, ld, 0, (t.th - 1) * run + tw);
+    let all = rows(src, ld, 0, t.th * run);
     for ti in 0..t.th {
-        let m = all.map(|r| &r[ti * run..][..tw]);
+        let m = all.map(|r| &r[ti * run..][..run]);
         // Rows of B dV: v0, v1 - v2 + v3, v1 + v2 - v0, -v3 (kept positive: signs below).
         for l in 0..4 {
             let (v0, v1, v2, v3) = (m[l], m[4 + l], m[8 + l], m[12 + l]);
@@ -524,37 +539,53 @@ fn input_grad_transform<T: Real>(
         for i in 0..4 {
             let neg = i == 3;
             let p = 2 * ti + i;
-            let (r0, r1, r2, r3) = (&*e[4 * i], &*e[4 * i + 1], &*e[4 * i + 2], &*e[4 * i + 3]);
-            let ev = &mut even[p * n2..][..n2];
-            let od = &mut odd[p * n2..][..n2];
-            // Columns: dd0 = r0, dd1 = r1 - r2 + r3, dd2 = r1 + r2 - r0, dd3 = -r3, added at
-            // padded columns 2j, 2j + 1, 2j + 2, 2j + 3.
-            if neg {
-                acc3(&mut ev[..tw], r0, r0, r0, |a, _, _| -a);
-                acc3(&mut od[..tw], r1, r2, r3, |b, c, d| c - b - d);
-                acc3(&mut ev[1..], r1, r2, r0, |b, c, a| a - b - c);
-                acc3(&mut od[1..], r3, r3, r3, |d, _, _| d);
-            } else {
-                acc3(&mut ev[..tw], r0, r0, r0, |a, _, _| a);
-                acc3(&mut od[..tw], r1, r2, r3, |b, c, d| b - c + d);
-                acc3(&mut ev[1..], r1, r2, r0, |b, c, a| b + c - a);
-                acc3(&mut od[1..], r3, r3, r3, |d, _, _| -d);
+            for img in 0..b {
+                let at = img * tw;
+                let [r0, r1, r2, r3] = [0, 1, 2, 3].map(|k| &e[4 * i + k][at..at + tw]);
+                let ev = &mut even[img * pad + p * n2..][..n2];
+                let od = &mut odd[img * pad + p * n2..][..n2];
+                // Columns: dd0 = r0, dd1 = r1 - r2 + r3, dd2 = r1 + r2 - r0, dd3 = -r3 (all
+                // negated for row 3), added at padded columns 2j, 2j + 1, 2j + 2, 2j + 3.
+                if neg {
+                    acc3(&mut ev[..tw], r0, r0, r0, |a, _, _| -a);
+                    acc3(&mut od[..tw], r1, r2, r3, |b, c, d| c - b - d);
+                    acc3(&mut ev[1..], r1, r2, r0, |b, c, a| a - b - c);
+                    acc3(&mut od[1..], r3, r3, r3, |d, _, _| d);
+                } else {
+                    acc3(&mut ev[..tw], r0, r0, r0, |a, _, _| a);
+                    acc3(&mut od[..tw], r1, r2, r3, |b, c, d| b - c + d);
+                    acc3(&mut ev[1..], r1, r2, r0, |b, c, a| b + c - a);
+                    acc3(&mut od[1..], r3, r3, r3, |d, _, _| -d);
+                }
             }
         }
     }
     // Input column 2j is padded column 2j + 1 (odd[j]); input column 2j + 1 is even[j + 1].
-    for (ih, row) in out.chunks_exact_mut(w).enumerate().take(h) {
-        let ev = &even[(ih + 1) * n2..][..n2];
-        let od = &odd[(ih + 1) * n2..][..n2];
-        let full = w / 2;
-        for ((pair, &o), &e) in row.chunks_exact_mut(2).zip(&od[..full]).zip(&ev[1..]) {
-            pair[0] = o;
-            pair[1] = e;
-        }
-        if w % 2 == 1 {
-            row[w - 1] = od[full];
+    for (img, plane) in out.chunks_exact_mut(h * w).take(b).enumerate() {
+        for (ih, row) in plane.chunks_exact_mut(w).enumerate() {
+            let ev = &even[img * pad + (ih + 1) * n2..][..n2];
+            let od = &odd[img * pad + (ih + 1) * n2..][..n2];
+            let full = w / 2;
+            for ((pair, &o), &e) in row.chunks_exact_mut(2).zip(&od[..full]).zip(&ev[1..]) {
+                pair[0] = o;
+                pair[1] = e;
+            }
+            if w % 2 == 1 {
+                row[w - 1] = od[full];
+            }
         }
     }
+}
+
+/// Copies channel-major planes `src` (`[channel][image][plane]`, `b` images) into the
+/// image-major `dst` (`[image][channel][plane]`).
+fn to_images<T: Real>(parallel: bool, src: &[T], b: usize, hw: usize, dst: &mut [T]) {
+    let per_image = dst.len() / b.max(1);
+    for_planes(parallel, dst, per_image, |img, d, _| {
+        for (c, plane) in d.chunks_exact_mut(hw).enumerate() {
+            plane.copy_from_slice(&src[(c * b + img) * hw..][..hw]);
+        }
+    });
 }
 
 /// `Conv2D(x, w)` into `y`, for a convolution [`applies`] accepts.
@@ -611,11 +642,24 @@ pub(crate) fn forward<T: Real>(
                 )
             })?;
             let mm = &m[..];
-            for_planes(parallel, yb, hw, |q, out, s| {
-                let (img, o) = (q / o_n, q % o_n);
-                let src = &mm[o * cols + img * t.tw..];
-                output_transform(g, &t, src, (o_n * cols, b * t.tw), out, s);
-            });
+            let ld = o_n * cols;
+            if b == 1 {
+                // One image: its planes are the channels' planes.
+                for_planes(parallel, yb, hw, |o, out, s| {
+                    output_transform(g, &t, 1, &mm[o * cols..], ld, out, s)
+                });
+            } else {
+                // Channel by channel into channel-major planes, then to the images.
+                let mut by_channel = take_vec::<T>(o_n * b * hw);
+                for_planes(
+                    parallel,
+                    &mut by_channel[..o_n * b * hw],
+                    b * hw,
+                    |o, out, s| output_transform(g, &t, b, &mm[o * cols..], ld, out, s),
+                );
+                to_images(parallel, &by_channel, b, hw, yb);
+                give_vec(by_channel);
+            }
         }
         Ok(())
     })();
@@ -679,11 +723,22 @@ pub(crate) fn backprop_input<T: Real>(
                 )
             })?;
             let vv = &v[..];
-            for_planes(parallel, dxb, hw, |q, out, s| {
-                let (img, c) = (q / c_n, q % c_n);
-                let src = &vv[c * cols + img * t.tw..];
-                input_grad_transform(g, &t, src, (c_n * cols, b * t.tw), out, s);
-            });
+            let ld = c_n * cols;
+            if b == 1 {
+                for_planes(parallel, dxb, hw, |c, out, s| {
+                    input_grad_transform(g, &t, 1, &vv[c * cols..], ld, out, s)
+                });
+            } else {
+                let mut by_channel = take_vec::<T>(c_n * b * hw);
+                for_planes(
+                    parallel,
+                    &mut by_channel[..c_n * b * hw],
+                    b * hw,
+                    |c, out, s| input_grad_transform(g, &t, b, &vv[c * cols..], ld, out, s),
+                );
+                to_images(parallel, &by_channel, b, hw, dxb);
+                give_vec(by_channel);
+            }
         }
         Ok(())
     })();
