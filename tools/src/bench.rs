@@ -7,7 +7,7 @@
 //!   thread count, against `numpy.matmul` and `torch.matmul`. Target: at least 1.0× PyTorch on
 //!   one thread.
 //! - `train`: the median wall time of one full training step (forward, backward, optimizer
-//!   update) of the quickstart net (batch 16, its `x[16, 32]`), the MLP (784-512-512-10) and
+//!   update; the best of `--rounds` rounds that alternate the two sides) of the quickstart net (batch 16, its `x[16, 32]`), the MLP (784-512-512-10) and
 //!   ResNet-18 for CIFAR (`--batch`, default 32), compiled by the pipeline and run by the
 //!   executor on a [`CpuBackend`] with the thread count, against the same model in PyTorch CPU
 //!   eager with the same thread count. Targets: quickstart at most 0.5× PyTorch's step time,
@@ -210,6 +210,11 @@ pub struct BenchArgs {
     /// After each training case, print where shardc's time went (per op kind, on stderr).
     #[arg(long)]
     pub stats: bool,
+    /// Training cases: rounds of both sides, alternating (shardc, then the reference); each
+    /// side's figure is its best round's median (default 3; 1 with --quick). This machine's
+    /// speed drifts over seconds, and one round may catch one side in a slow phase.
+    #[arg(long, value_parser = parse_positive)]
+    pub rounds: Option<usize>,
     /// Measure shardc only, without numpy and PyTorch.
     #[arg(long)]
     pub no_reference: bool,
@@ -254,6 +259,7 @@ impl Default for BenchArgs {
             batch: 32,
             steps: None,
             stats: false,
+            rounds: None,
             no_reference: false,
             no_setup: false,
             bench_dir: None,
@@ -515,18 +521,39 @@ fn bench_train(args: &BenchArgs, mut reference: Option<&mut Reference>) -> Resul
                 "measuring train {} batch={batch} threads={threads} ({warmup} warm-up + {steps} steps) ...",
                 model.name()
             );
-            let (ours, _) = shardc_train(&graph, threads, warmup, steps, args.stats)?;
-            let mut torch = None;
-            if let Some(r) = reference.as_deref_mut() {
-                let cmd = format!(
-                    "train --model {} --batch {batch} --threads {threads} --steps {steps} --warmup {warmup}",
-                    model.name()
-                );
-                for line in r.query(&cmd)? {
-                    if line.field("ref") == Some("torch") {
-                        torch = Some(line.number("step_ms")?);
+            let rounds = args.rounds.unwrap_or(if args.quick { 1 } else { 3 });
+            let (mut ours, mut torch) = (f64::INFINITY, None::<f64>);
+            let mut seen = Vec::new();
+            for round in 0..rounds {
+                let stats = args.stats && round + 1 == rounds;
+                let (o, _) = shardc_train(&graph, threads, warmup, steps, stats)?;
+                ours = ours.min(o);
+                let mut t = None;
+                if let Some(r) = reference.as_deref_mut() {
+                    let cmd = format!(
+                        "train --model {} --batch {batch} --threads {threads} --steps {steps} --warmup {warmup}",
+                        model.name()
+                    );
+                    for line in r.query(&cmd)? {
+                        if line.field("ref") == Some("torch") {
+                            t = Some(line.number("step_ms")?);
+                        }
                     }
                 }
+                if let Some(t) = t {
+                    torch = Some(torch.map_or(t, |b| b.min(t)));
+                }
+                seen.push(format!(
+                    "{}/{}",
+                    ms(o),
+                    t.map_or_else(|| "n/a".to_string(), ms)
+                ));
+            }
+            if rounds > 1 {
+                eprintln!(
+                    "rounds (shardc/torch ms, median each): {}; best of each below",
+                    seen.join(", ")
+                );
             }
             println!("{}", train_line(model, batch, threads, ours, torch));
         }
