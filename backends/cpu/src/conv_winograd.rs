@@ -577,15 +577,32 @@ fn input_grad_transform<T: Real>(
     }
 }
 
-/// Copies channel-major planes `src` (`[channel][image][plane]`, `b` images) into the
-/// image-major `dst` (`[image][channel][plane]`).
-fn to_images<T: Real>(parallel: bool, src: &[T], b: usize, hw: usize, dst: &mut [T]) {
-    let per_image = dst.len() / b.max(1);
-    for_planes(parallel, dst, per_image, |img, d, _| {
+/// Runs `f(channel, planes, scratch)` for every channel of a block of `b` images, `planes`
+/// being that channel's `b` planes of `hw` one after another, and leaves the planes in `dst`
+/// in image order (`[image][channel][plane]`): through a channel-major buffer and one copy,
+/// except for one-image blocks, whose planes already are in that order.
+fn per_channel_planes<T: Real, F>(
+    parallel: bool,
+    dst: &mut [T],
+    (b, channels, hw): (usize, usize, usize),
+    f: F,
+) where
+    F: Fn(usize, &mut [T], &mut Vec<T>) + Sync + Send,
+{
+    if b == 1 {
+        for_planes(parallel, dst, hw, f);
+        return;
+    }
+    let len = channels * b * hw;
+    let mut by_channel = take_vec::<T>(len);
+    for_planes(parallel, &mut by_channel[..len], b * hw, f);
+    let src = &by_channel[..];
+    for_planes(parallel, dst, channels * hw, |img, d, _| {
         for (c, plane) in d.chunks_exact_mut(hw).enumerate() {
             plane.copy_from_slice(&src[(c * b + img) * hw..][..hw]);
         }
     });
+    give_vec(by_channel);
 }
 
 /// `Conv2D(x, w)` into `y`, for a convolution [`applies`] accepts.
@@ -643,23 +660,9 @@ pub(crate) fn forward<T: Real>(
             })?;
             let mm = &m[..];
             let ld = o_n * cols;
-            if b == 1 {
-                // One image: its planes are the channels' planes.
-                for_planes(parallel, yb, hw, |o, out, s| {
-                    output_transform(g, &t, 1, &mm[o * cols..], ld, out, s)
-                });
-            } else {
-                // Channel by channel into channel-major planes, then to the images.
-                let mut by_channel = take_vec::<T>(o_n * b * hw);
-                for_planes(
-                    parallel,
-                    &mut by_channel[..o_n * b * hw],
-                    b * hw,
-                    |o, out, s| output_transform(g, &t, b, &mm[o * cols..], ld, out, s),
-                );
-                to_images(parallel, &by_channel, b, hw, yb);
-                give_vec(by_channel);
-            }
+            per_channel_planes(parallel, yb, (b, o_n, hw), |o, out, s| {
+                output_transform(g, &t, b, &mm[o * cols..], ld, out, s)
+            });
         }
         Ok(())
     })();
@@ -724,21 +727,9 @@ pub(crate) fn backprop_input<T: Real>(
             })?;
             let vv = &v[..];
             let ld = c_n * cols;
-            if b == 1 {
-                for_planes(parallel, dxb, hw, |c, out, s| {
-                    input_grad_transform(g, &t, 1, &vv[c * cols..], ld, out, s)
-                });
-            } else {
-                let mut by_channel = take_vec::<T>(c_n * b * hw);
-                for_planes(
-                    parallel,
-                    &mut by_channel[..c_n * b * hw],
-                    b * hw,
-                    |c, out, s| input_grad_transform(g, &t, b, &vv[c * cols..], ld, out, s),
-                );
-                to_images(parallel, &by_channel, b, hw, dxb);
-                give_vec(by_channel);
-            }
+            per_channel_planes(parallel, dxb, (b, c_n, hw), |c, out, s| {
+                input_grad_transform(g, &t, b, &vv[c * cols..], ld, out, s)
+            });
         }
         Ok(())
     })();
