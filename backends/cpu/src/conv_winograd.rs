@@ -192,13 +192,11 @@ fn weight_transform_part<T: Real>(w: &[T], mut u: Vec<&mut [T]>) {
         }
         for k in 0..4 {
             let (a, b, c) = (&r[3 * k][..n], &r[3 * k + 1][..n], &r[3 * k + 2][..n]);
-            let [u0, u1, u2, u3] = &mut u[4 * k..4 * k + 4] else {
-                unreachable!("16 rows")
-            };
-            u0[i0..i0 + n].copy_from_slice(a);
-            map3(&mut u1[i0..i0 + n], a, b, c, |a, b, c| half * (a + b + c));
-            map3(&mut u2[i0..i0 + n], a, b, c, |a, b, c| half * (a - b + c));
-            u3[i0..i0 + n].copy_from_slice(c);
+            let [u0, u1, u2, u3] = four_mut(&mut u[4 * k..4 * k + 4], i0..i0 + n);
+            u0.copy_from_slice(a);
+            map3(u1, a, b, c, |a, b, c| half * (a + b + c));
+            map3(u2, a, b, c, |a, b, c| half * (a - b + c));
+            u3.copy_from_slice(c);
         }
     }
 }
@@ -303,10 +301,8 @@ fn map3<T: Real>(o: &mut [T], a: &[T], b: &[T], c: &[T], f: impl Fn(T, T, T) -> 
 
 /// `range` of each of the four slices `rows`.
 fn four_mut<'s, T>(rows: &'s mut [&mut [T]], range: std::ops::Range<usize>) -> [&'s mut [T]; 4] {
-    let [a, b, c, d] = rows else {
-        unreachable!("four rows")
-    };
-    [a, b, c, d].map(|r| &mut r[range.clone()])
+    let mut it = rows.iter_mut();
+    std::array::from_fn(|_| it.next().map_or(&mut [][..], |r| &mut r[range.clone()]))
 }
 
 /// `V_t = Bᵀ d_t B` of every tile of the same channel of `b` images (`planes` holds image

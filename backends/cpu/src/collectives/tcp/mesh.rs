@@ -489,7 +489,9 @@ impl Mesh {
             })?;
             let link = match &secret {
                 None => Link::Plain(s),
-                Some(k) => Link::Sealed(Box::new(SealedWriter::new(s, k, rank, peer))),
+                Some(k) => Link::Sealed(Box::new(SealedWriter::new(s, k, rank, peer).map_err(
+                    |e| setup_transport(rank, size, format!("connection to rank {peer}: {e}")),
+                )?)),
             };
             readers.push((peer, r, secret));
             writers.push(Some(Mutex::new(link)));
@@ -516,10 +518,10 @@ impl Mesh {
                         let r = BufReader::with_capacity(READ_BUFFER, &stream);
                         m.read_loop(peer, &stream, r)
                     }
-                    Some(k) => {
-                        let r = OpenedReader::new(&stream, &k, peer, rank);
-                        m.read_loop(peer, &stream, r)
-                    }
+                    Some(k) => match OpenedReader::new(&stream, &k, peer, rank) {
+                        Ok(r) => m.read_loop(peer, &stream, r),
+                        Err(e) => m.mark_dead(peer, format!("connection to rank {peer}: {e}")),
+                    },
                 });
             if let Err(e) = spawned {
                 mesh.close();

@@ -210,35 +210,35 @@ struct Keys {
 }
 
 impl Keys {
-    fn new(secret: &Secret, from: usize, to: usize) -> Keys {
+    fn new(secret: &Secret, from: usize, to: usize) -> io::Result<Keys> {
         let prk = secret.prk.clone();
-        let key = derive(&prk, from, to, 0);
-        Keys {
+        let key = derive(&prk, from, to, 0)?;
+        Ok(Keys {
             prk,
             from,
             to,
             epoch: 0,
             key,
             count: 0,
-        }
+        })
     }
 
     /// The key and nonce of the next record (moving to the next epoch's key when due).
-    fn next(&mut self) -> (&LessSafeKey, Nonce) {
+    fn next(&mut self) -> io::Result<(&LessSafeKey, Nonce)> {
         if self.count == RECORDS_PER_KEY {
+            self.key = derive(&self.prk, self.from, self.to, self.epoch + 1)?;
             self.epoch += 1;
             self.count = 0;
-            self.key = derive(&self.prk, self.from, self.to, self.epoch);
         }
         let mut n = [0u8; 12];
         n[4..].copy_from_slice(&self.count.to_be_bytes());
         self.count += 1;
-        (&self.key, Nonce::assume_unique_for_key(n))
+        Ok((&self.key, Nonce::assume_unique_for_key(n)))
     }
 }
 
 /// The AES-256-GCM key of direction `from -> to`, epoch `epoch`.
-fn derive(prk: &Prk, from: usize, to: usize, epoch: u64) -> LessSafeKey {
+fn derive(prk: &Prk, from: usize, to: usize, epoch: u64) -> io::Result<LessSafeKey> {
     let (f, t, e) = (
         (from as u64).to_le_bytes(),
         (to as u64).to_le_bytes(),
@@ -248,10 +248,9 @@ fn derive(prk: &Prk, from: usize, to: usize, epoch: u64) -> LessSafeKey {
     let mut bytes = [0u8; 32];
     prk.expand(&info, &AES_256_GCM)
         .and_then(|okm| okm.fill(&mut bytes))
-        .unwrap_or_else(|_| unreachable!("32 bytes is a valid HKDF-SHA256 output length"));
-    let key = UnboundKey::new(&AES_256_GCM, &bytes)
-        .unwrap_or_else(|_| unreachable!("32 bytes is an AES-256 key"));
-    LessSafeKey::new(key)
+        .and_then(|()| UnboundKey::new(&AES_256_GCM, &bytes))
+        .map(LessSafeKey::new)
+        .map_err(|_| io::Error::other("deriving a data-plane key failed"))
 }
 
 /// Seals what is written into records on a stream (see the module doc). A frame must be
@@ -265,12 +264,12 @@ pub(super) struct SealedWriter<W: Write> {
 
 impl<W: Write> SealedWriter<W> {
     /// Seals the direction `from -> to` of the connection whose secret is `secret`.
-    pub(super) fn new(inner: W, secret: &Secret, from: usize, to: usize) -> Self {
-        SealedWriter {
+    pub(super) fn new(inner: W, secret: &Secret, from: usize, to: usize) -> io::Result<Self> {
+        Ok(SealedWriter {
             inner,
-            keys: Keys::new(secret, from, to),
+            keys: Keys::new(secret, from, to)?,
             buf: Vec::with_capacity(4 + MAX_RECORD + TAG),
-        }
+        })
     }
 
     /// The underlying stream.
@@ -285,7 +284,7 @@ impl<W: Write> SealedWriter<W> {
         let len = (self.buf.len() - 4 + TAG) as u32;
         self.buf[..4].copy_from_slice(&len.to_le_bytes());
         let head = [self.buf[0], self.buf[1], self.buf[2], self.buf[3]];
-        let (key, nonce) = self.keys.next();
+        let (key, nonce) = self.keys.next()?;
         let tag = key
             .seal_in_place_separate_tag(nonce, Aad::from(head), &mut self.buf[4..])
             .map_err(|_| io::Error::other("sealing a record failed"))?;
@@ -329,33 +328,21 @@ pub(super) struct OpenedReader<R: Read> {
 
 impl<R: Read> OpenedReader<R> {
     /// Opens the direction `from -> to` of the connection whose secret is `secret`.
-    pub(super) fn new(inner: R, secret: &Secret, from: usize, to: usize) -> Self {
-        OpenedReader {
+    pub(super) fn new(inner: R, secret: &Secret, from: usize, to: usize) -> io::Result<Self> {
+        Ok(OpenedReader {
             inner,
-            keys: Keys::new(secret, from, to),
+            keys: Keys::new(secret, from, to)?,
             buf: Vec::new(),
             pos: 0,
             end: 0,
-        }
+        })
     }
 
     /// Reads and opens the next record; `Ok(false)` when the stream ended between records.
     fn fill(&mut self) -> io::Result<bool> {
         let mut head = [0u8; 4];
-        let mut got = 0;
-        while got < 4 {
-            match self.inner.read(&mut head[got..]) {
-                Ok(0) if got == 0 => return Ok(false),
-                Ok(0) => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        "closed in the middle of a sealed record",
-                    ))
-                }
-                Ok(k) => got += k,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
+        if !super::wire::read_head(&mut self.inner, &mut head, "a sealed record")? {
+            return Ok(false);
         }
         let len = u32::from_le_bytes(head) as usize;
         if !(TAG + 1..=MAX_RECORD + TAG).contains(&len) {
@@ -370,7 +357,7 @@ impl<R: Read> OpenedReader<R> {
         }
         self.buf.resize(len, 0);
         self.inner.read_exact(&mut self.buf)?;
-        let (key, nonce) = self.keys.next();
+        let (key, nonce) = self.keys.next()?;
         let plain = key
             .open_in_place(nonce, Aad::from(head), &mut self.buf)
             .map_err(|_| {
@@ -421,7 +408,7 @@ mod tests {
     fn records_round_trip_and_hide_the_plaintext() {
         let s = secret(7);
         let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
-        let mut w = SealedWriter::new(Vec::new(), &s, 1, 0);
+        let mut w = SealedWriter::new(Vec::new(), &s, 1, 0).unwrap();
         w.write_all(b"frame one").unwrap();
         w.flush().unwrap();
         w.write_all(&data).unwrap();
@@ -431,7 +418,7 @@ mod tests {
         assert_eq!(wire.len(), 9 + data.len() + 5 * (4 + TAG));
         assert!(!wire.windows(9).any(|x| x == b"frame one"));
         assert!(!wire.windows(64).any(|x| x == &data[1000..1064]));
-        let mut r = OpenedReader::new(&wire[..], &s, 1, 0);
+        let mut r = OpenedReader::new(&wire[..], &s, 1, 0).unwrap();
         let got = read_all(&mut r).unwrap();
         assert_eq!(&got[..9], b"frame one");
         assert_eq!(&got[9..], &data[..]);
@@ -440,7 +427,7 @@ mod tests {
     #[test]
     fn altered_reordered_or_misdirected_records_fail() {
         let s = secret(9);
-        let mut w = SealedWriter::new(Vec::new(), &s, 2, 5);
+        let mut w = SealedWriter::new(Vec::new(), &s, 2, 5).unwrap();
         w.write_all(b"first").unwrap();
         w.flush().unwrap();
         w.write_all(b"second").unwrap();
@@ -448,7 +435,7 @@ mod tests {
         let wire = w.inner;
         let first = 4 + 5 + TAG;
         let fails = |bytes: &[u8], sec: &Secret, from: usize, to: usize| {
-            let mut r = OpenedReader::new(bytes, sec, from, to);
+            let mut r = OpenedReader::new(bytes, sec, from, to).unwrap();
             let e = read_all(&mut r).unwrap_err();
             assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
         };
@@ -467,7 +454,7 @@ mod tests {
         long[..4].copy_from_slice(&u32::MAX.to_le_bytes());
         fails(&long, &s, 2, 5);
         // Cut in the middle of a record: an unexpected end, not a clean close.
-        let mut r = OpenedReader::new(&wire[..first + 3], &s, 2, 5);
+        let mut r = OpenedReader::new(&wire[..first + 3], &s, 2, 5).unwrap();
         let e = read_all(&mut r).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
     }
@@ -475,19 +462,19 @@ mod tests {
     #[test]
     fn keys_change_every_epoch_on_both_sides() {
         let s = secret(3);
-        let mut a = Keys::new(&s, 0, 1);
-        let mut b = Keys::new(&s, 0, 1);
+        let mut a = Keys::new(&s, 0, 1).unwrap();
+        let mut b = Keys::new(&s, 0, 1).unwrap();
         a.count = RECORDS_PER_KEY - 1;
         b.count = RECORDS_PER_KEY - 1;
         let seal = |k: &mut Keys, data: &mut Vec<u8>| {
-            let (key, nonce) = k.next();
+            let (key, nonce) = k.next().unwrap();
             let tag = key
                 .seal_in_place_separate_tag(nonce, Aad::empty(), data)
                 .unwrap();
             data.extend_from_slice(tag.as_ref());
         };
         let open = |k: &mut Keys, data: &mut Vec<u8>| -> bool {
-            let (key, nonce) = k.next();
+            let (key, nonce) = k.next().unwrap();
             key.open_in_place(nonce, Aad::empty(), data).is_ok()
         };
         // The last record of epoch 0, then the first of epoch 1: both sides follow.
@@ -498,7 +485,7 @@ mod tests {
         }
         assert_eq!((a.epoch, a.count), (1, 1));
         // A record sealed under epoch 1's key does not open under epoch 0's.
-        let mut fresh = Keys::new(&s, 0, 1);
+        let mut fresh = Keys::new(&s, 0, 1).unwrap();
         let mut d = b"y".to_vec();
         seal(&mut a, &mut d);
         fresh.count = 1;

@@ -189,23 +189,32 @@ pub(super) fn write_frame(w: &mut impl Write, h: &Header, payload: &[u8]) -> io:
     }
 }
 
-/// Reads one frame. `Ok(None)`: the peer closed the connection between frames.
-pub(super) fn read_frame(r: &mut impl Read) -> io::Result<Option<(Header, Body)>> {
-    let mut fixed = [0u8; HEADER_LEN];
+/// Fills `head` from `r`: `Ok(false)` when the stream ended before its first byte (a clean
+/// close between units), an `UnexpectedEof` naming `unit` when it ended inside.
+pub(super) fn read_head(r: &mut impl Read, head: &mut [u8], unit: &str) -> io::Result<bool> {
     let mut got = 0;
-    while got < HEADER_LEN {
-        match r.read(&mut fixed[got..]) {
-            Ok(0) if got == 0 => return Ok(None),
+    while got < head.len() {
+        match r.read(&mut head[got..]) {
+            Ok(0) if got == 0 => return Ok(false),
             Ok(0) => {
                 return Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
-                    "closed in the middle of a frame",
+                    format!("closed in the middle of {unit}"),
                 ))
             }
             Ok(k) => got += k,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
+    }
+    Ok(true)
+}
+
+/// Reads one frame. `Ok(None)`: the peer closed the connection between frames.
+pub(super) fn read_frame(r: &mut impl Read) -> io::Result<Option<(Header, Body)>> {
+    let mut fixed = [0u8; HEADER_LEN];
+    if !read_head(r, &mut fixed, "a frame")? {
+        return Ok(None);
     }
     let u16_at = |i: usize| u16::from_le_bytes([fixed[i], fixed[i + 1]]);
     let u32_at = |i: usize| {
