@@ -642,3 +642,79 @@ fn process_comm_two_hosts_of_two() {
     }
     run_process_world(T, &["a", "a", "b", "b"], Duration::from_secs(300));
 }
+
+/// Restricts the calling thread to `cores` (ids below CPU_SETSIZE).
+fn pin(cores: &[usize]) {
+    // SAFETY: an all-zero cpu_set_t is an empty set; ids are below CPU_SETSIZE; pid 0 is the
+    // calling thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for &c in cores {
+            libc::CPU_SET(c, &mut set);
+        }
+        assert_eq!(
+            libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set),
+            0
+        );
+    }
+}
+
+/// The cores the calling thread may run on.
+fn allowed_cores() -> Vec<usize> {
+    // SAFETY: as in `pin`.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        assert_eq!(
+            libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set),
+            0
+        );
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
+    }
+}
+
+#[test]
+fn ranks_held_on_one_core_move_apart_and_stay_exact() {
+    let cores = allowed_cores();
+    if cores.len() < 2 {
+        eprintln!("skipped: this test needs two cores it may use, it has {cores:?}");
+        return;
+    }
+    let job = job_id("ranks_held_on_one_core");
+    let threads: Vec<_> = (0..2)
+        .map(|rank| {
+            let job = job.clone();
+            let first = cores[0];
+            std::thread::spawn(move || {
+                let comm = shm_comm(&Role { rank, size: 2, job }, Duration::from_secs(60));
+                // Both threads held on one core, as if the scheduler had put them there and
+                // left them: only the communicator's own move can separate them (it restores
+                // the mask the communicator was made with).
+                pin(&[first]);
+                for i in 0..2000u64 {
+                    let mut t = data(i, rank, &[1024], DType::Float32);
+                    comm.all_reduce(&[0, 1], ReduceOp::Sum, &mut t).unwrap();
+                    let mut want = data(i, 0, &[1024], DType::Float32);
+                    let other = data(i, 1, &[1024], DType::Float32);
+                    for (a, b) in want
+                        .as_f32_mut()
+                        .unwrap()
+                        .iter_mut()
+                        .zip(other.as_f32().unwrap())
+                    {
+                        *a += b;
+                    }
+                    assert_eq!(t, want, "call {i}");
+                }
+                comm.core_moves()
+            })
+        })
+        .collect();
+    let moves: Vec<u64> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    assert_no_segments(&job);
+    assert!(
+        moves.iter().sum::<u64>() >= 1,
+        "neither rank left the shared core: {moves:?}"
+    );
+}

@@ -40,32 +40,34 @@ impl WaitPolicy {
 
     /// Spins, then yields, as the policy says, until `ready` holds (`true`) or the policy's
     /// time is spent (`false`: the caller then sleeps until it is woken).
-    pub fn pass_time(&self, mut ready: impl FnMut() -> bool) -> bool {
+    pub fn pass_time(&self, ready: impl FnMut() -> bool) -> bool {
+        self.pass_time_beside(ready, || false)
+    }
+
+    /// As [`WaitPolicy::pass_time`], for a waiter that can tell whether the rank it waits
+    /// for last ran on the waiter's own core (`peer_here`). Spinning then only keeps that
+    /// rank from running: the waiter stops spinning and yields its core instead, for as
+    /// long as it would have spun (at least), so two ranks the scheduler put on one core
+    /// hand it to each other rather than each spinning out its window.
+    pub fn pass_time_beside(
+        &self,
+        mut ready: impl FnMut() -> bool,
+        mut peer_here: impl FnMut() -> bool,
+    ) -> bool {
         if ready() {
             return true;
         }
+        let mut yielding = self.yielding;
         if !self.spin.is_zero() {
-            // Most waits between ranks with a core each end within a few hundred cycles:
-            // check before reading the clock.
-            for _ in 0..QUICK_SPINS {
-                std::hint::spin_loop();
-                if ready() {
-                    return true;
-                }
-            }
-            let start = Instant::now();
-            while start.elapsed() < self.spin {
-                for _ in 0..64 {
-                    if ready() {
-                        return true;
-                    }
-                    std::hint::spin_loop();
-                }
+            match self.spin_until(&mut ready, &mut peer_here) {
+                Spun::Ready => return true,
+                Spun::PeerHere => yielding = yielding.max(self.spin),
+                Spun::Spent => {}
             }
         }
         let yielded = Instant::now();
         let mut yields = 0u32;
-        while yields < MIN_YIELDS || yielded.elapsed() < self.yielding {
+        while yields < MIN_YIELDS || yielded.elapsed() < yielding {
             std::thread::yield_now();
             yields += 1;
             if ready() {
@@ -74,6 +76,49 @@ impl WaitPolicy {
         }
         false
     }
+
+    /// Spins for the policy's spin time until `ready` holds, or until `peer_here` says
+    /// spinning is useless.
+    fn spin_until(
+        &self,
+        ready: &mut impl FnMut() -> bool,
+        peer_here: &mut impl FnMut() -> bool,
+    ) -> Spun {
+        if peer_here() {
+            return Spun::PeerHere;
+        }
+        // Most waits between ranks with a core each end within a few hundred cycles:
+        // check before reading the clock.
+        for _ in 0..QUICK_SPINS {
+            std::hint::spin_loop();
+            if ready() {
+                return Spun::Ready;
+            }
+        }
+        let start = Instant::now();
+        while start.elapsed() < self.spin {
+            for _ in 0..64 {
+                if ready() {
+                    return Spun::Ready;
+                }
+                std::hint::spin_loop();
+            }
+            if peer_here() {
+                return Spun::PeerHere;
+            }
+        }
+        Spun::Spent
+    }
+}
+
+/// How a spin ended.
+enum Spun {
+    /// The condition holds.
+    Ready,
+    /// The rank waited for last ran on this core: spinning only keeps it from running.
+    PeerHere,
+    /// The spin time is spent.
+    Spent,
 }
 
 #[cfg(test)]

@@ -32,6 +32,7 @@
 //! the results. ReduceScatter and AllToAll use the same pieces; AllGather and Broadcast
 //! stream the tensor in box-sized rounds.
 
+use super::cores::{current_cpu, CoreMoves, NO_CPU};
 use super::futex::{signal, wait_until, WaitPolicy};
 use rustc_hash::FxHashMap;
 use shardc_ir::{DType, ReduceOp};
@@ -52,7 +53,7 @@ const PREFIX: &str = "shardc-shm-";
 /// Written last when a segment is initialised.
 const MAGIC: u64 = 0x5348_4152_4443_534d; // "SHARDCSM"
 /// The layout version.
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 /// Data bytes of one box.
 pub const BOX_BYTES: usize = 2048 * 1024;
 /// AllReduce is direct when (group size - 1) x tensor bytes is at most this.
@@ -71,6 +72,9 @@ const H_SIZE: usize = 12;
 const H_BOX: usize = 16;
 const H_MAPPED: usize = 64;
 const H_MAPPED_SLEEPERS: usize = 68;
+/// The core the rank last ran on when it began to wait (`u32::MAX`: not known), on a cache
+/// line of its own.
+const H_CPU: usize = 128;
 
 // Box control offsets.
 const B_TAG: usize = 0;
@@ -161,6 +165,11 @@ impl Segment {
     /// The tag of box `b`'s contents that `rank` last finished reading.
     fn ack(&self, b: usize, rank: usize) -> &AtomicU64 {
         self.u64_at(self.box_off(b) + B_ACKS + 8 * rank)
+    }
+
+    /// The core the segment's rank last ran on when it began to wait.
+    fn cpu(&self) -> u32 {
+        self.u32_at(H_CPU).load(Ordering::Relaxed)
     }
 
     fn meta_ptr(&self, b: usize) -> *mut u8 {
@@ -274,6 +283,8 @@ pub struct ShmComm {
     timeout: Duration,
     /// How members wait for each other (oversubscribed hosts yield instead of spinning).
     wait: WaitPolicy,
+    /// Moves this rank's thread off a core it shares with a local peer.
+    moves: CoreMoves,
     /// Per rank: its segment, for the ranks on this host.
     segs: Vec<Option<Segment>>,
     box_bytes: usize,
@@ -353,6 +364,7 @@ fn create_segment(setup: &ShmSetup, box_bytes: usize) -> Result<(Segment, PathBu
     seg.u32_at(H_SIZE)
         .store(setup.size as u32, Ordering::Relaxed);
     seg.u64_at(H_BOX).store(box_bytes as u64, Ordering::Relaxed);
+    seg.u32_at(H_CPU).store(NO_CPU, Ordering::Relaxed);
     seg.u64_at(H_MAGIC).store(MAGIC, Ordering::Release);
     Ok((seg, path))
 }
@@ -490,7 +502,14 @@ impl ShmComm {
         let (w, s) = (own.u32_at(H_MAPPED), own.u32_at(H_MAPPED_SLEEPERS));
         let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
         let wait = WaitPolicy::for_host(local.len(), cores);
-        if !wait_until(w, s, remaining, wait, || w.load(Ordering::SeqCst) >= want) {
+        if !wait_until(
+            w,
+            s,
+            remaining,
+            wait,
+            || w.load(Ordering::SeqCst) >= want,
+            || false,
+        ) {
             return Err(setup_error(
                 setup,
                 format!(
@@ -506,6 +525,7 @@ impl ShmComm {
             size: setup.size,
             timeout: setup.timeout,
             wait,
+            moves: CoreMoves::new(),
             segs,
             box_bytes,
             state: Mutex::new(State {
@@ -519,6 +539,13 @@ impl ShmComm {
     /// The time a member waits for the others.
     pub fn timeout(&self) -> Duration {
         self.timeout
+    }
+
+    /// How many times a waiting thread of this rank moved off a core that a local peer had
+    /// last run on (see the `cores` module: the scheduler sometimes starts two ranks on one
+    /// core and leaves them there).
+    pub fn core_moves(&self) -> u64 {
+        self.moves.count()
     }
 
     /// Whether `rank` is on this host (reachable through shared memory).
@@ -536,6 +563,39 @@ impl ShmComm {
         self.segs[rank]
             .as_ref()
             .unwrap_or_else(|| unreachable!("rank {rank} is not on this host"))
+    }
+
+    /// The core this rank runs on, also published in its segment for waiting peers (only
+    /// written when it changed, so peers' copies of the line stay valid).
+    fn note_cpu(&self) -> u32 {
+        let cpu = current_cpu();
+        let slot = self.seg(self.rank).u32_at(H_CPU);
+        if slot.load(Ordering::Relaxed) != cpu {
+            slot.store(cpu, Ordering::Relaxed);
+        }
+        cpu
+    }
+
+    /// Whether one of `peers` last ran on this thread's core, which this thread could not
+    /// leave (see [`CoreMoves`]): a waiter then yields instead of spinning.
+    fn shares_core(&self, peers: impl Iterator<Item = usize>) -> bool {
+        let cpu = self.note_cpu();
+        if cpu == NO_CPU || !peers.into_iter().any(|r| self.seg(r).cpu() == cpu) {
+            return false;
+        }
+        let others = self
+            .segs
+            .iter()
+            .enumerate()
+            .filter(|&(r, seg)| r != self.rank && seg.is_some())
+            .filter_map(|(_, seg)| seg.as_ref().map(Segment::cpu));
+        match self.moves.move_off(cpu, others) {
+            Some(_) => {
+                self.note_cpu();
+                false
+            }
+            None => true,
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -820,7 +880,8 @@ impl<'a> Call<'a> {
                 .all(|&(r, t)| own.ack(b, r).load(Ordering::Acquire) == t)
         };
         let (w, s) = own.ack_word(b);
-        if !wait_until(w, s, self.comm.timeout, self.comm.wait, done) {
+        let here = || self.comm.shares_core(pending.iter().map(|&(r, _)| r));
+        if !wait_until(w, s, self.comm.timeout, self.comm.wait, done, here) {
             let missing: Vec<usize> = pending
                 .iter()
                 .filter(|&&(r, t)| own.ack(b, r).load(Ordering::Acquire) != t)
@@ -870,9 +931,16 @@ impl<'a> Call<'a> {
         let b = self.phys(b);
         let seg = self.comm.seg(self.group[k]);
         let (w, s) = seg.ready(b);
-        if !wait_until(w, s, self.comm.timeout, self.comm.wait, || {
-            self.published_phys(k, b, step)
-        }) {
+        let peer = self.group[k];
+        let here = || self.comm.shares_core(std::iter::once(peer));
+        if !wait_until(
+            w,
+            s,
+            self.comm.timeout,
+            self.comm.wait,
+            || self.published_phys(k, b, step),
+            here,
+        ) {
             let missing: Vec<usize> = (0..self.n())
                 .filter(|&j| j != self.me && !self.published_phys(j, b, step))
                 .map(|j| self.group[j])
