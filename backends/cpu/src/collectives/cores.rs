@@ -21,7 +21,7 @@ pub(crate) const NO_CPU: u32 = u32::MAX;
 /// The fewest time between two moves of one communicator's thread: if the scheduler keeps
 /// putting the ranks together (other work on the host), moving every call would cost more
 /// than sharing.
-const MIN_MOVE_INTERVAL: Duration = Duration::from_millis(20);
+const MIN_MOVE_INTERVAL: Duration = Duration::from_millis(2);
 
 /// The core the calling thread runs on ([`NO_CPU`] where the system cannot tell).
 pub(crate) fn current_cpu() -> u32 {
@@ -78,10 +78,15 @@ impl CoreMoves {
     /// Moves the calling thread from core `here` to an allowed core that no core in `taken`
     /// is (the cores the other local ranks last ran on), unless it moved within
     /// [`MIN_MOVE_INTERVAL`]; returns the core it now runs on, or `None` if it stayed.
+    ///
+    /// `announce(target)` runs before the move: the peer left behind on `here` runs as soon
+    /// as this thread leaves, and must already see that it is alone there (otherwise it too
+    /// finds the two on one core and follows this thread to `target`).
     pub(crate) fn move_off(
         &self,
         here: u32,
         taken: impl Iterator<Item = u32> + Clone,
+        announce: impl FnOnce(u32),
     ) -> Option<u32> {
         let mask = self.mask.as_ref()?;
         let now = self.epoch.elapsed().as_nanos() as u64;
@@ -94,6 +99,7 @@ impl CoreMoves {
             .iter()
             .find(|&&c| c != here && !taken.clone().any(|t| t == c))?;
         self.last_move.store(now, Ordering::Relaxed);
+        announce(target);
         // SAFETY: an all-zero cpu_set_t is a valid, empty set; `target` is below CPU_SETSIZE.
         let mut one: libc::cpu_set_t = unsafe { std::mem::zeroed() };
         // SAFETY: as above.
@@ -122,13 +128,15 @@ mod tests {
             return;
         }
         let here = current_cpu();
-        let now = moves.move_off(here, std::iter::once(here));
+        let mut announced = None;
+        let now = moves.move_off(here, std::iter::once(here), |t| announced = Some(t));
         let now = now.expect("a second core is free");
         assert_ne!(now, here);
+        assert_eq!(announced, Some(now));
         // The mask is whole again.
         assert_eq!(CoreMoves::new().allowed, moves.allowed);
         // Within the interval it stays put.
-        assert_eq!(moves.move_off(now, std::iter::once(now)), None);
+        assert_eq!(moves.move_off(now, std::iter::once(now), |_| ()), None);
     }
 
     #[test]
@@ -136,6 +144,6 @@ mod tests {
         let moves = CoreMoves::new();
         let here = current_cpu();
         let all = moves.allowed.clone();
-        assert_eq!(moves.move_off(here, all.iter().copied()), None);
+        assert_eq!(moves.move_off(here, all.iter().copied(), |_| ()), None);
     }
 }

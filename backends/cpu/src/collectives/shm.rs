@@ -589,12 +589,19 @@ impl ShmComm {
             .enumerate()
             .filter(|&(r, seg)| r != self.rank && seg.is_some())
             .filter_map(|(_, seg)| seg.as_ref().map(Segment::cpu));
-        match self.moves.move_off(cpu, others) {
+        let slot = self.seg(self.rank).u32_at(H_CPU);
+        match self
+            .moves
+            .move_off(cpu, others, |target| slot.store(target, Ordering::SeqCst))
+        {
             Some(_) => {
                 self.note_cpu();
                 false
             }
-            None => true,
+            None => {
+                slot.store(cpu, Ordering::Relaxed);
+                true
+            }
         }
     }
 
