@@ -37,7 +37,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod comm_thread;
-use comm_thread::{CommThread, Job, Reply};
+use comm_thread::{CommThread, Job};
 
 /// Where an operand's tensor comes from at run time.
 #[derive(Clone, Copy, Debug)]
@@ -1102,20 +1102,7 @@ impl Executor {
                         dst,
                         ty: ty.clone(),
                     };
-                    let reply = match thread.submit(job) {
-                        Ok(ticket) => thread.wait(ticket),
-                        Err(job) => match *job {
-                            Job::Node { input, dst, .. } => Some(Reply {
-                                input,
-                                dst,
-                                result: Err(CommFailure::Local(
-                                    "the communication thread has ended".into(),
-                                )),
-                                elapsed: Duration::ZERO,
-                            }),
-                            Job::Bucket { .. } => None,
-                        },
-                    };
+                    let reply = thread.run(job);
                     let Some(reply) = reply else {
                         return Err(graph_error(
                             "the communication thread ended during the collective".into(),

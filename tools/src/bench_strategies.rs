@@ -34,12 +34,13 @@ use shardc_compiler::optim::{Momentum, SGD};
 use shardc_compiler::pipeline::{compile, CompileOptions, ParallelCompiled};
 use shardc_compiler::transformer::{transformer, TransformerConfig};
 use shardc_compiler::zoo;
-use shardc_ir::{Graph, OpKind, ReduceOp, Strategy, TensorLayout};
+use shardc_ir::{Graph, Node, OpKind, ReduceOp, Strategy, TensorLayout};
 use shardc_passes::autodiff::Optimizer;
 use shardc_passes::parallel::cost::{LinkCost, Machine};
 use shardc_passes::parallel::search;
-use shardc_passes::parallel::search::problem::Problem;
+use shardc_passes::parallel::search::problem::{vector_weight, Problem};
 use shardc_passes::parallel::{DatasetLayout, Mode, ParallelOptions, SearchMode, SearchOptions};
+use shardc_runtime::backend::{Arg, Backend, KernelContext};
 use shardc_runtime::comm::InProcessWorld;
 use shardc_runtime::data::SyntheticData;
 use shardc_runtime::executor::{ExecStats, Executor};
@@ -466,24 +467,67 @@ pub fn fit_ring(p: usize, small: (f64, f64), large: (f64, f64)) -> LinkCost {
     }
 }
 
-/// One core's figures: (f32 GEMM FLOP/s at n = 256, bytes/s of a streaming add).
-fn core_figures(quick: bool) -> Result<(f64, f64)> {
+/// One core's figures, as the kernels of these models see them.
+#[derive(Clone, Copy, Debug)]
+pub struct CoreFigures {
+    /// f32 GEMM FLOP/s at n = 256.
+    pub flops: f64,
+    /// Bytes per second a streaming add reads and writes over arrays of 64 Ki elements (the
+    /// size of these models' activations: they stay in the cache between ops).
+    pub bandwidth: f64,
+    /// The CPU backend's GeLU kernel on 64 Ki elements, in the cost model's vector FLOP/s
+    /// (elements times [`vector_weight`]`(GeLU)` per second).
+    pub vector_flops: f64,
+}
+
+/// Measures [`CoreFigures`] on one thread.
+fn core_figures(quick: bool) -> Result<CoreFigures> {
     let flops = super::shardc_gemm(256, 1, quick)? * 1e9;
-    let n = 4 << 20;
+    let n = 64 << 10;
+    let reps = if quick { 50 } else { 400 };
     let a = vec![1.0f32; n];
     let b = vec![2.0f32; n];
     let mut c = vec![0.0f32; n];
     let rates: Vec<f64> = (0..5)
         .map(|_| {
             let t = Instant::now();
-            for ((c, a), b) in c.iter_mut().zip(&a).zip(&b) {
-                *c = a + b;
+            for _ in 0..reps {
+                for ((c, a), b) in c.iter_mut().zip(&a).zip(&b) {
+                    *c = a + b;
+                }
+                std::hint::black_box(&mut c);
             }
-            std::hint::black_box(&mut c);
-            (3 * 4 * n) as f64 / t.elapsed().as_secs_f64().max(1e-9)
+            (reps * 3 * 4 * n) as f64 / t.elapsed().as_secs_f64().max(1e-9)
         })
         .collect();
-    Ok((flops, median(rates)))
+    let bandwidth = median(rates);
+    let backend = CpuBackend::with_threads(1);
+    let node = Node::new(OpKind::GeLU, Vec::new());
+    let x = Tensor::from_f32(
+        vec![n],
+        (0..n).map(|i| (i % 97) as f32 * 0.05 - 2.0).collect(),
+    )
+    .ok_or_else(|| anyhow!("an f32 tensor of {n} elements"))?;
+    let mut out = [Tensor::from_f32(vec![n], vec![0.0; n])
+        .ok_or_else(|| anyhow!("an f32 tensor of {n} elements"))?];
+    let ctx = KernelContext { step: 0, rank: 0 };
+    let gelu_reps = reps / 4;
+    let mut times = Vec::new();
+    for _ in 0..5 {
+        let t = Instant::now();
+        for _ in 0..gelu_reps {
+            backend
+                .run(&node, &[Arg::Tensor(&x)], &mut out, &ctx)
+                .map_err(|e| anyhow!("the GeLU kernel: {e}"))?;
+        }
+        times.push(t.elapsed().as_secs_f64() / gelu_reps as f64);
+    }
+    let vector_flops = vector_weight(OpKind::GeLU) * n as f64 / median(times).max(1e-12);
+    Ok(CoreFigures {
+        flops,
+        bandwidth,
+        vector_flops,
+    })
 }
 
 /// The in-process link of `ranks` ranks: AllReduces of 4 KiB and 1 MiB
@@ -500,23 +544,93 @@ pub fn measure_link(ranks: usize, quick: bool, stagger: std::time::Duration) -> 
     ))
 }
 
-/// The machine of `ranks` in-process ranks on this host, from one core's `(flops, bandwidth)`:
-/// both scaled by `min(1, cores / ranks)`, as is the `cpu` preset's vector rate (the CPU
-/// kernels' transcendental speed); the link `link` with the preset's per-collective overhead;
-/// every rank on one host.
-pub fn machine_of(ranks: usize, core: (f64, f64), link: LinkCost) -> Machine {
+/// A fixed amount of work (not a time: a rank that is descheduled does not get through it
+/// meanwhile), about `units` times a few nanoseconds.
+fn busy_work(units: u64) -> u64 {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for i in 0..units {
+        x = x.rotate_left(7) ^ i.wrapping_mul(0x2545_f491_4f6c_dd1d);
+    }
+    std::hint::black_box(x)
+}
+
+/// Seconds a collective costs inside a step beyond its messages, on `ranks` in-process ranks
+/// (threads) of this host: every rank does a fixed piece of work, then a one-element
+/// AllReduce, over and over. The time per round, less the work's time on the rank's share of
+/// a core and less the ring's latency (`link`), is the cost of bringing the members together:
+/// about nothing with a core per rank, a scheduling round when the ranks outnumber the cores
+/// (a member that arrives finds the others descheduled and must yield its core to them).
+pub fn collective_overhead_seconds(ranks: usize, link: LinkCost, quick: bool) -> Result<f64> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let units = 4000u64;
+    // The work's time on one core, alone.
+    let alone = median(
+        (0..7)
+            .map(|_| {
+                let t = Instant::now();
+                busy_work(units);
+                t.elapsed().as_secs_f64()
+            })
+            .collect(),
+    );
+    let reps = if quick { 50 } else { 200 };
+    let comms = InProcessWorld::new(ranks);
+    let group: Vec<usize> = (0..ranks).collect();
+    let per_rank: Vec<Result<f64>> = std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .map(|comm| {
+                let group = &group;
+                s.spawn(move || -> Result<f64> {
+                    let mut t = Tensor::from_f32(vec![1], vec![1.0])
+                        .ok_or_else(|| anyhow!("a one-element tensor"))?;
+                    let mut rounds = Vec::with_capacity(reps);
+                    for i in 0..reps + 5 {
+                        let t0 = Instant::now();
+                        busy_work(units);
+                        comm.all_reduce(group, ReduceOp::Sum, &mut t)
+                            .map_err(|e| anyhow!("in-process AllReduce: {e}"))?;
+                        if i >= 5 {
+                            rounds.push(t0.elapsed().as_secs_f64());
+                        }
+                    }
+                    Ok(median(rounds))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .map_err(|_| anyhow!("an AllReduce thread panicked"))?
+            })
+            .collect()
+    });
+    let round = per_rank
+        .into_iter()
+        .collect::<Result<Vec<f64>>>()?
+        .into_iter()
+        .fold(0.0, f64::max);
+    let work = alone * (ranks as f64 / cores as f64).max(1.0);
+    let ring = Machine::all_reduce_seconds(&link, 4.0, ranks);
+    Ok((round - work - ring).max(0.0))
+}
+
+/// The machine of `ranks` in-process ranks on this host, from one core's figures: each
+/// scaled by `min(1, cores / ranks)`; the link `link` and the fixed cost of a collective
+/// `overhead` ([`collective_overhead_seconds`]); every rank on one host.
+pub fn machine_of(ranks: usize, core: CoreFigures, link: LinkCost, overhead: f64) -> Machine {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let share = (cores as f64 / ranks as f64).min(1.0);
-    let cpu = Machine::default();
     Machine {
         devices_per_host: ranks,
-        flops: core.0 * share,
-        vector_flops: cpu.vector_flops * share,
-        memory_bandwidth: core.1 * share,
+        flops: core.flops * share,
+        vector_flops: core.vector_flops * share,
+        memory_bandwidth: core.bandwidth * share,
         memory_bytes: 64.0 * (1u64 << 30) as f64,
         intra_host: link,
         inter_host: link,
-        collective_overhead: cpu.collective_overhead,
+        collective_overhead: overhead,
     }
 }
 
@@ -627,7 +741,7 @@ pub struct CandidateFigures {
     pub name: String,
     /// The prediction.
     pub predicted: search::problem::Breakdown,
-    /// The measured median step, seconds.
+    /// The measured step, seconds: the lowest of the rounds' median steps.
     pub measured: f64,
     /// Rank 0's ops other than communication (and `TupleGetItem`).
     pub rank0_ops: usize,
@@ -762,12 +876,13 @@ pub fn run_case(
     for n in &notes {
         eprintln!("strategies {} ranks={ranks}: {n}", model.name);
     }
+    // Per candidate, the median step of each round.
     let mut times: Vec<Vec<f64>> = vec![Vec::new(); cands.len()];
     let mut stats: Vec<Option<ExecStats>> = vec![None; cands.len()];
     for _ in 0..plan.rounds.max(1) {
         for (k, c) in cands.iter().enumerate() {
             let (t, s) = measure_steps(c, &data, plan.warmup, plan.steps)?;
-            times[k].extend(t);
+            times[k].push(median(t));
             stats[k] = Some(s);
         }
     }
@@ -775,7 +890,9 @@ pub fn run_case(
     for ((c, t), stats) in cands.iter().zip(times).zip(stats) {
         let predicted = search::predict(&c.compiled.begin, &c.options, &c.compiled.assignment)
             .with_context(|| format!("{} ranks={ranks} {}: predicting", model.name, c.name))?;
-        let measured = median(t);
+        // The best round's median: the machine's speed drifts by up to 1.5x over seconds,
+        // and a round that caught a slow phase says nothing about the strategy.
+        let measured = t.iter().copied().fold(f64::INFINITY, f64::min);
         let rank0 = c
             .compiled
             .ranks
@@ -837,19 +954,22 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let core = core_figures(args.quick)?;
     println!(
-        "strategies machine: {cores} cores; one core {:.1} GFLOP/s (f32 GEMM n=256), {:.1} GB/s (streaming add); a rank gets min(1, {cores}/ranks) of both",
-        core.0 / 1e9,
-        core.1 / 1e9
+        "strategies machine: {cores} cores; one core {:.1} GFLOP/s (f32 GEMM n=256), {:.1} GB/s (add over 64 Ki elements), {:.1} vector GFLOP/s (GeLU kernel); a rank gets min(1, {cores}/ranks) of each",
+        core.flops / 1e9,
+        core.bandwidth / 1e9,
+        core.vector_flops / 1e9
     );
     let mut machines = Vec::new();
     for ranks in RANKS {
         let link = measure_link(ranks, args.quick, std::time::Duration::ZERO)?;
         let staggered = measure_link(ranks, args.quick, STAGGER)?;
-        let m = machine_of(ranks, core, link);
+        let overhead = collective_overhead_seconds(ranks, link, args.quick)?;
+        let m = machine_of(ranks, core, link, overhead);
         println!(
-            "strategies machine ranks={ranks}: {:.1} GFLOP/s, {:.1} GB/s per rank; in-process AllReduce fitted to the ring: back-to-back (used) alpha={:.2} us beta={:.2} GB/s; arrivals staggered by {} us/rank alpha={:.2} us beta={:.2} GB/s",
+            "strategies machine ranks={ranks}: {:.1} GFLOP/s, {:.1} GB/s per rank; collective overhead in a step {:.2} us; in-process AllReduce fitted to the ring: back-to-back (used) alpha={:.2} us beta={:.2} GB/s; arrivals staggered by {} us/rank alpha={:.2} us beta={:.2} GB/s",
             m.flops / 1e9,
             m.memory_bandwidth / 1e9,
+            overhead * 1e6,
             link.latency * 1e6,
             link.bandwidth / 1e9,
             STAGGER.as_micros(),

@@ -12,11 +12,14 @@
 //! mailboxes keyed by (source, destination, tag); `send` never blocks.
 
 use super::tensor_ops::{concat_axis, reduce_in_order, split_axis};
-use super::{arguments, assign, check_group, Collective, CommError, Communicator, WaitPolicy};
+use super::{
+    arguments, assign, check_group, current_cpu, Collective, CommError, Communicator, CoreMoves,
+    WaitPolicy, NO_CPU,
+};
 use crate::tensor::{Data, Tensor};
 use shardc_ir::{ReduceOp, TensorType};
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -65,6 +68,10 @@ struct Shared {
     mail_cv: Condvar,
     /// How a member waiting for the others passes the time before it sleeps.
     wait: WaitPolicy,
+    /// Per rank: the core its thread last ran on when it began to wait ([`NO_CPU`]: not
+    /// known), so that a waiter can tell that spinning only keeps the rank it waits for
+    /// from running (see [`CoreMoves`]).
+    cpus: Vec<AtomicU32>,
 }
 
 impl Shared {
@@ -107,12 +114,14 @@ impl InProcessWorld {
                 size,
                 std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
             ),
+            cpus: (0..size).map(|_| AtomicU32::new(NO_CPU)).collect(),
         });
         (0..size)
             .map(|rank| InProcessComm {
                 rank,
                 shared: shared.clone(),
                 seq: Mutex::new(HashMap::new()),
+                moves: CoreMoves::new(),
             })
             .collect()
     }
@@ -124,6 +133,8 @@ pub struct InProcessComm {
     shared: Arc<Shared>,
     /// Per group: the sequence number of this rank's next call on it.
     seq: Mutex<HashMap<Vec<usize>, u64>>,
+    /// Moves this rank's thread off a core another rank's thread last ran on.
+    moves: CoreMoves,
 }
 
 impl std::fmt::Debug for InProcessComm {
@@ -164,6 +175,48 @@ fn same_types(
 }
 
 impl InProcessComm {
+    /// How many times this rank's waiting thread moved off a core another rank's thread had
+    /// last run on.
+    pub fn core_moves(&self) -> u64 {
+        self.moves.count()
+    }
+
+    /// Whether another member of `group` last ran on this thread's core, which this thread
+    /// could not leave: a waiter then yields instead of spinning.
+    fn shares_core(&self, group: &[usize]) -> bool {
+        let cpus = &self.shared.cpus;
+        let cpu = current_cpu();
+        let own = &cpus[self.rank];
+        if own.load(Ordering::Relaxed) != cpu {
+            own.store(cpu, Ordering::Relaxed);
+        }
+        if cpu == NO_CPU
+            || !group
+                .iter()
+                .any(|&r| r != self.rank && cpus[r].load(Ordering::Relaxed) == cpu)
+        {
+            return false;
+        }
+        let others = cpus
+            .iter()
+            .enumerate()
+            .filter(|&(r, _)| r != self.rank)
+            .map(|(_, c)| c.load(Ordering::Relaxed));
+        match self
+            .moves
+            .move_off(cpu, others, |target| own.store(target, Ordering::SeqCst))
+        {
+            Some(now) => {
+                own.store(now, Ordering::Relaxed);
+                false
+            }
+            None => {
+                own.store(cpu, Ordering::Relaxed);
+                true
+            }
+        }
+    }
+
     /// The time a member waits for the others.
     pub fn timeout(&self) -> Duration {
         self.shared.timeout
@@ -251,9 +304,10 @@ impl InProcessComm {
                 drop(state);
                 // A condition variable's wake-up costs tens to hundreds of microseconds: spin
                 // (or yield, when the ranks outnumber the cores) for a while first.
-                self.shared
-                    .wait
-                    .pass_time(|| signal.ready.load(Ordering::Acquire));
+                self.shared.wait.pass_time_beside(
+                    || signal.ready.load(Ordering::Acquire),
+                    || self.shares_core(group),
+                );
                 state = self.shared.lock();
                 while let Some(slot) = state.slots.get_mut(&key) {
                     if slot.outcome.is_some() {

@@ -14,10 +14,12 @@
 
 pub mod arguments;
 pub mod conformance;
+mod cores;
 mod in_process;
 pub mod tensor_ops;
 mod wait;
 
+pub use cores::{current_cpu, CoreMoves, NO_CPU};
 pub use in_process::{InProcessComm, InProcessWorld, DEFAULT_TIMEOUT};
 pub use wait::WaitPolicy;
 

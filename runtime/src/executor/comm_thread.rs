@@ -3,6 +3,13 @@
 //! their collectives in the same order and the communicator is never called from two threads
 //! at once. The main thread submits a job and gets a ticket; it later waits for that ticket
 //! (right away for an ordinary communication node, at the first reader for a gradient bucket).
+//!
+//! A job submitted while the thread has nothing else to do runs on the submitting thread
+//! instead ([`CommThread::run`]): the order is the same (every earlier job has finished), the
+//! communicator is still never called from two threads at once (the idle thread waits on its
+//! queue), and an ordinary collective saves the two thread hand-offs (a wake-up of the
+//! communication thread, then one of the main thread, each tens of microseconds when the
+//! thread slept).
 
 use super::{run_comm, CommCall, CommFailure};
 use crate::comm::Communicator;
@@ -47,10 +54,15 @@ pub(super) struct Reply {
 
 /// The thread and its two queues.
 pub(super) struct CommThread {
+    /// The communicator, for jobs run on the submitting thread.
+    comm: Arc<dyn Communicator>,
     jobs: Option<Sender<(u64, Job)>>,
     replies: Receiver<(u64, Reply)>,
     handle: Option<JoinHandle<()>>,
     next: u64,
+    /// Replies taken from the queue (stashed or handed out): the thread is idle when this
+    /// equals `next`.
+    received: u64,
     /// Replies that arrived while waiting for a later ticket.
     stash: HashMap<u64, Reply>,
 }
@@ -58,56 +70,60 @@ pub(super) struct CommThread {
 impl CommThread {
     /// Starts the thread for `comm` (named after the rank).
     pub fn start(comm: Arc<dyn Communicator>) -> std::io::Result<CommThread> {
+        let thread_comm = comm.clone();
         let (jobs, job_rx) = channel::<(u64, Job)>();
         let (reply_tx, replies) = channel::<(u64, Reply)>();
         let handle = std::thread::Builder::new()
             .name(format!("shardc-comm-{}", comm.rank()))
             .spawn(move || {
                 while let Ok((ticket, job)) = job_rx.recv() {
-                    let t0 = Instant::now();
-                    let reply = match job {
-                        Job::Node {
-                            call,
-                            input,
-                            mut dst,
-                            ty,
-                        } => {
-                            let result = run_comm(&*comm, &call, input.as_ref(), &mut dst, &ty);
-                            Reply {
-                                input,
-                                dst,
-                                result,
-                                elapsed: t0.elapsed(),
-                            }
-                        }
-                        Job::Bucket {
-                            group,
-                            op,
-                            mut flat,
-                        } => {
-                            let result = comm
-                                .all_reduce(&group, op, &mut flat)
-                                .map_err(CommFailure::Comm);
-                            Reply {
-                                input: None,
-                                dst: flat,
-                                result,
-                                elapsed: t0.elapsed(),
-                            }
-                        }
-                    };
+                    let reply = execute(&*thread_comm, job);
                     if reply_tx.send((ticket, reply)).is_err() {
                         break;
                     }
                 }
             })?;
         Ok(CommThread {
+            comm,
             jobs: Some(jobs),
             replies,
             handle: Some(handle),
             next: 0,
+            received: 0,
             stash: HashMap::new(),
         })
+    }
+
+    /// Runs `job` now and returns its reply: on this thread when the communication thread
+    /// has no job in flight, else after every earlier job, on the communication thread.
+    /// `None` when the thread died (a panic in a communicator).
+    pub fn run(&mut self, job: Job) -> Option<Reply> {
+        while self.received < self.next {
+            match self.replies.try_recv() {
+                Ok((t, r)) => {
+                    self.received += 1;
+                    self.stash.insert(t, r);
+                }
+                Err(_) => break,
+            }
+        }
+        if self.received == self.next && self.jobs.is_some() {
+            return Some(execute(&*self.comm, job));
+        }
+        match self.submit(job) {
+            Ok(ticket) => self.wait(ticket),
+            Err(job) => match *job {
+                Job::Node { input, dst, .. } => Some(Reply {
+                    input,
+                    dst,
+                    result: Err(CommFailure::Local(
+                        "the communication thread has ended".into(),
+                    )),
+                    elapsed: Duration::ZERO,
+                }),
+                Job::Bucket { .. } => None,
+            },
+        }
     }
 
     /// Queues `job`; returns its ticket, or the job back when the thread is gone.
@@ -133,10 +149,47 @@ impl CommThread {
         }
         loop {
             let (t, r) = self.replies.recv().ok()?;
+            self.received += 1;
             if t == ticket {
                 return Some(r);
             }
             self.stash.insert(t, r);
+        }
+    }
+}
+
+/// Runs `job` on `comm`, timing it.
+fn execute(comm: &dyn Communicator, job: Job) -> Reply {
+    let t0 = Instant::now();
+    match job {
+        Job::Node {
+            call,
+            input,
+            mut dst,
+            ty,
+        } => {
+            let result = run_comm(comm, &call, input.as_ref(), &mut dst, &ty);
+            Reply {
+                input,
+                dst,
+                result,
+                elapsed: t0.elapsed(),
+            }
+        }
+        Job::Bucket {
+            group,
+            op,
+            mut flat,
+        } => {
+            let result = comm
+                .all_reduce(&group, op, &mut flat)
+                .map_err(CommFailure::Comm);
+            Reply {
+                input: None,
+                dst: flat,
+                result,
+                elapsed: t0.elapsed(),
+            }
         }
     }
 }

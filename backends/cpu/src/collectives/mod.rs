@@ -7,7 +7,6 @@
 //! whose group lies on this host through shared memory ([`shm::ShmComm`]) and everything
 //! else — groups spanning hosts, send and receive — over TCP ([`tcp::TcpComm`]).
 
-mod cores;
 mod futex;
 #[cfg(feature = "mpi")]
 pub mod mpi;

@@ -32,11 +32,11 @@
 //! the results. ReduceScatter and AllToAll use the same pieces; AllGather and Broadcast
 //! stream the tensor in box-sized rounds.
 
-use super::cores::{current_cpu, CoreMoves, NO_CPU};
 use super::futex::{signal, wait_until, WaitPolicy};
 use rustc_hash::FxHashMap;
 use shardc_ir::{DType, ReduceOp};
 use shardc_runtime::comm::{arguments, check_group, Collective, CommError, Communicator};
+use shardc_runtime::comm::{current_cpu, CoreMoves, NO_CPU};
 use shardc_runtime::{Data, Tensor};
 use std::fs::OpenOptions;
 use std::os::fd::AsRawFd;

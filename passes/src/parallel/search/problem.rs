@@ -144,10 +144,29 @@ fn const_index(o: Option<&Operand>) -> usize {
         .unwrap_or(0) as usize
 }
 
+/// What one element of a non-contraction `op` costs relative to an add, at the machine's
+/// vector rate: a transcendental function (exp, tanh) tens of operations, a normalisation or
+/// a softmax its several passes over the row.
+pub fn vector_weight(op: OpKind) -> f64 {
+    use OpKind::*;
+    match op {
+        // The tanh GeLU's tanh is a vectorised rational function in f32 (measured on rank 0
+        // of `shardc bench strategies --stats`: about a fifth of a softmax per element).
+        GeLU | GeLUGrad => 8.0,
+        Softmax
+        | LogSoftmax
+        | SoftmaxGrad
+        | LogSoftmaxGrad
+        | SoftmaxCrossEntropyWithLogits
+        | SparseSoftmaxCrossEntropyWithLogits => 40.0,
+        Exp | Log | Sigmoid | Tanh | Sqrt | SigmoidGrad | TanhGrad | LayerNorm | LayerNormGrad
+        | BatchNorm | BatchNormGrad => 20.0,
+        _ => 1.0,
+    }
+}
+
 /// FLOPs of one iteration of `op`'s loops, and whether they run at the GEMM rate (a
-/// contraction) or the vector rate. The vector weights are what one element costs relative to
-/// an add: a transcendental function (exp, tanh) tens of operations, a normalisation or a
-/// softmax its several passes over the row.
+/// contraction) or the vector rate (weighted by [`vector_weight`]).
 fn flops_per_iteration(g: &Graph, node: &shardc_ir::Node) -> (f64, bool) {
     use OpKind::*;
     let w = match node.op {
@@ -171,18 +190,7 @@ fn flops_per_iteration(g: &Graph, node: &shardc_ir::Node) -> (f64, bool) {
                 .unwrap_or(9.0);
             return (2.0 * k, true);
         }
-        // The tanh GeLU's tanh is a vectorised rational function in f32 (measured on rank 0
-        // of `shardc bench strategies --stats`: about a fifth of a softmax per element).
-        GeLU | GeLUGrad => 8.0,
-        Softmax
-        | LogSoftmax
-        | SoftmaxGrad
-        | LogSoftmaxGrad
-        | SoftmaxCrossEntropyWithLogits
-        | SparseSoftmaxCrossEntropyWithLogits => 40.0,
-        Exp | Log | Sigmoid | Tanh | Sqrt | SigmoidGrad | TanhGrad | LayerNorm | LayerNormGrad
-        | BatchNorm | BatchNormGrad => 20.0,
-        _ => 1.0,
+        op => vector_weight(op),
     };
     (w, false)
 }

@@ -2,7 +2,7 @@
 //! scheduler made two waiting ranks share.
 //!
 //! With a core per rank, members of a collective spin briefly instead of sleeping (see
-//! [`WaitPolicy`](super::futex::WaitPolicy)). The scheduler sometimes starts two ranks on the
+//! [`WaitPolicy`](super::WaitPolicy)). The scheduler sometimes starts two ranks on the
 //! same core and, since each yields while it waits, never sees a reason to separate them: each
 //! call then costs context switches instead of a few hundred cycles (measured: about 40 µs per
 //! 4 KiB AllReduce between two processes, where it takes 0.6 µs on separate cores). Open MPI
@@ -11,12 +11,15 @@
 //! rank it waits for last ran on its own core moves itself to a core no local rank uses (by
 //! restricting its affinity to that core, which migrates it at once, and then restoring the
 //! full mask, so the scheduler stays free to move it again later).
+//!
+//! Both the shared-memory collectives between processes and the in-process world of threads
+//! use this (Linux calls: `sched_getcpu`, `sched_setaffinity`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// A core number no core has.
-pub(crate) const NO_CPU: u32 = u32::MAX;
+pub const NO_CPU: u32 = u32::MAX;
 
 /// The fewest time between two moves of one communicator's thread: if the scheduler keeps
 /// putting the ranks together (other work on the host), moving every call would cost more
@@ -24,7 +27,7 @@ pub(crate) const NO_CPU: u32 = u32::MAX;
 const MIN_MOVE_INTERVAL: Duration = Duration::from_millis(2);
 
 /// The core the calling thread runs on ([`NO_CPU`] where the system cannot tell).
-pub(crate) fn current_cpu() -> u32 {
+pub fn current_cpu() -> u32 {
     // SAFETY: no arguments; glibc answers from the rseq area or with a system call.
     let cpu = unsafe { libc::sched_getcpu() };
     u32::try_from(cpu).unwrap_or(NO_CPU)
@@ -33,7 +36,7 @@ pub(crate) fn current_cpu() -> u32 {
 /// The cores a thread may run on (its affinity mask when the communicator was made), and
 /// when it last moved.
 #[derive(Debug)]
-pub(crate) struct CoreMoves {
+pub struct CoreMoves {
     /// The allowed cores, ascending.
     allowed: Vec<u32>,
     /// The mask to restore after a move.
@@ -45,9 +48,15 @@ pub(crate) struct CoreMoves {
     moves: AtomicU64,
 }
 
+impl Default for CoreMoves {
+    fn default() -> CoreMoves {
+        CoreMoves::new()
+    }
+}
+
 impl CoreMoves {
     /// Reads the calling thread's affinity mask.
-    pub(crate) fn new() -> CoreMoves {
+    pub fn new() -> CoreMoves {
         // SAFETY: an all-zero cpu_set_t is a valid, empty set.
         let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
         // SAFETY: `set` is a valid, writable cpu_set_t of the size passed.
@@ -71,7 +80,7 @@ impl CoreMoves {
     }
 
     /// How many times the thread moved.
-    pub(crate) fn count(&self) -> u64 {
+    pub fn count(&self) -> u64 {
         self.moves.load(Ordering::Relaxed)
     }
 
@@ -82,7 +91,7 @@ impl CoreMoves {
     /// `announce(target)` runs before the move: the peer left behind on `here` runs as soon
     /// as this thread leaves, and must already see that it is alone there (otherwise it too
     /// finds the two on one core and follows this thread to `target`).
-    pub(crate) fn move_off(
+    pub fn move_off(
         &self,
         here: u32,
         taken: impl Iterator<Item = u32> + Clone,
@@ -129,14 +138,24 @@ mod tests {
         }
         let here = current_cpu();
         let mut announced = None;
+        let before = Instant::now();
         let now = moves.move_off(here, std::iter::once(here), |t| announced = Some(t));
-        let now = now.expect("a second core is free");
-        assert_ne!(now, here);
-        assert_eq!(announced, Some(now));
+        // Where the thread runs once the mask is whole again is the scheduler's choice (a
+        // busy host may move it straight back): the move itself is what is checked.
+        assert!(now.is_some(), "a second core is free");
+        let target = announced.expect("the target was announced");
+        assert_ne!(target, here);
+        assert!(moves.allowed.contains(&target));
+        assert_eq!(moves.count(), 1);
         // The mask is whole again.
         assert_eq!(CoreMoves::new().allowed, moves.allowed);
-        // Within the interval it stays put.
-        assert_eq!(moves.move_off(now, std::iter::once(now), |_| ()), None);
+        // Within the interval it stays put (checked only if this thread got here within it:
+        // a loaded host may deschedule it for longer).
+        let again = moves.move_off(target, std::iter::once(target), |_| ());
+        if before.elapsed() < MIN_MOVE_INTERVAL {
+            assert_eq!(again, None);
+            assert_eq!(moves.count(), 1);
+        }
     }
 
     #[test]
