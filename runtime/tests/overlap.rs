@@ -26,6 +26,8 @@ struct SlowComm {
     /// Fail every all_reduce of this many elements.
     fail_len: Option<usize>,
     calls: Mutex<Vec<(usize, Instant, Instant)>>,
+    /// Per all_reduce: its length and the name of the thread that made it.
+    threads: Mutex<Vec<(usize, String)>>,
     in_call: AtomicUsize,
     overlapping: AtomicUsize,
 }
@@ -37,6 +39,7 @@ impl SlowComm {
             delay,
             fail_len,
             calls: Mutex::new(Vec::new()),
+            threads: Mutex::new(Vec::new()),
             in_call: AtomicUsize::new(0),
             overlapping: AtomicUsize::new(0),
         })
@@ -62,6 +65,8 @@ impl Communicator for SlowComm {
     }
     fn all_reduce(&self, group: &[usize], op: ReduceOp, t: &mut Tensor) -> Result<(), CommError> {
         self.enter();
+        let thread = std::thread::current().name().unwrap_or("").to_string();
+        self.threads.lock().unwrap().push((t.len(), thread));
         let start = Instant::now();
         std::thread::sleep(self.delay);
         let r = if self.fail_len == Some(t.len()) {
@@ -303,6 +308,20 @@ fn a_slow_bucket_overlaps_with_the_compute_after_its_launch() {
             text.contains("gradient communication: 1 bucket, "),
             "rank {r}: {text}"
         );
+    }
+}
+
+#[test]
+fn an_ordinary_collective_runs_on_the_main_thread_when_nothing_is_in_flight() {
+    let runs = run(2, true, Duration::from_millis(1), Duration::ZERO, 2);
+    for (r, run) in runs.iter().enumerate() {
+        let threads = run.comm.threads.lock().unwrap().clone();
+        // Per step: `f` (4 elements, nothing in flight before it), then the bucket (8).
+        assert_eq!(threads.len(), 4, "rank {r}: {threads:?}");
+        for (len, name) in &threads {
+            let on_comm_thread = name.starts_with("shardc-comm-");
+            assert_eq!(on_comm_thread, *len == 8, "rank {r}: {threads:?}");
+        }
     }
 }
 
