@@ -562,7 +562,10 @@ fn busy_work(units: u64) -> u64 {
 /// (a member that arrives finds the others descheduled and must yield its core to them).
 pub fn collective_overhead_seconds(ranks: usize, link: LinkCost, quick: bool) -> Result<f64> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let units = 4000u64;
+    // About 8 us of work alone: the order of these models' ops between two collectives. The
+    // cost of bringing oversubscribed members together grows with it (measured at 4 and 8
+    // ranks on 2 cores: about 0, 7, 19 and 65-137 us for 0.5, 2, 8 and 31 us of work).
+    let units = 16_000u64;
     // The work's time on one core, alone.
     let alone = median(
         (0..7)
@@ -824,10 +827,12 @@ pub struct StepPlan {
 }
 
 impl StepPlan {
-    /// The plan of `model` (sub-millisecond steps get more of them).
-    pub fn of(model: &BenchModel, quick: bool) -> StepPlan {
+    /// The plan of `model` on `ranks` ranks (sub-millisecond steps get more of them; more
+    /// rounds when the ranks outnumber the cores, where step times scatter most).
+    pub fn of(model: &BenchModel, ranks: usize, quick: bool) -> StepPlan {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let small = model.name.starts_with("quickstart");
-        match (small, quick) {
+        let mut plan = match (small, quick) {
             (true, true) => StepPlan {
                 warmup: 5,
                 steps: 30,
@@ -848,7 +853,11 @@ impl StepPlan {
                 steps: 12,
                 rounds: 3,
             },
+        };
+        if !quick && ranks > cores {
+            plan.rounds = 5;
         }
+        plan
     }
 }
 
@@ -987,7 +996,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 &model,
                 ranks,
                 machine,
-                StepPlan::of(&model, args.quick),
+                StepPlan::of(&model, ranks, args.quick),
                 args.stats,
             )?;
             cases += 1;
