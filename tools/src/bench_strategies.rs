@@ -41,7 +41,7 @@ use shardc_passes::parallel::search;
 use shardc_passes::parallel::search::problem::{vector_weight, Problem};
 use shardc_passes::parallel::{DatasetLayout, Mode, ParallelOptions, SearchMode, SearchOptions};
 use shardc_runtime::backend::{Arg, Backend, KernelContext};
-use shardc_runtime::comm::InProcessWorld;
+use shardc_runtime::comm::{Communicator, InProcessWorld};
 use shardc_runtime::data::SyntheticData;
 use shardc_runtime::executor::{ExecStats, Executor};
 use shardc_runtime::Tensor;
@@ -392,6 +392,34 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// Runs `body(rank, group, communicator)` on each of `p` in-process ranks (one thread each,
+/// the group being all of them) and returns their results in rank order.
+fn on_thread_ranks<T: Send>(
+    p: usize,
+    body: impl Fn(usize, &[usize], &dyn Communicator) -> Result<T> + Sync,
+) -> Result<Vec<T>> {
+    let comms = InProcessWorld::new(p);
+    let group: Vec<usize> = (0..p).collect();
+    let per_rank: Vec<Result<T>> = std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .enumerate()
+            .map(|(rank, comm)| {
+                let (group, body) = (&group, &body);
+                s.spawn(move || body(rank, group, &*comm))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .map_err(|_| anyhow!("an AllReduce thread panicked"))?
+            })
+            .collect()
+    });
+    per_rank.into_iter().collect()
+}
+
 /// Median seconds of one in-process f32 AllReduce of `elems` elements over `p` ranks (each
 /// rank a thread). Per repetition the ranks leave a common barrier; with `stagger`, rank `r`
 /// first computes (spins) for `r · stagger`, so that the members arrive one after another as
@@ -403,47 +431,28 @@ pub fn all_reduce_seconds(
     reps: usize,
     stagger: std::time::Duration,
 ) -> Result<f64> {
-    let comms = InProcessWorld::new(p);
-    let group: Vec<usize> = (0..p).collect();
     let barrier = Barrier::new(p);
     // One clock for every rank: the ranks leave the barrier at different times (a futex
     // wake-up each), and only the time from the last arrival counts.
     let epoch = Instant::now();
-    let per_rank: Vec<Result<Vec<(f64, f64)>>> = std::thread::scope(|s| {
-        let handles: Vec<_> = comms
-            .into_iter()
-            .enumerate()
-            .map(|(rank, comm)| {
-                let (group, barrier, epoch) = (&group, &barrier, &epoch);
-                s.spawn(move || -> Result<Vec<(f64, f64)>> {
-                    let mut t = Tensor::from_f32(vec![elems], vec![1.0; elems])
-                        .ok_or_else(|| anyhow!("an f32 tensor of {elems} elements"))?;
-                    let mut times = Vec::with_capacity(reps + 2);
-                    for _ in 0..reps + 2 {
-                        barrier.wait();
-                        let t0 = Instant::now();
-                        let busy = stagger * rank as u32;
-                        while t0.elapsed() < busy {
-                            std::hint::spin_loop();
-                        }
-                        let arrive = epoch.elapsed().as_secs_f64();
-                        comm.all_reduce(group, ReduceOp::Sum, &mut t)
-                            .map_err(|e| anyhow!("in-process AllReduce: {e}"))?;
-                        times.push((arrive, epoch.elapsed().as_secs_f64()));
-                    }
-                    Ok(times.split_off(2))
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .map_err(|_| anyhow!("an AllReduce thread panicked"))?
-            })
-            .collect()
-    });
-    let per_rank: Vec<Vec<(f64, f64)>> = per_rank.into_iter().collect::<Result<_>>()?;
+    let per_rank = on_thread_ranks(p, |rank, group, comm| {
+        let mut t = Tensor::from_f32(vec![elems], vec![1.0; elems])
+            .ok_or_else(|| anyhow!("an f32 tensor of {elems} elements"))?;
+        let mut times = Vec::with_capacity(reps + 2);
+        for _ in 0..reps + 2 {
+            barrier.wait();
+            let t0 = Instant::now();
+            let busy = stagger * rank as u32;
+            while t0.elapsed() < busy {
+                std::hint::spin_loop();
+            }
+            let arrive = epoch.elapsed().as_secs_f64();
+            comm.all_reduce(group, ReduceOp::Sum, &mut t)
+                .map_err(|e| anyhow!("in-process AllReduce: {e}"))?;
+            times.push((arrive, epoch.elapsed().as_secs_f64()));
+        }
+        Ok(times.split_off(2))
+    })?;
     let times: Vec<f64> = (0..reps)
         .map(|i| {
             let last_arrival = per_rank.iter().map(|r| r[i].0).fold(0.0, f64::max);
@@ -577,43 +586,23 @@ pub fn collective_overhead_seconds(ranks: usize, link: LinkCost, quick: bool) ->
             .collect(),
     );
     let reps = if quick { 50 } else { 200 };
-    let comms = InProcessWorld::new(ranks);
-    let group: Vec<usize> = (0..ranks).collect();
-    let per_rank: Vec<Result<f64>> = std::thread::scope(|s| {
-        let handles: Vec<_> = comms
-            .into_iter()
-            .map(|comm| {
-                let group = &group;
-                s.spawn(move || -> Result<f64> {
-                    let mut t = Tensor::from_f32(vec![1], vec![1.0])
-                        .ok_or_else(|| anyhow!("a one-element tensor"))?;
-                    let mut rounds = Vec::with_capacity(reps);
-                    for i in 0..reps + 5 {
-                        let t0 = Instant::now();
-                        busy_work(units);
-                        comm.all_reduce(group, ReduceOp::Sum, &mut t)
-                            .map_err(|e| anyhow!("in-process AllReduce: {e}"))?;
-                        if i >= 5 {
-                            rounds.push(t0.elapsed().as_secs_f64());
-                        }
-                    }
-                    Ok(median(rounds))
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .map_err(|_| anyhow!("an AllReduce thread panicked"))?
-            })
-            .collect()
-    });
-    let round = per_rank
-        .into_iter()
-        .collect::<Result<Vec<f64>>>()?
-        .into_iter()
-        .fold(0.0, f64::max);
+    let round = on_thread_ranks(ranks, |_, group, comm| {
+        let mut t =
+            Tensor::from_f32(vec![1], vec![1.0]).ok_or_else(|| anyhow!("a one-element tensor"))?;
+        let mut rounds = Vec::with_capacity(reps);
+        for i in 0..reps + 5 {
+            let t0 = Instant::now();
+            busy_work(units);
+            comm.all_reduce(group, ReduceOp::Sum, &mut t)
+                .map_err(|e| anyhow!("in-process AllReduce: {e}"))?;
+            if i >= 5 {
+                rounds.push(t0.elapsed().as_secs_f64());
+            }
+        }
+        Ok(median(rounds))
+    })?
+    .into_iter()
+    .fold(0.0, f64::max);
     let work = alone * (ranks as f64 / cores as f64).max(1.0);
     let ring = Machine::all_reduce_seconds(&link, 4.0, ranks);
     Ok((round - work - ring).max(0.0))

@@ -146,6 +146,24 @@ fn shm_comm(role: &Role, timeout: Duration) -> ShmComm {
     .unwrap()
 }
 
+/// The sum, in member order, of the f32 tensors of `len` elements of case `case` of members
+/// `0..size` (what an AllReduce of them gives every member).
+fn f32_sum(case: u64, size: usize, len: usize) -> Tensor {
+    let mut want = data(case, 0, &[len], DType::Float32);
+    for m in 1..size {
+        let x = data(case, m, &[len], DType::Float32);
+        for (a, b) in want
+            .as_f32_mut()
+            .unwrap()
+            .iter_mut()
+            .zip(x.as_f32().unwrap())
+        {
+            *a += b;
+        }
+    }
+    want
+}
+
 /// Member `m`'s tensor for case `case`: values whose sums depend on the order of addition.
 fn data(case: u64, m: usize, shape: &[usize], dtype: DType) -> Tensor {
     let n: usize = shape.iter().product();
@@ -422,19 +440,7 @@ fn shm_eight_processes_on_few_cores() {
         for i in 0..300u64 {
             let mut t = data(i, r.rank, &[64], DType::Float32);
             comm.all_reduce(&world, ReduceOp::Sum, &mut t).unwrap();
-            let mut want = data(i, 0, &[64], DType::Float32);
-            for m in 1..r.size {
-                let x = data(i, m, &[64], DType::Float32);
-                for (a, b) in want
-                    .as_f32_mut()
-                    .unwrap()
-                    .iter_mut()
-                    .zip(x.as_f32().unwrap())
-                {
-                    *a += b;
-                }
-            }
-            assert_eq!(t, want, "iteration {i}");
+            assert_eq!(t, f32_sum(i, r.size, 64), "iteration {i}");
             comm.barrier(&pairs).unwrap();
         }
         let mut t = data(9, r.rank, &[LARGE], DType::Float32);
@@ -695,17 +701,7 @@ fn ranks_held_on_one_core_move_apart_and_stay_exact() {
                 for i in 0..2000u64 {
                     let mut t = data(i, rank, &[1024], DType::Float32);
                     comm.all_reduce(&[0, 1], ReduceOp::Sum, &mut t).unwrap();
-                    let mut want = data(i, 0, &[1024], DType::Float32);
-                    let other = data(i, 1, &[1024], DType::Float32);
-                    for (a, b) in want
-                        .as_f32_mut()
-                        .unwrap()
-                        .iter_mut()
-                        .zip(other.as_f32().unwrap())
-                    {
-                        *a += b;
-                    }
-                    assert_eq!(t, want, "call {i}");
+                    assert_eq!(t, f32_sum(i, 2, 1024), "call {i}");
                 }
                 comm.core_moves()
             })
