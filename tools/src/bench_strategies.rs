@@ -9,16 +9,19 @@
 //! an earlier candidate are dropped.
 //!
 //! Each candidate is **predicted** with [`search::predict`] under a [`Machine`] that
-//! describes this run ([`measure_machine`]): all ranks are threads of this process, each with
-//! one kernel thread, sharing the host's cores, so a rank's FLOP/s and memory bandwidth are
-//! one core's (shardc's f32 GEMM at n = 256 on one thread; one thread adding two 16 MiB f32
-//! arrays) times `min(1, cores / ranks)`; the link is the in-process communicator's, measured
-//! here: an f32 AllReduce over all the ranks at 4 KiB and 1 MiB, back to back (median; a
-//! second fit with staggered arrivals is printed for comparison), fitted to the ring's `t = 2 (p − 1) α + 2 (p − 1) / p · S / β`. The searchers run under the
-//! same machine. Each candidate is then **measured** ([`measure_steps`]): the per-rank graphs
-//! on one thread each, warm-up steps, then timed steps that start together (a barrier) and
-//! last until the slowest rank finishes; the candidates take turns over a few rounds (so that
-//! a change of load weighs on all alike), and the median over all timed steps is reported.
+//! describes this run ([`machine_of`]): all ranks are threads of this process, each with one
+//! kernel thread, sharing the host's cores, so a rank's figures are one core's
+//! ([`core_figures`]: shardc's f32 GEMM at n = 256, an add over activation-sized arrays, the
+//! GeLU kernel) times `min(1, cores / ranks)`; the link is the in-process communicator's,
+//! measured here: an f32 AllReduce over all the ranks at 4 KiB and 1 MiB, back to back
+//! (median; a second fit with staggered arrivals is printed for comparison), fitted to the
+//! ring's `t = 2 (p − 1) α + 2 (p − 1) / p · S / β`; the fixed cost of a collective is what
+//! bringing its members together costs inside a step ([`collective_overhead_seconds`]). The
+//! searchers run under the same machine. Each candidate is then **measured**
+//! ([`measure_steps`]): the per-rank graphs on one thread each, warm-up steps, then timed
+//! steps back to back as training runs them, the step time being the slowest rank's mean; the
+//! candidates take turns over a few rounds (so that a change of load weighs on all alike),
+//! and each reports its best round.
 //! `--stats` adds rank 0's measured time per op kind against the predicted compute per op
 //! kind (stderr), the evidence for what the cost model misses.
 //!
@@ -608,17 +611,72 @@ pub fn collective_overhead_seconds(ranks: usize, link: LinkCost, quick: bool) ->
     Ok((round - work - ring).max(0.0))
 }
 
-/// The machine of `ranks` in-process ranks on this host, from one core's figures: each
-/// scaled by `min(1, cores / ranks)`; the link `link` and the fixed cost of a collective
-/// `overhead` ([`collective_overhead_seconds`]); every rank on one host.
-pub fn machine_of(ranks: usize, core: CoreFigures, link: LinkCost, overhead: f64) -> Machine {
+/// Bytes per second one of `ranks` threads reads and writes while all of them run at once,
+/// each adding arrays of 64 Ki f32 elements (an activation of these models) in turn over 16
+/// triples of its own (12 MiB: a step's working set, which does not stay in the cache from
+/// one use to the next the way one array does): the memory bandwidth of a rank, with the
+/// sharing of cores, caches and memory by the ranks of this run included.
+pub fn rank_bandwidth(ranks: usize, quick: bool) -> Result<f64> {
+    const N: usize = 64 << 10;
+    const SETS: usize = 16;
+    let rounds = if quick { 8 } else { 40 };
+    let barrier = Barrier::new(ranks);
+    let per_rank: Vec<Result<f64>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..ranks)
+            .map(|_| {
+                let barrier = &barrier;
+                s.spawn(move || -> Result<f64> {
+                    let a: Vec<Vec<f32>> = (0..SETS).map(|k| vec![k as f32; N]).collect();
+                    let b: Vec<Vec<f32>> = (0..SETS).map(|k| vec![1.0 + k as f32; N]).collect();
+                    let mut c: Vec<Vec<f32>> = (0..SETS).map(|_| vec![0.0; N]).collect();
+                    barrier.wait();
+                    let t = Instant::now();
+                    for _ in 0..rounds {
+                        for k in 0..SETS {
+                            for ((c, a), b) in c[k].iter_mut().zip(&a[k]).zip(&b[k]) {
+                                *c = a + b;
+                            }
+                            std::hint::black_box(&mut c[k]);
+                        }
+                    }
+                    Ok(t.elapsed().as_secs_f64())
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .map_err(|_| anyhow!("a bandwidth thread panicked"))?
+            })
+            .collect()
+    });
+    let slowest = per_rank
+        .into_iter()
+        .collect::<Result<Vec<f64>>>()?
+        .into_iter()
+        .fold(0.0, f64::max);
+    Ok((rounds * SETS * 3 * 4 * N) as f64 / slowest.max(1e-9))
+}
+
+/// The machine of `ranks` in-process ranks on this host, from one core's figures (FLOP/s
+/// scaled by `min(1, cores / ranks)`), a rank's memory bandwidth `bandwidth`
+/// ([`rank_bandwidth`]), the link `link` and the fixed cost of a collective `overhead`
+/// ([`collective_overhead_seconds`]); every rank on one host.
+pub fn machine_of(
+    ranks: usize,
+    core: CoreFigures,
+    bandwidth: f64,
+    link: LinkCost,
+    overhead: f64,
+) -> Machine {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let share = (cores as f64 / ranks as f64).min(1.0);
     Machine {
         devices_per_host: ranks,
         flops: core.flops * share,
         vector_flops: core.vector_flops * share,
-        memory_bandwidth: core.bandwidth * share,
+        memory_bandwidth: bandwidth,
         memory_bytes: 64.0 * (1u64 << 30) as f64,
         intra_host: link,
         inter_host: link,
@@ -632,16 +690,17 @@ pub fn machine_of(ranks: usize, core: CoreFigures, link: LinkCost, overhead: f64
 /// how much of that wake-up the back-to-back α misses.
 pub const STAGGER: std::time::Duration = std::time::Duration::from_micros(50);
 
-/// Seconds of each timed training step of `c`'s per-rank graphs (one kernel thread per rank,
-/// in-process communicator): `warmup` untimed steps, then `steps` timed ones that start
-/// together; each step lasts until its slowest rank finishes. Also rank 0's executor
-/// statistics (all its steps, warm-up included).
+/// Mean seconds of a training step of `c`'s per-rank graphs (one kernel thread per rank,
+/// in-process communicator): `warmup` untimed steps, then `steps` timed ones back to back, as
+/// training runs them (the ranks start together once, then keep in step through their
+/// collectives); the slowest rank's mean. Also rank 0's executor statistics (all its steps,
+/// warm-up included).
 pub fn measure_steps(
     c: &StrategyCandidate,
     data: &SyntheticData,
     warmup: usize,
     steps: usize,
-) -> Result<(Vec<f64>, ExecStats)> {
+) -> Result<(f64, ExecStats)> {
     let p = &c.compiled;
     let n = p.ranks.len();
     let inputs: Vec<(String, TensorLayout)> = p
@@ -686,7 +745,7 @@ pub fn measure_steps(
         );
     }
     let barrier = Barrier::new(n);
-    let per_rank: Vec<Result<(Vec<f64>, ExecStats)>> = std::thread::scope(|s| {
+    let per_rank: Vec<Result<(f64, ExecStats)>> = std::thread::scope(|s| {
         let handles: Vec<_> = execs
             .into_iter()
             .zip(feeds)
@@ -694,18 +753,20 @@ pub fn measure_steps(
             .map(|(rank, (mut exec, feeds))| {
                 let barrier = &barrier;
                 let name = &c.name;
-                s.spawn(move || -> Result<(Vec<f64>, ExecStats)> {
-                    let mut times = Vec::with_capacity(pool);
+                s.spawn(move || -> Result<(f64, ExecStats)> {
+                    let mut t0 = Instant::now();
                     for (step, f) in feeds.iter().enumerate() {
                         let refs: Vec<(&str, Tensor)> =
                             f.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
-                        barrier.wait();
-                        let t0 = Instant::now();
+                        if step == 0 || step == warmup {
+                            barrier.wait();
+                            t0 = Instant::now();
+                        }
                         exec.step(&refs)
                             .with_context(|| format!("{name}: rank {rank}, step {}", step + 1))?;
-                        times.push(t0.elapsed().as_secs_f64());
                     }
-                    Ok((times.split_off(warmup), exec.stats().clone()))
+                    let mean = t0.elapsed().as_secs_f64() / steps.max(1) as f64;
+                    Ok((mean, exec.stats().clone()))
                 })
             })
             .collect();
@@ -718,10 +779,8 @@ pub fn measure_steps(
             })
             .collect()
     });
-    let mut per_rank: Vec<(Vec<f64>, ExecStats)> = per_rank.into_iter().collect::<Result<_>>()?;
-    let slowest: Vec<f64> = (0..steps)
-        .map(|i| per_rank.iter().map(|r| r.0[i]).fold(0.0, f64::max))
-        .collect();
+    let mut per_rank: Vec<(f64, ExecStats)> = per_rank.into_iter().collect::<Result<_>>()?;
+    let slowest = per_rank.iter().map(|r| r.0).fold(0.0, f64::max);
     let stats = per_rank.swap_remove(0).1;
     Ok((slowest, stats))
 }
@@ -733,7 +792,7 @@ pub struct CandidateFigures {
     pub name: String,
     /// The prediction.
     pub predicted: search::problem::Breakdown,
-    /// The measured step, seconds: the lowest of the rounds' median steps.
+    /// The measured step, seconds: the lowest of the rounds' mean steps.
     pub measured: f64,
     /// Rank 0's ops other than communication (and `TupleGetItem`).
     pub rank0_ops: usize,
@@ -874,13 +933,13 @@ pub fn run_case(
     for n in &notes {
         eprintln!("strategies {} ranks={ranks}: {n}", model.name);
     }
-    // Per candidate, the median step of each round.
+    // Per candidate, the mean step of each round.
     let mut times: Vec<Vec<f64>> = vec![Vec::new(); cands.len()];
     let mut stats: Vec<Option<ExecStats>> = vec![None; cands.len()];
     for _ in 0..plan.rounds.max(1) {
         for (k, c) in cands.iter().enumerate() {
             let (t, s) = measure_steps(c, &data, plan.warmup, plan.steps)?;
-            times[k].push(median(t));
+            times[k].push(t);
             stats[k] = Some(s);
         }
     }
@@ -888,7 +947,7 @@ pub fn run_case(
     for ((c, t), stats) in cands.iter().zip(times).zip(stats) {
         let predicted = search::predict(&c.compiled.begin, &c.options, &c.compiled.assignment)
             .with_context(|| format!("{} ranks={ranks} {}: predicting", model.name, c.name))?;
-        // The best round's median: the machine's speed drifts by up to 1.5x over seconds,
+        // The best round's mean: the machine's speed drifts by up to 1.5x over seconds,
         // and a round that caught a slow phase says nothing about the strategy.
         let measured = t.iter().copied().fold(f64::INFINITY, f64::min);
         let rank0 = c
@@ -952,7 +1011,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let core = core_figures(args.quick)?;
     println!(
-        "strategies machine: {cores} cores; one core {:.1} GFLOP/s (f32 GEMM n=256), {:.1} GB/s (add over 64 Ki elements), {:.1} vector GFLOP/s (GeLU kernel); a rank gets min(1, {cores}/ranks) of each",
+        "strategies machine: {cores} cores; one core {:.1} GFLOP/s (f32 GEMM n=256), {:.1} GB/s (add over one array of 64 Ki elements), {:.1} vector GFLOP/s (GeLU kernel); a rank gets min(1, {cores}/ranks) of the FLOP/s",
         core.flops / 1e9,
         core.bandwidth / 1e9,
         core.vector_flops / 1e9
@@ -962,9 +1021,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let link = measure_link(ranks, args.quick, std::time::Duration::ZERO)?;
         let staggered = measure_link(ranks, args.quick, STAGGER)?;
         let overhead = collective_overhead_seconds(ranks, link, args.quick)?;
-        let m = machine_of(ranks, core, link, overhead);
+        let bandwidth = rank_bandwidth(ranks, args.quick)?;
+        let m = machine_of(ranks, core, bandwidth, link, overhead);
         println!(
-            "strategies machine ranks={ranks}: {:.1} GFLOP/s, {:.1} GB/s per rank; collective overhead in a step {:.2} us; in-process AllReduce fitted to the ring: back-to-back (used) alpha={:.2} us beta={:.2} GB/s; arrivals staggered by {} us/rank alpha={:.2} us beta={:.2} GB/s",
+            "strategies machine ranks={ranks}: {:.1} GFLOP/s, {:.1} GB/s per rank (all ranks adding over 12 MiB each at once); collective overhead in a step {:.2} us; in-process AllReduce fitted to the ring: back-to-back (used) alpha={:.2} us beta={:.2} GB/s; arrivals staggered by {} us/rank alpha={:.2} us beta={:.2} GB/s",
             m.flops / 1e9,
             m.memory_bandwidth / 1e9,
             overhead * 1e6,
