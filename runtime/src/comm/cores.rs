@@ -15,7 +15,7 @@
 //! Both the shared-memory collectives between processes and the in-process world of threads
 //! use this (Linux calls: `sched_getcpu`, `sched_setaffinity`).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// A core number no core has.
@@ -82,6 +82,36 @@ impl CoreMoves {
     /// How many times the thread moved.
     pub fn count(&self) -> u64 {
         self.moves.load(Ordering::Relaxed)
+    }
+
+    /// A waiter's side of it all: publishes the calling thread's core in `own` (written only
+    /// when it changed, so that readers' copies stay valid); if `peer_here(core)` says a rank
+    /// it waits for last ran on that core, moves off it ([`CoreMoves::move_off`], away from
+    /// the cores in `others`, announcing the target in `own`). Returns whether the waiter
+    /// still shares its core: it should then yield rather than spin.
+    pub fn still_shared(
+        &self,
+        own: &AtomicU32,
+        peer_here: impl FnOnce(u32) -> bool,
+        others: impl Iterator<Item = u32> + Clone,
+    ) -> bool {
+        let cpu = current_cpu();
+        if own.load(Ordering::Relaxed) != cpu {
+            own.store(cpu, Ordering::Relaxed);
+        }
+        if cpu == NO_CPU || !peer_here(cpu) {
+            return false;
+        }
+        match self.move_off(cpu, others, |target| own.store(target, Ordering::SeqCst)) {
+            Some(now) => {
+                own.store(now, Ordering::Relaxed);
+                false
+            }
+            None => {
+                own.store(cpu, Ordering::Relaxed);
+                true
+            }
+        }
     }
 
     /// Moves the calling thread from core `here` to an allowed core that no core in `taken`

@@ -13,8 +13,8 @@
 
 use super::tensor_ops::{concat_axis, reduce_in_order, split_axis};
 use super::{
-    arguments, assign, check_group, current_cpu, Collective, CommError, Communicator, CoreMoves,
-    WaitPolicy, NO_CPU,
+    arguments, assign, check_group, Collective, CommError, Communicator, CoreMoves, WaitPolicy,
+    NO_CPU,
 };
 use crate::tensor::{Data, Tensor};
 use shardc_ir::{ReduceOp, TensorType};
@@ -185,36 +185,20 @@ impl InProcessComm {
     /// could not leave: a waiter then yields instead of spinning.
     fn shares_core(&self, group: &[usize]) -> bool {
         let cpus = &self.shared.cpus;
-        let cpu = current_cpu();
-        let own = &cpus[self.rank];
-        if own.load(Ordering::Relaxed) != cpu {
-            own.store(cpu, Ordering::Relaxed);
-        }
-        if cpu == NO_CPU
-            || !group
-                .iter()
-                .any(|&r| r != self.rank && cpus[r].load(Ordering::Relaxed) == cpu)
-        {
-            return false;
-        }
         let others = cpus
             .iter()
             .enumerate()
             .filter(|&(r, _)| r != self.rank)
             .map(|(_, c)| c.load(Ordering::Relaxed));
-        match self
-            .moves
-            .move_off(cpu, others, |target| own.store(target, Ordering::SeqCst))
-        {
-            Some(now) => {
-                own.store(now, Ordering::Relaxed);
-                false
-            }
-            None => {
-                own.store(cpu, Ordering::Relaxed);
-                true
-            }
-        }
+        self.moves.still_shared(
+            &cpus[self.rank],
+            |cpu| {
+                group
+                    .iter()
+                    .any(|&r| r != self.rank && cpus[r].load(Ordering::Relaxed) == cpu)
+            },
+            others,
+        )
     }
 
     /// The time a member waits for the others.

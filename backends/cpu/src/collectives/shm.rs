@@ -36,7 +36,7 @@ use super::futex::{signal, wait_until, WaitPolicy};
 use rustc_hash::FxHashMap;
 use shardc_ir::{DType, ReduceOp};
 use shardc_runtime::comm::{arguments, check_group, Collective, CommError, Communicator};
-use shardc_runtime::comm::{current_cpu, CoreMoves, NO_CPU};
+use shardc_runtime::comm::{CoreMoves, NO_CPU};
 use shardc_runtime::{Data, Tensor};
 use std::fs::OpenOptions;
 use std::os::fd::AsRawFd;
@@ -565,44 +565,20 @@ impl ShmComm {
             .unwrap_or_else(|| unreachable!("rank {rank} is not on this host"))
     }
 
-    /// The core this rank runs on, also published in its segment for waiting peers (only
-    /// written when it changed, so peers' copies of the line stay valid).
-    fn note_cpu(&self) -> u32 {
-        let cpu = current_cpu();
-        let slot = self.seg(self.rank).u32_at(H_CPU);
-        if slot.load(Ordering::Relaxed) != cpu {
-            slot.store(cpu, Ordering::Relaxed);
-        }
-        cpu
-    }
-
     /// Whether one of `peers` last ran on this thread's core, which this thread could not
     /// leave (see [`CoreMoves`]): a waiter then yields instead of spinning.
     fn shares_core(&self, peers: impl Iterator<Item = usize>) -> bool {
-        let cpu = self.note_cpu();
-        if cpu == NO_CPU || !peers.into_iter().any(|r| self.seg(r).cpu() == cpu) {
-            return false;
-        }
         let others = self
             .segs
             .iter()
             .enumerate()
             .filter(|&(r, seg)| r != self.rank && seg.is_some())
             .filter_map(|(_, seg)| seg.as_ref().map(Segment::cpu));
-        let slot = self.seg(self.rank).u32_at(H_CPU);
-        match self
-            .moves
-            .move_off(cpu, others, |target| slot.store(target, Ordering::SeqCst))
-        {
-            Some(_) => {
-                self.note_cpu();
-                false
-            }
-            None => {
-                slot.store(cpu, Ordering::Relaxed);
-                true
-            }
-        }
+        self.moves.still_shared(
+            self.seg(self.rank).u32_at(H_CPU),
+            |cpu| peers.into_iter().any(|r| self.seg(r).cpu() == cpu),
+            others,
+        )
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
