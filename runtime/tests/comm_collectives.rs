@@ -3,7 +3,9 @@
 //! every member; typed errors for bad groups, disagreeing members and missing members.
 
 use shardc_ir::{DType, ReduceOp, TensorType};
-use shardc_runtime::comm::{Collective, CommError, Communicator, InProcessWorld};
+use shardc_runtime::comm::{
+    allowed_cores, restrict_to, Collective, CommError, Communicator, InProcessWorld,
+};
 use shardc_runtime::{Data, Tensor};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -569,5 +571,42 @@ fn throughput_on_eight_ranks() {
     println!(
         "Barrier on {n} ranks: {:.1} us per call",
         start.elapsed().as_secs_f64() * 1e6 / 1000.0
+    );
+}
+
+#[test]
+fn thread_ranks_held_on_one_core_move_apart_and_stay_exact() {
+    let cores = allowed_cores();
+    if cores.len() < 2 {
+        eprintln!("skipped: this test needs two cores it may use, it has {cores:?}");
+        return;
+    }
+    let first = cores[0];
+    // Made on this thread, with its whole mask: a move restores that mask.
+    let comms = InProcessWorld::comms(2, Duration::from_secs(30));
+    let moves: Vec<u64> = std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .iter()
+            .map(|comm| {
+                s.spawn(move || {
+                    // Both ranks held on one core, as if the scheduler had put them there:
+                    // only the communicator's own move can separate them.
+                    assert!(restrict_to(&[first]));
+                    for i in 0..2000 {
+                        let v = (comm.rank() * 1000 + i) as f32;
+                        let mut t = Tensor::from_f32(vec![4], vec![v; 4]).unwrap();
+                        comm.all_reduce(&[0, 1], ReduceOp::Sum, &mut t).unwrap();
+                        let want = (2 * i + 1000) as f32;
+                        assert_eq!(t.as_f32().unwrap(), &[want; 4], "call {i}");
+                    }
+                    comm.core_moves()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(
+        moves.iter().sum::<u64>() >= 1,
+        "neither rank left the shared core: {moves:?}"
     );
 }

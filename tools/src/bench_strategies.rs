@@ -10,9 +10,10 @@
 //!
 //! Each candidate is **predicted** with [`search::predict`] under a [`Machine`] that
 //! describes this run ([`machine_of`]): all ranks are threads of this process, each with one
-//! kernel thread, sharing the host's cores, so a rank's figures are one core's
-//! ([`core_figures`]: shardc's f32 GEMM at n = 256, an add over activation-sized arrays, the
-//! GeLU kernel) times `min(1, cores / ranks)`; the link is the in-process communicator's,
+//! kernel thread, sharing the host's cores, so a rank's FLOP/s are one core's
+//! ([`core_figures`]: shardc's f32 GEMM at n = 256, the GeLU kernel) times
+//! `min(1, cores / ranks)`; its memory bandwidth is measured with every rank adding over a
+//! step-sized working set at once ([`rank_bandwidth`]); the link is the in-process communicator's,
 //! measured here: an f32 AllReduce over all the ranks at 4 KiB and 1 MiB, back to back
 //! (median; a second fit with staggered arrivals is printed for comparison), fitted to the
 //! ring's `t = 2 (p − 1) α + 2 (p − 1) / p · S / β`; the fixed cost of a collective is what
@@ -395,6 +396,25 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// Runs `body(k)` for `k` in `0..p` on a thread each; returns the results in order.
+fn on_threads<T: Send>(p: usize, body: impl Fn(usize) -> Result<T> + Sync) -> Result<Vec<T>> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..p)
+            .map(|k| {
+                let body = &body;
+                s.spawn(move || body(k))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .map_err(|_| anyhow!("a measuring thread panicked"))?
+            })
+            .collect()
+    })
+}
+
 /// Runs `body(rank, group, communicator)` on each of `p` in-process ranks (one thread each,
 /// the group being all of them) and returns their results in rank order.
 fn on_thread_ranks<T: Send>(
@@ -403,24 +423,7 @@ fn on_thread_ranks<T: Send>(
 ) -> Result<Vec<T>> {
     let comms = InProcessWorld::new(p);
     let group: Vec<usize> = (0..p).collect();
-    let per_rank: Vec<Result<T>> = std::thread::scope(|s| {
-        let handles: Vec<_> = comms
-            .into_iter()
-            .enumerate()
-            .map(|(rank, comm)| {
-                let (group, body) = (&group, &body);
-                s.spawn(move || body(rank, group, &*comm))
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .map_err(|_| anyhow!("an AllReduce thread panicked"))?
-            })
-            .collect()
-    });
-    per_rank.into_iter().collect()
+    on_threads(p, |rank| body(rank, &group, &*comms[rank]))
 }
 
 /// Median seconds of one in-process f32 AllReduce of `elems` elements over `p` ranks (each
@@ -484,9 +487,6 @@ pub fn fit_ring(p: usize, small: (f64, f64), large: (f64, f64)) -> LinkCost {
 pub struct CoreFigures {
     /// f32 GEMM FLOP/s at n = 256.
     pub flops: f64,
-    /// Bytes per second a streaming add reads and writes over arrays of 64 Ki elements (the
-    /// size of these models' activations: they stay in the cache between ops).
-    pub bandwidth: f64,
     /// The CPU backend's GeLU kernel on 64 Ki elements, in the cost model's vector FLOP/s
     /// (elements times [`vector_weight`]`(GeLU)` per second).
     pub vector_flops: f64,
@@ -496,23 +496,7 @@ pub struct CoreFigures {
 fn core_figures(quick: bool) -> Result<CoreFigures> {
     let flops = super::shardc_gemm(256, 1, quick)? * 1e9;
     let n = 64 << 10;
-    let reps = if quick { 50 } else { 400 };
-    let a = vec![1.0f32; n];
-    let b = vec![2.0f32; n];
-    let mut c = vec![0.0f32; n];
-    let rates: Vec<f64> = (0..5)
-        .map(|_| {
-            let t = Instant::now();
-            for _ in 0..reps {
-                for ((c, a), b) in c.iter_mut().zip(&a).zip(&b) {
-                    *c = a + b;
-                }
-                std::hint::black_box(&mut c);
-            }
-            (reps * 3 * 4 * n) as f64 / t.elapsed().as_secs_f64().max(1e-9)
-        })
-        .collect();
-    let bandwidth = median(rates);
+    let reps = if quick { 12 } else { 100 };
     let backend = CpuBackend::with_threads(1);
     let node = Node::new(OpKind::GeLU, Vec::new());
     let x = Tensor::from_f32(
@@ -523,21 +507,19 @@ fn core_figures(quick: bool) -> Result<CoreFigures> {
     let mut out = [Tensor::from_f32(vec![n], vec![0.0; n])
         .ok_or_else(|| anyhow!("an f32 tensor of {n} elements"))?];
     let ctx = KernelContext { step: 0, rank: 0 };
-    let gelu_reps = reps / 4;
     let mut times = Vec::new();
     for _ in 0..5 {
         let t = Instant::now();
-        for _ in 0..gelu_reps {
+        for _ in 0..reps {
             backend
                 .run(&node, &[Arg::Tensor(&x)], &mut out, &ctx)
                 .map_err(|e| anyhow!("the GeLU kernel: {e}"))?;
         }
-        times.push(t.elapsed().as_secs_f64() / gelu_reps as f64);
+        times.push(t.elapsed().as_secs_f64() / reps as f64);
     }
     let vector_flops = vector_weight(OpKind::GeLU) * n as f64 / median(times).max(1e-12);
     Ok(CoreFigures {
         flops,
-        bandwidth,
         vector_flops,
     })
 }
@@ -621,41 +603,24 @@ pub fn rank_bandwidth(ranks: usize, quick: bool) -> Result<f64> {
     const SETS: usize = 16;
     let rounds = if quick { 8 } else { 40 };
     let barrier = Barrier::new(ranks);
-    let per_rank: Vec<Result<f64>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..ranks)
-            .map(|_| {
-                let barrier = &barrier;
-                s.spawn(move || -> Result<f64> {
-                    let a: Vec<Vec<f32>> = (0..SETS).map(|k| vec![k as f32; N]).collect();
-                    let b: Vec<Vec<f32>> = (0..SETS).map(|k| vec![1.0 + k as f32; N]).collect();
-                    let mut c: Vec<Vec<f32>> = (0..SETS).map(|_| vec![0.0; N]).collect();
-                    barrier.wait();
-                    let t = Instant::now();
-                    for _ in 0..rounds {
-                        for k in 0..SETS {
-                            for ((c, a), b) in c[k].iter_mut().zip(&a[k]).zip(&b[k]) {
-                                *c = a + b;
-                            }
-                            std::hint::black_box(&mut c[k]);
-                        }
-                    }
-                    Ok(t.elapsed().as_secs_f64())
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .map_err(|_| anyhow!("a bandwidth thread panicked"))?
-            })
-            .collect()
-    });
-    let slowest = per_rank
-        .into_iter()
-        .collect::<Result<Vec<f64>>>()?
-        .into_iter()
-        .fold(0.0, f64::max);
+    let slowest = on_threads(ranks, |_| {
+        let a: Vec<Vec<f32>> = (0..SETS).map(|k| vec![k as f32; N]).collect();
+        let b: Vec<Vec<f32>> = (0..SETS).map(|k| vec![1.0 + k as f32; N]).collect();
+        let mut c: Vec<Vec<f32>> = (0..SETS).map(|_| vec![0.0; N]).collect();
+        barrier.wait();
+        let t = Instant::now();
+        for _ in 0..rounds {
+            for k in 0..SETS {
+                for ((c, a), b) in c[k].iter_mut().zip(&a[k]).zip(&b[k]) {
+                    *c = a + b;
+                }
+                std::hint::black_box(&mut c[k]);
+            }
+        }
+        Ok(t.elapsed().as_secs_f64())
+    })?
+    .into_iter()
+    .fold(0.0, f64::max);
     Ok((rounds * SETS * 3 * 4 * N) as f64 / slowest.max(1e-9))
 }
 
@@ -1011,9 +976,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let core = core_figures(args.quick)?;
     println!(
-        "strategies machine: {cores} cores; one core {:.1} GFLOP/s (f32 GEMM n=256), {:.1} GB/s (add over one array of 64 Ki elements), {:.1} vector GFLOP/s (GeLU kernel); a rank gets min(1, {cores}/ranks) of the FLOP/s",
+        "strategies machine: {cores} cores; one core {:.1} GFLOP/s (f32 GEMM n=256), {:.1} vector GFLOP/s (GeLU kernel); a rank gets min(1, {cores}/ranks) of both",
         core.flops / 1e9,
-        core.bandwidth / 1e9,
         core.vector_flops / 1e9
     );
     let mut machines = Vec::new();

@@ -6,7 +6,7 @@
 use shardc_backend_cpu::collectives::shm::{segment_files, ShmComm, ShmSetup};
 use shardc_backend_cpu::collectives::{CommSetup, Peer, ProcessComm};
 use shardc_ir::{DType, ReduceOp};
-use shardc_runtime::comm::{CommError, Communicator, InProcessWorld};
+use shardc_runtime::comm::{allowed_cores, restrict_to, CommError, Communicator, InProcessWorld};
 use shardc_runtime::{Data, Tensor};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -649,37 +649,6 @@ fn process_comm_two_hosts_of_two() {
     run_process_world(T, &["a", "a", "b", "b"], Duration::from_secs(300));
 }
 
-/// Restricts the calling thread to `cores` (ids below CPU_SETSIZE).
-fn pin(cores: &[usize]) {
-    // SAFETY: an all-zero cpu_set_t is an empty set; ids are below CPU_SETSIZE; pid 0 is the
-    // calling thread.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        for &c in cores {
-            libc::CPU_SET(c, &mut set);
-        }
-        assert_eq!(
-            libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set),
-            0
-        );
-    }
-}
-
-/// The cores the calling thread may run on.
-fn allowed_cores() -> Vec<usize> {
-    // SAFETY: as in `pin`.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        assert_eq!(
-            libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set),
-            0
-        );
-        (0..libc::CPU_SETSIZE as usize)
-            .filter(|&c| libc::CPU_ISSET(c, &set))
-            .collect()
-    }
-}
-
 #[test]
 fn ranks_held_on_one_core_move_apart_and_stay_exact() {
     let cores = allowed_cores();
@@ -697,7 +666,7 @@ fn ranks_held_on_one_core_move_apart_and_stay_exact() {
                 // Both threads held on one core, as if the scheduler had put them there and
                 // left them: only the communicator's own move can separate them (it restores
                 // the mask the communicator was made with).
-                pin(&[first]);
+                assert!(restrict_to(&[first]));
                 for i in 0..2000u64 {
                     let mut t = data(i, rank, &[1024], DType::Float32);
                     comm.all_reduce(&[0, 1], ReduceOp::Sum, &mut t).unwrap();

@@ -33,6 +33,51 @@ pub fn current_cpu() -> u32 {
     u32::try_from(cpu).unwrap_or(NO_CPU)
 }
 
+/// The calling thread's affinity mask, if the system tells.
+fn affinity() -> Option<libc::cpu_set_t> {
+    // SAFETY: an all-zero cpu_set_t is a valid, empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid, writable cpu_set_t of the size passed; pid 0 is the calling
+    // thread.
+    let ok = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) } == 0;
+    ok.then_some(set)
+}
+
+/// The cores in `set`, ascending.
+fn cores_of(set: &libc::cpu_set_t) -> Vec<u32> {
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: `c` is below CPU_SETSIZE.
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, set) })
+        .map(|c| c as u32)
+        .collect()
+}
+
+/// Sets the calling thread's affinity mask; returns whether the system accepted it.
+fn set_affinity(set: &libc::cpu_set_t) -> bool {
+    // SAFETY: a valid set of the size passed; pid 0 is the calling thread.
+    unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(set), set) == 0 }
+}
+
+/// The cores the calling thread may run on, ascending (empty if the system does not tell).
+pub fn allowed_cores() -> Vec<u32> {
+    affinity().as_ref().map(cores_of).unwrap_or_default()
+}
+
+/// Restricts the calling thread to `cores` (ids at or above `CPU_SETSIZE` are ignored): the
+/// kernel migrates it at once if it runs elsewhere. Returns whether the system accepted it.
+pub fn restrict_to(cores: &[u32]) -> bool {
+    // SAFETY: an all-zero cpu_set_t is a valid, empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in cores
+        .iter()
+        .filter(|&&c| (c as usize) < libc::CPU_SETSIZE as usize)
+    {
+        // SAFETY: `c` is below CPU_SETSIZE.
+        unsafe { libc::CPU_SET(c as usize, &mut set) };
+    }
+    set_affinity(&set)
+}
+
 /// The cores a thread may run on (its affinity mask when the communicator was made), and
 /// when it last moved.
 #[derive(Debug)]
@@ -57,22 +102,10 @@ impl Default for CoreMoves {
 impl CoreMoves {
     /// Reads the calling thread's affinity mask.
     pub fn new() -> CoreMoves {
-        // SAFETY: an all-zero cpu_set_t is a valid, empty set.
-        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-        // SAFETY: `set` is a valid, writable cpu_set_t of the size passed.
-        let ok = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) } == 0;
-        let allowed = if ok {
-            (0..libc::CPU_SETSIZE as usize)
-                // SAFETY: `c` is below CPU_SETSIZE.
-                .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
-                .map(|c| c as u32)
-                .collect()
-        } else {
-            Vec::new()
-        };
+        let mask = affinity();
         CoreMoves {
-            allowed,
-            mask: ok.then_some(set),
+            allowed: mask.as_ref().map(cores_of).unwrap_or_default(),
+            mask,
             epoch: Instant::now(),
             last_move: AtomicU64::new(u64::MAX),
             moves: AtomicU64::new(0),
@@ -139,15 +172,9 @@ impl CoreMoves {
             .find(|&&c| c != here && !taken.clone().any(|t| t == c))?;
         self.last_move.store(now, Ordering::Relaxed);
         announce(target);
-        // SAFETY: an all-zero cpu_set_t is a valid, empty set; `target` is below CPU_SETSIZE.
-        let mut one: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        unsafe { libc::CPU_SET(target as usize, &mut one) };
-        // SAFETY: valid sets of the size passed; pid 0 is the calling thread.
-        let moved = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&one), &one) } == 0;
+        let moved = restrict_to(&[target]);
         // Restore the full mask whatever happened: the move is a nudge, not a binding.
-        // SAFETY: as above.
-        unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(mask), mask) };
+        set_affinity(mask);
         if moved {
             self.moves.fetch_add(1, Ordering::Relaxed);
         }
@@ -178,7 +205,7 @@ mod tests {
         assert!(moves.allowed.contains(&target));
         assert_eq!(moves.count(), 1);
         // The mask is whole again.
-        assert_eq!(CoreMoves::new().allowed, moves.allowed);
+        assert_eq!(allowed_cores(), moves.allowed);
         // Within the interval it stays put (checked only if this thread got here within it:
         // a loaded host may deschedule it for longer).
         let again = moves.move_off(target, std::iter::once(target), |_| ());

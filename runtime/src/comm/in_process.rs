@@ -288,7 +288,7 @@ impl InProcessComm {
                 drop(state);
                 // A condition variable's wake-up costs tens to hundreds of microseconds: spin
                 // (or yield, when the ranks outnumber the cores) for a while first.
-                self.shared.wait.pass_time_beside(
+                self.shared.wait.pass_time(
                     || signal.ready.load(Ordering::Acquire),
                     || self.shares_core(group),
                 );

@@ -19,7 +19,7 @@ mod in_process;
 pub mod tensor_ops;
 mod wait;
 
-pub use cores::{current_cpu, CoreMoves, NO_CPU};
+pub use cores::{allowed_cores, current_cpu, restrict_to, CoreMoves, NO_CPU};
 pub use in_process::{InProcessComm, InProcessWorld, DEFAULT_TIMEOUT};
 pub use wait::WaitPolicy;
 

@@ -39,17 +39,12 @@ impl WaitPolicy {
     }
 
     /// Spins, then yields, as the policy says, until `ready` holds (`true`) or the policy's
-    /// time is spent (`false`: the caller then sleeps until it is woken).
-    pub fn pass_time(&self, ready: impl FnMut() -> bool) -> bool {
-        self.pass_time_beside(ready, || false)
-    }
-
-    /// As [`WaitPolicy::pass_time`], for a waiter that can tell whether the rank it waits
-    /// for last ran on the waiter's own core (`peer_here`). Spinning then only keeps that
-    /// rank from running: the waiter stops spinning and yields its core instead, for as
-    /// long as it would have spun (at least), so two ranks the scheduler put on one core
-    /// hand it to each other rather than each spinning out its window.
-    pub fn pass_time_beside(
+    /// time is spent (`false`: the caller then sleeps until it is woken). `peer_here` tells
+    /// whether the rank waited for last ran on the waiter's own core: spinning then only
+    /// keeps that rank from running, so the waiter stops spinning and yields its core
+    /// instead, for at least as long as it would have spun, and two ranks the scheduler put
+    /// on one core hand it to each other rather than each spinning out its window.
+    pub fn pass_time(
         &self,
         mut ready: impl FnMut() -> bool,
         mut peer_here: impl FnMut() -> bool,
@@ -138,14 +133,17 @@ mod tests {
     #[test]
     fn passing_time_ends_when_ready_or_when_the_policy_is_spent() {
         let mut calls = 0;
-        assert!(WaitPolicy::for_host(2, 2).pass_time(|| {
-            calls += 1;
-            calls == 50
-        }));
+        assert!(WaitPolicy::for_host(2, 2).pass_time(
+            || {
+                calls += 1;
+                calls == 50
+            },
+            || false
+        ));
         assert_eq!(calls, 50);
         for policy in [WaitPolicy::for_host(2, 2), WaitPolicy::for_host(8, 2)] {
             let t0 = Instant::now();
-            assert!(!policy.pass_time(|| false));
+            assert!(!policy.pass_time(|| false, || false));
             let spent = t0.elapsed();
             assert!(
                 spent >= policy.spin + policy.yielding,

@@ -64,7 +64,7 @@ pub(crate) fn signal(word: &AtomicU32, sleepers: &AtomicU32) {
 /// Waits until `cond` holds, at most `timeout`, as `policy` says; returns whether it holds.
 /// `cond` must become true only after a [`signal`] on (`word`, `sleepers`) by the side that
 /// makes it true. `peer_here` tells whether the process that makes it true last ran on this
-/// core (see [`WaitPolicy::pass_time_beside`]).
+/// core (see [`WaitPolicy::pass_time`]).
 pub(crate) fn wait_until(
     word: &AtomicU32,
     sleepers: &AtomicU32,
@@ -73,7 +73,7 @@ pub(crate) fn wait_until(
     mut cond: impl FnMut() -> bool,
     peer_here: impl FnMut() -> bool,
 ) -> bool {
-    if policy.pass_time_beside(&mut cond, peer_here) {
+    if policy.pass_time(&mut cond, peer_here) {
         return true;
     }
     let start = Instant::now();
