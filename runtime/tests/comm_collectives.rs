@@ -610,3 +610,53 @@ fn thread_ranks_held_on_one_core_move_apart_and_stay_exact() {
         "neither rank left the shared core: {moves:?}"
     );
 }
+
+#[test]
+fn oversubscribed_thread_ranks_settle_evenly_on_the_cores() {
+    let cores = allowed_cores();
+    if cores.is_empty() {
+        eprintln!("skipped: the system does not tell which cores this test may use");
+        return;
+    }
+    // Twice as many ranks as cores: each core is home to two of them.
+    let size = 2 * cores.len();
+    let group: Vec<usize> = (0..size).collect();
+    let comms = InProcessWorld::comms(size, Duration::from_secs(30));
+    let placed: Vec<(usize, Vec<u32>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .iter()
+            .map(|comm| {
+                let (group, cores) = (&group, &cores);
+                s.spawn(move || {
+                    let before = allowed_cores();
+                    for i in 0..50 {
+                        let mut t =
+                            Tensor::from_f32(vec![2], vec![(comm.rank() + i) as f32; 2]).unwrap();
+                        comm.all_reduce(group, ReduceOp::Sum, &mut t).unwrap();
+                        let want = (size * (size - 1) / 2 + size * i) as f32;
+                        assert_eq!(t.as_f32().unwrap(), &[want; 2], "call {i}");
+                    }
+                    assert_eq!(&before, cores, "a new thread starts unbound");
+                    (comm.rank(), allowed_cores())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (rank, allowed) in placed {
+        assert_eq!(
+            allowed,
+            vec![cores[rank % cores.len()]],
+            "rank {rank} of {size} on {cores:?}"
+        );
+    }
+    // A world with a core per rank binds nothing.
+    let comms = InProcessWorld::comms(1, Duration::from_secs(30));
+    let mut t = Tensor::from_f32(vec![1], vec![1.0]).unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            comms[0].all_reduce(&[0], ReduceOp::Sum, &mut t).unwrap();
+            assert_eq!(allowed_cores(), cores);
+        });
+    });
+}

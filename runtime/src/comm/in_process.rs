@@ -121,7 +121,7 @@ impl InProcessWorld {
                 rank,
                 shared: shared.clone(),
                 seq: Mutex::new(HashMap::new()),
-                moves: CoreMoves::new(),
+                moves: CoreMoves::for_rank(rank, size),
             })
             .collect()
     }
@@ -133,7 +133,8 @@ pub struct InProcessComm {
     shared: Arc<Shared>,
     /// Per group: the sequence number of this rank's next call on it.
     seq: Mutex<HashMap<Vec<usize>, u64>>,
-    /// Moves this rank's thread off a core another rank's thread last ran on.
+    /// Moves this rank's thread off a core another rank's thread last ran on; or, with more
+    /// ranks than cores, keeps it on its home core.
     moves: CoreMoves,
 }
 
@@ -235,6 +236,7 @@ impl InProcessComm {
         combine: impl FnOnce(Vec<Tensor>) -> Result<Vec<Tensor>, CommError>,
     ) -> Result<(Outcome, usize), CommError> {
         check_group(collective, group, self.rank, self.shared.size)?;
+        self.moves.settle();
         let me = group.iter().position(|&r| r == self.rank).unwrap_or(0);
         let n = group.len();
         let key = (group.to_vec(), self.next_seq(group));
@@ -538,6 +540,7 @@ impl Communicator for InProcessComm {
     fn recv(&self, src: usize, tag: i64, ty: &TensorType) -> Result<Tensor, CommError> {
         let c = Collective::Receive;
         self.check_peer(c, src)?;
+        self.moves.settle();
         let deadline = Instant::now() + self.shared.timeout;
         let key = (src, self.rank, tag);
         let mut state = self.shared.lock();

@@ -283,7 +283,8 @@ pub struct ShmComm {
     timeout: Duration,
     /// How members wait for each other (oversubscribed hosts yield instead of spinning).
     wait: WaitPolicy,
-    /// Moves this rank's thread off a core it shares with a local peer.
+    /// Moves this rank's thread off a core it shares with a local peer; or, with more local
+    /// ranks than cores, keeps it on its home core.
     moves: CoreMoves,
     /// Per rank: its segment, for the ranks on this host.
     segs: Vec<Option<Segment>>,
@@ -525,7 +526,10 @@ impl ShmComm {
             size: setup.size,
             timeout: setup.timeout,
             wait,
-            moves: CoreMoves::new(),
+            moves: CoreMoves::for_rank(
+                local.iter().position(|&r| r == setup.rank).unwrap_or(0),
+                local.len(),
+            ),
             segs,
             box_bytes,
             state: Mutex::new(State {
@@ -607,6 +611,7 @@ impl ShmComm {
                 ),
             });
         }
+        self.moves.settle();
         let me = group.iter().position(|&r| r == self.rank).unwrap_or(0);
         let mut st = self.lock();
         let seq = {
