@@ -11,7 +11,7 @@
 //! that call also gets. Point-to-point messages go through FIFO
 //! mailboxes keyed by (source, destination, tag); `send` never blocks.
 
-use super::tensor_ops::{concat_axis, reduce_in_order, split_axis};
+use super::tensor_ops::{concat_axis, part_axis, reduce_in_order, reduce_part_in_order};
 use super::{
     arguments, assign, check_group, Collective, CommError, Communicator, CoreMoves, WaitPolicy,
     NO_CPU,
@@ -428,14 +428,7 @@ impl Communicator for InProcessComm {
                 check_axis(c, group, rank, &inputs[0], axis, "axis")?;
                 Ok(inputs)
             })?;
-        let parts: Vec<&Tensor> = (0..group.len())
-            .map(|k| {
-                part(&outcome, k).ok_or_else(|| {
-                    self.invalid(c, group, format!("internal: no input of member {k}"))
-                })
-            })
-            .collect::<Result<_, _>>()?;
-        Ok(concat_axis(&parts, axis))
+        Ok(concat_axis(&inputs_of(self, c, group, &outcome)?, axis))
     }
 
     fn reduce_scatter(
@@ -447,7 +440,6 @@ impl Communicator for InProcessComm {
     ) -> Result<Tensor, CommError> {
         let c = Collective::ReduceScatter;
         let rank = self.rank;
-        let n = group.len();
         let (outcome, me) = self.collective(
             c,
             group,
@@ -458,11 +450,14 @@ impl Communicator for InProcessComm {
                 check_reducible(c, group, rank, &inputs[0])?;
                 check_axis(c, group, rank, &inputs[0], axis, "axis")?;
                 check_divides(c, group, rank, &inputs[0], axis, "axis")?;
-                let reduced = reduce_in_order(inputs, op);
-                Ok(split_axis(&reduced, axis, n))
+                Ok(inputs)
             },
         )?;
-        take(self, c, group, &outcome, me)
+        // The last member to arrive only checks; every member then reduces its own part of
+        // the shared inputs, in member order, in parallel (a serial reduction of the whole
+        // tensor by the last member cost as much as an AllReduce).
+        let inputs = inputs_of(self, c, group, &outcome)?;
+        Ok(reduce_part_in_order(&inputs, axis, group.len(), me, op))
     }
 
     fn all_to_all(
@@ -474,7 +469,6 @@ impl Communicator for InProcessComm {
     ) -> Result<Tensor, CommError> {
         let c = Collective::AllToAll;
         let rank = self.rank;
-        let n = group.len();
         let (outcome, me) = self.collective(
             c,
             group,
@@ -485,17 +479,16 @@ impl Communicator for InProcessComm {
                 check_axis(c, group, rank, &inputs[0], split_dim, "split_dim")?;
                 check_axis(c, group, rank, &inputs[0], concat_dim, "concat_dim")?;
                 check_divides(c, group, rank, &inputs[0], split_dim, "split_dim")?;
-                let parts: Vec<Vec<Tensor>> =
-                    inputs.iter().map(|t| split_axis(t, split_dim, n)).collect();
-                Ok((0..n)
-                    .map(|j| {
-                        let refs: Vec<&Tensor> = parts.iter().map(|p| &p[j]).collect();
-                        concat_axis(&refs, concat_dim)
-                    })
-                    .collect())
+                Ok(inputs)
             },
         )?;
-        take(self, c, group, &outcome, me)
+        // Every member cuts its own part out of each shared input, in parallel.
+        let parts: Vec<Tensor> = inputs_of(self, c, group, &outcome)?
+            .into_iter()
+            .map(|t| part_axis(t, split_dim, group.len(), me))
+            .collect();
+        let refs: Vec<&Tensor> = parts.iter().collect();
+        Ok(concat_axis(&refs, concat_dim))
     }
 
     fn broadcast(
@@ -646,17 +639,20 @@ fn invalid_if(
     }
 }
 
-/// A copy of tensor `k` of the outcome.
-fn take(
+/// Every member's input, in member order, from a successful outcome that holds the inputs
+/// (the collectives whose members compute their own results from them, in parallel).
+fn inputs_of<'a>(
     comm: &InProcessComm,
     c: Collective,
     group: &[usize],
-    outcome: &Outcome,
-    k: usize,
-) -> Result<Tensor, CommError> {
-    part(outcome, k)
-        .cloned()
-        .ok_or_else(|| comm.invalid(c, group, format!("internal: no result for member {k}")))
+    outcome: &'a Outcome,
+) -> Result<Vec<&'a Tensor>, CommError> {
+    (0..group.len())
+        .map(|k| {
+            part(outcome, k)
+                .ok_or_else(|| comm.invalid(c, group, format!("internal: no input of member {k}")))
+        })
+        .collect()
 }
 
 /// Copies tensor `k` of the outcome into `dst`.

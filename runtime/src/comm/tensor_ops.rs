@@ -13,54 +13,42 @@ fn around(shape: &[usize], axis: usize) -> (usize, usize, usize) {
     (outer, shape[axis], inner)
 }
 
-fn split_vec<T: Copy>(
+/// Part `k` of `parts` equal parts along the middle dim of the row-major view
+/// `[outer, dim, inner]` of `v`.
+fn part_vec<T: Copy>(
     v: &[T],
     outer: usize,
     dim: usize,
     inner: usize,
     parts: usize,
-) -> Vec<Vec<T>> {
+    k: usize,
+) -> Vec<T> {
     let part = dim / parts;
     let row = dim * inner;
-    (0..parts)
-        .map(|k| {
-            let mut out = Vec::with_capacity(outer * part * inner);
-            for o in 0..outer {
-                let start = o * row + k * part * inner;
-                out.extend_from_slice(&v[start..start + part * inner]);
-            }
-            out
-        })
-        .collect()
+    let mut out = Vec::with_capacity(outer * part * inner);
+    for o in 0..outer {
+        let start = o * row + k * part * inner;
+        out.extend_from_slice(&v[start..start + part * inner]);
+    }
+    out
 }
 
-/// Splits `t` along `axis` into `parts` equal parts (`parts` divides the dim; checked by the
-/// caller).
-pub fn split_axis(t: &Tensor, axis: usize, parts: usize) -> Vec<Tensor> {
+/// Part `k` of `t` split along `axis` into `parts` equal parts (`parts` divides the dim and
+/// `k < parts`; checked by the caller).
+pub fn part_axis(t: &Tensor, axis: usize, parts: usize, k: usize) -> Tensor {
     let (outer, dim, inner) = around(&t.shape, axis);
     let mut shape = t.shape.clone();
     shape[axis] = dim / parts;
-    let mut out: Vec<Tensor> = Vec::with_capacity(parts);
-    macro_rules! go {
-        ($variant:ident, $v:expr) => {
-            for p in split_vec($v, outer, dim, inner, parts) {
-                out.push(Tensor {
-                    shape: shape.clone(),
-                    data: Data::$variant(p),
-                });
-            }
-        };
-    }
-    match &t.data {
-        Data::F32(v) => go!(F32, v),
-        Data::F64(v) => go!(F64, v),
-        Data::F16(v) => go!(F16, v),
-        Data::BF16(v) => go!(BF16, v),
-        Data::I32(v) => go!(I32, v),
-        Data::I64(v) => go!(I64, v),
-        Data::Bool(v) => go!(Bool, v),
-    }
-    out
+    let data = match &t.data {
+        Data::F32(v) => Data::F32(part_vec(v, outer, dim, inner, parts, k)),
+        Data::F64(v) => Data::F64(part_vec(v, outer, dim, inner, parts, k)),
+        Data::F16(v) => Data::F16(part_vec(v, outer, dim, inner, parts, k)),
+        Data::BF16(v) => Data::BF16(part_vec(v, outer, dim, inner, parts, k)),
+        Data::I32(v) => Data::I32(part_vec(v, outer, dim, inner, parts, k)),
+        Data::I64(v) => Data::I64(part_vec(v, outer, dim, inner, parts, k)),
+        Data::Bool(v) => Data::Bool(part_vec(v, outer, dim, inner, parts, k)),
+    };
+    Tensor { shape, data }
 }
 
 /// Concatenates tensors of one shape and dtype along `axis`, in order (checked by the
@@ -151,6 +139,40 @@ pub fn reduce_in_order(ts: Vec<Tensor>, op: ReduceOp) -> Tensor {
     acc
 }
 
+/// Part `k` of `parts` along `axis` of the reduction of `ts` with `op`, left to right, read
+/// straight from each tensor's part (no copy of the parts; the same arithmetic as reducing
+/// the whole tensors with [`reduce_in_order`] and then cutting part `k`). Checked by the
+/// caller: one shape and a [`reducible`] dtype, `parts` divides the dim; `ts` is not empty.
+pub fn reduce_part_in_order(
+    ts: &[&Tensor],
+    axis: usize,
+    parts: usize,
+    k: usize,
+    op: ReduceOp,
+) -> Tensor {
+    let Some(first) = ts.first() else {
+        return Tensor::scalar_f32(0.0);
+    };
+    let (outer, dim, inner) = around(&first.shape, axis);
+    let len = dim / parts * inner;
+    let row = dim * inner;
+    let mut acc = part_axis(first, axis, parts, k);
+    for t in &ts[1..] {
+        for o in 0..outer {
+            let (dst, src) = (o * len..(o + 1) * len, o * row + k * len);
+            let src = src..src + len;
+            match (&mut acc.data, &t.data) {
+                (Data::F32(a), Data::F32(b)) => reduce_vec(&mut a[dst], &b[src], op),
+                (Data::F64(a), Data::F64(b)) => reduce_vec(&mut a[dst], &b[src], op),
+                (Data::I32(a), Data::I32(b)) => reduce_vec_int(&mut a[dst], &b[src], op),
+                (Data::I64(a), Data::I64(b)) => reduce_vec_int(&mut a[dst], &b[src], op),
+                _ => {}
+            }
+        }
+    }
+    acc
+}
+
 /// Integer reduction with wrapping arithmetic (no overflow panic in debug builds).
 fn reduce_vec_int<T: Copy + Ord + WrappingArith>(acc: &mut [T], x: &[T], op: ReduceOp) {
     match op {
@@ -233,7 +255,10 @@ mod tests {
     }
 
     #[test]
-    fn split_and_concat_are_inverse() {
+    fn parts_and_concat_are_inverse() {
+        let split_axis = |x: &Tensor, axis, n| -> Vec<Tensor> {
+            (0..n).map(|k| part_axis(x, axis, n, k)).collect()
+        };
         let x = t(&[2, 4], &[0., 1., 2., 3., 4., 5., 6., 7.]);
         let parts = split_axis(&x, 1, 2);
         assert_eq!(parts[0], t(&[2, 2], &[0., 1., 4., 5.]));
@@ -244,6 +269,23 @@ mod tests {
         assert_eq!(rows[1], t(&[1, 4], &[4., 5., 6., 7.]));
         let refs: Vec<&Tensor> = rows.iter().collect();
         assert_eq!(concat_axis(&refs, 0), x);
+    }
+
+    #[test]
+    fn a_part_of_the_reduction_is_the_reduction_of_the_parts() {
+        let a = t(&[2, 4], &[0., 1., 2., 3., 4., 5., 6., 7.]);
+        let b = t(&[2, 4], &[10., 20., 30., 40., 50., 60., 70., 80.]);
+        let c = t(&[2, 4], &[0.5, 0.25, 0.125, 1., 2., 4., 8., 16.]);
+        let whole = reduce_in_order(vec![a.clone(), b.clone(), c.clone()], ReduceOp::Sum);
+        for (axis, n) in [(0, 2), (1, 2), (1, 4)] {
+            for k in 0..n {
+                assert_eq!(
+                    reduce_part_in_order(&[&a, &b, &c], axis, n, k, ReduceOp::Sum),
+                    part_axis(&whole, axis, n, k),
+                    "axis {axis}, part {k} of {n}"
+                );
+            }
+        }
     }
 
     #[test]
