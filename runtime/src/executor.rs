@@ -19,7 +19,11 @@
 //! gradient bucket (`fusion: k`, k > 0, written by `passes::grad_fusion`) are packed, as their
 //! inputs appear, into one flat buffer per bucket; when the last member is packed, ONE
 //! AllReduce of the flat buffer is submitted and compute goes on. The first node that reads a
-//! member's result waits for that bucket (and only then) and unpacks the member. Packing does
+//! member's result waits for that bucket (and only then) and unpacks the member. A bucket that
+//! the last step found with little to hide behind (less than [`INLINE_BUCKET_BELOW`] of
+//! compute between its launch and its first reader, or of its own time) runs on the main
+//! thread instead, when the communication thread is idle: the hand-off would cost more than
+//! the overlap wins. Packing does
 //! not change the per-element reduction order, so the results are bit-identical to unfused
 //! AllReduces. [`ExecStats::gradient_comm`] records the buckets' communication time and how
 //! much of it the main thread spent waiting.
@@ -37,7 +41,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod comm_thread;
-use comm_thread::{CommThread, Job};
+use comm_thread::{CommThread, Job, Reply};
 
 /// Where an operand's tensor comes from at run time.
 #[derive(Clone, Copy, Debug)]
@@ -113,6 +117,33 @@ struct BucketRt {
     flat: Option<Tensor>,
     /// The ticket of the bucket's AllReduce while it is in flight.
     ticket: Option<u64>,
+    /// The reply of an AllReduce the main thread ran at the launch, kept for the first
+    /// reader (which takes it as it would take the communication thread's, errors included).
+    done: Option<Reply>,
+    /// When this step's AllReduce was launched (until its first reader comes).
+    launched: Option<Instant>,
+    /// The last step's time from the launch to the first reader (the compute the AllReduce
+    /// can hide behind) and the AllReduce's own time: see [`INLINE_BUCKET_BELOW`].
+    last_window: Option<Duration>,
+    last_comm: Option<Duration>,
+}
+
+/// A bucket whose AllReduce could hide behind less than this (the last step's compute
+/// between its launch and its first reader, or its own time, whichever is less) runs on the
+/// main thread when the communication thread is idle: handing it over costs a wake-up of
+/// the communication thread and one of the main thread at the reader, each tens of
+/// microseconds when the thread slept (measured: 8-13 us waited per step for buckets of
+/// 8-12 us on the quickstart net, 2 ranks), more than the overlap can win back.
+const INLINE_BUCKET_BELOW: Duration = Duration::from_micros(50);
+
+impl BucketRt {
+    /// Whether the last step said that overlapping this bucket does not pay.
+    fn better_inline(&self) -> bool {
+        match (self.last_window, self.last_comm) {
+            (Some(w), Some(c)) => w.min(c) < INLINE_BUCKET_BELOW,
+            _ => false,
+        }
+    }
 }
 
 /// A communication node's call, its attributes resolved (groups sorted, axes normalised).
@@ -913,7 +944,8 @@ impl Executor {
         result
     }
 
-    /// Takes back every bucket still with the communication thread.
+    /// Takes back every bucket still with the communication thread (or run on the main thread
+    /// and not yet read).
     fn drain(&mut self) {
         let mut tickets: Vec<(u64, usize)> = self
             .buckets
@@ -926,6 +958,12 @@ impl Executor {
             if let Some(r) = self.comm_thread.as_mut().and_then(|c| c.wait(t)) {
                 self.buckets[b].flat = Some(r.dst);
             }
+        }
+        for bk in &mut self.buckets {
+            if let Some(r) = bk.done.take() {
+                bk.flat = Some(r.dst);
+            }
+            bk.launched = None;
         }
         self.unpacked.fill(false);
     }
@@ -1170,17 +1208,34 @@ impl Executor {
                             op: bk.op,
                             flat,
                         };
-                        match thread.submit(job) {
-                            Ok(ticket) => bk.ticket = Some(ticket),
-                            Err(job) => {
-                                if let Job::Bucket { flat, .. } = *job {
-                                    bk.flat = Some(flat);
+                        let job = if bk.better_inline() {
+                            match thread.run_if_idle(job) {
+                                Ok(reply) => {
+                                    // The main thread ran it: all of it is waited for.
+                                    bucket_time.wait += reply.elapsed;
+                                    buckets[mem.bucket].done = Some(reply);
+                                    None
                                 }
-                                return Err(graph_error(
-                                    "the communication thread has ended".into(),
-                                ));
+                                Err(job) => Some(job),
+                            }
+                        } else {
+                            Some(job)
+                        };
+                        let bk = &mut buckets[mem.bucket];
+                        if let Some(job) = job {
+                            match thread.submit(job) {
+                                Ok(ticket) => bk.ticket = Some(ticket),
+                                Err(job) => {
+                                    if let Job::Bucket { flat, .. } = *job {
+                                        bk.flat = Some(flat);
+                                    }
+                                    return Err(graph_error(
+                                        "the communication thread has ended".into(),
+                                    ));
+                                }
                             }
                         }
+                        bk.launched = Some(Instant::now());
                     }
                     let entry = stats.per_op.entry(node.op).or_default();
                     entry.count += 1;
@@ -1406,7 +1461,9 @@ struct BucketTime {
     wait: Duration,
 }
 
-/// Waits for bucket `b` if it is in flight (timing the wait); errors name `node`.
+/// Waits for bucket `b` if it is in flight (timing the wait); errors name `node`. The first
+/// call after the bucket's launch also records how long the compute since the launch took
+/// (see [`INLINE_BUCKET_BELOW`]).
 fn wait_bucket(
     b: usize,
     node: usize,
@@ -1416,13 +1473,18 @@ fn wait_bucket(
     time: &mut BucketTime,
 ) -> Result<(), RuntimeError> {
     let bk = &mut buckets[b];
+    let t0 = Instant::now();
+    if let Some(launched) = bk.launched.take() {
+        bk.last_window = Some(t0 - launched);
+    }
+    if let Some(reply) = bk.done.take() {
+        return finish_bucket(b, node, graph, buckets, reply, time);
+    }
     let Some(ticket) = bk.ticket.take() else {
         return Ok(());
     };
-    let t0 = Instant::now();
     let reply = comm_thread.as_mut().and_then(|c| c.wait(ticket));
     time.wait += t0.elapsed();
-    let n = &graph.nodes[node];
     let Some(reply) = reply else {
         return Err(RuntimeError::Graph {
             graph: graph.name.clone(),
@@ -1433,7 +1495,22 @@ fn wait_bucket(
             ),
         });
     };
+    finish_bucket(b, node, graph, buckets, reply, time)
+}
+
+/// Takes bucket `b`'s AllReduce back from `reply` (its buffer, its time); errors name `node`.
+fn finish_bucket(
+    b: usize,
+    node: usize,
+    graph: &Graph,
+    buckets: &mut [BucketRt],
+    reply: Reply,
+    time: &mut BucketTime,
+) -> Result<(), RuntimeError> {
+    let bk = &mut buckets[b];
+    let n = &graph.nodes[node];
     time.comm += reply.elapsed;
+    bk.last_comm = Some(reply.elapsed);
     bk.flat = Some(reply.dst);
     match reply.result {
         Ok(()) => Ok(()),
@@ -1571,6 +1648,10 @@ fn plan_buckets(
                     last: i,
                     flat: None,
                     ticket: None,
+                    done: None,
+                    launched: None,
+                    last_window: None,
+                    last_comm: None,
                 });
                 lens.push(0);
                 dtypes.push(ty.dtype);
@@ -1656,6 +1737,7 @@ fn pty_elems(graph: &Graph, p: usize) -> usize {
 }
 
 /// Why a communication node failed: in the communicator, or before reaching it.
+#[derive(Debug)]
 enum CommFailure {
     Comm(CommError),
     Local(String),

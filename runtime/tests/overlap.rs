@@ -312,16 +312,34 @@ fn a_slow_bucket_overlaps_with_the_compute_after_its_launch() {
 }
 
 #[test]
-fn an_ordinary_collective_runs_on_the_main_thread_when_nothing_is_in_flight() {
-    let runs = run(2, true, Duration::from_millis(1), Duration::ZERO, 2);
+fn collectives_run_on_the_main_thread_when_nothing_is_in_flight_or_to_overlap() {
+    // No work after the bucket's launch: nothing to hide its AllReduce behind.
+    let runs = run(2, true, Duration::from_millis(1), Duration::ZERO, 3);
     for (r, run) in runs.iter().enumerate() {
         let threads = run.comm.threads.lock().unwrap().clone();
         // Per step: `f` (4 elements, nothing in flight before it), then the bucket (8).
-        assert_eq!(threads.len(), 4, "rank {r}: {threads:?}");
-        for (len, name) in &threads {
-            let on_comm_thread = name.starts_with("shardc-comm-");
-            assert_eq!(on_comm_thread, *len == 8, "rank {r}: {threads:?}");
-        }
+        assert_eq!(threads.len(), 6, "rank {r}: {threads:?}");
+        let on_comm_thread: Vec<(usize, bool)> = threads
+            .iter()
+            .map(|(len, name)| (*len, name.starts_with("shardc-comm-")))
+            .collect();
+        // The ordinary one always on the main thread; the bucket on the communication
+        // thread in the first step, then, as that step found nothing to overlap it with, on
+        // the main thread.
+        assert_eq!(
+            on_comm_thread,
+            [
+                (4, false),
+                (8, true),
+                (4, false),
+                (8, false),
+                (4, false),
+                (8, false)
+            ],
+            "rank {r}: {threads:?}"
+        );
+        let g = &run.stats.gradient_comm;
+        assert_eq!((g.buckets, g.steps), (1, 3), "rank {r}");
     }
 }
 

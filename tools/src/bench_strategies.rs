@@ -18,11 +18,13 @@
 //! (median; a second fit with staggered arrivals is printed for comparison), fitted to the
 //! ring's `t = 2 (p − 1) α + 2 (p − 1) / p · S / β`; the fixed cost of a collective is what
 //! bringing its members together costs inside a step ([`collective_overhead_seconds`]). The
-//! searchers run under the same machine. Each candidate is then **measured**
-//! ([`measure_steps`]): the per-rank graphs on one thread each, warm-up steps, then timed
-//! steps back to back as training runs them, the step time being the slowest rank's mean; the
-//! candidates take turns over a few rounds (so that a change of load weighs on all alike),
-//! and each reports its best round.
+//! searchers run under this machine, measured once per rank count before the cases. Each
+//! candidate is then **measured** ([`measure_steps`]): the per-rank graphs on one thread each,
+//! warm-up steps, then timed steps back to back as training runs them, the step time being the
+//! slowest rank's mean; the candidates take turns over a few rounds (so that a change of load
+//! weighs on all alike), and each reports its best round. Each round also measures the host
+//! again ([`HostFigures`]), and the predictions use its fastest phase over the rounds: the
+//! host as fast as it was when the candidates' best rounds ran.
 //! `--stats` adds rank 0's measured time per op kind against the predicted compute per op
 //! kind (stderr), the evidence for what the cost model misses.
 //!
@@ -550,10 +552,15 @@ fn busy_work(units: u64) -> u64 {
 
 /// Seconds a collective costs inside a step beyond its messages, on `ranks` in-process ranks
 /// (threads) of this host: every rank does a fixed piece of work, then a one-element
-/// AllReduce, over and over. The time per round, less the work's time on the rank's share of
-/// a core and less the ring's latency (`link`), is the cost of bringing the members together:
-/// about nothing with a core per rank, a scheduling round when the ranks outnumber the cores
-/// (a member that arrives finds the others descheduled and must yield its core to them).
+/// AllReduce with its partner (ranks 2i and 2i + 1; the whole world when it has fewer than
+/// 4 ranks), over and over. The time per round, less the work's time on the rank's share of
+/// a core and less the ring's latency (`link`) over the group, is the cost of bringing the
+/// members together: about nothing with a core per rank, a scheduling round when the ranks
+/// outnumber the cores (a member that arrives finds the others descheduled and must yield its
+/// core to them). That round costs about as much for 2 members as for all: measured with 8
+/// ranks on 2 cores, 8-13 us over the work for groups of 2, 11-14 us for groups of 4 and
+/// 13-22 us for all 8, where the ring's latency says 1, 3 and 7.5 us. Measuring it on pairs
+/// keeps the small groups of 2-D strategies from being priced at a fraction of their cost.
 pub fn collective_overhead_seconds(ranks: usize, link: LinkCost, quick: bool) -> Result<f64> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     // About 8 us of work alone: the order of these models' ops between two collectives. The
@@ -571,7 +578,10 @@ pub fn collective_overhead_seconds(ranks: usize, link: LinkCost, quick: bool) ->
             .collect(),
     );
     let reps = if quick { 50 } else { 200 };
-    let round = on_thread_ranks(ranks, |_, group, comm| {
+    let pairs = ranks >= 4 && ranks % 2 == 0;
+    let round = on_thread_ranks(ranks, |rank, world, comm| {
+        let pair = [rank & !1, rank | 1];
+        let group: &[usize] = if pairs { &pair } else { world };
         let mut t =
             Tensor::from_f32(vec![1], vec![1.0]).ok_or_else(|| anyhow!("a one-element tensor"))?;
         let mut t0 = Instant::now();
@@ -592,7 +602,7 @@ pub fn collective_overhead_seconds(ranks: usize, link: LinkCost, quick: bool) ->
     .into_iter()
     .fold(0.0, f64::max);
     let work = alone * (ranks as f64 / cores as f64).max(1.0);
-    let ring = Machine::all_reduce_seconds(&link, 4.0, ranks);
+    let ring = Machine::all_reduce_seconds(&link, 4.0, if pairs { 2 } else { ranks });
     Ok((round - work - ring).max(0.0))
 }
 
@@ -649,6 +659,72 @@ pub fn machine_of(
         intra_host: link,
         inter_host: link,
         collective_overhead: overhead,
+    }
+}
+
+/// What the bench measures of this host for a number of in-process ranks: the figures of
+/// [`machine_of`].
+#[derive(Clone, Copy, Debug)]
+pub struct HostFigures {
+    /// One core's figures ([`core_figures`]).
+    pub core: CoreFigures,
+    /// A rank's memory bandwidth ([`rank_bandwidth`]).
+    pub bandwidth: f64,
+    /// The in-process link, back to back ([`measure_link`]).
+    pub link: LinkCost,
+    /// The fixed cost of a collective in a step ([`collective_overhead_seconds`]).
+    pub overhead: f64,
+}
+
+impl HostFigures {
+    /// Measures the figures of `ranks` ranks now.
+    pub fn measure(ranks: usize, quick: bool) -> Result<HostFigures> {
+        let core = core_figures(quick)?;
+        let link = measure_link(ranks, quick, std::time::Duration::ZERO)?;
+        let overhead = collective_overhead_seconds(ranks, link, quick)?;
+        let bandwidth = rank_bandwidth(ranks, quick)?;
+        Ok(HostFigures {
+            core,
+            bandwidth,
+            link,
+            overhead,
+        })
+    }
+
+    /// Figure by figure, the faster of two measurements: the host in its fastest phase, as
+    /// each candidate's measured step is its fastest round's.
+    pub fn fastest(self, other: HostFigures) -> HostFigures {
+        HostFigures {
+            core: CoreFigures {
+                flops: self.core.flops.max(other.core.flops),
+                vector_flops: self.core.vector_flops.max(other.core.vector_flops),
+            },
+            bandwidth: self.bandwidth.max(other.bandwidth),
+            link: LinkCost {
+                bandwidth: self.link.bandwidth.max(other.link.bandwidth),
+                latency: self.link.latency.min(other.link.latency),
+            },
+            overhead: self.overhead.min(other.overhead),
+        }
+    }
+
+    /// The machine of `ranks` ranks ([`machine_of`]).
+    pub fn machine(&self, ranks: usize) -> Machine {
+        machine_of(ranks, self.core, self.bandwidth, self.link, self.overhead)
+    }
+
+    /// One line of the figures of `ranks` ranks.
+    pub fn describe(&self, ranks: usize) -> String {
+        let m = self.machine(ranks);
+        format!(
+            "{:.1} GFLOP/s, {:.1} vector GFLOP/s, {:.1} GB/s per rank (all ranks adding over 12 MiB each at once); collective overhead in a step {:.2} us; in-process AllReduce fitted to the ring, back to back: alpha={:.2} us beta={:.2} GB/s",
+            m.flops / 1e9,
+            m.vector_flops / 1e9,
+            m.memory_bandwidth / 1e9,
+            self.overhead * 1e6,
+            self.link.latency * 1e6,
+            self.link.bandwidth / 1e9,
+        )
     }
 }
 
@@ -823,9 +899,13 @@ fn print_stats(c: &StrategyCandidate, stats: &ExecStats) -> Result<()> {
             pt * 1e6
         );
     }
+    let g = &stats.gradient_comm;
     eprintln!(
-        "  step total (rank 0, mean) {:.1} us",
-        stats.total.as_secs_f64() / steps * 1e6
+        "  step total (rank 0, mean) {:.1} us; {} gradient buckets: {:.1} us/step on the communication thread, {:.1} us/step waited for",
+        stats.total.as_secs_f64() / steps * 1e6,
+        g.buckets,
+        g.comm.as_secs_f64() / steps * 1e6,
+        g.wait.as_secs_f64() / steps * 1e6
     );
     Ok(())
 }
@@ -840,6 +920,12 @@ pub struct StepPlan {
     /// Rounds: every candidate is measured once per round, in turn, so that a change of the
     /// machine's load during the case weighs on every candidate alike.
     pub rounds: usize,
+    /// Whether each round also measures the host ([`HostFigures`]) and the predictions use
+    /// its fastest phase over the rounds (else they use the machine the searchers ran
+    /// under). This host's speed drifts by up to 1.5x over seconds, and the cost of a
+    /// collective against a kernel's drifts with it: figures taken minutes before a case
+    /// priced collectives at 17 us where they cost 2-5 us during it.
+    pub host_each_round: bool,
 }
 
 impl StepPlan {
@@ -853,21 +939,25 @@ impl StepPlan {
                 warmup: 5,
                 steps: 30,
                 rounds: 2,
+                host_each_round: true,
             },
             (true, false) => StepPlan {
                 warmup: 10,
                 steps: 100,
                 rounds: 3,
+                host_each_round: true,
             },
             (false, true) => StepPlan {
                 warmup: 2,
                 steps: 5,
                 rounds: 2,
+                host_each_round: true,
             },
             (false, false) => StepPlan {
                 warmup: 3,
                 steps: 12,
                 rounds: 3,
+                host_each_round: true,
             },
         };
         if !quick && ranks > cores {
@@ -904,16 +994,32 @@ pub fn run_case(
     // Per candidate, the mean step of each round.
     let mut times: Vec<Vec<f64>> = vec![Vec::new(); cands.len()];
     let mut stats: Vec<Option<ExecStats>> = vec![None; cands.len()];
+    let mut host: Option<HostFigures> = None;
     for _ in 0..plan.rounds.max(1) {
+        if plan.host_each_round {
+            let now = HostFigures::measure(ranks, false)?;
+            host = Some(host.map_or(now, |h| h.fastest(now)));
+        }
         for (k, c) in cands.iter().enumerate() {
             let (t, s) = measure_steps(c, &data, plan.warmup, plan.steps)?;
             times[k].push(t);
             stats[k] = Some(s);
         }
     }
+    let predict_machine = host.map_or(machine, |h| h.machine(ranks));
+    if let Some(h) = host {
+        println!(
+            "strategies {} ranks={ranks} predicted under the host's fastest phase over {} rounds: {}",
+            model.name,
+            plan.rounds.max(1),
+            h.describe(ranks)
+        );
+    }
     let mut figs = Vec::new();
     for ((c, t), stats) in cands.iter().zip(times).zip(stats) {
-        let predicted = search::predict(&c.compiled.begin, &c.options, &c.compiled.assignment)
+        let mut options = c.options.clone();
+        options.search.machine = predict_machine;
+        let predicted = search::predict(&c.compiled.begin, &options, &c.compiled.assignment)
             .with_context(|| format!("{} ranks={ranks} {}: predicting", model.name, c.name))?;
         // The best round's mean: the machine's speed drifts by up to 1.5x over seconds,
         // and a round that caught a slow phase says nothing about the strategy.
@@ -977,26 +1083,17 @@ pub fn run_case(
 /// stderr).
 pub fn run(args: &BenchArgs) -> Result<()> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let core = core_figures(args.quick)?;
     println!(
-        "strategies machine: {cores} cores; one core {:.1} GFLOP/s (f32 GEMM n=256), {:.1} vector GFLOP/s (GeLU kernel); a rank gets min(1, {cores}/ranks) of both",
-        core.flops / 1e9,
-        core.vector_flops / 1e9
+        "strategies machine: {cores} cores; a rank gets min(1, {cores}/ranks) of one core's f32 GEMM rate (n=256) and vector rate (the GeLU kernel)"
     );
     let mut machines = Vec::new();
     for ranks in RANKS {
-        let link = measure_link(ranks, args.quick, std::time::Duration::ZERO)?;
+        let h = HostFigures::measure(ranks, args.quick)?;
         let staggered = measure_link(ranks, args.quick, STAGGER)?;
-        let overhead = collective_overhead_seconds(ranks, link, args.quick)?;
-        let bandwidth = rank_bandwidth(ranks, args.quick)?;
-        let m = machine_of(ranks, core, bandwidth, link, overhead);
+        let m = h.machine(ranks);
         println!(
-            "strategies machine ranks={ranks}: {:.1} GFLOP/s, {:.1} GB/s per rank (all ranks adding over 12 MiB each at once); collective overhead in a step {:.2} us; in-process AllReduce fitted to the ring: back-to-back (used) alpha={:.2} us beta={:.2} GB/s; arrivals staggered by {} us/rank alpha={:.2} us beta={:.2} GB/s",
-            m.flops / 1e9,
-            m.memory_bandwidth / 1e9,
-            overhead * 1e6,
-            link.latency * 1e6,
-            link.bandwidth / 1e9,
+            "strategies machine ranks={ranks} (the searchers' machine): {}; arrivals staggered by {} us/rank: alpha={:.2} us beta={:.2} GB/s",
+            h.describe(ranks),
             STAGGER.as_micros(),
             staggered.latency * 1e6,
             staggered.bandwidth / 1e9
@@ -1127,6 +1224,7 @@ mod tests {
                 warmup: 1,
                 steps: 2,
                 rounds: 2,
+                host_each_round: false,
             },
             true,
         )

@@ -9,7 +9,8 @@
 //! communicator is still never called from two threads at once (the idle thread waits on its
 //! queue), and an ordinary collective saves the two thread hand-offs (a wake-up of the
 //! communication thread, then one of the main thread, each tens of microseconds when the
-//! thread slept).
+//! thread slept). A gradient bucket with little compute to hide behind may run here the same
+//! way ([`CommThread::run_if_idle`]; the executor decides).
 
 use super::{run_comm, CommCall, CommFailure};
 use crate::comm::Communicator;
@@ -41,6 +42,7 @@ pub(super) enum Job {
 
 /// A finished job: its tensors given back, the outcome and the time spent in the
 /// communicator.
+#[derive(Debug)]
 pub(super) struct Reply {
     /// The operand of a node job.
     pub input: Option<Tensor>,
@@ -98,18 +100,10 @@ impl CommThread {
     /// has no job in flight, else after every earlier job, on the communication thread.
     /// `None` when the thread died (a panic in a communicator).
     pub fn run(&mut self, job: Job) -> Option<Reply> {
-        while self.received < self.next {
-            match self.replies.try_recv() {
-                Ok((t, r)) => {
-                    self.received += 1;
-                    self.stash.insert(t, r);
-                }
-                Err(_) => break,
-            }
-        }
-        if self.received == self.next && self.jobs.is_some() {
-            return Some(execute(&*self.comm, job));
-        }
+        let job = match self.run_if_idle(job) {
+            Ok(reply) => return Some(reply),
+            Err(job) => job,
+        };
         match self.submit(job) {
             Ok(ticket) => self.wait(ticket),
             Err(job) => match *job {
@@ -124,6 +118,31 @@ impl CommThread {
                 Job::Bucket { .. } => None,
             },
         }
+    }
+
+    /// Runs `job` on this thread if the communication thread has no job in flight (see
+    /// [`CommThread::run`]); else gives it back.
+    pub fn run_if_idle(&mut self, job: Job) -> Result<Reply, Job> {
+        if self.idle() {
+            Ok(execute(&*self.comm, job))
+        } else {
+            Err(job)
+        }
+    }
+
+    /// Whether no job is in flight (replies that came in are stashed for their waiters) and
+    /// the thread still takes jobs.
+    fn idle(&mut self) -> bool {
+        while self.received < self.next {
+            match self.replies.try_recv() {
+                Ok((t, r)) => {
+                    self.received += 1;
+                    self.stash.insert(t, r);
+                }
+                Err(_) => break,
+            }
+        }
+        self.received == self.next && self.jobs.is_some()
     }
 
     /// Queues `job`; returns its ticket, or the job back when the thread is gone.
