@@ -1216,7 +1216,7 @@ impl Executor {
                                     buckets[mem.bucket].done = Some(reply);
                                     None
                                 }
-                                Err(job) => Some(job),
+                                Err(job) => Some(*job),
                             }
                         } else {
                             Some(job)

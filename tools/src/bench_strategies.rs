@@ -944,7 +944,7 @@ impl StepPlan {
             (true, false) => StepPlan {
                 warmup: 10,
                 steps: 100,
-                rounds: 3,
+                rounds: 5,
                 host_each_round: true,
             },
             (false, true) => StepPlan {
@@ -955,13 +955,13 @@ impl StepPlan {
             },
             (false, false) => StepPlan {
                 warmup: 3,
-                steps: 12,
-                rounds: 3,
+                steps: 30,
+                rounds: 5,
                 host_each_round: true,
             },
         };
         if !quick && ranks > cores {
-            plan.rounds = 5;
+            plan.rounds = 7;
         }
         plan
     }

@@ -102,7 +102,7 @@ impl CommThread {
     pub fn run(&mut self, job: Job) -> Option<Reply> {
         let job = match self.run_if_idle(job) {
             Ok(reply) => return Some(reply),
-            Err(job) => job,
+            Err(job) => *job,
         };
         match self.submit(job) {
             Ok(ticket) => self.wait(ticket),
@@ -122,11 +122,11 @@ impl CommThread {
 
     /// Runs `job` on this thread if the communication thread has no job in flight (see
     /// [`CommThread::run`]); else gives it back.
-    pub fn run_if_idle(&mut self, job: Job) -> Result<Reply, Job> {
+    pub fn run_if_idle(&mut self, job: Job) -> Result<Reply, Box<Job>> {
         if self.idle() {
             Ok(execute(&*self.comm, job))
         } else {
-            Err(job)
+            Err(Box::new(job))
         }
     }
 
