@@ -643,6 +643,8 @@ fn oversubscribed_thread_ranks_settle_evenly_on_the_cores() {
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
+    // Ranks that take turns with each other's compute: no overlap to win.
+    assert!(comms.iter().all(|c| !c.overlaps_compute(&group)));
     for (rank, allowed) in placed {
         assert_eq!(
             allowed,
@@ -650,8 +652,10 @@ fn oversubscribed_thread_ranks_settle_evenly_on_the_cores() {
             "rank {rank} of {size} on {cores:?}"
         );
     }
-    // A world with a core per rank binds nothing.
+    // A world with a core per rank binds nothing; with a core to spare, collectives
+    // overlap compute.
     let comms = InProcessWorld::comms(1, Duration::from_secs(30));
+    assert_eq!(comms[0].overlaps_compute(&[0]), cores.len() > 1);
     let mut t = Tensor::from_f32(vec![1], vec![1.0]).unwrap();
     std::thread::scope(|s| {
         s.spawn(|| {

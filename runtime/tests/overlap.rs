@@ -30,6 +30,8 @@ struct SlowComm {
     threads: Mutex<Vec<(usize, String)>>,
     in_call: AtomicUsize,
     overlapping: AtomicUsize,
+    /// What `overlaps_compute` answers.
+    overlaps: bool,
 }
 
 impl SlowComm {
@@ -42,6 +44,7 @@ impl SlowComm {
             threads: Mutex::new(Vec::new()),
             in_call: AtomicUsize::new(0),
             overlapping: AtomicUsize::new(0),
+            overlaps: true,
         })
     }
 
@@ -124,6 +127,9 @@ impl Communicator for SlowComm {
     }
     fn barrier(&self, g: &[usize]) -> Result<(), CommError> {
         self.inner.barrier(g)
+    }
+    fn overlaps_compute(&self, _group: &[usize]) -> bool {
+        self.overlaps
     }
 }
 
@@ -218,6 +224,18 @@ struct RankRun {
 }
 
 fn run(n: usize, fusion: bool, delay: Duration, work: Duration, steps: usize) -> Vec<RankRun> {
+    run_with(n, fusion, delay, work, steps, true)
+}
+
+/// As [`run`], the communicator answering `overlaps` to `overlaps_compute`.
+fn run_with(
+    n: usize,
+    fusion: bool,
+    delay: Duration,
+    work: Duration,
+    steps: usize,
+    overlaps: bool,
+) -> Vec<RankRun> {
     let comms = InProcessWorld::with_timeout(n, Duration::from_secs(20));
     std::thread::scope(|s| {
         let hs: Vec<_> = comms
@@ -225,7 +243,8 @@ fn run(n: usize, fusion: bool, delay: Duration, work: Duration, steps: usize) ->
             .map(|c| {
                 s.spawn(move || {
                     let r = c.rank();
-                    let comm = SlowComm::wrap(c, delay, None);
+                    let mut comm = SlowComm::wrap(c, delay, None);
+                    Arc::get_mut(&mut comm).unwrap().overlaps = overlaps;
                     let backend = Arc::new(Recorder {
                         work,
                         log: Mutex::new(Vec::new()),
@@ -340,6 +359,36 @@ fn collectives_run_on_the_main_thread_when_nothing_is_in_flight_or_to_overlap() 
         );
         let g = &run.stats.gradient_comm;
         assert_eq!((g.buckets, g.steps), (1, 3), "rank {r}");
+    }
+}
+
+#[test]
+fn buckets_run_on_the_main_thread_when_the_communicator_cannot_overlap_them() {
+    // Work after the launch to hide behind, but a communicator that would take turns with
+    // it (shared memory with no spare core): every bucket on the main thread, from the first
+    // step, and the same numbers.
+    let work = Duration::from_millis(2);
+    let inline = run_with(2, true, Duration::from_millis(1), work, 2, false);
+    let overlapped = run(2, true, Duration::from_millis(1), work, 2);
+    for r in 0..2 {
+        let threads = inline[r].comm.threads.lock().unwrap().clone();
+        assert_eq!(threads.len(), 4, "rank {r}: {threads:?}");
+        assert!(
+            threads
+                .iter()
+                .all(|(_, name)| !name.starts_with("shardc-comm-")),
+            "rank {r}: {threads:?}"
+        );
+        assert_eq!(inline[r].outputs, overlapped[r].outputs, "rank {r}");
+        // The overlapping run kept its buckets on the communication thread.
+        let threads = overlapped[r].comm.threads.lock().unwrap().clone();
+        assert!(
+            threads
+                .iter()
+                .filter(|(len, _)| *len == 8)
+                .all(|(_, name)| name.starts_with("shardc-comm-")),
+            "rank {r}: {threads:?}"
+        );
     }
 }
 

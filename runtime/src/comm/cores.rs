@@ -103,6 +103,8 @@ pub struct CoreMoves {
     /// With more local ranks than allowed cores: the rank's home core (see
     /// [`CoreMoves::settle`]); it then never moves.
     home: Option<u32>,
+    /// The ranks on this host.
+    local_ranks: usize,
     /// The mask to restore after a move.
     mask: Option<libc::cpu_set_t>,
     epoch: Instant,
@@ -136,6 +138,7 @@ impl CoreMoves {
         CoreMoves {
             allowed,
             home,
+            local_ranks,
             mask,
             epoch: Instant::now(),
             last_move: AtomicU64::new(u64::MAX),
@@ -151,6 +154,12 @@ impl CoreMoves {
     /// The rank's home core, when the local ranks outnumber the cores.
     pub fn home(&self) -> Option<u32> {
         self.home
+    }
+
+    /// Whether the host has a core beyond one per local rank (where a rank's collectives can
+    /// run beside its compute instead of taking turns with it).
+    pub fn spare_core(&self) -> bool {
+        self.allowed.len() > self.local_ranks
     }
 
     /// Call at the start of every collective: with a home core, restricts the calling thread

@@ -572,6 +572,10 @@ impl Communicator for InProcessComm {
         }
     }
 
+    fn overlaps_compute(&self, _group: &[usize]) -> bool {
+        self.moves.spare_core()
+    }
+
     fn barrier(&self, group: &[usize]) -> Result<(), CommError> {
         let empty = Tensor {
             shape: vec![0],

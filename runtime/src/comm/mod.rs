@@ -238,6 +238,16 @@ pub trait Communicator: Send + Sync {
     /// Returns when every member of the group has called `barrier` (at the same position of
     /// the group's sequence).
     fn barrier(&self, group: &[usize]) -> Result<(), CommError>;
+
+    /// Whether a collective of `group` run on a thread of its own overlaps this rank's
+    /// compute rather than taking turns with it: the executor then runs gradient buckets on
+    /// its communication thread (else on the main thread). By default yes (a network or a
+    /// device does the moving); a communicator whose collectives are CPU copies between ranks
+    /// of one host says no when the host has no core to spare beyond one per local rank.
+    fn overlaps_compute(&self, group: &[usize]) -> bool {
+        let _ = group;
+        true
+    }
 }
 
 /// Checks a group: non-empty, strictly ascending, inside a world of `size`, holding `rank`.

@@ -209,6 +209,10 @@ impl Communicator for ProcessComm {
         self.tcp.recv(src, tag, ty)
     }
 
+    fn overlaps_compute(&self, group: &[usize]) -> bool {
+        self.route(group).overlaps_compute(group)
+    }
+
     fn barrier(&self, group: &[usize]) -> Result<(), CommError> {
         self.route(group).barrier(group)
     }

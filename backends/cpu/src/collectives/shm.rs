@@ -1804,6 +1804,10 @@ impl Communicator for ShmComm {
         })
     }
 
+    fn overlaps_compute(&self, _group: &[usize]) -> bool {
+        self.moves.spare_core()
+    }
+
     fn barrier(&self, group: &[usize]) -> Result<(), CommError> {
         let call = self.begin(Collective::Barrier, group, CallParams::None, None, |_| {})?;
         call.ack_all(0, 0)?;
