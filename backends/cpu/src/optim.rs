@@ -63,16 +63,27 @@ pub(crate) fn apply_momentum<T: Real>(
         ELEMWISE_CHUNK,
         n,
         |ci, vc, ac| {
-            let base = ci * ELEMWISE_CHUNK;
-            for (j, (v, a)) in vc.iter_mut().zip(ac.iter_mut()).enumerate() {
-                let i = base + j;
-                let new_acc = acc[i] * mom + grad[i];
-                *a = new_acc;
-                *v = if nesterov {
-                    var[i] - lr * (grad[i] + mom * new_acc)
-                } else {
-                    var[i] - lr * new_acc
-                };
+            // Slices of the chunk and the branch out of the loop: the loop vectorises (it
+            // indexed the inputs and tested `nesterov` per element: about 1 ns per element).
+            let r = ci * ELEMWISE_CHUNK..ci * ELEMWISE_CHUNK + vc.len();
+            let elems = vc
+                .iter_mut()
+                .zip(ac.iter_mut())
+                .zip(&var[r.clone()])
+                .zip(&acc[r.clone()])
+                .zip(&grad[r]);
+            if nesterov {
+                for ((((v, a), &v0), &a0), &g) in elems {
+                    let new_acc = a0 * mom + g;
+                    *a = new_acc;
+                    *v = v0 - lr * (g + mom * new_acc);
+                }
+            } else {
+                for ((((v, a), &v0), &a0), &g) in elems {
+                    let new_acc = a0 * mom + g;
+                    *a = new_acc;
+                    *v = v0 - lr * new_acc;
+                }
             }
         },
     );
@@ -131,14 +142,24 @@ pub(crate) fn sgd<T: Real>(ctx: &Ctx<'_>, inputs: &[Arg<'_>], outputs: &mut [Ten
         (p_out, a_out, s_out),
         ELEMWISE_CHUNK,
         |ci, pc, ac, sc| {
-            let base = ci * ELEMWISE_CHUNK;
-            for j in 0..pc.len() {
-                let i = base + j;
-                let mut g = grad[i];
-                if wd > T::ZERO {
-                    g += param[i] * wd;
+            let r = ci * ELEMWISE_CHUNK..ci * ELEMWISE_CHUNK + pc.len();
+            let (param, grad) = (&param[r.clone()], &grad[r.clone()]);
+            let (accum, stat) = (&accum[r.clone()], &stat[r]);
+            if mom <= T::ZERO && wd <= T::ZERO {
+                // Plain SGD (the flags tested once, not per element: the loop vectorises).
+                for ((p, &p0), &g) in pc.iter_mut().zip(param).zip(grad) {
+                    *p = p0 - lr * g;
                 }
-                let (mut a, mut s) = (accum[i], stat[i]);
+                ac.copy_from_slice(accum);
+                sc.copy_from_slice(stat);
+                return;
+            }
+            for j in 0..pc.len() {
+                let mut g = grad[j];
+                if wd > T::ZERO {
+                    g += param[j] * wd;
+                }
+                let (mut a, mut s) = (accum[j], stat[j]);
                 if mom > T::ZERO {
                     if s > T::ZERO {
                         a = g;
@@ -148,7 +169,7 @@ pub(crate) fn sgd<T: Real>(ctx: &Ctx<'_>, inputs: &[Arg<'_>], outputs: &mut [Ten
                     }
                     g = if nesterov { g + a * mom } else { a };
                 }
-                pc[j] = param[i] - lr * g;
+                pc[j] = param[j] - lr * g;
                 ac[j] = a;
                 sc[j] = s;
             }
@@ -184,20 +205,25 @@ pub(crate) fn adam<T: Real>(ctx: &Ctx<'_>, inputs: &[Arg<'_>], outputs: &mut [Te
         (var_out, m_out, v_out),
         ELEMWISE_CHUNK,
         |ci, xc, mc, vc| {
-            let base = ci * ELEMWISE_CHUNK;
-            for j in 0..xc.len() {
-                let i = base + j;
-                let g = grad[i];
-                let nm = b1 * m[i] + (T::ONE - b1) * g;
-                let nv = b2 * v[i] + (T::ONE - b2) * g * g;
+            // Slices of the chunk, no per-element indexing: the loop vectorises.
+            let r = ci * ELEMWISE_CHUNK..ci * ELEMWISE_CHUNK + xc.len();
+            let (var, m, v, grad) = (&var[r.clone()], &m[r.clone()], &v[r.clone()], &grad[r]);
+            let elems = xc
+                .iter_mut()
+                .zip(mc.iter_mut())
+                .zip(vc.iter_mut())
+                .zip(var.iter().zip(m).zip(v).zip(grad));
+            for (((x, mo), vo), (((&x0, &m0), &v0), &g)) in elems {
+                let nm = b1 * m0 + (T::ONE - b1) * g;
+                let nv = b2 * v0 + (T::ONE - b2) * g * g;
                 let num = if nesterov {
                     nm * b1 + (T::ONE - b1) * g
                 } else {
                     nm
                 };
-                xc[j] = var[i] - lr_t * num / (nv.sqrt() + eps);
-                mc[j] = nm;
-                vc[j] = nv;
+                *x = x0 - lr_t * num / (nv.sqrt() + eps);
+                *mo = nm;
+                *vo = nv;
             }
         },
     );
