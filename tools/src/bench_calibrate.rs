@@ -10,13 +10,17 @@
 //! - `intra_host`: AllReduce between 2 worker processes over shared memory (the cluster's data
 //!   plane, measured as `shardc bench collectives` does) at 4 KiB and 16 MiB, fitted to the
 //!   ring's `t = 2 (p − 1) α + 2 (p − 1) / p · S / β`;
-//! - `vector_flops`, `collective_overhead_us`: the `cpu` preset's (from the CPU kernels' GeLU
-//!   rate and the in-process collectives' synchronisation, measured by `shardc bench
-//!   strategies`);
+//! - `vector_flops`: the CPU backend's GeLU kernel on one thread, in the cost model's vector
+//!   FLOP/s (as `shardc bench strategies` measures it);
+//! - `collective_overhead_us`: what a collective costs inside a step beyond its messages, with
+//!   one rank per logical CPU (threads of this process doing a fixed piece of work between
+//!   AllReduces with a partner; see
+//!   [`super::bench_strategies::collective_overhead_seconds`]);
 //! - `inter_host`: not measurable on one host: the `cpu` preset's Ethernet figures, said so
 //!   on stderr.
 
 use super::bench_collectives::{run_processes, CollectivesArgs, Transport};
+use super::bench_strategies::{collective_overhead_seconds, core_figures, measure_link};
 use super::{shardc_gemm, BenchArgs};
 use anyhow::{anyhow, Context, Result};
 use shardc_compiler::device::{DeviceDescription, Link};
@@ -49,6 +53,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             .ok_or_else(|| anyhow!("no AllReduce measurement of {size} bytes"))
     };
     let intra = fit_ring_two(small as f64, time(small)?, large as f64, time(large)?);
+    eprintln!("calibrate: the GeLU kernel's rate on one thread ...");
+    let core = core_figures(args.quick)?;
+    eprintln!("calibrate: the cost of a collective in a step, {devices} ranks ...");
+    let link = measure_link(devices, args.quick, std::time::Duration::ZERO)?;
+    let overhead = collective_overhead_seconds(devices, link, args.quick)?;
     let preset = DeviceDescription::preset("cpu")?;
     eprintln!(
         "calibrate: inter_host cannot be measured on one host: the cpu preset's {} GB/s, {} us (edit the file for your network)",
@@ -60,8 +69,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         flops: gflops * 1e9,
         memory_bytes: memory,
         memory_bandwidth_gbs: Some(membw),
-        vector_flops: preset.vector_flops,
-        collective_overhead_us: preset.collective_overhead_us,
+        vector_flops: Some(core.vector_flops),
+        collective_overhead_us: Some(overhead * 1e6),
         intra_host: intra,
         inter_host: preset.inter_host,
     };

@@ -495,7 +495,7 @@ pub struct CoreFigures {
 }
 
 /// Measures [`CoreFigures`] on one thread.
-fn core_figures(quick: bool) -> Result<CoreFigures> {
+pub fn core_figures(quick: bool) -> Result<CoreFigures> {
     let flops = super::shardc_gemm(256, 1, quick)? * 1e9;
     let n = 64 << 10;
     let reps = if quick { 12 } else { 100 };
