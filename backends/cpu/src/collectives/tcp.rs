@@ -46,7 +46,7 @@ pub use seal::{DataPlaneTls, EXPORTER_LABEL, MAX_RECORD, RECORDS_PER_KEY};
 
 use mesh::{Call, Mesh, Msg};
 use ops::{
-    chunk, concat_axis, reduce_at, reduce_from, reduce_into, reducible, split_part, write_range,
+    chunk, concat_axis, part_axis, reduce_at, reduce_from, reduce_into, reducible, write_range,
 };
 use shardc_ir::{ReduceOp, TensorType};
 use shardc_runtime::comm::{arguments, check_group, Collective, CommError, Communicator};
@@ -568,7 +568,7 @@ impl Communicator for TcpComm {
                     continue;
                 }
                 if ok {
-                    let part = split_part(input, axis, j, n);
+                    let part = part_axis(input, axis, n, j);
                     self.mesh.send(&call, p, 0, &part.data, 0..part.len())?;
                 } else {
                     self.mesh.send(&call, p, 0, &input.data, 0..0)?;
@@ -583,7 +583,7 @@ impl Communicator for TcpComm {
                 .and_then(|_| check_axis(&call, rank, t0, axis, "axis"))
                 .and_then(|_| check_divides(&call, rank, t0, axis, "axis"))
                 .map_err(Failure::Shared)?;
-            let own = split_part(input, axis, me, n);
+            let own = part_axis(input, axis, n, me);
             for (m, &p) in msgs.iter().zip(&others) {
                 self.check_len(&call, p, m, own.len())?;
             }
@@ -617,7 +617,7 @@ impl Communicator for TcpComm {
                     continue;
                 }
                 if ok {
-                    let part = split_part(input, split_dim, j, n);
+                    let part = part_axis(input, split_dim, n, j);
                     self.mesh.send(&call, p, 0, &part.data, 0..part.len())?;
                 } else {
                     self.mesh.send(&call, p, 0, &input.data, 0..0)?;
@@ -632,7 +632,7 @@ impl Communicator for TcpComm {
                 .and_then(|_| check_axis(&call, rank, t0, concat_dim, "concat_dim"))
                 .and_then(|_| check_divides(&call, rank, t0, split_dim, "split_dim"))
                 .map_err(Failure::Shared)?;
-            let own = split_part(input, split_dim, me, n);
+            let own = part_axis(input, split_dim, n, me);
             for (m, &p) in msgs.iter().zip(&others) {
                 self.check_len(&call, p, m, own.len())?;
             }

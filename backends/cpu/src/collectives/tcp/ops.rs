@@ -2,53 +2,10 @@
 //! member-order reductions as the in-process world, so that results are bit-identical.
 
 use shardc_ir::ReduceOp;
-use shardc_runtime::tensor::{Data, Tensor};
+use shardc_runtime::tensor::Data;
 use std::ops::Range;
 
-/// `(outer, dim, inner)` of `shape` around `axis`.
-fn around(shape: &[usize], axis: usize) -> (usize, usize, usize) {
-    let outer = shape[..axis].iter().product();
-    let inner = shape[axis + 1..].iter().product();
-    (outer, shape[axis], inner)
-}
-
-fn split_vec<T: Copy>(
-    v: &[T],
-    outer: usize,
-    dim: usize,
-    inner: usize,
-    k: usize,
-    parts: usize,
-) -> Vec<T> {
-    let part = dim / parts;
-    let row = dim * inner;
-    let mut out = Vec::with_capacity(outer * part * inner);
-    for o in 0..outer {
-        let start = o * row + k * part * inner;
-        out.extend_from_slice(&v[start..start + part * inner]);
-    }
-    out
-}
-
-/// Part `k` of `parts` equal parts of `t` along `axis` (the caller checked that `parts`
-/// divides the dim).
-pub(super) fn split_part(t: &Tensor, axis: usize, k: usize, parts: usize) -> Tensor {
-    let (outer, dim, inner) = around(&t.shape, axis);
-    let mut shape = t.shape.clone();
-    shape[axis] = dim / parts;
-    let data = match &t.data {
-        Data::F32(v) => Data::F32(split_vec(v, outer, dim, inner, k, parts)),
-        Data::F64(v) => Data::F64(split_vec(v, outer, dim, inner, k, parts)),
-        Data::F16(v) => Data::F16(split_vec(v, outer, dim, inner, k, parts)),
-        Data::BF16(v) => Data::BF16(split_vec(v, outer, dim, inner, k, parts)),
-        Data::I32(v) => Data::I32(split_vec(v, outer, dim, inner, k, parts)),
-        Data::I64(v) => Data::I64(split_vec(v, outer, dim, inner, k, parts)),
-        Data::Bool(v) => Data::Bool(split_vec(v, outer, dim, inner, k, parts)),
-    };
-    Tensor { shape, data }
-}
-
-pub(super) use shardc_runtime::comm::tensor_ops::{concat_axis, reducible};
+pub(super) use shardc_runtime::comm::tensor_ops::{concat_axis, part_axis, reducible};
 
 fn reduce_float<T: Copy + PartialOrd + std::ops::Add<Output = T> + std::ops::Mul<Output = T>>(
     acc: &mut [T],
@@ -159,6 +116,7 @@ pub(super) fn chunk(len: usize, parts: usize, k: usize) -> Range<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use shardc_runtime::tensor::Tensor;
 
     #[test]
     fn chunks_partition() {
@@ -178,7 +136,7 @@ mod tests {
     #[test]
     fn split_and_concat_are_inverse() {
         let x = Tensor::from_f32(vec![2, 4], (0..8).map(|i| i as f32).collect()).unwrap();
-        let parts: Vec<Tensor> = (0..2).map(|k| split_part(&x, 1, k, 2)).collect();
+        let parts: Vec<Tensor> = (0..2).map(|k| part_axis(&x, 1, 2, k)).collect();
         assert_eq!(parts[1].as_f32().unwrap(), &[2., 3., 6., 7.]);
         let refs: Vec<&Tensor> = parts.iter().collect();
         assert_eq!(concat_axis(&refs, 1), x);
