@@ -4,7 +4,7 @@
 
 use shardc_ir::{DType, ReduceOp, TensorType};
 use shardc_runtime::comm::{
-    allowed_cores, restrict_to, Collective, CommError, Communicator, InProcessWorld,
+    allowed_cores, restrict_to, Collective, CommError, Communicator, CoreMoves, InProcessWorld,
 };
 use shardc_runtime::{Data, Tensor};
 use std::sync::Arc;
@@ -618,8 +618,10 @@ fn oversubscribed_thread_ranks_settle_evenly_on_the_cores() {
         eprintln!("skipped: the system does not tell which cores this test may use");
         return;
     }
-    // Twice as many ranks as cores: each core is home to two of them.
-    let size = 2 * cores.len();
+    // Twice as many ranks as the cores they may use (the mask, cut to a CPU quota): each
+    // core is home to two of them.
+    let usable = CoreMoves::for_rank(0, 1).cores();
+    let size = 2 * usable;
     let group: Vec<usize> = (0..size).collect();
     let comms = InProcessWorld::comms(size, Duration::from_secs(30));
     let placed: Vec<(usize, Vec<u32>)> = std::thread::scope(|s| {
@@ -648,14 +650,14 @@ fn oversubscribed_thread_ranks_settle_evenly_on_the_cores() {
     for (rank, allowed) in placed {
         assert_eq!(
             allowed,
-            vec![cores[rank % cores.len()]],
+            vec![cores[rank % usable]],
             "rank {rank} of {size} on {cores:?}"
         );
     }
     // A world with a core per rank binds nothing; with a core to spare, collectives
     // overlap compute.
     let comms = InProcessWorld::comms(1, Duration::from_secs(30));
-    assert_eq!(comms[0].overlaps_compute(&[0]), cores.len() > 1);
+    assert_eq!(comms[0].overlaps_compute(&[0]), usable > 1);
     let mut t = Tensor::from_f32(vec![1], vec![1.0]).unwrap();
     std::thread::scope(|s| {
         s.spawn(|| {

@@ -9,7 +9,7 @@
 //! an earlier candidate are dropped.
 //!
 //! Each candidate is **predicted** with [`search::predict`] under a [`Machine`] that
-//! describes this run ([`machine_of`]): all ranks are threads of this process, each with one
+//! describes this run ([`HostFigures::machine`]): all ranks are threads of this process, each with one
 //! kernel thread, sharing the host's cores, so a rank's FLOP/s are one core's
 //! ([`core_figures`]: shardc's f32 GEMM at n = 256, the GeLU kernel) times
 //! `min(1, cores / ranks)`; its memory bandwidth is measured with every rank adding over a
@@ -637,33 +637,8 @@ pub fn rank_bandwidth(ranks: usize, quick: bool) -> Result<f64> {
     Ok((rounds * SETS * 3 * 4 * N) as f64 / slowest.max(1e-9))
 }
 
-/// The machine of `ranks` in-process ranks on this host, from one core's figures (FLOP/s
-/// scaled by `min(1, cores / ranks)`), a rank's memory bandwidth `bandwidth`
-/// ([`rank_bandwidth`]), the link `link` and the fixed cost of a collective `overhead`
-/// ([`collective_overhead_seconds`]); every rank on one host.
-pub fn machine_of(
-    ranks: usize,
-    core: CoreFigures,
-    bandwidth: f64,
-    link: LinkCost,
-    overhead: f64,
-) -> Machine {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let share = (cores as f64 / ranks as f64).min(1.0);
-    Machine {
-        devices_per_host: ranks,
-        flops: core.flops * share,
-        vector_flops: core.vector_flops * share,
-        memory_bandwidth: bandwidth,
-        memory_bytes: 64.0 * (1u64 << 30) as f64,
-        intra_host: link,
-        inter_host: link,
-        collective_overhead: overhead,
-    }
-}
-
 /// What the bench measures of this host for a number of in-process ranks: the figures of
-/// [`machine_of`].
+/// their machine ([`HostFigures::machine`]).
 #[derive(Clone, Copy, Debug)]
 pub struct HostFigures {
     /// One core's figures ([`core_figures`]).
@@ -708,9 +683,22 @@ impl HostFigures {
         }
     }
 
-    /// The machine of `ranks` ranks ([`machine_of`]).
+    /// The machine of `ranks` in-process ranks on this host: one core's FLOP/s scaled by
+    /// `min(1, cores / ranks)`, the measured bandwidth, link and collective overhead; every
+    /// rank on one host.
     pub fn machine(&self, ranks: usize) -> Machine {
-        machine_of(ranks, self.core, self.bandwidth, self.link, self.overhead)
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let share = (cores as f64 / ranks as f64).min(1.0);
+        Machine {
+            devices_per_host: ranks,
+            flops: self.core.flops * share,
+            vector_flops: self.core.vector_flops * share,
+            memory_bandwidth: self.bandwidth,
+            memory_bytes: 64.0 * (1u64 << 30) as f64,
+            intra_host: self.link,
+            inter_host: self.link,
+            collective_overhead: self.overhead,
+        }
     }
 
     /// One line of the figures of `ranks` ranks.

@@ -100,6 +100,8 @@ thread_local! {
 pub struct CoreMoves {
     /// The allowed cores, ascending.
     allowed: Vec<u32>,
+    /// How many of them the ranks may use (at least 1).
+    cores: usize,
     /// With more local ranks than allowed cores: the rank's home core (see
     /// [`CoreMoves::settle`]); it then never moves.
     home: Option<u32>,
@@ -114,29 +116,24 @@ pub struct CoreMoves {
     moves: AtomicU64,
 }
 
-impl Default for CoreMoves {
-    fn default() -> CoreMoves {
-        CoreMoves::new()
-    }
-}
-
 impl CoreMoves {
-    /// Reads the calling thread's affinity mask (a rank that has a core to itself, or moves
-    /// to one: see [`CoreMoves::for_rank`]).
-    pub fn new() -> CoreMoves {
-        CoreMoves::for_rank(0, 1)
-    }
-
     /// For local rank `local_rank` of `local_ranks` ranks on this host: reads the calling
-    /// thread's affinity mask; when the ranks outnumber its cores, the rank's home core is the
-    /// `local_rank mod cores`-th of them, else it has none and moves when it must.
+    /// thread's affinity mask; when the ranks outnumber its [`CoreMoves::cores`], the rank's
+    /// home core is the `local_rank mod cores`-th allowed core, else it has none and moves
+    /// when it must.
     pub fn for_rank(local_rank: usize, local_ranks: usize) -> CoreMoves {
         let mask = affinity();
         let allowed = mask.as_ref().map(cores_of).unwrap_or_default();
-        let home = (!allowed.is_empty() && local_ranks > allowed.len())
-            .then(|| allowed[local_rank % allowed.len()]);
+        // The affinity mask, cut to what the process may use (a container's CPU quota, as
+        // `available_parallelism` reads it).
+        let cores = std::thread::available_parallelism()
+            .map_or(allowed.len(), |n| n.get().min(allowed.len()))
+            .max(1);
+        let home =
+            (!allowed.is_empty() && local_ranks > cores).then(|| allowed[local_rank % cores]);
         CoreMoves {
             allowed,
+            cores,
             home,
             local_ranks,
             mask,
@@ -156,10 +153,17 @@ impl CoreMoves {
         self.home
     }
 
+    /// The cores this host's ranks may use: the affinity mask's, at most the process's CPU
+    /// quota, at least 1. The one count every decision about sharing cores reads (home cores,
+    /// [`CoreMoves::spare_core`], and the waiters' [`WaitPolicy`](super::WaitPolicy)).
+    pub fn cores(&self) -> usize {
+        self.cores
+    }
+
     /// Whether the host has a core beyond one per local rank (where a rank's collectives can
     /// run beside its compute instead of taking turns with it).
     pub fn spare_core(&self) -> bool {
-        self.allowed.len() > self.local_ranks
+        self.cores > self.local_ranks
     }
 
     /// Call at the start of every collective: with a home core, restricts the calling thread
@@ -250,7 +254,7 @@ mod tests {
 
     #[test]
     fn a_thread_moves_off_a_taken_core_and_keeps_its_mask() {
-        let moves = CoreMoves::new();
+        let moves = CoreMoves::for_rank(0, 1);
         if moves.allowed.len() < 2 {
             eprintln!("skipped: fewer than two cores allowed");
             return;
@@ -279,7 +283,7 @@ mod tests {
 
     #[test]
     fn no_move_when_every_other_core_is_taken() {
-        let moves = CoreMoves::new();
+        let moves = CoreMoves::for_rank(0, 1);
         let here = current_cpu();
         let all = moves.allowed.clone();
         assert_eq!(moves.move_off(here, all.iter().copied(), |_| ()), None);
@@ -288,8 +292,8 @@ mod tests {
     #[test]
     fn oversubscribed_ranks_have_home_cores_in_turn_and_never_move() {
         let allowed = allowed_cores();
-        let n = allowed.len();
-        if n == 0 {
+        let n = CoreMoves::for_rank(0, 1).cores();
+        if allowed.is_empty() {
             eprintln!("skipped: the system does not tell which cores are allowed");
             return;
         }

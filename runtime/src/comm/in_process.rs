@@ -105,23 +105,24 @@ impl InProcessWorld {
 
     /// The communicators of a world of `size` ranks as their concrete type.
     pub fn comms(size: usize, timeout: Duration) -> Vec<InProcessComm> {
+        let moves: Vec<CoreMoves> = (0..size).map(|r| CoreMoves::for_rank(r, size)).collect();
+        let cores = moves.first().map_or(1, CoreMoves::cores);
         let shared = Arc::new(Shared {
             size,
             timeout,
             state: Mutex::new(State::default()),
             mail_cv: Condvar::new(),
-            wait: WaitPolicy::for_host(
-                size,
-                std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
-            ),
+            wait: WaitPolicy::for_host(size, cores),
             cpus: (0..size).map(|_| AtomicU32::new(NO_CPU)).collect(),
         });
-        (0..size)
-            .map(|rank| InProcessComm {
+        moves
+            .into_iter()
+            .enumerate()
+            .map(|(rank, moves)| InProcessComm {
                 rank,
                 shared: shared.clone(),
                 seq: Mutex::new(HashMap::new()),
-                moves: CoreMoves::for_rank(rank, size),
+                moves,
             })
             .collect()
     }

@@ -5,6 +5,7 @@
 
 use crate::tensor::{Data, Tensor};
 use shardc_ir::{DType, ReduceOp};
+use std::ops::Range;
 
 /// `(outer, dim, inner)` of `shape` around `axis`: the row-major view `[outer, dim, inner]`.
 fn around(shape: &[usize], axis: usize) -> (usize, usize, usize) {
@@ -128,15 +129,23 @@ pub fn reduce_in_order(ts: Vec<Tensor>, op: ReduceOp) -> Tensor {
         None => return Tensor::scalar_f32(0.0),
     };
     for t in it {
-        match (&mut acc.data, &t.data) {
-            (Data::F32(a), Data::F32(b)) => reduce_vec(a, b, op),
-            (Data::F64(a), Data::F64(b)) => reduce_vec(a, b, op),
-            (Data::I32(a), Data::I32(b)) => reduce_vec_int(a, b, op),
-            (Data::I64(a), Data::I64(b)) => reduce_vec_int(a, b, op),
-            _ => {}
-        }
+        let n = acc.len();
+        reduce_range(&mut acc.data, 0..n, &t.data, 0, op);
     }
     acc
+}
+
+/// `acc[dst] op= x[src..src + dst.len()]`, elementwise, for the [`reducible`] dtypes (others
+/// are left alone; the callers checked them).
+fn reduce_range(acc: &mut Data, dst: Range<usize>, x: &Data, src: usize, op: ReduceOp) {
+    let src = src..src + dst.len();
+    match (acc, x) {
+        (Data::F32(a), Data::F32(b)) => reduce_vec(&mut a[dst], &b[src], op),
+        (Data::F64(a), Data::F64(b)) => reduce_vec(&mut a[dst], &b[src], op),
+        (Data::I32(a), Data::I32(b)) => reduce_vec_int(&mut a[dst], &b[src], op),
+        (Data::I64(a), Data::I64(b)) => reduce_vec_int(&mut a[dst], &b[src], op),
+        _ => {}
+    }
 }
 
 /// Part `k` of `parts` along `axis` of the reduction of `ts` with `op`, left to right, read
@@ -159,15 +168,13 @@ pub fn reduce_part_in_order(
     let mut acc = part_axis(first, axis, parts, k);
     for t in &ts[1..] {
         for o in 0..outer {
-            let (dst, src) = (o * len..(o + 1) * len, o * row + k * len);
-            let src = src..src + len;
-            match (&mut acc.data, &t.data) {
-                (Data::F32(a), Data::F32(b)) => reduce_vec(&mut a[dst], &b[src], op),
-                (Data::F64(a), Data::F64(b)) => reduce_vec(&mut a[dst], &b[src], op),
-                (Data::I32(a), Data::I32(b)) => reduce_vec_int(&mut a[dst], &b[src], op),
-                (Data::I64(a), Data::I64(b)) => reduce_vec_int(&mut a[dst], &b[src], op),
-                _ => {}
-            }
+            reduce_range(
+                &mut acc.data,
+                o * len..(o + 1) * len,
+                &t.data,
+                o * row + k * len,
+                op,
+            );
         }
     }
     acc

@@ -501,8 +501,11 @@ impl ShmComm {
         let want = (local.len() - 1) as u32;
         let remaining = setup.timeout.saturating_sub(start.elapsed());
         let (w, s) = (own.u32_at(H_MAPPED), own.u32_at(H_MAPPED_SLEEPERS));
-        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
-        let wait = WaitPolicy::for_host(local.len(), cores);
+        let moves = CoreMoves::for_rank(
+            local.iter().position(|&r| r == setup.rank).unwrap_or(0),
+            local.len(),
+        );
+        let wait = WaitPolicy::for_host(local.len(), moves.cores());
         if !wait_until(
             w,
             s,
@@ -526,10 +529,7 @@ impl ShmComm {
             size: setup.size,
             timeout: setup.timeout,
             wait,
-            moves: CoreMoves::for_rank(
-                local.iter().position(|&r| r == setup.rank).unwrap_or(0),
-                local.len(),
-            ),
+            moves,
             segs,
             box_bytes,
             state: Mutex::new(State {
