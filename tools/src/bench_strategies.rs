@@ -48,7 +48,7 @@ use shardc_passes::parallel::search;
 use shardc_passes::parallel::search::problem::{vector_weight, Problem};
 use shardc_passes::parallel::{DatasetLayout, Mode, ParallelOptions, SearchMode, SearchOptions};
 use shardc_runtime::backend::{Arg, Backend, KernelContext};
-use shardc_runtime::comm::{Communicator, InProcessWorld};
+use shardc_runtime::comm::{Communicator, CoreMoves, InProcessWorld};
 use shardc_runtime::data::SyntheticData;
 use shardc_runtime::executor::{ExecStats, Executor};
 use shardc_runtime::Tensor;
@@ -563,7 +563,7 @@ fn busy_work(units: u64) -> u64 {
 /// 13-22 us for all 8, where the ring's latency says 1, 3 and 7.5 us. Measuring it on pairs
 /// keeps the small groups of 2-D strategies from being priced at a fraction of their cost.
 pub fn collective_overhead_seconds(ranks: usize, link: LinkCost, quick: bool) -> Result<f64> {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cores = host_cores();
     // About 8 us of work alone: the order of these models' ops between two collectives. The
     // cost of bringing oversubscribed members together grows with it (measured at 4 and 8
     // ranks on 2 cores: about 0, 7, 19 and 65-137 us for 0.5, 2, 8 and 31 us of work).
@@ -638,6 +638,13 @@ pub fn rank_bandwidth(ranks: usize, quick: bool) -> Result<f64> {
     Ok((rounds * SETS * 3 * 4 * N) as f64 / slowest.max(1e-9))
 }
 
+/// The cores the in-process ranks share: the runtime's own count ([`CoreMoves::cores`]: the
+/// affinity mask cut to the CPU quota), which also decides when ranks settle on home cores,
+/// so that the bench prices a rank's share of a core as the runtime places it.
+fn host_cores() -> usize {
+    CoreMoves::for_rank(0, 1).cores()
+}
+
 /// What the bench measures of this host for a number of in-process ranks: the figures of
 /// their machine ([`HostFigures::machine`]).
 #[derive(Clone, Copy, Debug)]
@@ -688,7 +695,7 @@ impl HostFigures {
     /// `min(1, cores / ranks)`, the measured bandwidth, link and collective overhead; every
     /// rank on one host.
     pub fn machine(&self, ranks: usize) -> Machine {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let cores = host_cores();
         let share = (cores as f64 / ranks as f64).min(1.0);
         Machine {
             devices_per_host: ranks,
@@ -979,7 +986,7 @@ impl StepPlan {
     /// The plan of `model` on `ranks` ranks (sub-millisecond steps get more of them; more
     /// rounds when the ranks outnumber the cores, where step times scatter most).
     pub fn of(model: &BenchModel, ranks: usize, quick: bool) -> StepPlan {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let cores = host_cores();
         let small = model.name.starts_with("quickstart");
         let mut plan = match (small, quick) {
             (true, true) => StepPlan {
@@ -1128,7 +1135,7 @@ pub fn run_case(
 /// Runs `shardc bench strategies` (`--quick`: fewer steps, see [`StepPlan::of`]; `--stats`: rank 0's time per op kind against the predicted compute, on
 /// stderr).
 pub fn run(args: &BenchArgs) -> Result<()> {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cores = host_cores();
     println!(
         "strategies machine: {cores} cores; a rank gets min(1, {cores}/ranks) of one core's f32 GEMM rate (n=256) and vector rate (the GeLU kernel)"
     );

@@ -436,19 +436,17 @@ fn gemm_column_major_rhs<T: Real>(
             cs,
             accumulate,
         } = dst;
-        let put = |d: &mut T, v: T| {
-            if accumulate {
-                *d += v
-            } else {
-                *d = v
-            }
-        };
         if cs == 1 {
             transpose_rows(par, &c[..m * n], (m, n), m, data, rs, accumulate);
         } else {
             for j in 0..n {
                 for i in 0..m {
-                    put(&mut data[i * rs + j * cs], c[j * m + i]);
+                    let (d, v) = (&mut data[i * rs + j * cs], c[j * m + i]);
+                    if accumulate {
+                        *d += v
+                    } else {
+                        *d = v
+                    }
                 }
             }
         }

@@ -5,7 +5,6 @@
 
 use crate::tensor::{Data, Tensor};
 use shardc_ir::{DType, ReduceOp};
-use std::ops::Range;
 
 /// `(outer, dim, inner)` of `shape` around `axis`: the row-major view `[outer, dim, inner]`.
 fn around(shape: &[usize], axis: usize) -> (usize, usize, usize) {
@@ -124,28 +123,19 @@ pub fn reducible(dtype: DType) -> bool {
 /// `((t0 op t1) op t2) ...`. Checked by the caller; `ts` is not empty.
 pub fn reduce_in_order(ts: Vec<Tensor>, op: ReduceOp) -> Tensor {
     let mut it = ts.into_iter();
-    let mut acc = match it.next() {
-        Some(t) => t,
-        None => return Tensor::scalar_f32(0.0),
+    let Some(mut acc) = it.next() else {
+        return Tensor::scalar_f32(0.0);
     };
-    for t in it {
-        let n = acc.len();
-        reduce_range(&mut acc.data, 0..n, &t.data, 0, op);
-    }
+    let rest: Vec<Tensor> = it.collect();
+    let n = acc.len();
+    let whole = Rows {
+        outer: 1,
+        len: n,
+        stride: n,
+        start: 0,
+    };
+    whole.reduce_data(&mut acc.data, &rest.iter().collect::<Vec<_>>(), op);
     acc
-}
-
-/// `acc[dst] op= x[src..src + dst.len()]`, elementwise, for the [`reducible`] dtypes (others
-/// are left alone; the callers checked them).
-fn reduce_range(acc: &mut Data, dst: Range<usize>, x: &Data, src: usize, op: ReduceOp) {
-    let src = src..src + dst.len();
-    match (acc, x) {
-        (Data::F32(a), Data::F32(b)) => reduce_vec(&mut a[dst], &b[src], op),
-        (Data::F64(a), Data::F64(b)) => reduce_vec(&mut a[dst], &b[src], op),
-        (Data::I32(a), Data::I32(b)) => reduce_vec_int(&mut a[dst], &b[src], op),
-        (Data::I64(a), Data::I64(b)) => reduce_vec_int(&mut a[dst], &b[src], op),
-        _ => {}
-    }
 }
 
 /// Part `k` of `parts` along `axis` of the reduction of `ts` with `op`, left to right, read
@@ -171,26 +161,7 @@ pub fn reduce_part_in_order(
         start: k * len,
     };
     let mut acc = part_axis(first, axis, parts, k);
-    let rest = &ts[1..];
-    macro_rules! go {
-        ($variant:ident, $a:ident, $reduce:expr) => {{
-            let xs: Vec<&[_]> = rest
-                .iter()
-                .filter_map(|t| match &t.data {
-                    Data::$variant(v) => Some(v.as_slice()),
-                    _ => None,
-                })
-                .collect();
-            rows.reduce($a, &xs, $reduce);
-        }};
-    }
-    match &mut acc.data {
-        Data::F32(a) => go!(F32, a, |a: &mut [f32], x: &[f32]| reduce_vec(a, x, op)),
-        Data::F64(a) => go!(F64, a, |a: &mut [f64], x: &[f64]| reduce_vec(a, x, op)),
-        Data::I32(a) => go!(I32, a, |a: &mut [i32], x: &[i32]| reduce_vec_int(a, x, op)),
-        Data::I64(a) => go!(I64, a, |a: &mut [i64], x: &[i64]| reduce_vec_int(a, x, op)),
-        _ => {}
-    }
+    rows.reduce_data(&mut acc.data, &ts[1..], op);
     acc
 }
 
@@ -204,6 +175,30 @@ struct Rows {
 }
 
 impl Rows {
+    /// [`Rows::reduce`] with `op` on the [`reducible`] dtypes (`acc` of another dtype, or a
+    /// tensor whose dtype differs from `acc`'s, is left alone: the callers checked them).
+    fn reduce_data(&self, acc: &mut Data, ts: &[&Tensor], op: ReduceOp) {
+        macro_rules! go {
+            ($variant:ident, $a:ident, $reduce:expr) => {{
+                let xs: Vec<&[_]> = ts
+                    .iter()
+                    .filter_map(|t| match &t.data {
+                        Data::$variant(v) => Some(v.as_slice()),
+                        _ => None,
+                    })
+                    .collect();
+                self.reduce($a, &xs, $reduce);
+            }};
+        }
+        match acc {
+            Data::F32(a) => go!(F32, a, |a: &mut [f32], x: &[f32]| reduce_vec(a, x, op)),
+            Data::F64(a) => go!(F64, a, |a: &mut [f64], x: &[f64]| reduce_vec(a, x, op)),
+            Data::I32(a) => go!(I32, a, |a: &mut [i32], x: &[i32]| reduce_vec_int(a, x, op)),
+            Data::I64(a) => go!(I64, a, |a: &mut [i64], x: &[i64]| reduce_vec_int(a, x, op)),
+            _ => {}
+        }
+    }
+
     /// `acc op= x` for each `x` of `xs` in order, row by row: `acc` holds the part (`outer`
     /// rows of `len`, packed), each `x` a whole tensor. A row of `acc` stays in the cache
     /// while every member's row is reduced into it, and the dtype is matched once, not once
