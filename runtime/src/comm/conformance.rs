@@ -261,7 +261,8 @@ impl Suite<'_> {
             case += 1;
             case
         };
-        // AllReduce: every reducible dtype and op, small and odd-sized; large in f32 sum.
+        // AllReduce: every reducible dtype and op, small and odd-sized; large (split into uneven
+        // ranges over the members) in f32 sum, f64 max and i64 sum.
         let mut shapes: Vec<(Vec<usize>, DType, ReduceOp)> = Vec::new();
         for dtype in [DType::Float32, DType::Float64, DType::Int32, DType::Int64] {
             for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min, ReduceOp::Prod] {
@@ -272,6 +273,7 @@ impl Suite<'_> {
         shapes.push((vec![1027], DType::Float32, ReduceOp::Sum));
         shapes.push((vec![LARGE], DType::Float32, ReduceOp::Sum));
         shapes.push((vec![LARGE / 4], DType::Float64, ReduceOp::Max));
+        shapes.push((vec![LARGE / 4 + 3], DType::Int64, ReduceOp::Sum));
         for (shape, dtype, op) in shapes {
             let c = next();
             let prod = op == ReduceOp::Prod;

@@ -4,14 +4,20 @@
 //! the group's sequence number (each rank counts its calls per group). The last member to
 //! arrive combines the tensors in member order, once, and publishes the result; every member
 //! takes its part of that one result, so results are bit-identical on every member and do
-//! not depend on arrival order. Waiting members spin briefly (or yield, when the ranks
+//! not depend on arrival order. A large AllReduce ([`ALL_REDUCE_PART_MIN`] elements or more
+//! per member) is reduced by all members instead, each its own range of the elements in
+//! member order, and a second rendezvous shares the reduced ranges (the same arithmetic, in
+//! parallel: a serial reduction by the last member left the other cores idle). Waiting members spin briefly (or yield, when the ranks
 //! outnumber the cores: [`WaitPolicy`]), then sleep on the slot's condition variable until the
 //! result is published or the timeout expires; a member that times out publishes a
 //! [`CommError::Timeout`] naming the ranks that never arrived, which every later arrival of
 //! that call also gets. Point-to-point messages go through FIFO
 //! mailboxes keyed by (source, destination, tag); `send` never blocks.
 
-use super::tensor_ops::{concat_axis, part_axis, reduce_in_order, reduce_part_in_order};
+use super::tensor_ops::{
+    concat_axis, part_axis, reduce_in_order, reduce_part_in_order, reduce_range_in_order,
+    write_range,
+};
 use super::{
     arguments, assign, check_group, Collective, CommError, Communicator, CoreMoves, WaitPolicy,
     NO_CPU,
@@ -25,6 +31,16 @@ use std::time::{Duration, Instant};
 
 /// The default time a member waits for the others before a collective fails.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The fewest elements per member from which an AllReduce is reduced by all its members in
+/// parallel (each its own range, then a second rendezvous shares the ranges) rather than by
+/// the last to arrive alone.
+pub const ALL_REDUCE_PART_MIN: usize = 4096;
+
+/// Member `k`'s range of the elements of an AllReduce of `len` elements over `n` members.
+fn member_range(len: usize, n: usize, k: usize) -> std::ops::Range<usize> {
+    k * len / n..(k + 1) * len / n
+}
 
 /// The result of one collective call: per member index, or for one-result collectives a
 /// single tensor every member copies.
@@ -404,13 +420,36 @@ impl Communicator for InProcessComm {
     ) -> Result<(), CommError> {
         let c = Collective::AllReduce;
         let rank = self.rank;
-        let (outcome, _) =
+        let n = group.len();
+        if n < 2 || tensor.len() < n * ALL_REDUCE_PART_MIN {
+            let (outcome, _) =
+                self.collective(c, group, format!("op={op}"), tensor.clone(), |inputs| {
+                    same_types(c, group, rank, &inputs)?;
+                    check_reducible(c, group, rank, &inputs[0])?;
+                    Ok(vec![reduce_in_order(inputs, op)])
+                })?;
+            return copy_out(self, c, group, &outcome, 0, tensor);
+        }
+        // Large tensors: every member reduces its own range of the shared inputs, in member
+        // order, in parallel; a second rendezvous shares the reduced ranges, which every
+        // member copies into its tensor.
+        let (outcome, me) =
             self.collective(c, group, format!("op={op}"), tensor.clone(), |inputs| {
                 same_types(c, group, rank, &inputs)?;
                 check_reducible(c, group, rank, &inputs[0])?;
-                Ok(vec![reduce_in_order(inputs, op)])
+                Ok(inputs)
             })?;
-        copy_out(self, c, group, &outcome, 0, tensor)
+        let len = tensor.len();
+        let part = {
+            let inputs = inputs_of(self, c, group, &outcome)?;
+            reduce_range_in_order(&inputs, member_range(len, n, me), op)
+        };
+        drop(outcome);
+        let (parts, _) = self.collective(c, group, format!("op={op}, reduced parts"), part, Ok)?;
+        for (k, p) in inputs_of(self, c, group, &parts)?.into_iter().enumerate() {
+            write_range(tensor, member_range(len, n, k).start, p);
+        }
+        Ok(())
     }
 
     fn all_gather(

@@ -5,6 +5,7 @@
 
 use crate::tensor::{Data, Tensor};
 use shardc_ir::{DType, ReduceOp};
+use std::ops::Range;
 
 /// `(outer, dim, inner)` of `shape` around `axis`: the row-major view `[outer, dim, inner]`.
 fn around(shape: &[usize], axis: usize) -> (usize, usize, usize) {
@@ -163,6 +164,53 @@ pub fn reduce_part_in_order(
     let mut acc = part_axis(first, axis, parts, k);
     rows.reduce_data(&mut acc.data, &ts[1..], op);
     acc
+}
+
+/// Elements `range` (flat, row-major) of the reduction of `ts` with `op`, left to right, as
+/// a 1-D tensor, read straight from each tensor (the same arithmetic as reducing the whole
+/// tensors with [`reduce_in_order`] and then cutting the range). Checked by the caller: one
+/// shape and a [`reducible`] dtype, `range` within the tensors; `ts` is not empty.
+pub fn reduce_range_in_order(ts: &[&Tensor], range: Range<usize>, op: ReduceOp) -> Tensor {
+    let Some(first) = ts.first() else {
+        return Tensor::scalar_f32(0.0);
+    };
+    let rows = Rows {
+        outer: 1,
+        len: range.len(),
+        stride: first.len(),
+        start: range.start,
+    };
+    macro_rules! cut {
+        ($($variant:ident),*) => {
+            match &first.data {
+                $(Data::$variant(v) => Data::$variant(v[range.clone()].to_vec()),)*
+            }
+        };
+    }
+    let mut acc = Tensor {
+        shape: vec![range.len()],
+        data: cut!(F32, F64, F16, BF16, I32, I64, Bool),
+    };
+    rows.reduce_data(&mut acc.data, &ts[1..], op);
+    acc
+}
+
+/// Copies `src`'s elements into `dst`'s, flat, from element `at` on (one dtype and `src`
+/// within `dst` from `at`: checked by the caller; otherwise `dst` is left alone).
+pub fn write_range(dst: &mut Tensor, at: usize, src: &Tensor) {
+    macro_rules! put {
+        ($($variant:ident),*) => {
+            match (&mut dst.data, &src.data) {
+                $((Data::$variant(d), Data::$variant(s)) => {
+                    if let Some(d) = d.get_mut(at..at + s.len()) {
+                        d.copy_from_slice(s);
+                    }
+                })*
+                _ => {}
+            }
+        };
+    }
+    put!(F32, F64, F16, BF16, I32, I64, Bool);
 }
 
 /// Where a part lies in each of its tensors: `outer` rows of `len` elements, the `o`-th at
