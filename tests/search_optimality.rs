@@ -143,10 +143,16 @@ fn run_case(seed: u64) -> Result<Case, String> {
     // Recursive programming as users run it: through strategy assignment.
     let ro = options(devices, SearchMode::RecursiveProgramming);
     let a = assign(&step, &ro).map_err(|e| format!("{what}: rec: {e}"))?;
-    let rec = shardc::passes::parallel::search::predict(&step, &ro, &a)
-        .map_err(|e| format!("{what}: {e}"))?
-        .seconds();
-    // The ILP's cost is the cost graph's total of its choice; so are the others'.
+    let rec_choice = p
+        .ops
+        .iter()
+        .map(|id| a.decisions[id.index()].as_ref().map(|d| &d.sharding))
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| format!("{what}: rec: an op without a decision"))?;
+    let rec = p.objective_seconds(&rec_choice).seconds();
+    // The ILP's cost is the cost graph's total of its choice; so are the others' (the
+    // objective, which counts a shared conversion once per reader as the cost graph does,
+    // not the prediction, which counts it once).
     let opt = best.cost;
     if dp.cost < opt * (1.0 - 1e-9) {
         return Err(format!(

@@ -12,7 +12,7 @@
 //! different parts of the batch, `redistribution_op_<producer>_<user>_*` converts between two
 //! layouts; each carries a comment naming the edge and the rule.
 
-use super::redistribute::{group, plan, Canon, Plan, Step};
+use super::redistribute::{group, placement, plan, Placement, Plan, Step};
 use super::simplify::simplify;
 use super::strategy::{Assignment, Decision};
 use super::{ParallelError, ParallelOptions};
@@ -136,13 +136,6 @@ fn producer_name(g: &Graph, o: &Operand) -> String {
     }
 }
 
-type PlacementKey = (Vec<usize>, Vec<Vec<usize>>, Vec<usize>);
-
-fn placement(l: &TensorLayout) -> PlacementKey {
-    let c = Canon::of(l);
-    (c.primes, c.dims, c.partial)
-}
-
 struct EdgeBuilder<'a> {
     g: &'a Graph,
     opts: &'a ParallelOptions,
@@ -150,7 +143,7 @@ struct EdgeBuilder<'a> {
     /// Conversions made, by (value, target placement, whether it completes a weight's
     /// gradient for its update): a mirror is never shared with an ordinary user, since it
     /// may be scaled (`gradients_mean` false) and is bucketed by `grad_fusion`.
-    by_target: HashMap<((u8, u32), PlacementKey, bool), usize>,
+    by_target: HashMap<((u8, u32), Placement, bool), usize>,
     plans: HashMap<(TensorLayout, TensorLayout, usize), Plan>,
 }
 

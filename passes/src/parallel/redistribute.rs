@@ -40,6 +40,18 @@ pub struct Canon {
     pub shape: Vec<usize>,
 }
 
+/// Where a value's blocks live, whatever the layout's spelling: its prime axes, the axes
+/// splitting each dimension and the partial axes. Two layouts of one value with the same
+/// placement need no conversion between them, and a value converted once to a placement
+/// serves every reader that needs it there.
+pub type Placement = (Vec<usize>, Vec<Vec<usize>>, Vec<usize>);
+
+/// The [`Placement`] of `l`.
+pub fn placement(l: &TensorLayout) -> Placement {
+    let c = Canon::of(l);
+    (c.primes, c.dims, c.partial)
+}
+
 /// The prime factors of `n`, smallest first.
 pub fn factor(mut n: usize) -> Vec<usize> {
     let mut f = Vec::new();

@@ -14,15 +14,23 @@
 //!   term);
 //! - [`Term::FromInput`]: a data input, whose layout the dataset strategy fixes.
 //!
+//! The partition converts a value to one placement once, however many readers need it there;
+//! the prediction ([`Problem::step_seconds`]) counts such a shared conversion once too, so
+//! that its communication is what the ranks run. The searchers' objective
+//! ([`Problem::objective_seconds`], the [`CostGraph`]'s total) counts it once per reader: an
+//! edge of the cost graph joins two ops, and sharing depends on all the readers at once.
+//!
 //! Memory per device ([`Problem::memory_bytes`]): the slices of the weights an op is first
 //! user of, with their optimizer state and gradient, and the results the backward pass reads.
 
 use super::super::cost::{elem_bytes, CommCost, Machine};
+use super::super::redistribute::{placement, Placement};
 use super::super::rules::{self, candidates, dims_of, sharding, OpSharding};
 use super::super::strategy::{is_generated, like_weight, updated_weight, MAX_SPLIT_LOOPS};
 use super::super::{ParallelError, ParallelOptions};
 use super::{CostGraph, SearchEdge, SearchNode};
 use shardc_ir::{Graph, NodeId, OpKind, Operand, TensorLayout};
+use std::collections::HashSet;
 
 /// Candidate lists longer than this keep only the strategies that use every device (as
 /// MindSpore's `fully_use_devices`), and then at most this many, in [`rules::candidates`]'
@@ -106,6 +114,17 @@ impl Term {
         v.dedup();
         v
     }
+}
+
+/// A value whose conversion readers may share ([`Problem::conversion`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Converted {
+    /// Result `.1` of searched op `.0`.
+    Result(usize, usize),
+    /// The weight that is operand `.1` of its first user, searched op `.0`.
+    Weight(usize, usize),
+    /// Data input (parameter index).
+    Input(usize),
 }
 
 /// The search problem of a training graph.
@@ -615,17 +634,46 @@ impl<'g> Problem<'g> {
     }
 
     /// The predicted step time of a choice (one sharding per searched op): compute plus every
-    /// term.
+    /// term, a value's conversion to one placement counted once however many readers need it
+    /// there ([`Problem::conversion`]), as the partition makes it once.
     pub fn step_seconds(&self, choice: &[&OpSharding]) -> Breakdown {
+        let mut converted = HashSet::new();
+        let communication = self
+            .terms
+            .iter()
+            .map(|t| {
+                let first = self
+                    .conversion(t, |k| choice[k])
+                    .is_none_or(|c| converted.insert(c));
+                if first {
+                    self.term_seconds(t, |k| choice[k])
+                } else {
+                    0.0
+                }
+            })
+            .sum();
+        self.breakdown(choice, communication)
+    }
+
+    /// The searchers' objective for a choice, the total of the [`CostGraph`] they search:
+    /// as [`Problem::step_seconds`], but every term on its own, so that a conversion several
+    /// readers share is counted once per reader (a cost graph's edges join two ops, and
+    /// sharing is a property of all the readers of a value at once).
+    pub fn objective_seconds(&self, choice: &[&OpSharding]) -> Breakdown {
+        let communication = self
+            .terms
+            .iter()
+            .map(|t| self.term_seconds(t, |k| choice[k]))
+            .sum();
+        self.breakdown(choice, communication)
+    }
+
+    /// A choice's compute and memory, with `communication`.
+    fn breakdown(&self, choice: &[&OpSharding], communication: f64) -> Breakdown {
         let compute: f64 = choice
             .iter()
             .enumerate()
             .map(|(k, s)| self.compute_seconds(k, s))
-            .sum();
-        let communication: f64 = self
-            .terms
-            .iter()
-            .map(|t| self.term_seconds(t, |k| choice[k]))
             .sum();
         let memory: f64 = choice
             .iter()
@@ -637,6 +685,39 @@ impl<'g> Problem<'g> {
             communication,
             memory,
         }
+    }
+
+    /// The conversion term `t` prices, as the partition shares it among readers: the value
+    /// converted and the placement it must reach. `None` for a term whose conversion is not
+    /// shared (a gradient written into its weight, completed apart from ordinary readers) or
+    /// whose reader takes no layout.
+    pub fn conversion<'a>(
+        &self,
+        t: &Term,
+        of: impl Fn(usize) -> &'a OpSharding,
+    ) -> Option<(Converted, Placement)> {
+        let (value, to, operand) = match *t {
+            Term::Flow {
+                from,
+                out,
+                to,
+                operand,
+                ..
+            } => (Converted::Result(from, out), to, operand),
+            Term::SharedWeight {
+                first,
+                first_operand,
+                to,
+                operand,
+                ..
+            } => (Converted::Weight(first, first_operand), to, operand),
+            Term::FromInput {
+                param, to, operand, ..
+            } => (Converted::Input(param), to, operand),
+            Term::IntoWeight { .. } => return None,
+        };
+        let want = of(to).inputs.get(operand)?.as_ref()?;
+        Some((value, placement(want)))
     }
 
     /// Op `k`'s share of a choice: its compute, the terms it takes part in (both ends
