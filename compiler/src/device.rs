@@ -10,6 +10,7 @@
 //! [intra_host]                  # between devices of one host (NVLink, shared memory, HCCS)
 //! bandwidth_gbs = 450.0         # 10^9 bytes per second, one direction
 //! latency_us = 3.0
+//! algorithm = "ring"            # or "shared_memory" (CPU workers); default "ring"
 //!
 //! [inter_host]                  # between hosts (InfiniBand, RoCE, Ethernet)
 //! bandwidth_gbs = 50.0
@@ -18,15 +19,16 @@
 //!
 //! Communication follows an α–β model per link class: a message of `b` bytes costs
 //! `α + b / β`; a ring AllReduce over `p` devices moves `2 (p − 1) / p` of the buffer through
-//! `2 (p − 1)` steps, AllGather and ReduceScatter half of that. A group that spans hosts is
-//! limited by the inter-host link.
+//! `2 (p − 1)` steps, AllGather and ReduceScatter half of that. On a `shared_memory` link
+//! (shardc's CPU workers copy through one host's memory) a member moves the whole buffer
+//! whatever the group's size. A group that spans hosts is limited by the inter-host link.
 
 use serde::{Deserialize, Serialize};
-use shardc_passes::parallel::cost::{LinkCost, Machine};
+use shardc_passes::parallel::cost::{LinkAlgorithm, LinkCost, Machine};
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 
-/// One link class: bandwidth and latency.
+/// One link class: bandwidth, latency and how its collectives move data.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Link {
@@ -34,6 +36,48 @@ pub struct Link {
     pub bandwidth_gbs: f64,
     /// Latency of one message, in microseconds.
     pub latency_us: f64,
+    /// `"ring"` (the default: NCCL, HCCL, MPI over a network or device links) or
+    /// `"shared_memory"` (copies through one host's memory, as shardc's CPU workers do: a
+    /// member moves the whole buffer whatever the group's size).
+    #[serde(default)]
+    pub algorithm: Algorithm,
+}
+
+/// How a link's collectives move data (the cost model's [`LinkAlgorithm`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Algorithm {
+    /// Rings: a member of `p` moves `(p − 1) / p` of the buffer.
+    #[default]
+    Ring,
+    /// Copies through shared memory: a member moves the whole buffer.
+    SharedMemory,
+}
+
+impl Algorithm {
+    /// Its name in a description file.
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::Ring => "ring",
+            Algorithm::SharedMemory => "shared_memory",
+        }
+    }
+
+    /// The cost model's algorithm.
+    pub fn to_cost(self) -> LinkAlgorithm {
+        match self {
+            Algorithm::Ring => LinkAlgorithm::Ring,
+            Algorithm::SharedMemory => LinkAlgorithm::SharedMemory,
+        }
+    }
+
+    /// Of the cost model's algorithm.
+    pub fn of_cost(a: LinkAlgorithm) -> Algorithm {
+        match a {
+            LinkAlgorithm::Ring => Algorithm::Ring,
+            LinkAlgorithm::SharedMemory => Algorithm::SharedMemory,
+        }
+    }
 }
 
 impl Link {
@@ -132,10 +176,12 @@ impl DeviceDescription {
                 intra_host: Link {
                     bandwidth_gbs: 4.0,
                     latency_us: 3.0,
+                    algorithm: Algorithm::SharedMemory,
                 },
                 inter_host: Link {
                     bandwidth_gbs: 1.0,
                     latency_us: 50.0,
+                    algorithm: Algorithm::Ring,
                 },
             },
             "8xh100" => DeviceDescription {
@@ -149,10 +195,12 @@ impl DeviceDescription {
                 intra_host: Link {
                     bandwidth_gbs: 360.0,
                     latency_us: 3.0,
+                    algorithm: Algorithm::Ring,
                 },
                 inter_host: Link {
                     bandwidth_gbs: 45.0,
                     latency_us: 6.0,
+                    algorithm: Algorithm::Ring,
                 },
             },
             "ascend910" => DeviceDescription {
@@ -166,10 +214,12 @@ impl DeviceDescription {
                 intra_host: Link {
                     bandwidth_gbs: 90.0,
                     latency_us: 5.0,
+                    algorithm: Algorithm::Ring,
                 },
                 inter_host: Link {
                     bandwidth_gbs: 11.0,
                     latency_us: 10.0,
+                    algorithm: Algorithm::Ring,
                 },
             },
             other => return Err(DeviceError::UnknownPreset(other.to_string())),
@@ -214,13 +264,16 @@ impl DeviceDescription {
              # microseconds every collective costs besides its messages\n\
              collective_overhead_us = {:?}\n\n\
              # between devices of one host: bandwidth in 1e9 bytes/s, latency in microseconds\n\
+             # algorithm: \"ring\" (a member moves (p - 1)/p of the buffer) or \"shared_memory\" (the whole buffer)\n\
              [intra_host]\n\
              bandwidth_gbs = {:?}\n\
-             latency_us = {:?}\n\n\
+             latency_us = {:?}\n\
+             algorithm = {:?}\n\n\
              # between hosts\n\
              [inter_host]\n\
              bandwidth_gbs = {:?}\n\
-             latency_us = {:?}\n",
+             latency_us = {:?}\n\
+             algorithm = {:?}\n",
             self.name,
             self.devices_per_host,
             self.flops,
@@ -230,8 +283,10 @@ impl DeviceDescription {
             self.collective_overhead_us.unwrap_or(0.0),
             self.intra_host.bandwidth_gbs,
             self.intra_host.latency_us,
+            self.intra_host.algorithm.name(),
             self.inter_host.bandwidth_gbs,
             self.inter_host.latency_us,
+            self.inter_host.algorithm.name(),
         )
     }
 
@@ -316,6 +371,7 @@ impl DeviceDescription {
         let link = |l: &Link| LinkCost {
             bandwidth: l.bandwidth_gbs * 1e9,
             latency: l.latency_us * 1e-6,
+            algorithm: l.algorithm.to_cost(),
         };
         Machine {
             devices_per_host: self.devices_per_host,
@@ -377,6 +433,35 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("speed"), "{e}");
+        let e = DeviceDescription::parse(
+            &d.to_toml()
+                .replacen("algorithm = \"ring\"", "algorithm = \"mesh\"", 1),
+            p,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("mesh") && e.contains("ring") && e.contains("shared_memory"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_cpu_preset_copies_through_shared_memory_within_a_host() {
+        let d = DeviceDescription::preset("cpu").unwrap();
+        assert_eq!(d.intra_host.algorithm, Algorithm::SharedMemory);
+        assert_eq!(d.inter_host.algorithm, Algorithm::Ring);
+        // A member moves the whole buffer: 2 MB of AllReduce over a pair cost what the
+        // whole host's would, bar the latency.
+        let pair = d.all_reduce_seconds(2e6, &[0, 1]);
+        assert!(
+            (pair - (2.0 * 3e-6 + 2.0 * 2e6 / 4e9)).abs() < 1e-12,
+            "{pair}"
+        );
+        // Written without the key, a link is a ring (files written before it existed).
+        let old = d.to_toml().replace("algorithm = \"shared_memory\"\n", "");
+        let back = DeviceDescription::parse(&old, Path::new("old.toml")).unwrap();
+        assert_eq!(back.intra_host.algorithm, Algorithm::Ring);
     }
 
     #[test]

@@ -9,7 +9,8 @@
 //!   and written per second, the median of 5), the roofline of memory-bound ops;
 //! - `intra_host`: AllReduce between 2 worker processes over shared memory (the cluster's data
 //!   plane, measured as `shardc bench collectives` does) at 4 KiB and 16 MiB, fitted to the
-//!   ring's `t = 2 (p − 1) α + 2 (p − 1) / p · S / β`;
+//!   shared-memory model `t = 2 (p − 1) α + 2 S / β` (`algorithm = "shared_memory"`: a member
+//!   copies the whole buffer whatever the group's size);
 //! - `vector_flops`: the CPU backend's GeLU kernel on one thread, in the cost model's vector
 //!   FLOP/s (as `shardc bench strategies` measures it);
 //! - `collective_overhead_us`: what a collective costs inside a step beyond its messages, with
@@ -20,10 +21,11 @@
 //!   on stderr.
 
 use super::bench_collectives::{run_processes, CollectivesArgs, Transport};
-use super::bench_strategies::{collective_overhead_seconds, core_figures, measure_link};
+use super::bench_strategies::{collective_overhead_seconds, core_figures, fit_link, measure_link};
 use super::{shardc_gemm, BenchArgs};
 use anyhow::{anyhow, Context, Result};
-use shardc_compiler::device::{DeviceDescription, Link};
+use shardc_compiler::device::{Algorithm, DeviceDescription, Link};
+use shardc_passes::parallel::cost::LinkAlgorithm;
 
 /// Runs the calibration and writes the description to `args.device_file`.
 pub fn run(args: &BenchArgs) -> Result<()> {
@@ -52,7 +54,17 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             .map(|r| r.median_us * 1e-6)
             .ok_or_else(|| anyhow!("no AllReduce measurement of {size} bytes"))
     };
-    let intra = fit_ring_two(small as f64, time(small)?, large as f64, time(large)?);
+    let fit = fit_link(
+        2,
+        LinkAlgorithm::SharedMemory,
+        (small as f64, time(small)?),
+        (large as f64, time(large)?),
+    );
+    let intra = Link {
+        bandwidth_gbs: fit.bandwidth / 1e9,
+        latency_us: fit.latency * 1e6,
+        algorithm: Algorithm::SharedMemory,
+    };
     eprintln!("calibrate: the GeLU kernel's rate on one thread ...");
     let core = core_figures(args.quick)?;
     eprintln!("calibrate: the cost of a collective in a step, {devices} ranks ...");
@@ -101,20 +113,6 @@ fn memory_bandwidth_gbs(reps: usize) -> f64 {
     rates[rates.len() / 2]
 }
 
-/// α and β of a 2-member ring AllReduce (`t = 2α + S/β`) from a small and a large message.
-pub fn fit_ring_two(s_small: f64, t_small: f64, s_large: f64, t_large: f64) -> Link {
-    let mut alpha = (t_small / 2.0).max(0.0);
-    let mut beta = s_large / (t_large - 2.0 * alpha).max(1e-12);
-    for _ in 0..4 {
-        alpha = ((t_small - s_small / beta) / 2.0).max(0.0);
-        beta = s_large / (t_large - 2.0 * alpha).max(1e-12);
-    }
-    Link {
-        bandwidth_gbs: beta / 1e9,
-        latency_us: alpha * 1e6,
-    }
-}
-
 /// `MemTotal` of `/proc/meminfo`, in bytes.
 fn mem_total() -> Result<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").context("reading /proc/meminfo")?;
@@ -128,15 +126,6 @@ fn mem_total() -> Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_ring_fit_recovers_alpha_and_beta() {
-        // alpha 3 us, beta 4 GB/s.
-        let t = |s: f64| 2.0 * 3e-6 + s / 4e9;
-        let l = fit_ring_two(4096.0, t(4096.0), 16.0 * 1048576.0, t(16.0 * 1048576.0));
-        assert!((l.latency_us - 3.0).abs() < 1e-6, "{l:?}");
-        assert!((l.bandwidth_gbs - 4.0).abs() < 1e-6, "{l:?}");
-    }
 
     #[test]
     fn memory_is_read() {

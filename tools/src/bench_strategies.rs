@@ -16,7 +16,10 @@
 //! step-sized working set at once ([`rank_bandwidth`]); the link is the in-process communicator's,
 //! measured here: an f32 AllReduce over all the ranks at 4 KiB and 1 MiB, back to back
 //! (median; a second fit with staggered arrivals is printed for comparison), fitted to the
-//! ring's `t = 2 (p − 1) α + 2 (p − 1) / p · S / β`; the fixed cost of a collective is what
+//! shared-memory model `t = 2 (p − 1) α + 2 S / β` (the ranks copy through this process's
+//! memory: a member moves the whole buffer whatever the group's size, where a ring member
+//! moves `(p − 1) / p` of it; with the ring's form, pairs of the 2-D strategies were priced
+//! at 2/3 of what they cost at 4 ranks); the fixed cost of a collective is what
 //! bringing its members together costs inside a step ([`collective_overhead_seconds`]). The
 //! searchers run under this machine, measured once per rank count before the cases. Each
 //! candidate is then **measured** ([`measure_steps`]): the per-rank graphs on one thread each,
@@ -43,7 +46,7 @@ use shardc_compiler::transformer::{transformer, TransformerConfig};
 use shardc_compiler::zoo;
 use shardc_ir::{Graph, Node, OpKind, ReduceOp, Strategy, TensorLayout};
 use shardc_passes::autodiff::Optimizer;
-use shardc_passes::parallel::cost::{LinkCost, Machine};
+use shardc_passes::parallel::cost::{LinkAlgorithm, LinkCost, Machine};
 use shardc_passes::parallel::search;
 use shardc_passes::parallel::search::problem::{vector_weight, Problem};
 use shardc_passes::parallel::{DatasetLayout, Mode, ParallelOptions, SearchMode, SearchOptions};
@@ -472,16 +475,24 @@ pub fn all_reduce_seconds(
     Ok(median(times))
 }
 
-/// α and β of the ring AllReduce `t = 2 (p − 1) α + 2 (p − 1) / p · S / β` over `p` members
-/// from two measurements `(S, t)`; α at least 0, β at most 1 TB/s.
-pub fn fit_ring(p: usize, small: (f64, f64), large: (f64, f64)) -> LinkCost {
-    let a = 2.0 * (p as f64 - 1.0);
-    let b = a / p as f64;
+/// α and β of an AllReduce over `p` members on a link whose collectives move data as
+/// `algorithm` does (the cost model's `t = 2 (p − 1) α + 2 s S / β`, `s` the share a member
+/// moves: [`LinkAlgorithm::share`]) from two measurements `(S, t)`; α at least 0, β at most
+/// 1 TB/s.
+pub fn fit_link(
+    p: usize,
+    algorithm: LinkAlgorithm,
+    small: (f64, f64),
+    large: (f64, f64),
+) -> LinkCost {
+    let a = 2.0 * (p.max(2) as f64 - 1.0);
+    let b = 2.0 * algorithm.share(p.max(2));
     let inv_beta = ((large.1 - small.1) / (b * (large.0 - small.0))).max(1e-12);
     let alpha = ((small.1 - b * small.0 * inv_beta) / a).max(0.0);
     LinkCost {
         bandwidth: 1.0 / inv_beta,
         latency: alpha,
+        algorithm,
     }
 }
 
@@ -528,14 +539,16 @@ pub fn core_figures(quick: bool) -> Result<CoreFigures> {
 }
 
 /// The in-process link of `ranks` ranks: AllReduces of 4 KiB and 1 MiB
-/// ([`all_reduce_seconds`] with `stagger`) fitted to the ring ([`fit_ring`]).
+/// ([`all_reduce_seconds`] with `stagger`) fitted to the shared-memory model ([`fit_link`]:
+/// the ranks copy through this process's memory, a member the whole buffer).
 pub fn measure_link(ranks: usize, quick: bool, stagger: std::time::Duration) -> Result<LinkCost> {
     let reps = if quick { 20 } else { 60 };
     let (s_small, s_large) = (1024usize, 256 << 10);
     let t_small = all_reduce_seconds(ranks, s_small, reps, stagger)?;
     let t_large = all_reduce_seconds(ranks, s_large, reps, stagger)?;
-    Ok(fit_ring(
+    Ok(fit_link(
         ranks,
+        LinkAlgorithm::SharedMemory,
         (4.0 * s_small as f64, t_small),
         (4.0 * s_large as f64, t_large),
     ))
@@ -686,6 +699,7 @@ impl HostFigures {
             link: LinkCost {
                 bandwidth: self.link.bandwidth.max(other.link.bandwidth),
                 latency: self.link.latency.min(other.link.latency),
+                algorithm: self.link.algorithm,
             },
             overhead: self.overhead.min(other.overhead),
         }
@@ -713,7 +727,7 @@ impl HostFigures {
     pub fn describe(&self, ranks: usize) -> String {
         let m = self.machine(ranks);
         format!(
-            "{:.1} GFLOP/s, {:.1} vector GFLOP/s, {:.1} GB/s per rank (all ranks adding over 12 MiB each at once); collective overhead in a step {:.2} us; in-process AllReduce fitted to the ring, back to back: alpha={:.2} us beta={:.2} GB/s",
+            "{:.1} GFLOP/s, {:.1} vector GFLOP/s, {:.1} GB/s per rank (all ranks adding over 12 MiB each at once); collective overhead in a step {:.2} us; in-process AllReduce fitted to shared memory, back to back: alpha={:.2} us beta={:.2} GB/s",
             m.flops / 1e9,
             m.vector_flops / 1e9,
             m.memory_bandwidth / 1e9,
@@ -1246,16 +1260,35 @@ mod tests {
     }
 
     #[test]
-    fn the_ring_fit_recovers_alpha_and_beta() {
+    fn the_link_fit_recovers_alpha_and_beta() {
         let (alpha, beta) = (5e-6, 2e9);
-        for p in [2usize, 4, 8] {
-            let t = |s: f64| {
-                2.0 * (p as f64 - 1.0) * alpha + 2.0 * (p as f64 - 1.0) / p as f64 * s / beta
-            };
-            let l = fit_ring(p, (4096.0, t(4096.0)), (1e6, t(1e6)));
-            assert!((l.latency - alpha).abs() < 1e-12, "{l:?}");
-            assert!((l.bandwidth - beta).abs() / beta < 1e-9, "{l:?}");
+        for algorithm in [LinkAlgorithm::Ring, LinkAlgorithm::SharedMemory] {
+            for p in [2usize, 4, 8] {
+                let t = |s: f64| {
+                    let link = LinkCost {
+                        bandwidth: beta,
+                        latency: alpha,
+                        algorithm,
+                    };
+                    Machine::all_reduce_seconds(&link, s, p)
+                };
+                let l = fit_link(p, algorithm, (4096.0, t(4096.0)), (1e6, t(1e6)));
+                assert!((l.latency - alpha).abs() < 1e-12, "{l:?}");
+                assert!((l.bandwidth - beta).abs() / beta < 1e-9, "{l:?}");
+                assert_eq!(l.algorithm, algorithm);
+            }
         }
+        // The same two measurements at 4 members: the ring's members move 3/4 of a buffer
+        // the shared memory's members move whole, so its beta is 3/4 of theirs.
+        let t = |s: f64| 6.0 * alpha + 1.5 * s / beta;
+        let ring = fit_link(4, LinkAlgorithm::Ring, (4096.0, t(4096.0)), (1e6, t(1e6)));
+        let shm = fit_link(
+            4,
+            LinkAlgorithm::SharedMemory,
+            (4096.0, t(4096.0)),
+            (1e6, t(1e6)),
+        );
+        assert!((ring.bandwidth / shm.bandwidth - 0.75).abs() < 1e-9);
     }
 
     #[test]
@@ -1304,7 +1337,7 @@ mod tests {
     }
 
     /// Rank 0's collectives and redistribution slices, priced as the cost model prices each
-    /// (its fixed overhead and the ring's α-β for the group, a slice as one copy).
+    /// (its fixed overhead and the link's α-β for the group, a slice as one copy).
     fn priced_communication(g: &Graph, m: &Machine) -> f64 {
         use shardc_passes::parallel::cost::elem_bytes;
         let bytes = |t: Option<&shardc_ir::TensorType>| {
@@ -1358,10 +1391,12 @@ mod tests {
             intra_host: LinkCost {
                 bandwidth: 1e10,
                 latency: 1e-6,
+                algorithm: LinkAlgorithm::SharedMemory,
             },
             inter_host: LinkCost {
                 bandwidth: 1e10,
                 latency: 1e-6,
+                algorithm: LinkAlgorithm::Ring,
             },
             collective_overhead: 3e-6,
         };
