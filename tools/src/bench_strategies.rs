@@ -25,7 +25,9 @@
 //! candidate is then **measured** ([`measure_steps`]): the per-rank graphs on one thread each,
 //! warm-up steps, then timed steps back to back as training runs them, each step of the world
 //! ending when its slowest rank ends it; the candidates take turns over a few rounds (so that
-//! a change of load weighs on all alike), and each reports a low quantile of all its steps
+//! a change of load weighs on all alike), the rounds of all cases in turn (so that a slow
+//! phase of the host lasting many seconds weighs on a few rounds of every case, not on every
+//! round of one: [`Case`]), and each reports a low quantile of all its steps
 //! ([`step_seconds`]). Each round also measures the host again ([`HostFigures`]), and the
 //! predictions use its fastest phase over the rounds: the host as fast as it was when the
 //! candidates' fast steps ran.
@@ -1059,115 +1061,169 @@ impl StepPlan {
     }
 }
 
-/// Predicts and measures every candidate of `model` on `ranks` ranks; prints the case's
-/// lines and returns the figures and Spearman's correlation (`None` when undefined).
-pub fn run_case(
-    model: &BenchModel,
+/// One case (a model on a number of ranks) while it is measured: its candidates, and what
+/// the rounds measured so far. [`run`] measures the rounds of all cases in turn, so that a
+/// disturbance of the host lasting many seconds weighs on a few rounds of every case rather
+/// than on every round of one (the quickstart net's cases take a few seconds each: one run
+/// measured all three of them in a slow phase, at 0.36-0.66).
+pub struct Case<'m> {
+    model: &'m BenchModel,
     ranks: usize,
     machine: Machine,
     plan: StepPlan,
-    stats_table: bool,
-) -> Result<(Vec<CandidateFigures>, Option<f64>)> {
-    let single = compile(
-        model.forward.clone(),
-        &CompileOptions {
-            optimizer: Some(model.optimizer),
-            ..Default::default()
-        },
-    )
-    .with_context(|| format!("{}: the single-device training step", model.name))?
-    .graph;
-    let data = SyntheticData::new(&single, 7, plan.warmup + plan.steps)
-        .with_context(|| format!("{}: synthetic data", model.name))?;
-    let (cands, notes) = candidates(model, ranks, machine)?;
-    for n in &notes {
-        eprintln!("strategies {} ranks={ranks}: {n}", model.name);
-    }
-    // Per candidate, the steps of every round.
-    let mut times: Vec<Vec<f64>> = vec![Vec::new(); cands.len()];
-    let mut stats: Vec<Option<ExecStats>> = vec![None; cands.len()];
-    let mut host: Option<HostFigures> = None;
-    for _ in 0..plan.rounds.max(1) {
-        if plan.host_each_round {
-            let now = HostFigures::measure(ranks, false)?;
-            host = Some(host.map_or(now, |h| h.fastest(now)));
+    data: SyntheticData,
+    cands: Vec<StrategyCandidate>,
+    /// Per candidate, the steps of every round so far.
+    times: Vec<Vec<f64>>,
+    /// Per candidate, rank 0's executor statistics of its last round.
+    stats: Vec<Option<ExecStats>>,
+    /// The host's fastest phase over the rounds so far (with `plan.host_each_round`).
+    host: Option<HostFigures>,
+    rounds: usize,
+}
+
+impl<'m> Case<'m> {
+    /// Compiles the candidates of `model` on `ranks` ranks under `machine` (notes on stderr).
+    pub fn prepare(
+        model: &'m BenchModel,
+        ranks: usize,
+        machine: Machine,
+        plan: StepPlan,
+    ) -> Result<Case<'m>> {
+        let single = compile(
+            model.forward.clone(),
+            &CompileOptions {
+                optimizer: Some(model.optimizer),
+                ..Default::default()
+            },
+        )
+        .with_context(|| format!("{}: the single-device training step", model.name))?
+        .graph;
+        let data = SyntheticData::new(&single, 7, plan.warmup + plan.steps)
+            .with_context(|| format!("{}: synthetic data", model.name))?;
+        let (cands, notes) = candidates(model, ranks, machine)?;
+        for n in &notes {
+            eprintln!("strategies {} ranks={ranks}: {n}", model.name);
         }
-        for (k, c) in cands.iter().enumerate() {
-            let (t, s) = measure_steps(c, &data, plan.warmup, plan.steps)?;
-            times[k].extend(t);
-            stats[k] = Some(s);
-        }
+        Ok(Case {
+            model,
+            ranks,
+            machine,
+            plan,
+            data,
+            times: vec![Vec::new(); cands.len()],
+            stats: vec![None; cands.len()],
+            cands,
+            host: None,
+            rounds: 0,
+        })
     }
-    let predict_machine = host.map_or(machine, |h| h.machine(ranks));
-    if let Some(h) = host {
+
+    /// Whether it has had all its rounds.
+    pub fn done(&self) -> bool {
+        self.rounds >= self.plan.rounds.max(1)
+    }
+
+    /// One round: the host's figures (when the plan says so), then every candidate's steps.
+    pub fn measure_round(&mut self) -> Result<()> {
+        if self.plan.host_each_round {
+            let now = HostFigures::measure(self.ranks, false)?;
+            self.host = Some(self.host.map_or(now, |h| h.fastest(now)));
+        }
+        for (k, c) in self.cands.iter().enumerate() {
+            let (t, s) = measure_steps(c, &self.data, self.plan.warmup, self.plan.steps)?;
+            self.times[k].extend(t);
+            self.stats[k] = Some(s);
+        }
+        self.rounds += 1;
+        Ok(())
+    }
+
+    /// Predicts every candidate, prints the case's lines and returns the figures and
+    /// Spearman's correlation (`None` when undefined).
+    pub fn finish(self, stats_table: bool) -> Result<(Vec<CandidateFigures>, Option<f64>)> {
+        let Case {
+            model,
+            ranks,
+            machine,
+            cands,
+            times,
+            stats,
+            host,
+            rounds,
+            ..
+        } = self;
+        let predict_machine = host.map_or(machine, |h| h.machine(ranks));
+        if let Some(h) = host {
+            println!(
+                "strategies {} ranks={ranks} predicted under the host's fastest phase over {rounds} rounds: {}",
+                model.name,
+                h.describe(ranks)
+            );
+        }
+        let mut figs = Vec::new();
+        for ((c, t), stats) in cands.iter().zip(times).zip(stats) {
+            let mut options = c.options.clone();
+            options.search.machine = predict_machine;
+            let predicted = search::predict(&c.compiled.begin, &options, &c.compiled.assignment)
+                .with_context(|| format!("{} ranks={ranks} {}: predicting", model.name, c.name))?;
+            let measured = step_seconds(&t).ok_or_else(|| {
+                anyhow!("{} ranks={ranks} {}: no steps timed", model.name, c.name)
+            })?;
+            let rank0 = c
+                .compiled
+                .ranks
+                .first()
+                .ok_or_else(|| anyhow!("{}: no rank graphs", c.name))?;
+            let rank0_collectives = rank0
+                .nodes
+                .iter()
+                .filter(|n| n.op.is_communication())
+                .count();
+            let rank0_ops = rank0
+                .nodes
+                .iter()
+                .filter(|n| !n.op.is_communication() && n.op != OpKind::TupleGetItem)
+                .count();
+            let f = CandidateFigures {
+                name: c.name.clone(),
+                predicted,
+                measured,
+                rank0_ops,
+                rank0_collectives,
+            };
+            println!(
+                "strategies {} ranks={ranks} {:<32} predicted={:9.3} ms (compute {:.3} + communication {:.3}) measured={:9.3} ms rank0_ops={} rank0_collectives={}",
+                model.name,
+                f.name,
+                f.predicted.seconds() * 1e3,
+                f.predicted.compute * 1e3,
+                f.predicted.communication * 1e3,
+                f.measured * 1e3,
+                f.rank0_ops,
+                f.rank0_collectives
+            );
+            if let (true, Some(stats)) = (stats_table, stats) {
+                print_stats(c, &stats)?;
+            }
+            figs.push(f);
+        }
+        let p: Vec<f64> = figs.iter().map(|f| f.predicted.seconds()).collect();
+        let m: Vec<f64> = figs.iter().map(|f| f.measured).collect();
+        let rho = spearman(&p, &m);
         println!(
-            "strategies {} ranks={ranks} predicted under the host's fastest phase over {} rounds: {}",
+            "strategies {} ranks={ranks} candidates={} spearman={} (goal >= {GOAL_SPEARMAN}: {})",
             model.name,
-            plan.rounds.max(1),
-            h.describe(ranks)
+            figs.len(),
+            rho.map_or("undefined".to_string(), |r| format!("{r:.3}")),
+            if rho.is_some_and(|r| r >= GOAL_SPEARMAN) {
+                "met"
+            } else {
+                "missed"
+            }
         );
+        Ok((figs, rho))
     }
-    let mut figs = Vec::new();
-    for ((c, t), stats) in cands.iter().zip(times).zip(stats) {
-        let mut options = c.options.clone();
-        options.search.machine = predict_machine;
-        let predicted = search::predict(&c.compiled.begin, &options, &c.compiled.assignment)
-            .with_context(|| format!("{} ranks={ranks} {}: predicting", model.name, c.name))?;
-        let measured = step_seconds(&t)
-            .ok_or_else(|| anyhow!("{} ranks={ranks} {}: no steps timed", model.name, c.name))?;
-        let rank0 = c
-            .compiled
-            .ranks
-            .first()
-            .ok_or_else(|| anyhow!("{}: no rank graphs", c.name))?;
-        let rank0_collectives = rank0
-            .nodes
-            .iter()
-            .filter(|n| n.op.is_communication())
-            .count();
-        let rank0_ops = rank0
-            .nodes
-            .iter()
-            .filter(|n| !n.op.is_communication() && n.op != OpKind::TupleGetItem)
-            .count();
-        let f = CandidateFigures {
-            name: c.name.clone(),
-            predicted,
-            measured,
-            rank0_ops,
-            rank0_collectives,
-        };
-        println!(
-            "strategies {} ranks={ranks} {:<32} predicted={:9.3} ms (compute {:.3} + communication {:.3}) measured={:9.3} ms rank0_ops={} rank0_collectives={}",
-            model.name,
-            f.name,
-            f.predicted.seconds() * 1e3,
-            f.predicted.compute * 1e3,
-            f.predicted.communication * 1e3,
-            f.measured * 1e3,
-            f.rank0_ops,
-            f.rank0_collectives
-        );
-        if let (true, Some(stats)) = (stats_table, stats) {
-            print_stats(c, &stats)?;
-        }
-        figs.push(f);
-    }
-    let p: Vec<f64> = figs.iter().map(|f| f.predicted.seconds()).collect();
-    let m: Vec<f64> = figs.iter().map(|f| f.measured).collect();
-    let rho = spearman(&p, &m);
-    println!(
-        "strategies {} ranks={ranks} candidates={} spearman={} (goal >= {GOAL_SPEARMAN}: {})",
-        model.name,
-        figs.len(),
-        rho.map_or("undefined".to_string(), |r| format!("{r:.3}")),
-        if rho.is_some_and(|r| r >= GOAL_SPEARMAN) {
-            "met"
-        } else {
-            "missed"
-        }
-    );
-    Ok((figs, rho))
 }
 
 /// Runs `shardc bench strategies` (`--quick`: fewer steps, see [`StepPlan::of`]; `--stats`: rank 0's time per op kind against the predicted compute, on
@@ -1191,32 +1247,42 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         );
         machines.push((ranks, m));
     }
-    let mut met = 0;
-    let mut cases = 0;
-    let mut worst: Option<(f64, String)> = None;
-    for model in models()? {
+    let models = models()?;
+    let mut cases = Vec::new();
+    for model in &models {
         for &(ranks, machine) in &machines {
-            let (_, rho) = run_case(
-                &model,
-                ranks,
-                machine,
-                StepPlan::of(&model, ranks, args.quick),
-                args.stats,
-            )?;
-            cases += 1;
-            let r = rho.unwrap_or(f64::NEG_INFINITY);
-            if r >= GOAL_SPEARMAN {
-                met += 1;
-            }
-            if worst.as_ref().is_none_or(|(w, _)| r < *w) {
-                worst = Some((r, format!("{} ranks={ranks}", model.name)));
-            }
+            let plan = StepPlan::of(model, ranks, args.quick);
+            cases.push(Case::prepare(model, ranks, machine, plan)?);
+        }
+    }
+    // The rounds of all cases in turn (see [`Case`]).
+    let mut round = 0;
+    while cases.iter().any(|c| !c.done()) {
+        round += 1;
+        eprintln!("strategies: round {round}");
+        for c in cases.iter_mut().filter(|c| !c.done()) {
+            c.measure_round()?;
+        }
+    }
+    let mut met = 0;
+    let mut counted = 0;
+    let mut worst: Option<(f64, String)> = None;
+    for case in cases {
+        let (model, ranks) = (case.model.name.clone(), case.ranks);
+        let (_, rho) = case.finish(args.stats)?;
+        counted += 1;
+        let r = rho.unwrap_or(f64::NEG_INFINITY);
+        if r >= GOAL_SPEARMAN {
+            met += 1;
+        }
+        if worst.as_ref().is_none_or(|(w, _)| r < *w) {
+            worst = Some((r, format!("{model} ranks={ranks}")));
         }
     }
     let (w, wname) = worst.unwrap_or((f64::NAN, "none".into()));
     println!(
-        "strategies summary: {met}/{cases} cases with spearman >= {GOAL_SPEARMAN}; lowest {w:.3} ({wname}) (goal: {})",
-        if met == cases { "met" } else { "missed" }
+        "strategies summary: {met}/{counted} cases with spearman >= {GOAL_SPEARMAN}; lowest {w:.3} ({wname}) (goal: {})",
+        if met == counted { "met" } else { "missed" }
     );
     Ok(())
 }
@@ -1224,6 +1290,22 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Predicts and measures every candidate of `model` on `ranks` ranks, its rounds back to
+    /// back.
+    fn run_case(
+        model: &BenchModel,
+        ranks: usize,
+        machine: Machine,
+        plan: StepPlan,
+        stats_table: bool,
+    ) -> Result<(Vec<CandidateFigures>, Option<f64>)> {
+        let mut case = Case::prepare(model, ranks, machine, plan)?;
+        while !case.done() {
+            case.measure_round()?;
+        }
+        case.finish(stats_table)
+    }
 
     #[test]
     fn spearman_of_known_vectors() {
