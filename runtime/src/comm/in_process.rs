@@ -7,12 +7,12 @@
 //! not depend on arrival order. A large AllReduce ([`ALL_REDUCE_PART_MIN`] elements or more
 //! per member) is reduced by all members instead, each its own range of the elements in
 //! member order, and a second rendezvous shares the reduced ranges (the same arithmetic, in
-//! parallel: a serial reduction by the last member left the other cores idle). Waiting members spin briefly (or yield, when the ranks
-//! outnumber the cores: [`WaitPolicy`]), then sleep on the slot's condition variable until the
-//! result is published or the timeout expires; a member that times out publishes a
-//! [`CommError::Timeout`] naming the ranks that never arrived, which every later arrival of
-//! that call also gets. Point-to-point messages go through FIFO
-//! mailboxes keyed by (source, destination, tag); `send` never blocks.
+//! parallel: a serial reduction by the last member left the other cores idle). Waiting
+//! members spin briefly (or yield, when the ranks outnumber the cores: [`WaitPolicy`]), then
+//! sleep on the slot's condition variable until the result is published or the timeout
+//! expires; a member that times out publishes a [`CommError::Timeout`] naming the ranks that
+//! never arrived, which every later arrival of that call also gets. Point-to-point messages
+//! go through FIFO mailboxes keyed by (source, destination, tag); `send` never blocks.
 
 use super::tensor_ops::{
     concat_axis, part_axis, reduce_in_order, reduce_part_in_order, reduce_range_in_order,
