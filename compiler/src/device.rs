@@ -40,51 +40,7 @@ pub struct Link {
     /// `"shared_memory"` (copies through one host's memory, as shardc's CPU workers do: a
     /// member moves the whole buffer whatever the group's size).
     #[serde(default)]
-    pub algorithm: Algorithm,
-}
-
-/// How a link's collectives move data (the cost model's [`LinkAlgorithm`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Algorithm {
-    /// Rings: a member of `p` moves `(p − 1) / p` of the buffer.
-    #[default]
-    Ring,
-    /// Copies through shared memory: a member moves the whole buffer.
-    SharedMemory,
-}
-
-impl Algorithm {
-    /// Its name in a description file.
-    pub fn name(self) -> &'static str {
-        match self {
-            Algorithm::Ring => "ring",
-            Algorithm::SharedMemory => "shared_memory",
-        }
-    }
-
-    /// The cost model's algorithm.
-    pub fn to_cost(self) -> LinkAlgorithm {
-        match self {
-            Algorithm::Ring => LinkAlgorithm::Ring,
-            Algorithm::SharedMemory => LinkAlgorithm::SharedMemory,
-        }
-    }
-
-    /// Of the cost model's algorithm.
-    pub fn of_cost(a: LinkAlgorithm) -> Algorithm {
-        match a {
-            LinkAlgorithm::Ring => Algorithm::Ring,
-            LinkAlgorithm::SharedMemory => Algorithm::SharedMemory,
-        }
-    }
-}
-
-impl Link {
-    /// Seconds to send `bytes` in one message.
-    pub fn message_seconds(&self, bytes: f64) -> f64 {
-        self.latency_us * 1e-6 + bytes / (self.bandwidth_gbs * 1e9)
-    }
+    pub algorithm: LinkAlgorithm,
 }
 
 /// What the cost model knows of the devices of a job.
@@ -176,12 +132,12 @@ impl DeviceDescription {
                 intra_host: Link {
                     bandwidth_gbs: 4.0,
                     latency_us: 3.0,
-                    algorithm: Algorithm::SharedMemory,
+                    algorithm: LinkAlgorithm::SharedMemory,
                 },
                 inter_host: Link {
                     bandwidth_gbs: 1.0,
                     latency_us: 50.0,
-                    algorithm: Algorithm::Ring,
+                    algorithm: LinkAlgorithm::Ring,
                 },
             },
             "8xh100" => DeviceDescription {
@@ -195,12 +151,12 @@ impl DeviceDescription {
                 intra_host: Link {
                     bandwidth_gbs: 360.0,
                     latency_us: 3.0,
-                    algorithm: Algorithm::Ring,
+                    algorithm: LinkAlgorithm::Ring,
                 },
                 inter_host: Link {
                     bandwidth_gbs: 45.0,
                     latency_us: 6.0,
-                    algorithm: Algorithm::Ring,
+                    algorithm: LinkAlgorithm::Ring,
                 },
             },
             "ascend910" => DeviceDescription {
@@ -214,12 +170,12 @@ impl DeviceDescription {
                 intra_host: Link {
                     bandwidth_gbs: 90.0,
                     latency_us: 5.0,
-                    algorithm: Algorithm::Ring,
+                    algorithm: LinkAlgorithm::Ring,
                 },
                 inter_host: Link {
                     bandwidth_gbs: 11.0,
                     latency_us: 10.0,
-                    algorithm: Algorithm::Ring,
+                    algorithm: LinkAlgorithm::Ring,
                 },
             },
             other => return Err(DeviceError::UnknownPreset(other.to_string())),
@@ -371,7 +327,7 @@ impl DeviceDescription {
         let link = |l: &Link| LinkCost {
             bandwidth: l.bandwidth_gbs * 1e9,
             latency: l.latency_us * 1e-6,
-            algorithm: l.algorithm.to_cost(),
+            algorithm: l.algorithm,
         };
         Machine {
             devices_per_host: self.devices_per_host,
@@ -449,8 +405,8 @@ mod tests {
     #[test]
     fn the_cpu_preset_copies_through_shared_memory_within_a_host() {
         let d = DeviceDescription::preset("cpu").unwrap();
-        assert_eq!(d.intra_host.algorithm, Algorithm::SharedMemory);
-        assert_eq!(d.inter_host.algorithm, Algorithm::Ring);
+        assert_eq!(d.intra_host.algorithm, LinkAlgorithm::SharedMemory);
+        assert_eq!(d.inter_host.algorithm, LinkAlgorithm::Ring);
         // A member moves the whole buffer: 2 MB of AllReduce over a pair cost what the
         // whole host's would, bar the latency.
         let pair = d.all_reduce_seconds(2e6, &[0, 1]);
@@ -461,7 +417,7 @@ mod tests {
         // Written without the key, a link is a ring (files written before it existed).
         let old = d.to_toml().replace("algorithm = \"shared_memory\"\n", "");
         let back = DeviceDescription::parse(&old, Path::new("old.toml")).unwrap();
-        assert_eq!(back.intra_host.algorithm, Algorithm::Ring);
+        assert_eq!(back.intra_host.algorithm, LinkAlgorithm::Ring);
     }
 
     #[test]

@@ -24,7 +24,7 @@ use super::bench_collectives::{run_processes, CollectivesArgs, Transport};
 use super::bench_strategies::{collective_overhead_seconds, core_figures, fit_link, measure_link};
 use super::{shardc_gemm, BenchArgs};
 use anyhow::{anyhow, Context, Result};
-use shardc_compiler::device::{Algorithm, DeviceDescription, Link};
+use shardc_compiler::device::{DeviceDescription, Link};
 use shardc_passes::parallel::cost::LinkAlgorithm;
 
 /// Runs the calibration and writes the description to `args.device_file`.
@@ -63,7 +63,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let intra = Link {
         bandwidth_gbs: fit.bandwidth / 1e9,
         latency_us: fit.latency * 1e6,
-        algorithm: Algorithm::SharedMemory,
+        algorithm: LinkAlgorithm::SharedMemory,
     };
     eprintln!("calibrate: the GeLU kernel's rate on one thread ...");
     let core = core_figures(args.quick)?;

@@ -28,8 +28,12 @@ use shardc_ir::{DType, TensorLayout};
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-/// How the collectives of a link class move data.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+/// How the collectives of a link class move data (`algorithm = "ring"` or
+/// `"shared_memory"` in a device description).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
 pub enum LinkAlgorithm {
     /// Rings over a network or device links (NCCL, HCCL, MPI): each of `p` members sends
     /// and receives `(p − 1) / p` of the buffer, so a larger group moves a little more.
@@ -44,6 +48,14 @@ pub enum LinkAlgorithm {
 }
 
 impl LinkAlgorithm {
+    /// Its name in a device description.
+    pub fn name(self) -> &'static str {
+        match self {
+            LinkAlgorithm::Ring => "ring",
+            LinkAlgorithm::SharedMemory => "shared_memory",
+        }
+    }
+
     /// The share of a buffer one of `p` members moves in an AllGather or ReduceScatter (an
     /// AllReduce moves twice as much).
     pub fn share(self, p: usize) -> f64 {
