@@ -341,13 +341,13 @@ impl DeviceDescription {
         }
     }
 
-    /// Seconds of a ring AllReduce of `bytes` per member over `group`.
+    /// Seconds of an AllReduce of `bytes` per member over `group`, on the link that joins it.
     pub fn all_reduce_seconds(&self, bytes: f64, group: &[usize]) -> f64 {
         let m = self.machine();
         Machine::all_reduce_seconds(m.link_of(group), bytes, group.len())
     }
 
-    /// Seconds of a ring AllGather (or ReduceScatter) whose full result is `bytes`.
+    /// Seconds of an AllGather (or ReduceScatter) whose full result is `bytes`.
     pub fn all_gather_seconds(&self, bytes: f64, group: &[usize]) -> f64 {
         let m = self.machine();
         Machine::all_gather_seconds(m.link_of(group), bytes, group.len())

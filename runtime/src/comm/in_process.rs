@@ -421,11 +421,14 @@ impl Communicator for InProcessComm {
         let c = Collective::AllReduce;
         let rank = self.rank;
         let n = group.len();
+        let check = |inputs: &[Tensor]| {
+            same_types(c, group, rank, inputs)?;
+            check_reducible(c, group, rank, &inputs[0])
+        };
         if n < 2 || tensor.len() < n * ALL_REDUCE_PART_MIN {
             let (outcome, _) =
                 self.collective(c, group, format!("op={op}"), tensor.clone(), |inputs| {
-                    same_types(c, group, rank, &inputs)?;
-                    check_reducible(c, group, rank, &inputs[0])?;
+                    check(&inputs)?;
                     Ok(vec![reduce_in_order(inputs, op)])
                 })?;
             return copy_out(self, c, group, &outcome, 0, tensor);
@@ -435,8 +438,7 @@ impl Communicator for InProcessComm {
         // member copies into its tensor.
         let (outcome, me) =
             self.collective(c, group, format!("op={op}"), tensor.clone(), |inputs| {
-                same_types(c, group, rank, &inputs)?;
-                check_reducible(c, group, rank, &inputs[0])?;
+                check(&inputs)?;
                 Ok(inputs)
             })?;
         let len = tensor.len();

@@ -642,11 +642,15 @@ impl<'g> Problem<'g> {
             .terms
             .iter()
             .map(|t| {
-                let first = self
-                    .conversion(t, |k| choice[k])
-                    .is_none_or(|c| converted.insert(c));
+                // A term that costs nothing needs no key: every reader sharing its conversion
+                // would cost nothing too (one value, one placement, one plan).
+                let s = self.term_seconds(t, |k| choice[k]);
+                let first = s == 0.0
+                    || self
+                        .conversion(t, |k| choice[k])
+                        .is_none_or(|c| converted.insert(c));
                 if first {
-                    self.term_seconds(t, |k| choice[k])
+                    s
                 } else {
                     0.0
                 }
