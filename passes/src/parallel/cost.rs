@@ -12,10 +12,10 @@
 //!   over `p` devices of a `b`-byte buffer costs `2 (p − 1) α + 2 (p − 1) / p · b / β`,
 //!   AllGather, ReduceScatter and AllToAll half of that (on the full buffer); on a link whose
 //!   collectives copy through shared memory ([`LinkAlgorithm::SharedMemory`]) a member moves
-//!   the whole buffer whatever the group's size (`2 b / β` for the AllReduce). A slice costs the copy
-//!   of its result (read out of the source, written packed: one element operation and two
-//!   memory passes per element; `shardc bench strategies` ranked the MLP's candidates at
-//!   0.97-0.99 with it against 0.86-0.98 without, on the same measurements);
+//!   the whole buffer whatever the group's size (`2 b / β` for the AllReduce). A slice costs
+//!   the copy of its result (read out of the source, written packed: one element operation
+//!   and two memory passes per element; `shardc bench strategies` ranked the MLP's
+//!   candidates at 0.97-0.99 with it against 0.86-0.98 without, on the same measurements);
 //!   a group whose members are on several hosts runs at the inter-host link's figures. The
 //!   steps are those [`super::redistribute::plan`] would insert, each collective with the
 //!   machine's fixed `collective_overhead` on top.
