@@ -4,11 +4,12 @@
 //! synchronised BatchNorm ops, and single ops with their gradients in Float32 and Float64
 //! (stride, `same` / `pad` padding, dilation, groups, 1x1, ties in a max pool). Every test
 //! also checks that these ops ran on the device. Skips with a message where no C++20
-//! compiler is found.
+//! compiler is found. With `SHARDC_TEST_DEVICE=cuda` the same tests run on GPU 0 instead
+//! (`gpu_common::kernel_test_device`).
 
 mod gpu_common;
 
-use gpu_common::{close, compare_on_with, emulated_device, momentum, train};
+use gpu_common::{close, compare_on_with, kernel_test_device, momentum, train};
 use shardc::compiler::builder::{BuildError, GraphBuilder, Value};
 use shardc::compiler::loss::SoftmaxCrossEntropyWithLogits;
 use shardc::compiler::model::build_network;
@@ -28,7 +29,7 @@ use shardc::runtime::{Executor, Tensor};
 use std::sync::Arc;
 
 fn device() -> Option<Arc<dyn Device>> {
-    emulated_device()
+    kernel_test_device()
 }
 
 /// Training steps on the emulated device against the CPU (see `gpu_common`).

@@ -2,12 +2,13 @@
 //! `backends/cuda/src/emulator.rs`): whole training steps of real models against the CPU
 //! executor. Kernel choice, arguments, grids, the GEMM mapping, the memory plan, host
 //! fallback and Assign all run as on a GPU; only the driver, cuBLAS and NCCL calls do not.
-//! Skips with a message where no C++20 compiler is found. `tests/cuda_gpu.rs` runs the same
-//! models on a real GPU.
+//! Skips with a message where no C++20 compiler is found. With `SHARDC_TEST_DEVICE=cuda` the
+//! same tests run on GPU 0 instead (`gpu_common::kernel_test_device`); `tests/cuda_gpu.rs`
+//! runs the models on a real GPU too.
 
 mod gpu_common;
 
-use gpu_common::{compare_on, emulated_device, momentum, train};
+use gpu_common::{compare_on, kernel_test_device, momentum, train};
 use shardc::compiler::transformer::{transformer, TransformerConfig};
 use shardc::compiler::zoo;
 use shardc::cuda::Device;
@@ -16,7 +17,7 @@ use shardc::passes::autodiff::Optimizer;
 use std::sync::Arc;
 
 fn device() -> Option<Arc<dyn Device>> {
-    emulated_device()
+    kernel_test_device()
 }
 
 fn compare(g: Graph, steps: u64, tol: f64) -> Option<String> {

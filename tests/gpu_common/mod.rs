@@ -1,10 +1,11 @@
-//! What the GPU backend's tests share: the emulated device, and training steps on a device
+//! What the GPU backend's tests share: the device the kernel tests run on, and training steps on a device
 //! against the CPU executor.
 
 #![allow(dead_code)]
 
 use shardc::compiler::pipeline::{compile, CompileOptions};
 use shardc::cpu::CpuBackend;
+use shardc::cuda::cuda::CudaDevice;
 use shardc::cuda::emulator::EmulatedDevice;
 use shardc::cuda::{Device, GpuExecutor};
 use shardc::ir::Graph;
@@ -13,18 +14,36 @@ use shardc::runtime::data::synthetic::SyntheticData;
 use shardc::runtime::{Executor, Tensor};
 use std::sync::{Arc, OnceLock};
 
-/// The emulated device of this test binary (built once), or None with a SKIP message where
-/// no C++20 compiler is found.
-pub fn emulated_device() -> Option<Arc<dyn Device>> {
-    static DEV: OnceLock<Option<Arc<EmulatedDevice>>> = OnceLock::new();
-    let d = DEV.get_or_init(|| match EmulatedDevice::new(64) {
-        Ok(d) => Some(Arc::new(d)),
-        Err(e) => {
-            eprintln!("SKIP: the kernel emulator cannot be built here: {e}");
-            None
-        }
-    });
-    d.clone().map(|d| d as Arc<dyn Device>)
+/// The environment variable that moves the kernel tests onto a real GPU: with
+/// `SHARDC_TEST_DEVICE=cuda`, [`kernel_test_device`] is GPU 0 instead of the emulator, so the
+/// emulated suites (`cuda_emulated`, `cuda_conv_emulated`) check every kernel on the GPU
+/// against the CPU executor (`scripts/gpu-check.sh` runs them so).
+pub const TEST_DEVICE_ENV: &str = "SHARDC_TEST_DEVICE";
+
+/// The device the kernel tests run on (built once per test binary): the host emulator, or
+/// None with a SKIP message where no C++20 compiler is found; GPU 0 where
+/// `SHARDC_TEST_DEVICE=cuda` (a test fails, naming the missing library, where that GPU
+/// cannot be opened: the variable asks for it).
+pub fn kernel_test_device() -> Option<Arc<dyn Device>> {
+    static DEV: OnceLock<Option<Arc<dyn Device>>> = OnceLock::new();
+    DEV.get_or_init(|| match std::env::var(TEST_DEVICE_ENV).as_deref() {
+        Ok("cuda") => match CudaDevice::new(0) {
+            Ok(d) => {
+                eprintln!("kernel tests on {}", d.description());
+                Some(Arc::new(d) as Arc<dyn Device>)
+            }
+            Err(e) => panic!("{TEST_DEVICE_ENV}=cuda: {e}"),
+        },
+        Ok("emulator") | Err(_) => match EmulatedDevice::new(64) {
+            Ok(d) => Some(Arc::new(d) as Arc<dyn Device>),
+            Err(e) => {
+                eprintln!("SKIP: the kernel emulator cannot be built here: {e}");
+                None
+            }
+        },
+        Ok(other) => panic!("{TEST_DEVICE_ENV}={other}: expected cuda or emulator"),
+    })
+    .clone()
 }
 
 /// The training step of `g` with `optimizer`.

@@ -225,6 +225,11 @@ pub struct BenchArgs {
     /// checkout containing the current directory, else of the one shardc was built from).
     #[arg(long)]
     pub bench_dir: Option<PathBuf>,
+    /// The Python interpreter of the reference side (default: `.venv/bin/python` of the bench
+    /// directory, made by `setup_venv.sh`); e.g. `--python python3` on a machine whose system
+    /// Python already has PyTorch.
+    #[arg(long)]
+    pub python: Option<PathBuf>,
     /// `train` with more than one rank: data-parallel training in this many worker processes
     /// against PyTorch DDP (gloo) in as many (models mlp and resnet18; `--batch` per rank).
     #[arg(long, value_parser = parse_positive, default_value_t = 1)]
@@ -263,6 +268,7 @@ impl Default for BenchArgs {
             no_reference: false,
             no_setup: false,
             bench_dir: None,
+            python: None,
             ranks: 1,
             bucket_mb: 25.0,
             device_file: PathBuf::from("device.toml"),
@@ -729,12 +735,19 @@ pub(crate) fn bench_dir(args: &BenchArgs) -> Result<PathBuf> {
     )
 }
 
+/// The reference side's Python: `--python`, else the bench directory's `.venv/bin/python`.
+pub(crate) fn reference_python(args: &BenchArgs, dir: &Path) -> PathBuf {
+    args.python
+        .clone()
+        .unwrap_or_else(|| dir.join(".venv/bin/python"))
+}
+
 /// Starts `reference.py serve` in the virtual environment, creating it first if needed
 /// (`None` when it is missing and `--no-setup` forbids creating it).
 fn start_reference(args: &BenchArgs) -> Result<Option<Reference>> {
     let dir = bench_dir(args)?;
-    let python = dir.join(".venv/bin/python");
-    if !python.is_file() {
+    let python = reference_python(args, &dir);
+    if args.python.is_none() && !python.is_file() {
         if args.no_setup {
             eprintln!(
                 "{} is missing and --no-setup is given: measuring shardc only (run {} to compare against numpy and PyTorch)",

@@ -17,7 +17,7 @@
 //! train-dp mlp ranks=2 batch=32/rank shardc=4.10 ms torch-ddp=10.74 ms ratio=0.38 (target <= 1.0: met) gradient comm 0.61 ms/step, 83% hidden
 //! ```
 
-use super::{bench_dir, ms, BenchArgs, TrainModel};
+use super::{bench_dir, ms, reference_python, BenchArgs, TrainModel};
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use shardc_backend_cpu::CpuBackend;
@@ -78,8 +78,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         None
     } else {
         let dir = bench_dir(args)?;
-        let py = dir.join(".venv/bin/python");
-        if py.is_file() {
+        let py = reference_python(args, &dir);
+        if args.python.is_some() || py.is_file() {
             Some((py, dir.join("train/ddp.py")))
         } else {
             eprintln!(

@@ -6,7 +6,7 @@
 //! `torch.compile` (`bench/gpu/reference.py`; goal: ≤ 1.0× eager). Each line prints both
 //! figures and the ratio; the GPU's name heads the output. Needs a GPU (`shardc gpu info`).
 
-use crate::bench::{bench_dir, BenchArgs, TrainModel};
+use crate::bench::{bench_dir, reference_python, BenchArgs, TrainModel};
 use anyhow::{anyhow, bail, Context, Result};
 use shardc_backend_cpu::CpuBackend;
 use shardc_backend_cuda::cuda::{CudaDevice, GemmPrecision};
@@ -39,10 +39,11 @@ fn transformer_step() -> Result<Graph> {
 /// `ref=torch ...` lines of the reference, as field maps.
 fn reference(args: &BenchArgs, sub: &[&str]) -> Result<Vec<HashMap<String, String>>> {
     let dir = bench_dir(args)?;
-    let python = dir.join(".venv/bin/python");
-    if !python.is_file() {
+    let python = reference_python(args, &dir);
+    if args.python.is_none() && !python.is_file() {
         bail!(
-            "{} is missing: run {} (PyTorch with CUDA), or pass --no-reference",
+            "{} is missing: run {} (PyTorch with CUDA), pass --python with an interpreter that has \
+             PyTorch, or pass --no-reference",
             python.display(),
             dir.join("setup_venv.sh").display()
         );
