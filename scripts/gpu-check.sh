@@ -5,7 +5,8 @@
 #   2. the GPU suite (tests/cuda_gpu.rs): models trained against the CPU executor, NCCL with
 #      one rank through the communicator conformance suite;
 #   3. every kernel against the CPU executor: the emulated suites on the GPU
-#      (SHARDC_TEST_DEVICE=cuda);
+#      (SHARDC_TEST_DEVICE=cuda), the convolutions through cuDNN and again through
+#      im2col + cuBLAS (SHARDC_CUDNN=0);
 #   4. the tutorials' checks: nccl_allgather with one rank; the quickstart net on one device,
 #      on 8 in-process ranks and on 2 launched workers with --device-target GPU, with the
 #      CPU's losses; the ResNet-50 example on the GPU against the CPU;
@@ -146,6 +147,19 @@ cli_checks() {
     compare_losses "$work/two.cpu" "$work/launch/1/rank.0/stdout"
 }
 
+# The convolution suite on the GPU; where the device reports cuDNN, some convolutions must
+# have gone through it.
+conv_suite_on_cudnn() {
+  SHARDC_TEST_DEVICE=cuda "$bin/cuda_conv_emulated" --test-threads=1 --nocapture 2>&1 |
+    tee "$work/conv.log"
+  local rc=${PIPESTATUS[0]}
+  [ "$rc" -eq 0 ] || return "$rc"
+  if grep -q "convolutions: cuDNN" "$work/conv.log" && ! grep -q "through cuDNN" "$work/conv.log"; then
+    echo "cuDNN is there but no convolution went through it"
+    return 1
+  fi
+}
+
 resnet50() {
   local data="$work/cifar" batch images size divisor
   read -r batch images size divisor <<< "$resnet_shape"
@@ -166,11 +180,14 @@ resnet50() {
 }
 
 export bin work python resnet_gpu resnet_shape gpu_flags
-export -f same_losses compare_losses cli_checks resnet50
+export -f same_losses compare_losses cli_checks resnet50 conv_suite_on_cudnn
 step 01-gpu-info 60 "$bin/shardc" gpu info
 step 02-cuda-gpu-suite gpu150 "$bin/cuda_gpu" --ignored --test-threads=1 --nocapture
-step 03-kernels-models gpu90 env SHARDC_TEST_DEVICE=cuda "$bin/cuda_emulated" --test-threads=1
-step 04-kernels-conv gpu120 env SHARDC_TEST_DEVICE=cuda "$bin/cuda_conv_emulated" --test-threads=1
+step 03-kernels-models gpu90 env SHARDC_TEST_DEVICE=cuda "$bin/cuda_emulated" --test-threads=1 \
+  --nocapture
+step 04-kernels-conv gpu120 bash -c conv_suite_on_cudnn
+step 04b-kernels-conv-im2col gpu120 env SHARDC_TEST_DEVICE=cuda SHARDC_CUDNN=0 \
+  "$bin/cuda_conv_emulated" --test-threads=1 --nocapture
 step 05-nccl-allgather-1-rank gpu30 "$bin/nccl_allgather"
 step 06-quickstart-cli 90 bash -c cli_checks
 step 07-resnet50-example 90 bash -c resnet50

@@ -45,7 +45,7 @@ fn sh(s: &[usize]) -> ShapeDisplay<'_> {
 }
 
 /// The geometry of one Conv2D (NCHW), also used by its two gradients.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Conv2dGeometry {
     /// Batch size.
     pub n: usize,

@@ -5,7 +5,8 @@
 //! architecture when the device is opened. Every entry point first probes the libraries it
 //! needs ([`crate::probe`]).
 
-use crate::device::{Device, Gemm};
+use crate::cudnn::{self, Dnn};
+use crate::device::{Device, Gemm, LibraryConv};
 use crate::error::{CudaError, CudaResult};
 use crate::kernels::{self, DevPtr, KernelArg};
 use crate::probe::{self, Library};
@@ -33,6 +34,32 @@ struct Handles {
     /// Events by slot ([`Device::comm_record`]).
     events: Vec<drv_sys::CUevent>,
     blas: cublas_sys::cublasHandle_t,
+    /// cuDNN, where it is found and not turned off.
+    dnn: DnnState,
+}
+
+/// Whether convolutions go through cuDNN.
+enum DnnState {
+    /// A handle on the compute stream.
+    Ready(Dnn),
+    /// Not used, and why.
+    Off(String),
+}
+
+impl DnnState {
+    /// cuDNN on `stream` if `SHARDC_CUDNN` allows it and the library opens and starts.
+    fn open(stream: drv_sys::CUstream) -> DnnState {
+        if !cudnn::enabled_by_env() {
+            return DnnState::Off(format!("turned off by {}", cudnn::CUDNN_ENV));
+        }
+        if let Err(e) = probe::require(Library::Cudnn) {
+            return DnnState::Off(format!("{} not found", e.library));
+        }
+        match Dnn::new(stream as _) {
+            Ok(d) => DnnState::Ready(d),
+            Err(e) => DnnState::Off(e.to_string()),
+        }
+    }
 }
 
 // SAFETY: CUDA contexts, streams and cuBLAS handles may be used from any thread once the
@@ -166,6 +193,7 @@ impl CudaDevice {
             let ptx = kernels::compile_ptx(source, Some(arch))?;
             functions.extend(load_ptx(source, &ptx, None)?);
         }
+        let dnn = DnnState::open(stream);
         Ok(CudaDevice {
             handles: Mutex::new(Handles {
                 ctx,
@@ -173,6 +201,7 @@ impl CudaDevice {
                 comm,
                 events: Vec::new(),
                 blas,
+                dnn,
             }),
             functions: Mutex::new(functions),
             arch,
@@ -203,6 +232,16 @@ impl CudaDevice {
         drop(h);
         self.tf32 = on;
         Ok(())
+    }
+
+    /// How convolutions run: `cuDNN 91000`, or `im2col + cuBLAS (cuDNN ...)` with the
+    /// reason cuDNN is not used.
+    pub fn convolutions(&self) -> String {
+        let h = self.handles.lock().unwrap_or_else(|p| p.into_inner());
+        match &h.dnn {
+            DnnState::Ready(_) => format!("cuDNN {}", Dnn::version()),
+            DnnState::Off(why) => format!("im2col + cuBLAS (cuDNN {why})"),
+        }
     }
 
     /// The device ordinal.
@@ -334,7 +373,7 @@ impl CudaDevice {
 
 impl Drop for CudaDevice {
     fn drop(&mut self) {
-        let h = self.handles.lock().unwrap_or_else(|p| p.into_inner());
+        let mut h = self.handles.lock().unwrap_or_else(|p| p.into_inner());
         // SAFETY: handles created in `new`, released once here; errors at teardown are moot.
         unsafe {
             let _ = drv::ctx::set_current(h.ctx);
@@ -344,6 +383,8 @@ impl Drop for CudaDevice {
                 let _ = drv::event::destroy(e);
             }
             let _ = cudarc::cublas::result::destroy_handle(h.blas);
+            // cuDNN's handle and workspace, before the stream they use.
+            h.dnn = DnnState::Off("closed".into());
             let _ = drv::stream::destroy(h.stream);
             let _ = drv::stream::destroy(h.comm);
         }
@@ -353,13 +394,14 @@ impl Drop for CudaDevice {
 impl Device for CudaDevice {
     fn description(&self) -> String {
         format!(
-            "{} (GPU {}, sm_{}{}, {} SMs{})",
+            "{} (GPU {}, sm_{}{}, {} SMs{}; convolutions: {})",
             self.name,
             self.ordinal,
             self.capability.0,
             self.capability.1,
             self.multiprocessors,
-            if self.tf32 { ", TF32 on" } else { "" }
+            if self.tf32 { ", TF32 on" } else { "" },
+            self.convolutions()
         )
     }
 
@@ -514,6 +556,18 @@ impl Device for CudaDevice {
                 ))),
             }
         }
+    }
+
+    fn library_conv(&self, c: &LibraryConv) -> CudaResult<bool> {
+        let mut h = self.current()?;
+        let stream = h.stream;
+        let DnnState::Ready(dnn) = &mut h.dnn else {
+            return Ok(false);
+        };
+        // SAFETY: a live stream (the workspace is freed only after it is idle).
+        let sync =
+            || unsafe { drv::stream::synchronize(stream) }.map_err(driver("cuStreamSynchronize"));
+        dnn.run(c, self.tf32, &sync)
     }
 
     fn synchronize(&self) -> CudaResult<()> {

@@ -7,6 +7,7 @@
 
 use crate::error::CudaResult;
 use crate::kernels::{DevPtr, KernelArg};
+use shardc_ir::geometry::Conv2dGeometry;
 use shardc_ir::DType;
 
 /// A strided batched GEMM in cuBLAS's column-major convention:
@@ -91,6 +92,36 @@ impl Gemm {
     }
 }
 
+/// Which product of a convolution [`Device::library_conv`] computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ConvDirection {
+    /// `y = conv(x, w)` (Conv2D).
+    Forward,
+    /// `x` (the input's gradient) from `y` (dy) and `w` (Conv2DBackpropInput).
+    BackwardData,
+    /// `w` (the filter's gradient) from `y` (dy) and `x` (Conv2DBackpropFilter).
+    BackwardFilter,
+}
+
+/// A 2-D convolution (NCHW, cross-correlation, groups, the CPU backend's geometry) for a
+/// device's convolution library: three dense buffers, one of them written (see
+/// [`ConvDirection`]), each of the shape the geometry gives it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LibraryConv {
+    /// What is computed.
+    pub direction: ConvDirection,
+    /// Float32 or Float64 (all three buffers).
+    pub dtype: DType,
+    /// Sizes, strides, padding, dilation, groups.
+    pub geometry: Conv2dGeometry,
+    /// The input, or its gradient.
+    pub x: DevPtr,
+    /// The filter, or its gradient.
+    pub w: DevPtr,
+    /// The output, or its gradient.
+    pub y: DevPtr,
+}
+
 /// A device (see the module doc). Every operation is ordered after the previous ones
 /// (one stream); [`Device::download`] and [`Device::synchronize`] wait for all of them.
 ///
@@ -126,6 +157,14 @@ pub trait Device: Send + Sync {
 
     /// Runs a GEMM (Float32 or Float64; TF32 off).
     fn gemm(&self, g: &Gemm) -> CudaResult<()>;
+
+    /// Runs `c` through the device's convolution library (cuDNN) in stream order; `Ok(false)`
+    /// when there is none or it cannot take this convolution, and the caller lowers it
+    /// itself. The default has none.
+    fn library_conv(&self, c: &LibraryConv) -> CudaResult<bool> {
+        let _ = c;
+        Ok(false)
+    }
 
     /// Waits for every earlier operation.
     fn synchronize(&self) -> CudaResult<()>;

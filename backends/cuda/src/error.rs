@@ -27,6 +27,14 @@ pub enum CudaError {
         /// cuBLAS's error.
         reason: String,
     },
+    /// cuDNN failed.
+    #[error("cuDNN: {call} failed: {reason}")]
+    Cudnn {
+        /// The call.
+        call: &'static str,
+        /// cuDNN's error.
+        reason: String,
+    },
     /// NCCL failed.
     #[error("NCCL: {call} failed: {reason}")]
     Nccl {

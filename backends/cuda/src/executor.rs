@@ -39,6 +39,8 @@ pub struct GpuStats {
     pub comm_ops: u64,
     /// Launches of fused elementwise kernels (each covers several of `device_ops`).
     pub fused_kernels: u64,
+    /// Of `device_ops`, those run through a vendor library (convolutions through cuDNN).
+    pub library_ops: u64,
     /// Steps run.
     pub steps: u64,
 }
@@ -48,8 +50,17 @@ impl GpuStats {
     pub fn summary(&self) -> String {
         let host: u64 = self.host_ops.values().map(|(n, _)| n).sum();
         let mut s = format!(
-            "{} steps: {} ops on the device ({} fused kernels), {} on the host, {} collectives",
-            self.steps, self.device_ops, self.fused_kernels, host, self.comm_ops
+            "{} steps: {} ops on the device ({} fused kernels{}), {} on the host, {} collectives",
+            self.steps,
+            self.device_ops,
+            self.fused_kernels,
+            if self.library_ops > 0 {
+                format!(", {} through cuDNN", self.library_ops)
+            } else {
+                String::new()
+            },
+            host,
+            self.comm_ops
         );
         for (op, (n, why)) in &self.host_ops {
             s.push_str(&format!("\n  host: {op} x{n} ({why})"));
@@ -628,6 +639,10 @@ impl GpuExecutor {
         }
         match &placed {
             Lowered::Device => self.stats.device_ops += 1,
+            Lowered::Library => {
+                self.stats.device_ops += 1;
+                self.stats.library_ops += 1;
+            }
             Lowered::Host(why) => {
                 self.run_on_host(i, &inputs, &outputs)?;
                 let e = self

@@ -13,10 +13,12 @@
 //! - [`executor`]: [`executor::GpuExecutor`], a rank's graph on a device with the runtime's
 //!   liveness memory plan; ops without a device kernel run on a host backend, counted.
 //! - [`nccl`]: the NCCL communicator.
+//! - [`cudnn`]: convolutions through cuDNN where it is found (else im2col + cuBLAS).
 
 #![warn(missing_docs)]
 
 pub mod cuda;
+pub mod cudnn;
 pub mod device;
 pub mod emulator;
 pub mod error;

@@ -29,16 +29,19 @@ pub enum Library {
     CublasLt,
     /// NCCL (`libnccl.so`): collectives between GPUs.
     Nccl,
+    /// cuDNN (`libcudnn.so`): convolutions. Optional: without it they run as im2col + cuBLAS.
+    Cudnn,
 }
 
 impl Library {
     /// Every library, in the order a GPU run needs them.
-    pub const ALL: [Library; 5] = [
+    pub const ALL: [Library; 6] = [
         Library::Driver,
         Library::Nvrtc,
         Library::Cublas,
         Library::CublasLt,
         Library::Nccl,
+        Library::Cudnn,
     ];
 
     /// The name cudarc builds file names from (`cuda` -> `libcuda.so`, `libcuda.so.1`, ...).
@@ -49,6 +52,7 @@ impl Library {
             Library::Cublas => "cublas",
             Library::CublasLt => "cublasLt",
             Library::Nccl => "nccl",
+            Library::Cudnn => "cudnn",
         }
     }
 
@@ -60,6 +64,9 @@ impl Library {
             Library::Cublas => "cuBLAS, for MatMul and BatchMatMul",
             Library::CublasLt => "cuBLASLt, which cuBLAS loads",
             Library::Nccl => "NCCL, for collectives between GPUs",
+            Library::Cudnn => {
+                "cuDNN, for convolutions (optional: im2col + cuBLAS run them without it)"
+            }
         }
     }
 
@@ -95,6 +102,11 @@ impl Library {
                  folder with a link `ln -s .../nvidia/nccl/lib/libnccl.so.2 DIR/libnccl.so` and put \
                  DIR on LD_LIBRARY_PATH"
             }
+            Library::Cudnn => {
+                "install cuDNN 9, or `pip install nvidia-cudnn-cu13` and put its lib folder \
+                 (site-packages/nvidia/cudnn/lib) on LD_LIBRARY_PATH; without it convolutions run \
+                 as im2col + cuBLAS"
+            }
         }
     }
 
@@ -108,6 +120,7 @@ impl Library {
                 Library::Cublas => cudarc::cublas::sys::is_culib_present(),
                 Library::CublasLt => cudarc::cublaslt::sys::is_culib_present(),
                 Library::Nccl => cudarc::nccl::sys::is_culib_present(),
+                Library::Cudnn => cudarc::cudnn::sys::is_culib_present(),
             }
         }
     }
@@ -167,13 +180,17 @@ pub fn preload(dirs: &[PathBuf]) -> Vec<PathBuf> {
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| is_cuda_library(p))
             .collect();
-        // Dependencies first: builtins before nvrtc, cublasLt before cublas.
+        // Dependencies first: builtins before nvrtc, cublasLt before cublas, cuDNN's parts
+        // (`libcudnn_graph`, `libcudnn_ops`, ...) before the `libcudnn` that opens them.
         files.sort_by_key(|p| {
             let n = p
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            (!(n.contains("builtins") || n.contains("cublasLt")), n)
+            (
+                !(n.contains("builtins") || n.contains("cublasLt") || n.contains("cudnn_")),
+                n,
+            )
         });
         for f in files {
             if loaded.iter().any(|(p, _)| *p == f) {
@@ -194,7 +211,7 @@ fn is_cuda_library(p: &Path) -> bool {
         return false;
     };
     !name.contains(".alt.")
-        && ["cudart", "nvrtc", "cublas", "nccl", "nvJitLink"]
+        && ["cudart", "nvrtc", "cublas", "nccl", "nvJitLink", "cudnn"]
             .iter()
             .any(|stem| name.starts_with(&format!("lib{stem}")) && name.contains(".so"))
 }

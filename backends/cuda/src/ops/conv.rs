@@ -16,10 +16,13 @@
 //!   gathered to `(O, nb·P)`, so one GEMM per chunk batched over the groups contracts every
 //!   pixel of the chunk, `dW_g += dY_g · cols_g^T` (beta 1 after the first chunk).
 //!
+//! Where the device has a convolution library (cuDNN, [`Device::library_conv`]) that takes the
+//! geometry, the three ops go there instead (`Lowered::Library`).
+//!
 //! An empty convolution (a zero size anywhere) runs on the host.
 
 use super::{host, out_float, Lowered, OpCall, Val};
-use crate::device::{Device, Gemm};
+use crate::device::{ConvDirection, Device, Gemm, LibraryConv};
 use crate::error::CudaResult;
 use crate::kernels::{DevPtr, KernelArg};
 use shardc_ir::geometry::{conv2d_geometry, Conv2dGeometry};
@@ -226,6 +229,23 @@ fn check_shape(call: &OpCall<'_>, what: &str, t: &TensorType, want: &[usize]) ->
     Ok(())
 }
 
+/// Runs the convolution through the device's library when it takes it.
+fn library(
+    call: &OpCall<'_>,
+    d: &Dims,
+    direction: ConvDirection,
+    (x, w, y): (DevPtr, DevPtr, DevPtr),
+) -> CudaResult<bool> {
+    call.dev.library_conv(&LibraryConv {
+        direction,
+        dtype: d.dtype,
+        geometry: d.g,
+        x,
+        w,
+        y,
+    })
+}
+
 /// `Conv2D(x, w)`.
 pub(super) fn conv2d(call: &OpCall<'_>) -> CudaResult<Lowered> {
     let (x, tx) = call.tensor(0)?;
@@ -239,6 +259,9 @@ pub(super) fn conv2d(call: &OpCall<'_>) -> CudaResult<Lowered> {
         Err(why) => return host(why),
     };
     check_shape(call, "the result", ty, &d.g.output_shape())?;
+    if library(call, &d, ConvDirection::Forward, (x, w, y))? {
+        return Ok(Lowered::Library);
+    }
     let (per_image, b, scratch) = d.columns(call)?;
     for n0 in (0..d.g.n).step_by(b) {
         let nb = b.min(d.g.n - n0);
@@ -287,6 +310,9 @@ pub(super) fn conv2d_backprop_input(call: &OpCall<'_>) -> CudaResult<Lowered> {
     };
     check_shape(call, "dy", tdy, &d.g.output_shape())?;
     check_shape(call, "the result", tdx, &x_shape)?;
+    if library(call, &d, ConvDirection::BackwardData, (dx, w, dy))? {
+        return Ok(Lowered::Library);
+    }
     let (per_image, b, scratch) = d.columns(call)?;
     for n0 in (0..d.g.n).step_by(b) {
         let nb = b.min(d.g.n - n0);
@@ -332,6 +358,9 @@ pub(super) fn conv2d_backprop_filter(call: &OpCall<'_>) -> CudaResult<Lowered> {
     };
     check_shape(call, "dy", tdy, &d.g.output_shape())?;
     check_shape(call, "the result", tdw, &w_shape)?;
+    if library(call, &d, ConvDirection::BackwardFilter, (x, dw, dy))? {
+        return Ok(Lowered::Library);
+    }
     let b = d.chunk((d.rows + d.g.c_out) * d.p);
     // One allocation: the column matrix, then (from a 256-byte boundary) dY side by side.
     let col_bytes = (b * d.rows * d.p * d.esz as usize).next_multiple_of(256);

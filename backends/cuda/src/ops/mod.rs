@@ -25,6 +25,8 @@ pub(crate) enum Val<'a> {
 pub(crate) enum Lowered {
     /// Launched on the device.
     Device,
+    /// Launched on the device through a vendor library (cuDNN).
+    Library,
     /// Not covered on the device: the host backend runs it.
     Host(String),
 }
