@@ -19,6 +19,7 @@ use shardc::compiler::nn::{
 use shardc::compiler::pipeline::{compile, CompileOptions};
 use shardc::compiler::zoo::{self, BasicBlock};
 use shardc::cpu::CpuBackend;
+use shardc::cuda::emulator::EmulatedDevice;
 use shardc::cuda::{Device, GpuExecutor};
 use shardc::ir::TensorType;
 use shardc::ir::{Attr, Attrs, Const, DType, Graph, Init, Node, OpKind, Operand, Param, ParamKind};
@@ -318,7 +319,13 @@ impl OpNet {
 
     /// Appends the loss and its gradients, runs one step on the CPU and on the device and
     /// compares the loss and every gradient. Returns the stats summary.
-    fn check(mut self, out: Operand, what: &str, tol: f64) -> Option<String> {
+    fn check(self, out: Operand, what: &str, tol: f64) -> Option<String> {
+        let dev = device()?;
+        Some(self.check_on(dev, out, what, tol))
+    }
+
+    /// [`OpNet::check`] on `dev`.
+    fn check_on(mut self, dev: Arc<dyn Device>, out: Operand, what: &str, tol: f64) -> String {
         let shape = self.g.operand_tensor_type(&out).unwrap().shape.clone();
         let p = self.g.add_param(Param {
             name: "c".into(),
@@ -340,7 +347,6 @@ impl OpNet {
         let (mut bg, grads) = gradients(&self.g).unwrap_or_else(|e| panic!("{what}: {e}"));
         bg.outputs.extend(grads.iter().map(|(_, g)| g.clone()));
 
-        let dev = device()?;
         let backend = Arc::new(CpuBackend::with_threads(1));
         let mut cpu = Executor::new(bg.clone(), backend.clone()).expect("cpu executor");
         let mut gpu = GpuExecutor::new(bg, dev, backend).expect("gpu executor");
@@ -371,7 +377,7 @@ impl OpNet {
         }
         let s = gpu.stats().summary();
         assert!(!s.contains("host:"), "{what} ({}): {s}", self.dtype);
-        Some(s)
+        s
     }
 }
 
@@ -408,9 +414,9 @@ type ConvCase = (
     Vec<(&'static str, Attr)>,
 );
 
-#[test]
-fn single_convolutions_and_their_gradients_match_the_cpu() {
-    let cases: Vec<ConvCase> = vec![
+/// Convolutions of every geometry the CPU supports.
+fn conv_cases() -> Vec<ConvCase> {
+    vec![
         ("valid", [2, 3, 7, 9], [4, 3, 3, 3], vec![]),
         (
             "same, stride 2",
@@ -486,25 +492,90 @@ fn single_convolutions_and_their_gradients_match_the_cpu() {
             [2, 2, 5, 5],
             vec![("pad_mode", word("pad")), ("pad", Attr::Int(1))],
         ),
-    ];
+    ]
+}
+
+/// Conv2D `what` of case `k` (its gradients come with it in [`OpNet::check`]).
+fn conv_net(dtype: DType, k: usize, (_, xs, ws, extra): &ConvCase) -> (OpNet, Operand) {
+    let mut n = OpNet::new(dtype, 10 + k as u64);
+    let x = n.w("x", xs);
+    let w = n.w("w", ws);
+    let mut a = attrs(vec![
+        ("out_channel", Attr::Int(ws[0] as i64)),
+        ("kernel_size", ints(&[ws[2] as i64, ws[3] as i64])),
+    ]);
+    for (key, v) in extra {
+        a.set(*key, v.clone());
+    }
+    let y = n.op(OpKind::Conv2D, vec![x, w], a);
+    (n, y)
+}
+
+#[test]
+fn single_convolutions_and_their_gradients_match_the_cpu() {
     for dtype in [DType::Float32, DType::Float64] {
-        for (k, (what, xs, ws, extra)) in cases.iter().enumerate() {
-            let mut n = OpNet::new(dtype, 10 + k as u64);
-            let x = n.w("x", xs);
-            let w = n.w("w", ws);
-            let mut a = attrs(vec![
-                ("out_channel", Attr::Int(ws[0] as i64)),
-                ("kernel_size", ints(&[ws[2] as i64, ws[3] as i64])),
-            ]);
-            for (key, v) in extra {
-                a.set(*key, v.clone());
-            }
-            let y = n.op(OpKind::Conv2D, vec![x, w], a);
+        for (k, case) in conv_cases().iter().enumerate() {
+            let (n, y) = conv_net(dtype, k, case);
+            let what = case.0;
             if n.check(y, &format!("Conv2D {what}"), tol(dtype)).is_none() {
                 return;
             }
         }
     }
+}
+
+/// The emulated device with its reference convolution library standing in for cuDNN, or
+/// None (with a SKIP) where the emulator cannot be built or the tests run on a GPU (where the
+/// other tests go through cuDNN itself).
+fn library_device() -> Option<Arc<dyn Device>> {
+    if std::env::var(gpu_common::TEST_DEVICE_ENV).as_deref() == Ok("cuda") {
+        eprintln!("SKIP: the reference convolution library is the emulator's");
+        return None;
+    }
+    match EmulatedDevice::new(64) {
+        Ok(d) => Some(Arc::new(d.with_reference_library())),
+        Err(e) => {
+            eprintln!("SKIP: the kernel emulator cannot be built here: {e}");
+            None
+        }
+    }
+}
+
+/// The cases of [`conv_cases`] whose padding differs between the sides in a way that changes
+/// the windows of a symmetric padding, which cuDNN cannot express: `same` with stride 2 pads
+/// 8 columns 0 left, 1 right (4 outputs, 3 with 0/0); `pad (1, 2, 0, 1)` pads 0 left and 1
+/// right around a dilated kernel (5 outputs, 4 with 0/0).
+const FALL_BACK_FROM_THE_LIBRARY: [&str; 2] = [
+    "same, stride 2",
+    "pad (1, 2, 0, 1), stride (2, 1), dilation (1, 2)",
+];
+
+#[test]
+fn convolutions_the_library_can_take_go_there_and_the_others_fall_back() {
+    let Some(dev) = library_device() else {
+        return;
+    };
+    for dtype in [DType::Float32, DType::Float64] {
+        for (k, case) in conv_cases().iter().enumerate() {
+            let (n, y) = conv_net(dtype, k, case);
+            let what = format!("Conv2D {} ({dtype})", case.0);
+            let s = n.check_on(dev.clone(), y, &what, tol(dtype));
+            if FALL_BACK_FROM_THE_LIBRARY.contains(&case.0) {
+                assert!(!s.contains("convolution library"), "{what}: {s}");
+            } else {
+                // The forward pass and both gradients.
+                assert!(
+                    s.contains(", 3 through the convolution library"),
+                    "{what}: {s}"
+                );
+            }
+        }
+    }
+    // A training net mixing both: the grouped, depthwise and pointwise convolutions (3 ops
+    // each, 2 steps) through the library, the strided `same` and uneven `pad` ones not.
+    let s = compare_on_with(dev, train(odd_convs(3), momentum()), 2, 1e-4, 1e-4);
+    println!("{s}");
+    assert!(s.contains(", 18 through the convolution library"), "{s}");
 }
 
 #[test]

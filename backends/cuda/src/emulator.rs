@@ -7,8 +7,13 @@
 //! loop with cuBLAS's argument conventions. Everything the executor does on a GPU (kernel
 //! choice, arguments, grids, the memory plan, the GEMM mapping) runs the same here; only the
 //! driver, cuBLAS and NCCL calls themselves are not exercised.
+//!
+//! [`EmulatedDevice::with_reference_library`] adds a stand-in for cuDNN: convolutions that
+//! cuDNN would take ([`crate::cudnn::unsupported`]) run as reference loops through
+//! [`Device::library_conv`], so the lowering's library path (which buffer is which, in each
+//! direction, and the fallback) is tested without a GPU; cuDNN itself is not.
 
-use crate::device::{Device, Gemm};
+use crate::device::{ConvDirection, Device, Gemm, LibraryConv};
 use crate::error::{CudaError, CudaResult};
 use crate::kernels::{self, DevPtr, KernelArg};
 use sha2::{Digest, Sha256};
@@ -44,6 +49,8 @@ pub struct EmulatedDevice {
     /// One launch at a time (the emulator's block state is global).
     launching: Mutex<()>,
     block: u32,
+    /// Whether [`Device::library_conv`] runs the reference convolutions.
+    reference_library: bool,
 }
 
 impl std::fmt::Debug for EmulatedDevice {
@@ -226,7 +233,15 @@ impl EmulatedDevice {
             allocations: Mutex::new(BTreeMap::new()),
             launching: Mutex::new(()),
             block,
+            reference_library: false,
         })
+    }
+
+    /// This device with a convolution library: reference loops standing in for cuDNN
+    /// (see the module doc).
+    pub fn with_reference_library(mut self) -> EmulatedDevice {
+        self.reference_library = true;
+        self
     }
 
     /// The kernel names the sources define.
@@ -318,9 +333,107 @@ fn gemm_ref<T: Copy + Into<f64>>(g: &Gemm, from: impl Fn(f64) -> T) {
     }
 }
 
+/// The reference convolution of [`EmulatedDevice::with_reference_library`]: every (output
+/// pixel, filter tap) pair of `c`'s geometry, accumulated in f64 per written element for the
+/// forward pass and scattered in that loop order for the gradients.
+///
+/// # Safety
+/// The three buffers hold the geometry's elements of `T` (the caller checked the ranges).
+unsafe fn conv_ref<T: Copy + Into<f64>>(c: &LibraryConv, from: impl Fn(f64) -> T) {
+    let g = &c.geometry;
+    let (cg, og) = (g.c_in / g.group, g.c_out / g.group);
+    let x = |i: usize| c.x as *mut T as usize + i * std::mem::size_of::<T>();
+    let w = |i: usize| c.w as *mut T as usize + i * std::mem::size_of::<T>();
+    let y = |i: usize| c.y as *mut T as usize + i * std::mem::size_of::<T>();
+    let (x_len, w_len) = (g.n * g.c_in * g.h * g.w, g.c_out * cg * g.kh * g.kw);
+    // Gradients are sums over the loop below: start from zero.
+    let mut acc_x = vec![
+        0f64;
+        if c.direction == ConvDirection::BackwardData {
+            x_len
+        } else {
+            0
+        }
+    ];
+    let mut acc_w = vec![
+        0f64;
+        if c.direction == ConvDirection::BackwardFilter {
+            w_len
+        } else {
+            0
+        }
+    ];
+    for n in 0..g.n {
+        for o in 0..g.c_out {
+            let group = o / og;
+            for oy in 0..g.out_h {
+                for ox in 0..g.out_w {
+                    let yi = ((n * g.c_out + o) * g.out_h + oy) * g.out_w + ox;
+                    let dy: f64 = if c.direction == ConvDirection::Forward {
+                        0.0
+                    } else {
+                        (*(y(yi) as *const T)).into()
+                    };
+                    let mut sum = 0f64;
+                    for ci in 0..cg {
+                        for ky in 0..g.kh {
+                            let iy = (oy * g.stride_h + ky * g.dil_h) as isize - g.pad_top as isize;
+                            if iy < 0 || iy >= g.h as isize {
+                                continue;
+                            }
+                            for kx in 0..g.kw {
+                                let ix =
+                                    (ox * g.stride_w + kx * g.dil_w) as isize - g.pad_left as isize;
+                                if ix < 0 || ix >= g.w as isize {
+                                    continue;
+                                }
+                                let xi = ((n * g.c_in + group * cg + ci) * g.h + iy as usize) * g.w
+                                    + ix as usize;
+                                let wi = ((o * cg + ci) * g.kh + ky) * g.kw + kx;
+                                match c.direction {
+                                    ConvDirection::Forward => {
+                                        let (a, b): (f64, f64) = (
+                                            (*(x(xi) as *const T)).into(),
+                                            (*(w(wi) as *const T)).into(),
+                                        );
+                                        sum += a * b;
+                                    }
+                                    ConvDirection::BackwardData => {
+                                        acc_x[xi] += (*(w(wi) as *const T)).into() * dy;
+                                    }
+                                    ConvDirection::BackwardFilter => {
+                                        acc_w[wi] += (*(x(xi) as *const T)).into() * dy;
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    if c.direction == ConvDirection::Forward {
+                        *(y(yi) as *mut T) = from(sum);
+                    }
+                }
+            }
+        }
+    }
+    for (i, v) in acc_x.into_iter().enumerate() {
+        *(x(i) as *mut T) = from(v);
+    }
+    for (i, v) in acc_w.into_iter().enumerate() {
+        *(w(i) as *mut T) = from(v);
+    }
+}
+
 impl Device for EmulatedDevice {
     fn description(&self) -> String {
-        format!("emulated on the host ({} kernels)", self.names.len())
+        format!(
+            "emulated on the host ({} kernels{})",
+            self.names.len(),
+            if self.reference_library {
+                ", reference convolution library"
+            } else {
+                ""
+            }
+        )
     }
 
     fn block_size(&self) -> u32 {
@@ -429,6 +542,31 @@ impl Device for EmulatedDevice {
             }
         }
         Ok(())
+    }
+
+    fn library_conv(&self, c: &LibraryConv) -> CudaResult<bool> {
+        if !self.reference_library || crate::cudnn::unsupported(&c.geometry).is_some() {
+            return Ok(false);
+        }
+        let g = &c.geometry;
+        let size = c.dtype.size_bytes();
+        let cg = g.c_in / g.group.max(1);
+        self.check_range(c.x, g.n * g.c_in * g.h * g.w * size, "library_conv x")?;
+        self.check_range(c.w, g.c_out * cg * g.kh * g.kw * size, "library_conv w")?;
+        self.check_range(
+            c.y,
+            g.n * g.c_out * g.out_h * g.out_w * size,
+            "library_conv y",
+        )?;
+        // SAFETY: the ranges are inside allocations.
+        unsafe {
+            match c.dtype {
+                DType::Float32 => conv_ref::<f32>(c, |v| v as f32),
+                DType::Float64 => conv_ref::<f64>(c, |v| v),
+                _ => return Ok(false),
+            }
+        }
+        Ok(true)
     }
 
     fn synchronize(&self) -> CudaResult<()> {

@@ -39,7 +39,7 @@ pub struct GpuStats {
     pub comm_ops: u64,
     /// Launches of fused elementwise kernels (each covers several of `device_ops`).
     pub fused_kernels: u64,
-    /// Of `device_ops`, those run through a vendor library (convolutions through cuDNN).
+    /// Of `device_ops`, those run through the device's convolution library (cuDNN on a GPU).
     pub library_ops: u64,
     /// Steps run.
     pub steps: u64,
@@ -55,7 +55,7 @@ impl GpuStats {
             self.device_ops,
             self.fused_kernels,
             if self.library_ops > 0 {
-                format!(", {} through cuDNN", self.library_ops)
+                format!(", {} through the convolution library", self.library_ops)
             } else {
                 String::new()
             },
