@@ -254,3 +254,40 @@ fn the_emulated_gpu_saves_and_resumes_with_the_uninterrupted_losses() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn in_process_ranks_on_the_emulated_gpu_save_and_resume_with_the_uninterrupted_losses() {
+    if !emulator_available() {
+        return;
+    }
+    let dir = tmp("resume-ranks");
+    let art = dir.join("art");
+    compile(
+        &art,
+        &["--device-num", "8", "--parallel-mode", "semi_auto_parallel"],
+    );
+    let ck = dir.join("ck");
+    let ck = ck.to_str().unwrap();
+    let whole = run_emulated(&art, "6", &[]);
+    assert!(whole.status.success(), "{}", text(&whole));
+    let o = run_emulated(&art, "3", &["--checkpoint-dir", ck]);
+    assert!(o.status.success(), "{}", text(&o));
+    for rank in 0..8 {
+        let files = std::fs::read_dir(Path::new(ck).join(rank.to_string()))
+            .map(|d| d.count())
+            .unwrap_or(0);
+        assert!(files > 0, "rank {rank} saved nothing: {}", text(&o));
+    }
+    let o = run_emulated(&art, "6", &["--resume-from", ck]);
+    assert!(o.status.success(), "{}", text(&o));
+    let all = losses(&text(&whole));
+    let resumed = losses(&text(&o));
+    assert_eq!(all.len(), 6, "{}", text(&whole));
+    assert_eq!(resumed.len(), 3, "{}", text(&o));
+    assert_eq!(
+        &all[3..],
+        &resumed[..],
+        "8 ranks in one process: resumed steps 4-6 equal the uninterrupted run's"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

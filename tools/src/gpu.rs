@@ -166,35 +166,45 @@ pub fn run(a: &RunArgs, art: Artifact) -> Result<()> {
         }
         return Ok(());
     }
-    // Several ranks in threads on one device, collectives staged through the host.
-    if a.checkpoint.checkpoint_dir.is_some() || a.checkpoint.resume_from.is_some() {
-        bail!("--device-target GPU saves and resumes checkpoints on one device or in a cluster (shardc launch, mpirun); several ranks in one process do not yet");
-    }
+    // Several ranks in threads on one device, collectives staged through the host. As on
+    // the CPU, every rank loads its file of the newest complete checkpoint step (before any
+    // rank runs, so none saves and prunes first) and saves its own.
     let (data, inputs) = crate::commands::distributed_data(a, &art)?;
     let n = art.graphs.len();
     let comms = InProcessWorld::new(n);
     let mut execs = Vec::with_capacity(n);
-    for (rank, (g, comm)) in art.graphs.into_iter().zip(comms).enumerate() {
+    let mut start = 0;
+    for (rank, (g, comm)) in art.graphs.iter().cloned().zip(comms).enumerate() {
         let comm: Arc<dyn Communicator> = comm;
-        execs.push(
-            GpuExecutor::with_communicator(g, dev.clone(), host_backend(a), comm)
-                .with_context(|| format!("rank {rank}: preparing its graph"))?,
-        );
+        let mut exec = GpuExecutor::with_communicator(g, dev.clone(), host_backend(a), comm)
+            .with_context(|| format!("rank {rank}: preparing its graph"))?;
+        start = resume(a, &art, &mut exec, rank, n)?;
+        execs.push(exec);
+    }
+    let savers: Vec<Option<crate::ckpt::Saver>> = (0..n)
+        .map(|r| crate::ckpt::Saver::new(&a.checkpoint, &art.manifest.model, per_epoch, r, n))
+        .collect::<Result<_>>()?;
+    if let Some(Some(s)) = savers.first() {
+        s.write_strategy(&a.artifact, &art)?;
     }
     let results: Vec<Result<(Vec<Vec<Tensor>>, String)>> = std::thread::scope(|s| {
         let handles: Vec<_> = execs
             .into_iter()
+            .zip(&savers)
             .enumerate()
-            .map(|(rank, mut exec)| {
+            .map(|(rank, (mut exec, saver))| {
                 let (data, inputs) = (&data, &inputs);
                 s.spawn(move || -> Result<(Vec<Vec<Tensor>>, String)> {
                     let mut outs = Vec::new();
-                    for step in 0..a.steps {
+                    for step in start..a.steps {
                         let feeds = rank_block(data.feeds(step), inputs, rank)?;
                         outs.push(
                             exec.step(&feeds)
                                 .with_context(|| format!("rank {rank}, step {}", step + 1))?,
                         );
+                        if let Some(s) = saver {
+                            s.after_step(&exec, exec.step_count() == a.steps)?;
+                        }
                     }
                     Ok((outs, exec.stats().summary()))
                 })
@@ -216,8 +226,8 @@ pub fn run(a: &RunArgs, art: Artifact) -> Result<()> {
         }
     }
     let (outs, summary) = rank0.context("no rank ran")?;
-    for (step, o) in outs.iter().enumerate() {
-        print_loss(o, step as u64, per_epoch)?;
+    for (i, o) in outs.iter().enumerate() {
+        print_loss(o, start + i as u64, per_epoch)?;
     }
     if a.stats {
         println!("rank 0: {summary}");

@@ -246,8 +246,10 @@ pub fn require_all(libraries: &[Library]) -> Result<(), MissingLibrary> {
     libraries.iter().try_for_each(|&l| require(l))
 }
 
-/// One line per library: found or not (for `shardc gpu info`).
+/// One line per library: found or not (for `shardc gpu info`), after preloading the folders
+/// of `SHARDC_CUDA_LIB_DIRS`.
 pub fn report() -> String {
+    preload_from_env();
     let mut s = String::new();
     for l in Library::ALL {
         let state = if l.present() { "found" } else { "missing" };
