@@ -2,12 +2,16 @@
 //!
 //! Each source in `kernels/` is prefixed with `kernels/prelude.cuh` and compiled as one
 //! module: by NVRTC to PTX for a GPU ([`compile_ptx`]), or by the host C++ compiler for the
-//! emulated device (`crate::emulator`). Kernels are `extern "C"`, named
+//! emulated device (`crate::emulator`). The PTX is cached on disk by a hash of all it depends
+//! on ([`ptx_cache_path`]), so only the first process after a change pays for NVRTC.
+//! Kernels are `extern "C"`, named
 //! `<family>_<dtype>` (`softmax_f32`); a launch names one and passes its parameters in order
 //! as [`KernelArg`]s, the way `cuLaunchKernel` takes them (a pointer to each value).
 
 use crate::error::{CudaError, CudaResult};
+use sha2::{Digest, Sha256};
 use std::ffi::c_void;
+use std::path::PathBuf;
 
 /// The prelude every source starts with.
 pub const PRELUDE: &str = include_str!("../kernels/prelude.cuh");
@@ -192,10 +196,13 @@ pub fn compile_ptx(name: &str, arch: Option<&'static str>) -> CudaResult<String>
     compile_ptx_text(name, text, arch)
 }
 
-/// Compiles kernel source `text` (without the prelude) named `name` to PTX with NVRTC.
-pub fn compile_ptx_text(name: &str, text: &str, arch: Option<&'static str>) -> CudaResult<String> {
-    crate::probe::require(crate::probe::Library::Nvrtc)?;
-    let opts = cudarc::nvrtc::CompileOptions {
+/// The environment variable naming the folder of compiled PTX (`0` or `off`: no cache);
+/// default `shardc-ptx-cache` in the temporary directory.
+pub const PTX_CACHE_ENV: &str = "SHARDC_PTX_CACHE";
+
+/// The NVRTC options of a compilation (their `Debug` text is part of the cache key).
+fn nvrtc_options(name: &str, arch: Option<&'static str>) -> cudarc::nvrtc::CompileOptions {
+    cudarc::nvrtc::CompileOptions {
         arch,
         name: Some(name.to_string()),
         // IEEE division and square root, no flush-to-zero: results within 1e-5 of the CPU's.
@@ -204,8 +211,68 @@ pub fn compile_ptx_text(name: &str, text: &str, arch: Option<&'static str>) -> C
         ftz: Some(false),
         options: vec!["--std=c++17".into()],
         ..Default::default()
+    }
+}
+
+/// Where the PTX of `text` (a unit without the prelude) for `arch` is cached, or None when
+/// `SHARDC_PTX_CACHE` turns the cache off. The name is a SHA-256 of everything the PTX
+/// depends on: NVRTC's version, the architecture, the options, the prelude and the text.
+pub fn ptx_cache_path(text: &str, arch: Option<&'static str>) -> CudaResult<Option<PathBuf>> {
+    crate::probe::require(crate::probe::Library::Nvrtc)?;
+    let dir = match std::env::var_os(PTX_CACHE_ENV) {
+        Some(v) if v == "0" || v == "off" => return Ok(None),
+        Some(v) if !v.is_empty() => PathBuf::from(v),
+        _ => std::env::temp_dir().join("shardc-ptx-cache"),
     };
-    cudarc::nvrtc::compile_ptx_with_opts(unit(text), opts)
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: NVRTC is loaded (probed above); the call writes two ints.
+    unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    let mut h = Sha256::new();
+    h.update(format!(
+        "nvrtc {major}.{minor}\0{:?}\0",
+        nvrtc_options("", arch)
+    ));
+    h.update(unit(text));
+    let digest: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    Ok(Some(dir.join(format!("{digest}.ptx"))))
+}
+
+/// Whether `ptx` looks like a whole PTX module (a cache entry cut short or damaged does not).
+fn whole_ptx(ptx: &str) -> bool {
+    ptx.contains(".version") && ptx.contains(".target") && ptx.ends_with('\n')
+}
+
+/// Compiles kernel source `text` (without the prelude) named `name` to PTX with NVRTC, or
+/// reads it from the cache of an earlier compilation ([`ptx_cache_path`]): every process
+/// that opens a device compiles the same sources, and NVRTC takes about a second for them.
+/// A damaged entry is compiled again; a cache that cannot be written is only not used.
+pub fn compile_ptx_text(name: &str, text: &str, arch: Option<&'static str>) -> CudaResult<String> {
+    let cached = ptx_cache_path(text, arch)?;
+    if let Some(path) = &cached {
+        if let Ok(ptx) = std::fs::read_to_string(path) {
+            if whole_ptx(&ptx) {
+                return Ok(ptx);
+            }
+        }
+    }
+    let ptx = compile_with_nvrtc(name, text, arch)?;
+    if let Some(path) = &cached {
+        // Written aside, then renamed: a reader never sees half a file.
+        if let Some(dir) = path.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        let tmp = path.with_extension(format!("{}.tmp", std::process::id()));
+        if std::fs::write(&tmp, &ptx).is_ok() && std::fs::rename(&tmp, path).is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+    }
+    Ok(ptx)
+}
+
+/// Compiles with NVRTC.
+fn compile_with_nvrtc(name: &str, text: &str, arch: Option<&'static str>) -> CudaResult<String> {
+    crate::probe::require(crate::probe::Library::Nvrtc)?;
+    cudarc::nvrtc::compile_ptx_with_opts(unit(text), nvrtc_options(name, arch))
         .map(|ptx| ptx.to_src())
         .map_err(|e| CudaError::Compile {
             source_name: name.to_string(),

@@ -1,7 +1,9 @@
 //! Every kernel source compiles with NVIDIA's runtime compiler, and the PTX holds exactly
 //! the kernels the host emulator finds in the sources. NVRTC needs no GPU: CI installs it
 //! with `scripts/install-nvrtc.sh` (pip's `nvidia-cuda-nvrtc` 13.0) and names the folder in
-//! `SHARDC_CUDA_LIB_DIRS`. Elsewhere the test skips with a message, unless `CI=true`.
+//! `SHARDC_CUDA_LIB_DIRS`. Elsewhere the test skips with a message, unless `CI=true`. PTX
+//! comes from the cache of an earlier compilation of the same text by the same NVRTC where
+//! there is one (`kernels::ptx_cache_path`): what NVRTC made of exactly these sources.
 
 use shardc_backend_cuda::emulator::EmulatedDevice;
 use shardc_backend_cuda::kernels::{compile_ptx, ptx_entries, SOURCES};
@@ -82,4 +84,43 @@ fn generated_fused_kernels_compile_too() {
     for n in &names {
         assert!(entries.contains(n), "{n} missing from the PTX");
     }
+}
+
+#[test]
+fn compiled_ptx_is_cached_and_a_damaged_entry_is_compiled_again() {
+    if !nvrtc_available() {
+        return;
+    }
+    use shardc_backend_cuda::kernels::{compile_ptx_text, ptx_cache_path};
+    // A source of this run alone, so the first compilation is NVRTC's.
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let text = format!(
+        "// {stamp} {}\nextern \"C\" __global__ void cache_probe(float* x) {{ x[0] = 1.0f; }}\n",
+        std::process::id()
+    );
+    let Some(path) = ptx_cache_path(&text, Some("compute_80")).expect("NVRTC is there") else {
+        eprintln!("SKIP: SHARDC_PTX_CACHE turns the cache off");
+        return;
+    };
+    assert!(
+        !path.exists(),
+        "{} exists before the compilation",
+        path.display()
+    );
+    let ptx = compile_ptx_text("probe.cu", &text, Some("compute_80")).expect("compiles");
+    assert_eq!(ptx_entries(&ptx), ["cache_probe"]);
+    assert_eq!(std::fs::read_to_string(&path).expect("cached"), ptx);
+    // Another architecture is another entry.
+    let other = ptx_cache_path(&text, Some("compute_90")).unwrap().unwrap();
+    assert_ne!(other, path);
+    // A damaged entry (cut short) is not used: the source is compiled again and the entry
+    // repaired.
+    std::fs::write(&path, &ptx[..ptx.len() / 2]).unwrap();
+    let again = compile_ptx_text("probe.cu", &text, Some("compute_80")).expect("compiles");
+    assert_eq!(again, ptx);
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), ptx);
+    let _ = std::fs::remove_file(&path);
 }
