@@ -48,6 +48,36 @@ GATHER(i64, i64, int, i32)
 GATHER(int, i32, i64, i64)
 GATHER(i64, i64, i64, i64)
 
+// UnsortedSegmentSum(x (n, inner), ids (n)) -> y (num, inner): y holds segments
+// [lo, lo + num) of a result of `bound` segments. Thread t owns column q = t % inner of the
+// segments of range r = t / inner ([r * per, (r + 1) * per) of y's), zeroes them, then adds
+// the rows of x in index order: every element is the same sum, in the same order, as the
+// CPU's, with no atomics. Negative ids are dropped; an id of `bound` or more sets *status to
+// (position + 1).
+#define SEGMENT_SUM(I_T, I_S, T, S)                                                         \
+    extern "C" __global__ void unsorted_segment_sum_##I_S##_##S(                            \
+        const T* __restrict__ x, const I_T* __restrict__ ids, T* __restrict__ y, i64 n,     \
+        i64 inner, i64 num, i64 per, i64 ranges, i64 lo, i64 bound, int* status) {          \
+        GRID_STRIDE(t, ranges * inner) {                                                    \
+            i64 q = t % inner, r = t / inner;                                               \
+            i64 s0 = r * per, s1 = s0 + per < num ? s0 + per : num;                         \
+            for (i64 s = s0; s < s1; ++s) y[s * inner + q] = (T)0;                          \
+            for (i64 i = 0; i < n; ++i) {                                                   \
+                i64 k = (i64)ids[i];                                                        \
+                if (k >= bound) {                                                           \
+                    *(volatile int*)status = (int)(i + 1);                                  \
+                    continue;                                                               \
+                }                                                                           \
+                i64 s = k - lo;                                                             \
+                if (k >= 0 && s >= s0 && s < s1) y[s * inner + q] += x[i * inner + q];      \
+            }                                                                               \
+        }                                                                                   \
+    }
+SEGMENT_SUM(int, i32, float, f32)
+SEGMENT_SUM(i64, i64, float, f32)
+SEGMENT_SUM(int, i32, double, f64)
+SEGMENT_SUM(i64, i64, double, f64)
+
 __device__ __forceinline__ unsigned long long mix64(unsigned long long z) {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;

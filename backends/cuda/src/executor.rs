@@ -532,6 +532,11 @@ impl GpuExecutor {
                             "the index at position {} is out of range for the gathered axis",
                             bad - 1
                         )
+                    } else if n.op == OpKind::UnsortedSegmentSum {
+                        format!(
+                            "the segment id at position {} is not below num_segments",
+                            bad - 1
+                        )
                     } else {
                         format!(
                             "the label of row {} is out of range for the classes",
@@ -632,7 +637,9 @@ impl GpuExecutor {
         };
         if matches!(
             node.op,
-            OpKind::SparseSoftmaxCrossEntropyWithLogits | OpKind::Gather
+            OpKind::SparseSoftmaxCrossEntropyWithLogits
+                | OpKind::Gather
+                | OpKind::UnsortedSegmentSum
         ) && placed == Lowered::Device
         {
             status_users.push(i);

@@ -181,6 +181,7 @@ pub(crate) fn lower(call: &OpCall<'_>) -> CudaResult<Lowered> {
         Concat => movement::concat(call),
         Split => movement::split(call),
         Gather => movement::gather(call),
+        UnsortedSegmentSum => movement::unsorted_segment_sum(call),
         Dropout => movement::dropout(call),
         Equal => movement::equal(call),
         Neg | Square | Sqrt | Exp | Log | ReLU | GeLU | Sigmoid | Tanh => unary(call),

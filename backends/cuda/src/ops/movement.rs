@@ -255,6 +255,83 @@ pub(super) fn gather(call: &OpCall<'_>) -> CudaResult<Lowered> {
     )
 }
 
+/// The most threads an UnsortedSegmentSum launches: each reads every id, so more threads
+/// mean more reads of the ids, not more speed, once the GPU is full.
+const SEGMENT_SUM_THREADS: usize = 1 << 16;
+
+/// `UnsortedSegmentSum(x, segment_ids, num_segments)`, the CPU's semantics (negative ids
+/// dropped, a block of segments where the result is split along them), without atomics:
+/// each thread owns some segments of one column and adds x's rows in index order, so every
+/// element is summed in the CPU's order (see `kernels/movement.cu`).
+pub(super) fn unsorted_segment_sum(call: &OpCall<'_>) -> CudaResult<Lowered> {
+    let (x, tx) = call.tensor(0)?;
+    let (ids, ti) = call.tensor(1)?;
+    let (y, ty) = call.out(0)?;
+    let num = match call.inputs.get(2) {
+        Some(Val::Const(c)) => c.as_int().filter(|&v| v >= 0).ok_or_else(|| {
+            call.err(format!(
+                "num_segments must be a non-negative integer, got {c:?}"
+            ))
+        })? as usize,
+        _ => return host("num_segments from a tensor"),
+    };
+    let is = match ti.dtype {
+        DType::Int32 => "i32",
+        DType::Int64 => "i64",
+        other => return host(format!("{other} segment ids")),
+    };
+    let s = match ty.dtype {
+        DType::Float32 => "f32",
+        DType::Float64 => "f64",
+        other => return host(format!("{other} on the GPU")),
+    };
+    if tx.dtype != ty.dtype {
+        return host("mixed element types");
+    }
+    let k = ti.shape.len();
+    if tx.shape.len() < k || tx.shape[..k] != ti.shape[..] {
+        return Err(call.err(format!(
+            "segment_ids shape {:?} is not a prefix of x's shape {:?}",
+            ti.shape, tx.shape
+        )));
+    }
+    let n = ti.num_elements();
+    let inner: usize = tx.shape[k..].iter().product();
+    let mut expected = vec![num];
+    expected.extend_from_slice(&tx.shape[k..]);
+    if ty.shape != expected {
+        return Err(call.err(format!(
+            "the result has shape {:?}, expected {expected:?}",
+            ty.shape
+        )));
+    }
+    if num * inner == 0 {
+        return Ok(Lowered::Device);
+    }
+    let block = Block::of(&call.node.attrs, &expected).map_err(|e| call.err(e))?;
+    let (bound, lo) = Block::along(block.as_ref(), 0, num);
+    let ranges = (SEGMENT_SUM_THREADS / inner).clamp(1, num);
+    let per = num.div_ceil(ranges);
+    let ranges = num.div_ceil(per);
+    call.launch(
+        &format!("unsorted_segment_sum_{is}_{s}"),
+        call.grid(ranges * inner),
+        &[
+            Ptr(x),
+            Ptr(ids),
+            Ptr(y),
+            I64(n as i64),
+            I64(inner as i64),
+            I64(num as i64),
+            I64(per as i64),
+            I64(ranges as i64),
+            I64(lo as i64),
+            I64(bound as i64),
+            Ptr(call.status),
+        ],
+    )
+}
+
 pub(super) fn dropout(call: &OpCall<'_>) -> CudaResult<Lowered> {
     let (x, tx) = call.tensor(0)?;
     let (y, ty) = call.out(0)?;
