@@ -2,7 +2,8 @@
 //! sources compiled for the host, see `backends/cuda/src/emulator.rs`) against the CPU
 //! executor: training steps of LeNet-5, ResNets and a net of unusual convolutions, the
 //! synchronised BatchNorm ops, and single ops with their gradients in Float32 and Float64
-//! (stride, `same` / `pad` padding, dilation, groups, 1x1, ties in a max pool). Every test
+//! (stride, `same` / `pad` padding, dilation, groups, 1x1, ties in a max pool), and softmaxes
+//! over every axis with their gradients (the same single-op harness). Every test
 //! also checks that these ops ran on the device. Skips with a message where no C++20
 //! compiler is found. With `SHARDC_TEST_DEVICE=cuda` the same tests run on GPU 0 instead
 //! (`gpu_common::kernel_test_device`).
@@ -660,6 +661,26 @@ fn single_batch_norms_and_their_gradients_match_the_cpu() {
                 let what = format!("BatchNorm training {training} {shape:?}");
                 if n.check(y, &what, tol(dtype)).is_none() {
                     return;
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn softmaxes_over_any_axis_and_their_gradients_match_the_cpu() {
+    // The last axis (contiguous rows), a middle one and the first (rows `inner` apart), each
+    // with its gradient, Softmax and LogSoftmax, in Float32 and Float64.
+    for dtype in [DType::Float32, DType::Float64] {
+        for op in [OpKind::Softmax, OpKind::LogSoftmax] {
+            for axis in [-1i64, 1, 0] {
+                let mut n = OpNet::new(dtype, (41 + axis) as u64);
+                let x = n.w("x", &[3, 5, 4]);
+                let y = n.op(op, vec![x], attrs(vec![("axis", ints(&[axis]))]));
+                let what = format!("{op} over axis {axis}");
+                match n.check(y, &what, tol(dtype)) {
+                    Some(s) => assert!(!s.contains("host:"), "{what}: {s}"),
+                    None => return,
                 }
             }
         }

@@ -52,47 +52,55 @@ FOR_FLOATS(REDUCE_COLS)
     }
 FOR_FLOATS(BIAS_GRAD)
 
-// Softmax (log = 0) or LogSoftmax (log = 1) over the last axis of (rows, cols).
+// Softmax (log = 0) or LogSoftmax (log = 1) over the middle axis of (outer, cols, inner):
+// rows = outer * inner rows of cols elements, `inner` apart (1: the last axis, contiguous).
 #define SOFTMAX(T, S)                                                                       \
     extern "C" __global__ void softmax_##S(const T* __restrict__ x, T* __restrict__ y,      \
-                                          i64 rows, i64 cols, int log) {                    \
+                                          i64 rows, i64 cols, i64 inner, int log) {         \
         for (i64 o = blockIdx.x; o < rows; o += gridDim.x) {                                \
-            const T* xr = x + o * cols;                                                     \
-            T* yr = y + o * cols;                                                           \
+            i64 base = (o / inner) * cols * inner + o % inner;                              \
+            const T* xr = x + base;                                                         \
+            T* yr = y + base;                                                               \
             T m = -(T)INFINITY;                                                             \
             for (i64 j = threadIdx.x; j < cols; j += blockDim.x)                            \
-                m = (xr[j] > m || xr[j] != xr[j]) ? xr[j] : m;                              \
+                m = (xr[j * inner] > m || xr[j * inner] != xr[j * inner]) ? xr[j * inner] : m; \
             m = block_max(m);                                                               \
             T s = (T)0;                                                                     \
-            for (i64 j = threadIdx.x; j < cols; j += blockDim.x) s += sh_exp(xr[j] - m);    \
+            for (i64 j = threadIdx.x; j < cols; j += blockDim.x)                            \
+                s += sh_exp(xr[j * inner] - m);                                             \
             s = block_sum(s);                                                               \
             if (log) {                                                                      \
                 T lse = m + sh_log(s);                                                      \
-                for (i64 j = threadIdx.x; j < cols; j += blockDim.x) yr[j] = xr[j] - lse;   \
+                for (i64 j = threadIdx.x; j < cols; j += blockDim.x)                        \
+                    yr[j * inner] = xr[j * inner] - lse;                                    \
             } else {                                                                        \
                 T inv = (T)1 / s;                                                           \
                 for (i64 j = threadIdx.x; j < cols; j += blockDim.x)                        \
-                    yr[j] = sh_exp(xr[j] - m) * inv;                                        \
+                    yr[j * inner] = sh_exp(xr[j * inner] - m) * inv;                        \
             }                                                                               \
         }                                                                                   \
     }
 FOR_FLOATS(SOFTMAX)
 
-// SoftmaxGrad(y, dy) = y * (dy - sum(dy * y)); LogSoftmaxGrad(y, dy) = dy - exp(y) * sum(dy).
+// SoftmaxGrad(y, dy) = y * (dy - sum(dy * y)); LogSoftmaxGrad(y, dy) = dy - exp(y) * sum(dy),
+// over the middle axis of (outer, cols, inner) as in softmax.
 #define SOFTMAX_GRAD(T, S)                                                                  \
     extern "C" __global__ void softmax_grad_##S(const T* __restrict__ y,                    \
                                                const T* __restrict__ dy, T* __restrict__ dx, \
-                                               i64 rows, i64 cols, int log) {               \
+                                               i64 rows, i64 cols, i64 inner, int log) {    \
         for (i64 o = blockIdx.x; o < rows; o += gridDim.x) {                                \
-            const T* yr = y + o * cols;                                                     \
-            const T* dr = dy + o * cols;                                                    \
-            T* xr = dx + o * cols;                                                          \
+            i64 base = (o / inner) * cols * inner + o % inner;                              \
+            const T* yr = y + base;                                                         \
+            const T* dr = dy + base;                                                        \
+            T* xr = dx + base;                                                              \
             T s = (T)0;                                                                     \
             for (i64 j = threadIdx.x; j < cols; j += blockDim.x)                            \
-                s += log ? dr[j] : dr[j] * yr[j];                                           \
+                s += log ? dr[j * inner] : dr[j * inner] * yr[j * inner];                   \
             s = block_sum(s);                                                               \
-            for (i64 j = threadIdx.x; j < cols; j += blockDim.x)                            \
-                xr[j] = log ? dr[j] - sh_exp(yr[j]) * s : yr[j] * (dr[j] - s);              \
+            for (i64 j = threadIdx.x; j < cols; j += blockDim.x) {                          \
+                i64 k = j * inner;                                                          \
+                xr[k] = log ? dr[k] - sh_exp(yr[k]) * s : yr[k] * (dr[k] - s);              \
+            }                                                                               \
         }                                                                                   \
     }
 FOR_FLOATS(SOFTMAX_GRAD)

@@ -2,7 +2,7 @@
 //!
 //! [`lower`] either runs a node on the device or answers [`Lowered::Host`] with the reason,
 //! without touching anything, when no device kernel covers the node as typed (an op without a
-//! kernel, a Float16 tensor, a softmax over an inner axis, ...): the executor then runs the
+//! kernel, a Float16 tensor, an empty tensor, ...): the executor then runs the
 //! host backend's kernel on copies. The decision depends only on the node and its types, so
 //! it is the same at every step.
 
@@ -655,8 +655,8 @@ fn reduce(call: &OpCall<'_>) -> CudaResult<Lowered> {
     }
 }
 
-/// (rows, cols) of a softmax over the last axis, None for an inner axis.
-fn softmax_rows(call: &OpCall<'_>, shape: &[usize]) -> CudaResult<Option<(usize, usize)>> {
+/// `(outer, cols, inner)` of a softmax along attribute `axis` (default -1) of `shape`.
+fn softmax_layout(call: &OpCall<'_>, shape: &[usize]) -> CudaResult<(usize, usize, usize)> {
     let rank = shape.len() as i64;
     let axis = match call.node.attrs.get("axis") {
         None => -1,
@@ -670,26 +670,30 @@ fn softmax_rows(call: &OpCall<'_>, shape: &[usize]) -> CudaResult<Option<(usize,
         return Err(call.err(format!("axis out of range for rank {rank}")));
     }
     let axis = axis as usize;
-    if shape[axis + 1..].iter().any(|&d| d != 1) {
-        return Ok(None);
-    }
-    let cols = shape[axis];
-    let rows: usize = shape[..axis].iter().product();
-    Ok(Some((rows, cols)))
+    Ok((
+        shape[..axis].iter().product(),
+        shape[axis],
+        shape[axis + 1..].iter().product(),
+    ))
 }
 
 fn softmax(call: &OpCall<'_>) -> CudaResult<Lowered> {
     let (x, tx) = call.tensor(0)?;
     let (y, _, s) = or_host!(out_float(call)?, "only Float32 and Float64 run on the GPU");
-    let (rows, cols) = or_host!(
-        softmax_rows(call, &tx.shape)?,
-        "a softmax over an inner axis"
-    );
+    let (outer, cols, inner) = softmax_layout(call, &tx.shape)?;
+    let rows = outer * inner;
     let log = i32::from(call.node.op == OpKind::LogSoftmax);
     call.launch(
         &format!("softmax_{s}"),
         call.rows_grid(rows),
-        &[Ptr(x), Ptr(y), I64(rows as i64), I64(cols as i64), I32(log)],
+        &[
+            Ptr(x),
+            Ptr(y),
+            I64(rows as i64),
+            I64(cols as i64),
+            I64(inner as i64),
+            I32(log),
+        ],
     )
 }
 
@@ -697,10 +701,8 @@ fn softmax_grad(call: &OpCall<'_>) -> CudaResult<Lowered> {
     let (y, ty) = call.tensor(0)?;
     let (dy, _) = call.tensor(1)?;
     let (dx, _, s) = or_host!(out_float(call)?, "only Float32 and Float64 run on the GPU");
-    let (rows, cols) = or_host!(
-        softmax_rows(call, &ty.shape)?,
-        "a softmax over an inner axis"
-    );
+    let (outer, cols, inner) = softmax_layout(call, &ty.shape)?;
+    let rows = outer * inner;
     let log = i32::from(call.node.op == OpKind::LogSoftmaxGrad);
     call.launch(
         &format!("softmax_grad_{s}"),
@@ -711,6 +713,7 @@ fn softmax_grad(call: &OpCall<'_>) -> CudaResult<Lowered> {
             Ptr(dx),
             I64(rows as i64),
             I64(cols as i64),
+            I64(inner as i64),
             I32(log),
         ],
     )
