@@ -686,3 +686,36 @@ fn softmaxes_over_any_axis_and_their_gradients_match_the_cpu() {
         }
     }
 }
+
+#[test]
+fn reductions_over_axes_that_are_not_adjacent_match_the_cpu() {
+    // One pass per run of reduced axes on the device (innermost first), with gradients
+    // (ReduceMax's goes through Equal and a cast from Bool).
+    for (dtype, op) in [
+        (DType::Float32, OpKind::ReduceSum),
+        (DType::Float32, OpKind::ReduceMean),
+        (DType::Float32, OpKind::ReduceMax),
+        (DType::Float64, OpKind::ReduceSum),
+    ] {
+        for (axes, keep) in [
+            (vec![0i64, 2], false),
+            (vec![0, 2, 3], true),
+            (vec![1, 3], false),
+            (vec![0, -1], true),
+            (vec![0, 1, 2, 3], false),
+        ] {
+            let mut n = OpNet::new(dtype, 60 + axes.len() as u64);
+            let x = n.w("x", &[3, 4, 5, 2]);
+            let y = n.op(
+                op,
+                vec![x, Operand::Const(Const::Ints(axes.clone()))],
+                attrs(vec![("keep_dims", Attr::Bool(keep))]),
+            );
+            let what = format!("{op} over {axes:?} (keep_dims {keep})");
+            match n.check(y, &what, tol(dtype)) {
+                Some(s) => assert!(!s.contains("host:"), "{what}: {s}"),
+                None => return,
+            }
+        }
+    }
+}

@@ -135,6 +135,28 @@ CAST_FROM(double, f64)
 CAST_FROM(int, i32)
 CAST_FROM(i64, i64)
 
+// Casts from and to Bool (one byte, 0 or 1): a value is true when it is not zero (NaN too),
+// as on the CPU.
+#define CAST_FROM_BOOL(D_T, D_S)                                                            \
+    extern "C" __global__ void cast_b8_##D_S(const unsigned char* __restrict__ x,           \
+                                            D_T* __restrict__ y, i64 n) {                   \
+        GRID_STRIDE(i, n) y[i] = x[i] != 0 ? (D_T)1 : (D_T)0;                               \
+    }
+#define CAST_TO_BOOL(S_T, S_S)                                                              \
+    extern "C" __global__ void cast_##S_S##_b8(const S_T* __restrict__ x,                   \
+                                              unsigned char* __restrict__ y, i64 n) {       \
+        GRID_STRIDE(i, n) y[i] = x[i] != (S_T)0 ? 1 : 0;                                    \
+    }
+CAST_FROM_BOOL(float, f32)
+CAST_FROM_BOOL(double, f64)
+CAST_FROM_BOOL(int, i32)
+CAST_FROM_BOOL(i64, i64)
+CAST_FROM_BOOL(unsigned char, b8)
+CAST_TO_BOOL(float, f32)
+CAST_TO_BOOL(double, f64)
+CAST_TO_BOOL(int, i32)
+CAST_TO_BOOL(i64, i64)
+
 // OneHot(indices, depth, on, off) with axis -1: y (n, depth).
 #define ONE_HOT(I_T, I_S, T, S)                                                             \
     extern "C" __global__ void one_hot_##I_S##_##S(const I_T* __restrict__ idx,             \

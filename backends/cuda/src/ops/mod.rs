@@ -444,7 +444,15 @@ fn bias_add_grad(call: &OpCall<'_>) -> CudaResult<Lowered> {
 fn cast(call: &OpCall<'_>) -> CudaResult<Lowered> {
     let (x, tx) = call.tensor(0)?;
     let (y, ty) = call.out(0)?;
-    let (Some(from), Some(to)) = (suffix(tx.dtype), suffix(ty.dtype)) else {
+    // Bool has casts to and from every type the kernels name (and no other kernels).
+    let cast_suffix = |d: DType| {
+        if d == DType::Bool {
+            Some("b8")
+        } else {
+            suffix(d)
+        }
+    };
+    let (Some(from), Some(to)) = (cast_suffix(tx.dtype), cast_suffix(ty.dtype)) else {
         return host(format!("a cast from {} to {}", tx.dtype, ty.dtype));
     };
     let n = ty.num_elements();
@@ -591,40 +599,89 @@ fn reduce(call: &OpCall<'_>) -> CudaResult<Lowered> {
             .ok_or_else(|| call.err(format!("axis out of range for rank {rank}")))?;
         reduced[a] = true;
     }
-    // The reduced dims (ignoring dims of 1) must be one contiguous run.
-    let big: Vec<usize> = (0..rank).filter(|&d| tx.shape[d] != 1).collect();
-    let red: Vec<usize> = big.iter().copied().filter(|&d| reduced[d]).collect();
-    let (lo, hi) = match (red.first(), red.last()) {
-        (Some(&lo), Some(&hi)) => (lo, hi),
-        _ => (rank, rank),
-    };
-    if big.iter().any(|&d| d > lo && d < hi && !reduced[d]) {
-        return host("reduced axes that are not adjacent");
+    // The dims other than 1, runs of reduced and of kept dims merged: (size, reduced).
+    let mut runs: Vec<(usize, bool)> = Vec::new();
+    for d in (0..rank).filter(|&d| tx.shape[d] != 1) {
+        match runs.last_mut() {
+            Some((size, red)) if *red == reduced[d] => *size *= tx.shape[d],
+            _ => runs.push((tx.shape[d], reduced[d])),
+        }
     }
-    let outer: usize = tx.shape[..lo.min(rank)].iter().product();
-    let r: usize = if lo >= rank {
-        1
-    } else {
-        tx.shape[lo..=hi].iter().product()
-    };
-    let inner: usize = if lo >= rank {
-        1
-    } else {
-        tx.shape[hi + 1..].iter().product()
-    };
+    let total_reduced: usize = runs.iter().filter(|r| r.1).map(|r| r.0).product();
+    if total_reduced == 0 {
+        return host("an empty reduction");
+    }
     let op = if call.node.op == OpKind::ReduceMax {
         1
     } else {
         0
     };
-    let scale = if call.node.op == OpKind::ReduceMean {
-        1.0 / r.max(1) as f64
-    } else {
-        1.0
-    };
-    if r == 0 {
-        return host("an empty reduction");
+    let passes = runs.iter().filter(|r| r.1).count();
+    if passes == 0 {
+        // Nothing but dims of 1 reduced: a copy (scale 1 for every op).
+        return reduce_pass(
+            call,
+            s,
+            (x, y),
+            (1, 1, runs.iter().map(|r| r.0).product()),
+            op,
+            1.0,
+        );
     }
+    // One pass per run of reduced dims, the innermost first, each a reduction of
+    // (outer, r, inner); intermediate results alternate between two halves of the scratch
+    // memory, the last pass writes y. A mean divides once, in the last pass.
+    let esz = tx.dtype.size_bytes();
+    let first_out: usize = {
+        let j = runs.iter().rposition(|r| r.1).unwrap_or(0);
+        runs.iter().map(|r| r.0).product::<usize>() / runs[j].0.max(1)
+    };
+    let scratch = if passes > 1 {
+        let half = (first_out * esz).next_multiple_of(256);
+        Some((call.workspace.get(call.dev, 2 * half)?, half as u64))
+    } else {
+        None
+    };
+    let mut src = x;
+    for pass in 0..passes {
+        let j = runs
+            .iter()
+            .rposition(|r| r.1)
+            .ok_or_else(|| call.err("internal: no reduced run left"))?;
+        let outer: usize = runs[..j].iter().map(|r| r.0).product();
+        let inner: usize = runs[j + 1..].iter().map(|r| r.0).product();
+        let last = pass + 1 == passes;
+        let dst = match (last, scratch) {
+            (true, _) | (false, None) => y,
+            (false, Some((base, half))) => base + (pass as u64 % 2) * half,
+        };
+        let scale = if last && call.node.op == OpKind::ReduceMean {
+            1.0 / total_reduced as f64
+        } else {
+            1.0
+        };
+        reduce_pass(call, s, (src, dst), (outer, runs[j].0, inner), op, scale)?;
+        // The reduced run goes; the kept runs beside it become one.
+        runs.remove(j);
+        if j > 0 && j < runs.len() && !runs[j - 1].1 && !runs[j].1 {
+            runs[j - 1].0 *= runs[j].0;
+            runs.remove(j);
+        }
+        src = dst;
+    }
+    Ok(Lowered::Device)
+}
+
+/// One reduction of `x` viewed as (outer, r, inner) over r into `y`: `op` 0 sums, 1 takes
+/// the maximum; the result is multiplied by `scale`.
+fn reduce_pass(
+    call: &OpCall<'_>,
+    s: &str,
+    (x, y): (DevPtr, DevPtr),
+    (outer, r, inner): (usize, usize, usize),
+    op: i32,
+    scale: f64,
+) -> CudaResult<Lowered> {
     if inner == 1 {
         call.launch(
             &format!("reduce_rows_{s}"),
