@@ -5,17 +5,19 @@
 #   2. the GPU suite (tests/cuda_gpu.rs): models trained against the CPU executor, NCCL with
 #      one rank through the communicator conformance suite;
 #   3. every kernel against the CPU executor: the emulated suites on the GPU
-#      (SHARDC_TEST_DEVICE=cuda), the convolutions through cuDNN and again through
-#      im2col + cuBLAS (SHARDC_CUDNN=0);
+#      (SHARDC_TEST_DEVICE=cuda), the convolutions through cuDNN where it is found;
 #   4. the tutorials' checks: nccl_allgather with one rank; the quickstart net on one device,
 #      on 8 in-process ranks and on 2 launched workers with --device-target GPU, with the
 #      CPU's losses; the ResNet-50 example on the GPU against the CPU;
-#   5. `shardc bench gpu` against PyTorch on the same GPU (`--python`, default python3).
+#   5. `shardc bench gpu` against PyTorch on the same GPU (`--python`, default python3);
+#   6. the convolution suite again with cuDNN off (im2col + cuBLAS, step 09).
 #
 #   bash scripts/gpu-check.sh [BUNDLE] [OUT]     (defaults: .gpu and $OUT or /tmp/gpu-check)
 #
 # SHARDC_GPU_CHECK_REHEARSE=1 rehearses it on a machine without a GPU: the command-line steps
 # (6, 7) run on the emulated GPU (`--gpu emulator`), the steps that need a GPU are skipped.
+# SHARDC_GPU_CHECK_ONLY="07 09" runs only the steps whose names start so (a second call on a
+# warm machine, for what the first one had no time for).
 #
 # Each step has its own time limit and log (OUT/NN-step.log); OUT/summary.txt gets one line
 # per step (PASS/FAIL/SKIP, seconds). The whole run keeps within SHARDC_GPU_CHECK_SECONDS
@@ -30,6 +32,7 @@ out=${2:-${OUT:-/tmp/gpu-check}}
 python=${SHARDC_PYTHON:-python3}
 quick=${SHARDC_GPU_CHECK_QUICK:-}
 rehearse=${SHARDC_GPU_CHECK_REHEARSE:-}
+only=${SHARDC_GPU_CHECK_ONLY:-}
 gpu_flags=""
 resnet_gpu=GPU
 # ResNet-50 (the example's 50 layers): batch, images, image size, channel divisor.
@@ -55,7 +58,7 @@ for f in "$bundle"/*.gz; do
   name=$(basename "$f" .gz)
   gunzip -c "$f" > "$bin/$name" && chmod +x "$bin/$name"
 done
-echo "bundle: $(cat "$bundle/COMMIT" 2> /dev/null || echo unknown commit)" | tee -a "$summary"
+echo "bundle: $(cat "$bundle/COMMIT" 2> /dev/null || echo unknown commit); $(ldd --version 2>&1 | head -n 1) (the binaries need glibc 2.34 or newer)" | tee -a "$summary"
 
 # The CUDA libraries: the toolkit's folders, then every lib folder of pip's NVIDIA wheels.
 lib_dirs=()
@@ -80,7 +83,14 @@ failed=0
 step() {
   local name=$1 limit=$2
   shift 2
-  local log="$out/$name.log" start=$SECONDS rc left=$((deadline - SECONDS))
+  local log="$out/$name.log" start=$SECONDS rc left=$((deadline - SECONDS)) prefix selected
+  if [ -n "$only" ]; then
+    selected=""
+    for prefix in $only; do
+      [ "${name#"$prefix"}" != "$name" ] && selected=1
+    done
+    [ -n "$selected" ] || return 0
+  fi
   if [ -n "$rehearse" ] && [ "${limit#gpu}" != "$limit" ]; then
     echo "SKIP $name (needs a GPU; rehearsal)" | tee -a "$summary"
     return
@@ -186,8 +196,6 @@ step 02-cuda-gpu-suite gpu150 "$bin/cuda_gpu" --ignored --test-threads=1 --nocap
 step 03-kernels-models gpu90 env SHARDC_TEST_DEVICE=cuda "$bin/cuda_emulated" --test-threads=1 \
   --nocapture
 step 04-kernels-conv gpu120 bash -c conv_suite_on_cudnn
-step 04b-kernels-conv-im2col gpu120 env SHARDC_TEST_DEVICE=cuda SHARDC_CUDNN=0 \
-  "$bin/cuda_conv_emulated" --test-threads=1 --nocapture
 step 05-nccl-allgather-1-rank gpu30 "$bin/nccl_allgather"
 step 06-quickstart-cli 90 bash -c cli_checks
 step 07-resnet50-example 90 bash -c resnet50
@@ -196,6 +204,8 @@ if [ -n "$quick" ]; then
 else
   step 08-bench-gpu gpu420 "$bin/shardc" bench gpu --python "$python" --bench-dir bench
 fi
+step 09-kernels-conv-im2col gpu120 env SHARDC_TEST_DEVICE=cuda SHARDC_CUDNN=0 \
+  "$bin/cuda_conv_emulated" --test-threads=1 --nocapture
 cp "$out/08-bench-gpu.log" "$out/bench-gpu.txt" 2> /dev/null || true
 echo "done in $SECONDS s: $(grep -c ^PASS "$summary") passed, $(grep -c ^FAIL "$summary") failed, $(grep -c ^SKIP "$summary") skipped" | tee -a "$summary"
 rm -rf "$work"
