@@ -14,7 +14,8 @@
 //!   same inputs give the same bits, run after run), in cuDNN's own order of expected speed,
 //!   with at most [`WORKSPACE_LIMIT`] bytes of workspace.
 //!
-//! `SHARDC_CUDNN=0` turns cuDNN off (every convolution then takes the im2col path).
+//! A shape cuDNN cannot plan falls back too (said once on stderr). `SHARDC_CUDNN=0` turns
+//! cuDNN off (every convolution then takes the im2col path).
 
 use crate::device::{ConvDirection, LibraryConv};
 use crate::error::{CudaError, CudaResult};
@@ -219,7 +220,16 @@ impl Dnn {
             tf32,
         };
         if !self.plans.contains_key(&key) {
-            let plan = self.plan(&key)?;
+            // A shape cuDNN refuses to plan (a descriptor or heuristics call fails) falls back
+            // to the kernels, said once; a convolution that fails to run is an error.
+            let plan = self.plan(&key).unwrap_or_else(|e| {
+                eprintln!(
+                    "shardc: cuDNN cannot plan the {:?} convolution of {:?} ({e}); it runs as \
+                     im2col + cuBLAS",
+                    key.direction, key.geometry
+                );
+                None
+            });
             self.plans.insert(key, plan);
         }
         let Some(plan) = self.plans.get(&key).and_then(Option::as_ref) else {
