@@ -200,9 +200,9 @@ step 05-nccl-allgather-1-rank gpu30 "$bin/nccl_allgather"
 step 06-quickstart-cli 90 bash -c cli_checks
 step 07-resnet50-example 90 bash -c resnet50
 if [ -n "$quick" ]; then
-  step 08-bench-gpu gpu240 "$bin/shardc" bench gpu --quick --python "$python" --bench-dir bench
+  step 08-bench-gpu gpu240 "$bin/shardc" bench gpu --quick --stats --python "$python" --bench-dir bench
 else
-  step 08-bench-gpu gpu420 "$bin/shardc" bench gpu --python "$python" --bench-dir bench
+  step 08-bench-gpu gpu420 "$bin/shardc" bench gpu --stats --python "$python" --bench-dir bench
 fi
 step 09-kernels-conv-im2col gpu120 env SHARDC_TEST_DEVICE=cuda SHARDC_CUDNN=0 \
   "$bin/cuda_conv_emulated" --test-threads=1 --nocapture

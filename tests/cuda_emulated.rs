@@ -339,3 +339,41 @@ fn unsorted_segment_sum_matches_the_cpu_bit_for_bit() {
         "{err}"
     );
 }
+
+#[test]
+fn profiling_times_every_op_of_a_step_by_kind() {
+    use shardc::ir::OpKind;
+    use shardc::runtime::data::synthetic::SyntheticData;
+    let Some(dev) = device() else { return };
+    let g = train(zoo::mlp(8, &[20, 16, 4]).expect("mlp"), momentum());
+    let count = |op: OpKind| g.nodes.iter().filter(|n| n.op == op).count() as u64;
+    let (matmuls, updates) = (count(OpKind::MatMul), count(OpKind::ApplyMomentum));
+    assert!(matmuls > 0 && updates > 0);
+    let data = SyntheticData::new(&g, 1, 2).expect("data");
+    let host = Arc::new(shardc::cpu::CpuBackend::with_threads(1));
+    let mut exec = shardc::cuda::GpuExecutor::new(g, dev, host).expect("executor");
+    exec.step(&data.feeds(0)).expect("step");
+    assert!(exec.stats().op_seconds.is_empty(), "not profiled yet");
+    exec.set_profiling(true);
+    for s in 1..3 {
+        exec.step(&data.feeds(s)).expect("step");
+    }
+    let st = exec.stats();
+    assert_eq!(st.profiled_steps, 2);
+    // Every MatMul and every update of both profiled steps, under its own kind.
+    assert_eq!(
+        st.op_seconds.get("MatMul").map(|v| v.0),
+        Some(2 * matmuls),
+        "{st:?}"
+    );
+    assert_eq!(
+        st.op_seconds.get("ApplyMomentum").map(|v| v.0),
+        Some(2 * updates),
+        "{st:?}"
+    );
+    assert!(st.op_seconds.values().all(|&(_, s)| s >= 0.0), "{st:?}");
+    assert!(st.op_seconds.values().map(|v| v.1).sum::<f64>() > 0.0);
+    let s = st.summary();
+    assert!(s.contains("device time:") && s.contains("MatMul"), "{s}");
+    println!("{s}");
+}

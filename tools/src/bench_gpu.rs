@@ -4,7 +4,9 @@
 //! `torch.matmul` (goal: ≥ 95 % of PyTorch's TFLOP/s). Training steps: the MLP, ResNet-18
 //! (CIFAR shapes) and the 2-layer transformer on [`GpuExecutor`] against PyTorch eager and
 //! `torch.compile` (`bench/gpu/reference.py`; goal: ≤ 1.0× eager). Each line prints both
-//! figures and the ratio; the GPU's name heads the output. Needs a GPU (`shardc gpu info`).
+//! figures and the ratio; the GPU's name heads the output. With `--stats`, each model's
+//! measured steps are followed by a few profiled ones: the GPU time per op kind. Needs a GPU
+//! (`shardc gpu info`).
 
 use crate::bench::{bench_dir, reference_python, BenchArgs, TrainModel};
 use anyhow::{anyhow, bail, Context, Result};
@@ -85,11 +87,15 @@ fn field(lines: &[HashMap<String, String>], want: &[(&str, &str)], key: &str) ->
         .and_then(|v| v.parse().ok())
 }
 
+/// The median step time in ms and the last loss; with `profile`, then a few more steps with
+/// every op timed on the GPU, their breakdown printed (after the measured steps, which it
+/// would slow).
 fn step_ms(
     dev: &Arc<CudaDevice>,
     graph: &Graph,
     warmup: usize,
     steps: usize,
+    profile: bool,
 ) -> Result<(f64, f64)> {
     let data = SyntheticData::new(graph, 1, 4)?;
     let d: Arc<dyn Device> = dev.clone();
@@ -107,9 +113,17 @@ fn step_ms(
             .and_then(Tensor::scalar_value)
             .unwrap_or(f64::NAN);
     }
-    let host: u64 = exec.stats().host_ops.values().map(|(n, _)| n).sum();
-    if host > 0 {
-        eprintln!("{}: {}", graph.name, exec.stats().summary());
+    if profile {
+        exec.set_profiling(true);
+        for s in 0..5 {
+            exec.step(&data.feeds((warmup + steps + s) as u64))?;
+        }
+        println!("{}: {}", graph.name, exec.stats().summary());
+    } else {
+        let host: u64 = exec.stats().host_ops.values().map(|(n, _)| n).sum();
+        if host > 0 {
+            eprintln!("{}: {}", graph.name, exec.stats().summary());
+        }
     }
     samples.sort_by(f64::total_cmp);
     Ok((samples[samples.len() / 2] * 1e3, loss))
@@ -181,7 +195,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             "resnet18" => TrainModel::Resnet18.training_graph(args.batch)?,
             _ => transformer_step()?,
         };
-        let (ours, loss) = step_ms(&dev, &graph, warmup, steps)?;
+        let (ours, loss) = step_ms(&dev, &graph, warmup, steps, args.stats)?;
         let eager = field(&refs, &[("model", name), ("mode", "eager")], "step_ms");
         let compiled = field(&refs, &[("model", name), ("mode", "compile")], "step_ms");
         let ratio = eager.map(|e| ours / e);

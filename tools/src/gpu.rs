@@ -148,6 +148,7 @@ pub fn run(a: &RunArgs, art: Artifact) -> Result<()> {
         let graph = art.graphs[0].clone();
         let data = SyntheticData::new(&graph, a.seed, a.data_pool)?;
         let mut exec = GpuExecutor::new(graph, dev, host_backend(a))?;
+        exec.set_profiling(a.stats);
         let start = resume(a, &art, &mut exec, 0, 1)?;
         let saver = crate::ckpt::Saver::new(&a.checkpoint, &art.manifest.model, per_epoch, 0, 1)?;
         if let Some(s) = &saver {

@@ -36,6 +36,10 @@ struct Handles {
     blas: cublas_sys::cublasHandle_t,
     /// cuDNN, where it is found and not turned off.
     dnn: DnnState,
+    /// Timing events of [`Device::mark`], reused from step to step; `marks_used` of them
+    /// recorded since the last reset.
+    marks: Vec<drv_sys::CUevent>,
+    marks_used: usize,
 }
 
 /// Whether convolutions go through cuDNN.
@@ -202,6 +206,8 @@ impl CudaDevice {
                 events: Vec::new(),
                 blas,
                 dnn,
+                marks: Vec::new(),
+                marks_used: 0,
             }),
             functions: Mutex::new(functions),
             arch,
@@ -379,7 +385,7 @@ impl Drop for CudaDevice {
             let _ = drv::ctx::set_current(h.ctx);
             let _ = drv::stream::synchronize(h.stream);
             let _ = drv::stream::synchronize(h.comm);
-            for &e in &h.events {
+            for &e in h.events.iter().chain(&h.marks) {
                 let _ = drv::event::destroy(e);
             }
             let _ = cudarc::cublas::result::destroy_handle(h.blas);
@@ -568,6 +574,43 @@ impl Device for CudaDevice {
         let sync =
             || unsafe { drv::stream::synchronize(stream) }.map_err(driver("cuStreamSynchronize"));
         dnn.run(c, self.tf32, &sync)
+    }
+
+    fn mark(&self) -> CudaResult<Option<usize>> {
+        let mut h = self.current()?;
+        if h.marks_used == h.marks.len() {
+            let e = drv::event::create(drv_sys::CUevent_flags::CU_EVENT_DEFAULT)
+                .map_err(driver("cuEventCreate"))?;
+            h.marks.push(e);
+        }
+        let i = h.marks_used;
+        // SAFETY: a live event and stream.
+        unsafe { drv::event::record(h.marks[i], h.stream) }.map_err(driver("cuEventRecord"))?;
+        h.marks_used += 1;
+        Ok(Some(i))
+    }
+
+    fn seconds_between(&self, a: usize, b: usize) -> CudaResult<f64> {
+        let h = self.current()?;
+        let (Some(&ea), Some(&eb)) = (
+            h.marks[..h.marks_used].get(a),
+            h.marks[..h.marks_used].get(b),
+        ) else {
+            return Err(CudaError::Other(format!(
+                "marks {a} and {b}: only {} recorded",
+                h.marks_used
+            )));
+        };
+        // SAFETY: both events were recorded on the stream.
+        let ms = unsafe { drv::event::elapsed(ea, eb) }.map_err(driver("cuEventElapsedTime"))?;
+        Ok(f64::from(ms) / 1e3)
+    }
+
+    fn reset_marks(&self) {
+        self.handles
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .marks_used = 0;
     }
 
     fn synchronize(&self) -> CudaResult<()> {

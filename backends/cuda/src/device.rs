@@ -166,6 +166,24 @@ pub trait Device: Send + Sync {
         Ok(false)
     }
 
+    /// Marks the point the compute stream has reached, for profiling, and returns the mark's
+    /// number (counted from 0 after [`Device::reset_marks`]); None where the device cannot
+    /// time its stream. The default cannot.
+    fn mark(&self) -> CudaResult<Option<usize>> {
+        Ok(None)
+    }
+
+    /// Seconds between marks `a` and `b`, once the stream has passed both (after a download
+    /// or [`Device::synchronize`]).
+    fn seconds_between(&self, a: usize, b: usize) -> CudaResult<f64> {
+        Err(crate::error::CudaError::Other(format!(
+            "this device has no marks ({a}, {b})"
+        )))
+    }
+
+    /// Forgets the marks (a device may reuse what held them).
+    fn reset_marks(&self) {}
+
     /// Waits for every earlier operation.
     fn synchronize(&self) -> CudaResult<()>;
 

@@ -51,6 +51,8 @@ pub struct EmulatedDevice {
     block: u32,
     /// Whether [`Device::library_conv`] runs the reference convolutions.
     reference_library: bool,
+    /// The instants of [`Device::mark`] (every operation here finishes before it returns).
+    marks: Mutex<Vec<std::time::Instant>>,
 }
 
 impl std::fmt::Debug for EmulatedDevice {
@@ -234,6 +236,7 @@ impl EmulatedDevice {
             launching: Mutex::new(()),
             block,
             reference_library: false,
+            marks: Mutex::new(Vec::new()),
         })
     }
 
@@ -567,6 +570,27 @@ impl Device for EmulatedDevice {
             }
         }
         Ok(true)
+    }
+
+    fn mark(&self) -> CudaResult<Option<usize>> {
+        let mut m = self.marks.lock().unwrap_or_else(|p| p.into_inner());
+        m.push(std::time::Instant::now());
+        Ok(Some(m.len() - 1))
+    }
+
+    fn seconds_between(&self, a: usize, b: usize) -> CudaResult<f64> {
+        let m = self.marks.lock().unwrap_or_else(|p| p.into_inner());
+        match (m.get(a), m.get(b)) {
+            (Some(&ta), Some(&tb)) => Ok(tb.saturating_duration_since(ta).as_secs_f64()),
+            _ => Err(CudaError::Emulator(format!(
+                "marks {a} and {b}: only {} recorded",
+                m.len()
+            ))),
+        }
+    }
+
+    fn reset_marks(&self) {
+        self.marks.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
 
     fn synchronize(&self) -> CudaResult<()> {

@@ -29,7 +29,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// What ran where, cumulative over steps.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct GpuStats {
     /// Node executions lowered to device kernels.
     pub device_ops: u64,
@@ -41,8 +41,15 @@ pub struct GpuStats {
     pub fused_kernels: u64,
     /// Of `device_ops`, those run through the device's convolution library (cuDNN on a GPU).
     pub library_ops: u64,
+    /// With profiling on ([`GpuExecutor::set_profiling`]): per op kind (`fused elementwise`
+    /// for fused kernels, `gradient buckets` for their packing and reductions, `(host)` after
+    /// a kind that ran on the host), the executions and the seconds of the compute stream
+    /// between the marks before and after them.
+    pub op_seconds: BTreeMap<String, (u64, f64)>,
     /// Steps run.
     pub steps: u64,
+    /// Steps run with profiling on.
+    pub profiled_steps: u64,
 }
 
 impl GpuStats {
@@ -64,6 +71,22 @@ impl GpuStats {
         );
         for (op, (n, why)) in &self.host_ops {
             s.push_str(&format!("\n  host: {op} x{n} ({why})"));
+        }
+        let total: f64 = self.op_seconds.values().map(|v| v.1).sum();
+        if total > 0.0 {
+            let mut kinds: Vec<(&String, &(u64, f64))> = self.op_seconds.iter().collect();
+            kinds.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
+            s.push_str(&format!(
+                "\n  device time: {:.3} ms per step, by op kind:",
+                total * 1e3 / self.profiled_steps.max(1) as f64
+            ));
+            for (op, (n, secs)) in kinds.iter().take(12) {
+                s.push_str(&format!(
+                    "\n    {op:<28} x{n:<6} {:>9.3} ms per step  {:>5.1} %",
+                    secs * 1e3 / self.profiled_steps.max(1) as f64,
+                    100.0 * secs / total
+                ));
+            }
         }
         s
     }
@@ -95,6 +118,8 @@ pub struct GpuExecutor {
     fused: Vec<Option<(usize, bool)>>,
     step_count: u64,
     stats: GpuStats,
+    /// Whether steps time their ops ([`GpuExecutor::set_profiling`]).
+    profiling: bool,
 }
 
 /// A gradient bucket: its members' gradients packed in one flat device buffer and reduced by
@@ -317,6 +342,7 @@ impl GpuExecutor {
             workspace: ops::Workspace::default(),
             step_count: 0,
             stats: GpuStats::default(),
+            profiling: false,
         };
         ex.status = ex.device.alloc(4)?;
         ex.device.upload(ex.status, &[0; 4])?;
@@ -358,6 +384,13 @@ impl GpuExecutor {
     /// What ran where so far.
     pub fn stats(&self) -> &GpuStats {
         &self.stats
+    }
+
+    /// Times every op of the following steps on the device's compute stream (events between
+    /// the ops; on the emulator, the host's clock) into [`GpuStats::op_seconds`]. Costs a
+    /// little per op: measure steps without it, then profile.
+    pub fn set_profiling(&mut self, on: bool) {
+        self.profiling = on;
     }
 
     /// Steps run so far.
@@ -492,15 +525,33 @@ impl GpuExecutor {
             b.unpacked = false;
         }
         let mut status_users = Vec::new();
+        // Profiling: (mark after, what ran since the previous mark).
+        let mut marks: Vec<(usize, String)> = Vec::new();
+        let mut first_mark = None;
+        if self.profiling {
+            self.device.reset_marks();
+            first_mark = self.device.mark()?;
+        }
         for i in 0..graph.nodes.len() {
             for k in 0..self.needs[i].len() {
                 let b = self.needs[i][k];
                 self.finish_bucket(&graph, b)?;
             }
+            if first_mark.is_some() && !self.needs[i].is_empty() {
+                self.mark_after(&mut marks, "gradient buckets".into())?;
+            }
             self.run_node(&graph, i, &mut status_users)?;
+            if first_mark.is_some() {
+                if let Some(what) = self.profile_label(&graph, i) {
+                    self.mark_after(&mut marks, what)?;
+                }
+            }
         }
         for b in 0..self.buckets.len() {
             self.finish_bucket(&graph, b)?;
+        }
+        if first_mark.is_some() && !self.buckets.is_empty() {
+            self.mark_after(&mut marks, "gradient buckets".into())?;
         }
         let mut outs = Vec::with_capacity(graph.outputs.len());
         for o in &graph.outputs {
@@ -547,9 +598,46 @@ impl GpuExecutor {
                 None => CudaError::Other(format!("a kernel reported bad data (code {bad})")),
             });
         }
+        if let Some(mut prev) = first_mark {
+            // The outputs' download waited for the stream: every mark is passed.
+            self.device.synchronize()?;
+            for (m, what) in marks {
+                let secs = self.device.seconds_between(prev, m)?;
+                let e = self.stats.op_seconds.entry(what).or_insert((0, 0.0));
+                e.0 += 1;
+                e.1 += secs;
+                prev = m;
+            }
+            self.stats.profiled_steps += 1;
+        }
         self.step_count += 1;
         self.stats.steps += 1;
         Ok(outs)
+    }
+
+    /// Records a mark after `what` (profiling).
+    fn mark_after(&self, marks: &mut Vec<(usize, String)>, what: String) -> CudaResult<()> {
+        if let Some(m) = self.device.mark()? {
+            marks.push((m, what));
+        }
+        Ok(())
+    }
+
+    /// What node `i` is called in a profile, or None when it launches nothing of its own
+    /// (a member of a fused run after the first, a tuple projection).
+    fn profile_label(&self, graph: &Graph, i: usize) -> Option<String> {
+        let node = &graph.nodes[i];
+        match self.fused[i] {
+            Some((_, true)) => return Some("fused elementwise".into()),
+            Some((_, false)) => return None,
+            None => {}
+        }
+        match (&self.placement[i], node.op) {
+            (_, OpKind::TupleGetItem) => None,
+            (Some(Lowered::Host(_)), op) => Some(format!("{op} (host)")),
+            (Some(Lowered::Library), op) => Some(format!("{op} (cuDNN)")),
+            (_, op) => Some(op.to_string()),
+        }
     }
 
     fn run_node(
