@@ -228,51 +228,23 @@ fn launched_workers_on_the_emulated_gpu_print_the_cpu_losses() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[test]
-fn the_emulated_gpu_saves_and_resumes_with_the_uninterrupted_losses() {
+/// Compiles the quickstart net with `compile_flags` and runs it on the emulated GPU: 6
+/// steps at once, then 3 saving checkpoints and a resume to 6, whose losses must be the
+/// uninterrupted run's steps 4-6; every one of `ranks` must have saved a file.
+fn saves_and_resumes_as_uninterrupted(tag: &str, compile_flags: &[&str], ranks: usize) {
     if !emulator_available() {
         return;
     }
-    let dir = tmp("resume");
+    let dir = tmp(tag);
     let art = dir.join("art");
-    compile(&art, &[]);
+    compile(&art, compile_flags);
     let ck = dir.join("ck");
     let ck = ck.to_str().unwrap();
     let whole = run_emulated(&art, "6", &[]);
     assert!(whole.status.success(), "{}", text(&whole));
     let o = run_emulated(&art, "3", &["--checkpoint-dir", ck]);
     assert!(o.status.success(), "{}", text(&o));
-    let o = run_emulated(&art, "6", &["--resume-from", ck]);
-    assert!(o.status.success(), "{}", text(&o));
-    let all = losses(&text(&whole));
-    let resumed = losses(&text(&o));
-    assert_eq!(resumed.len(), 3, "{}", text(&o));
-    assert_eq!(
-        &all[3..],
-        &resumed[..],
-        "resumed steps 4-6 equal the uninterrupted run's"
-    );
-    let _ = std::fs::remove_dir_all(&dir);
-}
-
-#[test]
-fn in_process_ranks_on_the_emulated_gpu_save_and_resume_with_the_uninterrupted_losses() {
-    if !emulator_available() {
-        return;
-    }
-    let dir = tmp("resume-ranks");
-    let art = dir.join("art");
-    compile(
-        &art,
-        &["--device-num", "8", "--parallel-mode", "semi_auto_parallel"],
-    );
-    let ck = dir.join("ck");
-    let ck = ck.to_str().unwrap();
-    let whole = run_emulated(&art, "6", &[]);
-    assert!(whole.status.success(), "{}", text(&whole));
-    let o = run_emulated(&art, "3", &["--checkpoint-dir", ck]);
-    assert!(o.status.success(), "{}", text(&o));
-    for rank in 0..8 {
+    for rank in 0..ranks {
         let files = std::fs::read_dir(Path::new(ck).join(rank.to_string()))
             .map(|d| d.count())
             .unwrap_or(0);
@@ -287,7 +259,21 @@ fn in_process_ranks_on_the_emulated_gpu_save_and_resume_with_the_uninterrupted_l
     assert_eq!(
         &all[3..],
         &resumed[..],
-        "8 ranks in one process: resumed steps 4-6 equal the uninterrupted run's"
+        "{ranks} rank(s): resumed steps 4-6 equal the uninterrupted run's"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_emulated_gpu_saves_and_resumes_with_the_uninterrupted_losses() {
+    saves_and_resumes_as_uninterrupted("resume", &[], 1);
+}
+
+#[test]
+fn in_process_ranks_on_the_emulated_gpu_save_and_resume_with_the_uninterrupted_losses() {
+    saves_and_resumes_as_uninterrupted(
+        "resume-ranks",
+        &["--device-num", "8", "--parallel-mode", "semi_auto_parallel"],
+        8,
+    );
 }

@@ -400,46 +400,43 @@ impl Dnn {
         let strict = key.dtype == DType::Float32 && !key.tf32;
         let math_ok =
             |m: sys::cudnnMathType_t| !strict || m == sys::cudnnMathType_t::CUDNN_FMA_MATH;
+        let h = self.handle;
+        // SAFETY (the three calls): live descriptors and handle; cuDNN writes at most the
+        // requested count of results.
         let chosen = match key.direction {
-            ConvDirection::Forward => {
-                let perfs = self.forward_candidates(&plan)?;
-                pick(&perfs, |p| {
-                    (
-                        accepted_forward(p.algo) && math_ok(p.mathType),
-                        p.mathType,
-                        p.status,
-                        p.determinism,
-                        p.memory,
-                        Algo::Forward(p.algo),
-                    )
-                })
-            }
-            ConvDirection::BackwardData => {
-                let perfs = self.data_candidates(&plan)?;
-                pick(&perfs, |p| {
-                    (
-                        accepted_data(p.algo) && math_ok(p.mathType),
-                        p.mathType,
-                        p.status,
-                        p.determinism,
-                        p.memory,
-                        Algo::Data(p.algo),
-                    )
-                })
-            }
-            ConvDirection::BackwardFilter => {
-                let perfs = self.filter_candidates(&plan)?;
-                pick(&perfs, |p| {
-                    (
-                        accepted_filter(p.algo) && math_ok(p.mathType),
-                        p.mathType,
-                        p.status,
-                        p.determinism,
-                        p.memory,
-                        Algo::Filter(p.algo),
-                    )
-                })
-            }
+            ConvDirection::Forward => pick(
+                &candidates(
+                    "cudnnGetConvolutionForwardAlgorithm_v7",
+                    |n, got, out| unsafe {
+                        dnn::get_convolution_forward_algorithm(
+                            h, plan.x, plan.w, plan.conv, plan.y, n, got, out,
+                        )
+                    },
+                )?,
+                math_ok,
+            ),
+            ConvDirection::BackwardData => pick(
+                &candidates(
+                    "cudnnGetConvolutionBackwardDataAlgorithm_v7",
+                    |n, got, out| unsafe {
+                        dnn::get_convolution_backward_data_algorithm(
+                            h, plan.w, plan.y, plan.conv, plan.x, n, got, out,
+                        )
+                    },
+                )?,
+                math_ok,
+            ),
+            ConvDirection::BackwardFilter => pick(
+                &candidates(
+                    "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
+                    |n, got, out| unsafe {
+                        dnn::get_convolution_backward_filter_algorithm(
+                            h, plan.x, plan.y, plan.conv, plan.w, n, got, out,
+                        )
+                    },
+                )?,
+                math_ok,
+            ),
         };
         let Some((algo, chosen_math, workspace)) = chosen else {
             return Ok(None);
@@ -452,113 +449,102 @@ impl Dnn {
         plan.workspace = workspace;
         Ok(Some(plan))
     }
-
-    fn forward_candidates(&self, p: &Plan) -> CudaResult<Vec<sys::cudnnConvolutionFwdAlgoPerf_t>> {
-        const N: usize = sys::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_COUNT as usize;
-        // SAFETY: cuDNN writes at most N results into the zeroed array.
-        let mut perfs: Vec<sys::cudnnConvolutionFwdAlgoPerf_t> =
-            (0..N).map(|_| unsafe { std::mem::zeroed() }).collect();
-        let mut n = 0;
-        // SAFETY: live descriptors and handle.
-        unsafe {
-            dnn::get_convolution_forward_algorithm(
-                self.handle,
-                p.x,
-                p.w,
-                p.conv,
-                p.y,
-                N as i32,
-                &mut n,
-                perfs.as_mut_ptr(),
-            )
-        }
-        .map_err(err("cudnnGetConvolutionForwardAlgorithm_v7"))?;
-        perfs.truncate(n.clamp(0, N as i32) as usize);
-        Ok(perfs)
-    }
-
-    fn data_candidates(&self, p: &Plan) -> CudaResult<Vec<sys::cudnnConvolutionBwdDataAlgoPerf_t>> {
-        const N: usize =
-            sys::cudnnConvolutionBwdDataAlgo_t::CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT as usize;
-        // SAFETY: as in `forward_candidates`.
-        let mut perfs: Vec<sys::cudnnConvolutionBwdDataAlgoPerf_t> =
-            (0..N).map(|_| unsafe { std::mem::zeroed() }).collect();
-        let mut n = 0;
-        // SAFETY: live descriptors and handle.
-        unsafe {
-            dnn::get_convolution_backward_data_algorithm(
-                self.handle,
-                p.w,
-                p.y,
-                p.conv,
-                p.x,
-                N as i32,
-                &mut n,
-                perfs.as_mut_ptr(),
-            )
-        }
-        .map_err(err("cudnnGetConvolutionBackwardDataAlgorithm_v7"))?;
-        perfs.truncate(n.clamp(0, N as i32) as usize);
-        Ok(perfs)
-    }
-
-    fn filter_candidates(
-        &self,
-        p: &Plan,
-    ) -> CudaResult<Vec<sys::cudnnConvolutionBwdFilterAlgoPerf_t>> {
-        const N: usize =
-            sys::cudnnConvolutionBwdFilterAlgo_t::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT as usize;
-        // SAFETY: as in `forward_candidates`.
-        let mut perfs: Vec<sys::cudnnConvolutionBwdFilterAlgoPerf_t> =
-            (0..N).map(|_| unsafe { std::mem::zeroed() }).collect();
-        let mut n = 0;
-        // SAFETY: live descriptors and handle.
-        unsafe {
-            dnn::get_convolution_backward_filter_algorithm(
-                self.handle,
-                p.x,
-                p.y,
-                p.conv,
-                p.w,
-                N as i32,
-                &mut n,
-                perfs.as_mut_ptr(),
-            )
-        }
-        .map_err(err("cudnnGetConvolutionBackwardFilterAlgorithm_v7"))?;
-        perfs.truncate(n.clamp(0, N as i32) as usize);
-        Ok(perfs)
-    }
 }
 
-/// The fields [`pick`] reads of one perf result: accepted (algorithm and math type), math
-/// type, status, determinism, workspace, algorithm.
-type PerfFields = (
-    bool,
-    sys::cudnnMathType_t,
-    sys::cudnnStatus_t,
-    sys::cudnnDeterminism_t,
-    usize,
-    Algo,
+/// What this module reads of cuDNN's three perf-result structs (one per direction).
+trait Perf {
+    /// The number of algorithms cuDNN has in this direction.
+    const COUNT: usize;
+    /// The algorithm, and whether this module accepts it (GEMM-like or direct).
+    fn algorithm(&self) -> (Algo, bool);
+    /// Math type, status, determinism, workspace bytes.
+    fn fields(
+        &self,
+    ) -> (
+        sys::cudnnMathType_t,
+        sys::cudnnStatus_t,
+        sys::cudnnDeterminism_t,
+        usize,
+    );
+}
+
+macro_rules! impl_perf {
+    ($perf:ty, $count:expr, $variant:ident, $accepted:ident) => {
+        impl Perf for $perf {
+            const COUNT: usize = $count as usize;
+            fn algorithm(&self) -> (Algo, bool) {
+                (Algo::$variant(self.algo), $accepted(self.algo))
+            }
+            fn fields(
+                &self,
+            ) -> (
+                sys::cudnnMathType_t,
+                sys::cudnnStatus_t,
+                sys::cudnnDeterminism_t,
+                usize,
+            ) {
+                (self.mathType, self.status, self.determinism, self.memory)
+            }
+        }
+    };
+}
+impl_perf!(
+    sys::cudnnConvolutionFwdAlgoPerf_t,
+    sys::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+    Forward,
+    accepted_forward
+);
+impl_perf!(
+    sys::cudnnConvolutionBwdDataAlgoPerf_t,
+    sys::cudnnConvolutionBwdDataAlgo_t::CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+    Data,
+    accepted_data
+);
+impl_perf!(
+    sys::cudnnConvolutionBwdFilterAlgoPerf_t,
+    sys::cudnnConvolutionBwdFilterAlgo_t::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+    Filter,
+    accepted_filter
 );
 
-/// [`choose`] over cuDNN's perf results, read through `fields`: the chosen algorithm, its
-/// math type and its workspace.
-fn pick<P>(
+/// cuDNN's heuristics for one direction, in their order: `get(requested, returned, results)`
+/// is the `cudnnGet*Algorithm_v7` call named `call`.
+fn candidates<P: Perf>(
+    call: &'static str,
+    get: impl FnOnce(i32, *mut i32, *mut P) -> Result<(), dnn::CudnnError>,
+) -> CudaResult<Vec<P>> {
+    // SAFETY: the perf structs are plain C data; cuDNN overwrites the ones it returns.
+    let mut perfs: Vec<P> = (0..P::COUNT)
+        .map(|_| unsafe { std::mem::zeroed() })
+        .collect();
+    let mut n = 0;
+    get(P::COUNT as i32, &mut n, perfs.as_mut_ptr()).map_err(err(call))?;
+    perfs.truncate(n.clamp(0, P::COUNT as i32) as usize);
+    Ok(perfs)
+}
+
+/// [`choose`] over cuDNN's perf results (math types checked by `math_ok`): the chosen
+/// algorithm, its math type and its workspace.
+fn pick<P: Perf>(
     perfs: &[P],
-    fields: impl Fn(&P) -> PerfFields,
+    math_ok: impl Fn(sys::cudnnMathType_t) -> bool,
 ) -> Option<(Algo, sys::cudnnMathType_t, usize)> {
-    let read: Vec<PerfFields> = perfs.iter().map(fields).collect();
-    let candidates: Vec<Candidate> = read
+    let candidates: Vec<Candidate> = perfs
         .iter()
-        .map(|&(accepted, _, status, det, memory, _)| Candidate {
-            accepted,
-            ok: status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS,
-            deterministic: det == sys::cudnnDeterminism_t::CUDNN_DETERMINISTIC,
-            memory,
+        .map(|p| {
+            let ((_, accepted), (math, status, det, memory)) = (p.algorithm(), p.fields());
+            Candidate {
+                accepted: accepted && math_ok(math),
+                ok: status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS,
+                deterministic: det == sys::cudnnDeterminism_t::CUDNN_DETERMINISTIC,
+                memory,
+            }
         })
         .collect();
-    choose(&candidates, WORKSPACE_LIMIT).map(|i| (read[i].5, read[i].1, read[i].4))
+    choose(&candidates, WORKSPACE_LIMIT).map(|i| {
+        let (math, _, _, memory) = perfs[i].fields();
+        (perfs[i].algorithm().0, math, memory)
+    })
 }
 
 impl Drop for Dnn {
