@@ -246,8 +246,30 @@ pub fn require_all(libraries: &[Library]) -> Result<(), MissingLibrary> {
     libraries.iter().try_for_each(|&l| require(l))
 }
 
-/// One line per library: found or not (for `shardc gpu info`), after preloading the folders
-/// of `SHARDC_CUDA_LIB_DIRS`.
+/// The file `library` is loaded from, as the dynamic loader resolves cudarc's names (the
+/// first that opens), read from `/proc/self/maps` while it is open; None when none opens or
+/// the maps cannot be read.
+pub fn location(library: Library) -> Option<PathBuf> {
+    preload_from_env();
+    let prefix = format!("lib{}.so", library.stem());
+    for name in library.candidates() {
+        // SAFETY: as in `preload`: NVIDIA's libraries run no initialisers that depend on us.
+        let Ok(lib) = (unsafe { libloading::Library::new(&name) }) else {
+            continue;
+        };
+        let maps = std::fs::read_to_string("/proc/self/maps").ok();
+        drop(lib);
+        return maps?.lines().find_map(|l| {
+            let path = l.split_whitespace().nth(5)?;
+            let file = Path::new(path).file_name()?.to_str()?;
+            file.starts_with(&prefix).then(|| PathBuf::from(path))
+        });
+    }
+    None
+}
+
+/// One line per library: found (and where) or not (for `shardc gpu info`), after preloading
+/// the folders of `SHARDC_CUDA_LIB_DIRS`.
 pub fn report() -> String {
     preload_from_env();
     let mut s = String::new();
@@ -258,6 +280,9 @@ pub fn report() -> String {
             l.to_string(),
             l.purpose()
         ));
+        if let Some(path) = location(l) {
+            s.push_str(&format!("{:<16} {:<8} from {}\n", "", "", path.display()));
+        }
     }
     s
 }

@@ -124,3 +124,19 @@ fn compiled_ptx_is_cached_and_a_damaged_entry_is_compiled_again() {
     assert_eq!(std::fs::read_to_string(&path).unwrap(), ptx);
     let _ = std::fs::remove_file(&path);
 }
+
+#[test]
+fn the_report_says_which_file_a_found_library_was_loaded_from() {
+    if !nvrtc_available() {
+        return;
+    }
+    let path = probe::location(Library::Nvrtc).expect("NVRTC opens, so it has a file");
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    assert!(name.starts_with("libnvrtc.so"), "{}", path.display());
+    assert!(path.is_file(), "{}", path.display());
+    assert!(
+        probe::report().contains(&format!("from {}", path.display())),
+        "{}",
+        probe::report()
+    );
+}
