@@ -19,12 +19,14 @@
 # SHARDC_GPU_CHECK_ONLY="07 09" runs only the steps whose names start so (a second call on a
 # warm machine, for what the first one had no time for).
 #
-# Each step has its own time limit and log (OUT/NN-step.log); OUT/summary.txt gets one line
-# per step (PASS/FAIL/SKIP, seconds). The whole run keeps within SHARDC_GPU_CHECK_SECONDS
-# (default 420: a device call of 15 minutes' budget leaves time for a second call): a step
-# gets at most what is left, and none starts with under 20 s left. The script runs every
-# step it has time for and exits 0 only when all passed. CUDA libraries: the toolkit's (/usr/local/cuda) and pip's NVIDIA wheels of
-# `--python`'s site-packages, with the `libnccl.so` link pip's NCCL lacks.
+# Each step has its own time limit and log; OUT/summary.txt gets one line per step
+# (PASS/FAIL/SKIP, seconds, a failure's last lines), OUT/logs.tar.gz the logs (renewed after
+# every step), OUT/bench-gpu.txt the benchmark: three files, since the device tool brings back
+# at most eight. The whole run keeps within SHARDC_GPU_CHECK_SECONDS (default 420: a device
+# call of 15 minutes' budget leaves time for a second call): a step gets at most what is left,
+# and none starts with under 20 s left. The script runs every step it has time for and exits 0
+# only when all passed. CUDA libraries: the toolkit's (/usr/local/cuda) and pip's NVIDIA
+# wheels of `--python`'s site-packages, with the `libnccl.so` link pip's NCCL lacks.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bundle=${1:-.gpu}
@@ -48,7 +50,8 @@ summary="$out/summary.txt"
 : > "$summary"
 work=$(mktemp -d)
 bin="$work/bin"
-mkdir -p "$bin" "$work/lib"
+logs="$work/logs"
+mkdir -p "$bin" "$work/lib" "$logs"
 
 # The bundle's gzipped binaries, or plain executables (links to a build, as tests/gpu_check.rs
 # rehearses it).
@@ -79,8 +82,8 @@ nccl=$(for d in "${lib_dirs[@]}"; do ls "$d"/libnccl.so* 2> /dev/null; done | he
 [ -n "$nccl" ] && ln -sf "$nccl" "$work/lib/libnccl.so"
 joined=$(IFS=:; echo "${lib_dirs[*]}")
 export LD_LIBRARY_PATH="$work/lib${joined:+:$joined}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" > "$out/00-env.log"
-nvidia-smi >> "$out/00-env.log" 2>&1 || true
+echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" > "$logs/00-env.log"
+nvidia-smi >> "$logs/00-env.log" 2>&1 || true
 
 failed=0
 # step NAME SECONDS COMMAND...: runs COMMAND with a time limit (at most what is left of the
@@ -89,7 +92,7 @@ failed=0
 step() {
   local name=$1 limit=$2
   shift 2
-  local log="$out/$name.log" start=$SECONDS rc left=$((deadline - SECONDS)) prefix selected
+  local log="$logs/$name.log" start=$SECONDS rc left=$((deadline - SECONDS)) prefix selected
   if [ -n "$only" ]; then
     selected=""
     for prefix in $only; do
@@ -120,6 +123,7 @@ step() {
     tail -n 15 "$log" | sed 's/^/    /' | tee -a "$summary"
     failed=1
   fi
+  tar czf "$out/logs.tar.gz" -C "$work" logs
 }
 
 # Runs shardc twice (CPU, then the GPU with EXTRA) and compares the printed losses to 1e-5.
@@ -213,7 +217,7 @@ else
 fi
 step 09-kernels-conv-im2col gpu120 env SHARDC_TEST_DEVICE=cuda SHARDC_CUDNN=0 \
   "$bin/cuda_conv_emulated" --test-threads=1 --nocapture
-cp "$out/08-bench-gpu.log" "$out/bench-gpu.txt" 2> /dev/null || true
+cp "$logs/08-bench-gpu.log" "$out/bench-gpu.txt" 2> /dev/null || true
 echo "done in $SECONDS s: $(grep -c ^PASS "$summary") passed, $(grep -c ^FAIL "$summary") failed, $(grep -c ^SKIP "$summary") skipped" | tee -a "$summary"
 rm -rf "$work"
 exit "$failed"
