@@ -1,12 +1,15 @@
-// Optimizer updates, functional: new values are written to separate results. Scalar
+// Optimizer updates, functional: new values are written to results. A result may be the very
+// operand it updates (the executor writes weights in place, see src/in_place.rs): every kernel
+// reads element i of its operands before it writes element i of its results, and no pointer is
+// __restrict__. Scalar
 // operands (learning rate, momentum, ...) are a device pointer to a rank-0 tensor or, when
 // null, the value passed beside it.
 
 #define APPLY_MOMENTUM(T, S)                                                                \
     extern "C" __global__ void apply_momentum_##S(                                          \
-        const T* __restrict__ var, const T* __restrict__ acc, const T* lr_p, double lr_v,   \
-        const T* __restrict__ grad, const T* mom_p, double mom_v, T* __restrict__ var_out,  \
-        T* __restrict__ acc_out, i64 n, int nesterov) {                                     \
+        const T* var, const T* acc, const T* lr_p, double lr_v,   \
+        const T* grad, const T* mom_p, double mom_v, T* var_out,  \
+        T* acc_out, i64 n, int nesterov) {                                     \
         T lr = scalar_of(lr_p, lr_v), mom = scalar_of(mom_p, mom_v);                        \
         GRID_STRIDE(i, n) {                                                                 \
             T a = acc[i] * mom + grad[i];                                                   \
@@ -18,8 +21,8 @@ FOR_FLOATS(APPLY_MOMENTUM)
 
 #define APPLY_GD(T, S)                                                                      \
     extern "C" __global__ void apply_gradient_descent_##S(                                  \
-        const T* __restrict__ var, const T* alpha_p, double alpha_v,                        \
-        const T* __restrict__ delta, T* __restrict__ out, i64 n) {                          \
+        const T* var, const T* alpha_p, double alpha_v,                        \
+        const T* delta, T* out, i64 n) {                          \
         T alpha = scalar_of(alpha_p, alpha_v);                                              \
         GRID_STRIDE(i, n) out[i] = var[i] - alpha * delta[i];                               \
     }
@@ -28,10 +31,10 @@ FOR_FLOATS(APPLY_GD)
 // SGD(parameters, gradient, learning_rate, accum, momentum, stat), MindSpore's op.
 #define SGD(T, S)                                                                           \
     extern "C" __global__ void sgd_##S(                                                     \
-        const T* __restrict__ param, const T* __restrict__ grad, const T* lr_p, double lr_v, \
-        const T* __restrict__ accum, const T* mom_p, double mom_v,                          \
-        const T* __restrict__ stat, T* __restrict__ p_out, T* __restrict__ a_out,           \
-        T* __restrict__ s_out, i64 n, double dampening, double weight_decay, int nesterov) { \
+        const T* param, const T* grad, const T* lr_p, double lr_v, \
+        const T* accum, const T* mom_p, double mom_v,                          \
+        const T* stat, T* p_out, T* a_out,           \
+        T* s_out, i64 n, double dampening, double weight_decay, int nesterov) { \
         T lr = scalar_of(lr_p, lr_v), mom = scalar_of(mom_p, mom_v);                        \
         T damp = (T)dampening, wd = (T)weight_decay;                                        \
         GRID_STRIDE(i, n) {                                                                 \
@@ -57,11 +60,11 @@ FOR_FLOATS(SGD)
 // Adam(var, m, v, beta1_power, beta2_power, lr, beta1, beta2, epsilon, gradient).
 #define ADAM(T, S)                                                                          \
     extern "C" __global__ void adam_##S(                                                    \
-        const T* __restrict__ var, const T* __restrict__ m, const T* __restrict__ v,        \
+        const T* var, const T* m, const T* v,        \
         const T* b1p_p, double b1p_v, const T* b2p_p, double b2p_v, const T* lr_p,          \
         double lr_v, const T* b1_p, double b1_v, const T* b2_p, double b2_v,                \
-        const T* eps_p, double eps_v, const T* __restrict__ grad, T* __restrict__ var_out,  \
-        T* __restrict__ m_out, T* __restrict__ v_out, i64 n, int nesterov) {                \
+        const T* eps_p, double eps_v, const T* grad, T* var_out,  \
+        T* m_out, T* v_out, i64 n, int nesterov) {                \
         double b1p = (double)scalar_of(b1p_p, b1p_v), b2p = (double)scalar_of(b2p_p, b2p_v); \
         double lr = (double)scalar_of(lr_p, lr_v);                                          \
         T b1 = scalar_of(b1_p, b1_v), b2 = scalar_of(b2_p, b2_v), eps = scalar_of(eps_p, eps_v); \

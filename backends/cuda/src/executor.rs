@@ -50,6 +50,9 @@ pub struct GpuStats {
     pub steps: u64,
     /// Steps run with profiling on.
     pub profiled_steps: u64,
+    /// `Assign`s whose value an optimizer update had already written into the weight
+    /// (`crate::in_place`): device copies saved.
+    pub in_place_updates: u64,
 }
 
 impl GpuStats {
@@ -71,6 +74,12 @@ impl GpuStats {
         );
         for (op, (n, why)) in &self.host_ops {
             s.push_str(&format!("\n  host: {op} x{n} ({why})"));
+        }
+        if self.in_place_updates > 0 {
+            s.push_str(&format!(
+                "\n  in place: {} optimizer results written straight into their weights",
+                self.in_place_updates
+            ));
         }
         let total: f64 = self.op_seconds.values().map(|v| v.1).sum();
         if total > 0.0 {
@@ -120,6 +129,8 @@ pub struct GpuExecutor {
     stats: GpuStats,
     /// Whether steps time their ops ([`GpuExecutor::set_profiling`]).
     profiling: bool,
+    /// Per node and result element, the weight an optimizer update writes in place.
+    in_place: Vec<Vec<Option<usize>>>,
 }
 
 /// A gradient bucket: its members' gradients packed in one flat device buffer and reduced by
@@ -321,6 +332,7 @@ impl GpuExecutor {
             names.dedup();
             device.load_kernels("fused.cu", &text, &names)?;
         }
+        let in_place = crate::in_place::in_place_updates(&graph);
         let mut ex = GpuExecutor {
             runs,
             fused,
@@ -343,6 +355,7 @@ impl GpuExecutor {
             step_count: 0,
             stats: GpuStats::default(),
             profiling: false,
+            in_place,
         };
         ex.status = ex.device.alloc(4)?;
         ex.device.upload(ex.status, &[0; 4])?;
@@ -448,6 +461,9 @@ impl GpuExecutor {
     }
 
     fn value_ptr(&self, node: usize, elem: usize) -> CudaResult<DevPtr> {
+        if let Some(&Some(q)) = self.in_place.get(node).and_then(|v| v.get(elem)) {
+            return Ok(self.params[q]);
+        }
         match self.plan.location(node, elem) {
             Some(Location::Buffer(b)) => Ok(self.buffers[b]),
             Some(Location::Param(p)) => Ok(self.params[p.index()]),
@@ -677,6 +693,8 @@ impl GpuExecutor {
                 };
                 if src != dst {
                     self.device.copy(dst, src, byte_len(ty))?;
+                } else {
+                    self.stats.in_place_updates += 1;
                 }
                 return Ok(());
             }

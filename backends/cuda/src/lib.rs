@@ -24,6 +24,7 @@ pub mod emulator;
 pub mod error;
 pub mod executor;
 pub mod fusion;
+pub mod in_place;
 pub mod kernels;
 pub mod nccl;
 mod ops;
