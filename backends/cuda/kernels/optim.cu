@@ -80,3 +80,30 @@ FOR_FLOATS(SGD)
         }                                                                                   \
     }
 FOR_FLOATS(ADAM)
+
+// ApplyMomentum of many weights in one launch, each in place (see src/in_place.rs): `table`
+// holds per weight (var, accum, grad, n, start) as i64, starts increasing from 0; element i
+// of the concatenation belongs to the last weight whose start is at most i. The arithmetic is
+// apply_momentum's, so the results are the same bits.
+#define APPLY_MOMENTUM_MULTI(T, S)                                                          \
+    extern "C" __global__ void apply_momentum_multi_##S(                                    \
+        const i64* __restrict__ table, i64 count, i64 total, const T* lr_p, double lr_v,    \
+        const T* mom_p, double mom_v, int nesterov) {                                       \
+        T lr = scalar_of(lr_p, lr_v), mom = scalar_of(mom_p, mom_v);                        \
+        GRID_STRIDE(i, total) {                                                             \
+            i64 lo = 0, hi = count - 1;                                                     \
+            while (lo < hi) {                                                               \
+                i64 mid = (lo + hi + 1) / 2;                                                \
+                if (table[mid * 5 + 4] <= i) lo = mid; else hi = mid - 1;                   \
+            }                                                                               \
+            const i64* e = table + lo * 5;                                                  \
+            T* var = (T*)e[0];                                                              \
+            T* acc = (T*)e[1];                                                              \
+            const T* grad = (const T*)e[2];                                                 \
+            i64 j = i - e[4];                                                               \
+            T a = acc[j] * mom + grad[j];                                                   \
+            acc[j] = a;                                                                     \
+            var[j] = nesterov ? var[j] - lr * (grad[j] + mom * a) : var[j] - lr * a;        \
+        }                                                                                   \
+    }
+FOR_FLOATS(APPLY_MOMENTUM_MULTI)

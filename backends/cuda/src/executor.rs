@@ -131,6 +131,22 @@ pub struct GpuExecutor {
     profiling: bool,
     /// Per node and result element, the weight an optimizer update writes in place.
     in_place: Vec<Vec<Option<usize>>>,
+    /// Momentum updates launched together, and per node its group and whether it launches
+    /// it (the first member).
+    groups: Vec<MomentumGroup>,
+    group_of: Vec<Option<(usize, bool)>>,
+}
+
+/// One launch of several in-place momentum updates (`in_place::momentum_groups`).
+struct MomentumGroup {
+    kernel: String,
+    /// Per weight (var, accum, grad, elements, start) as i64, on the device.
+    table: DevPtr,
+    count: usize,
+    total: usize,
+    lr: f64,
+    momentum: f64,
+    nesterov: bool,
 }
 
 /// A gradient bucket: its members' gradients packed in one flat device buffer and reduced by
@@ -176,6 +192,9 @@ impl Drop for GpuExecutor {
         }
         for b in &self.buckets {
             self.device.free(b.flat);
+        }
+        for g in &self.groups {
+            self.device.free(g.table);
         }
         self.workspace.release(self.device.as_ref());
         self.device.free(self.status);
@@ -333,6 +352,22 @@ impl GpuExecutor {
             device.load_kernels("fused.cu", &text, &names)?;
         }
         let in_place = crate::in_place::in_place_updates(&graph);
+        // Runs of momentum updates launched together at their first member, which waits for
+        // the buckets any member reads.
+        let group_members = crate::in_place::momentum_groups(&graph, &in_place);
+        let mut group_of = vec![None; graph.nodes.len()];
+        for (gi, members) in group_members.iter().enumerate() {
+            let first = members[0];
+            for &m in members {
+                group_of[m] = Some((gi, m == first));
+                if m != first {
+                    let extra = needs[m].clone();
+                    needs[first].extend(extra);
+                }
+            }
+            needs[first].sort_unstable();
+            needs[first].dedup();
+        }
         let mut ex = GpuExecutor {
             runs,
             fused,
@@ -356,6 +391,8 @@ impl GpuExecutor {
             stats: GpuStats::default(),
             profiling: false,
             in_place,
+            groups: Vec::new(),
+            group_of,
         };
         ex.status = ex.device.alloc(4)?;
         ex.device.upload(ex.status, &[0; 4])?;
@@ -376,7 +413,116 @@ impl GpuExecutor {
                 ex.device.upload(ptr, &tensor_bytes(&t))?;
             }
         }
+        for members in group_members {
+            let group = ex.momentum_group(members)?;
+            ex.groups.push(group);
+        }
         Ok(ex)
+    }
+
+    /// The table and arguments of one launch for `members` (ApplyMomentum nodes of
+    /// `in_place::momentum_groups`): every address is fixed for the executor's life (weights
+    /// resident, gradients in planned buffers), so the table is uploaded once.
+    fn momentum_group(&self, members: Vec<usize>) -> CudaResult<MomentumGroup> {
+        let graph = self.graph.clone();
+        let first = &graph.nodes[members[0]];
+        let err = |reason: String| CudaError::Op {
+            op: first.op,
+            instance: first.instance.clone(),
+            reason,
+        };
+        let mut table: Vec<i64> = Vec::with_capacity(members.len() * 5);
+        let mut total = 0usize;
+        let mut dtype = DType::Float32;
+        for &m in &members {
+            let node = &graph.nodes[m];
+            let mut ptrs = [0u64; 3];
+            let mut elements = 0;
+            for (slot, operand) in [0usize, 1, 3].into_iter().enumerate() {
+                match node
+                    .inputs
+                    .get(operand)
+                    .map(|o| self.operand(&graph, o))
+                    .transpose()?
+                {
+                    Some(Val::Tensor { ptr, ty }) => {
+                        if slot == 0 {
+                            elements = ty.num_elements();
+                            dtype = ty.dtype;
+                        } else if ty.num_elements() != elements || ty.dtype != dtype {
+                            return Err(err(format!(
+                                "'{}': operand {operand} is {ty}, unlike the weight",
+                                node.instance
+                            )));
+                        }
+                        ptrs[slot] = ptr;
+                    }
+                    _ => {
+                        return Err(err(format!(
+                            "'{}': operand {operand} must be a tensor",
+                            node.instance
+                        )))
+                    }
+                }
+            }
+            table.extend([
+                ptrs[0] as i64,
+                ptrs[1] as i64,
+                ptrs[2] as i64,
+                elements as i64,
+                total as i64,
+            ]);
+            total += elements;
+        }
+        let scalar = |i: usize| match first.inputs.get(i) {
+            Some(Operand::Const(c)) => c
+                .as_f64()
+                .ok_or_else(|| err(format!("operand {i} must be a number, got {c:?}"))),
+            _ => Err(err(format!("operand {i} must be a constant"))),
+        };
+        let (lr, momentum) = (scalar(2)?, scalar(4)?);
+        let bytes: Vec<u8> = table.iter().flat_map(|v| v.to_ne_bytes()).collect();
+        let ptr = self.device.alloc(bytes.len())?;
+        self.device.upload(ptr, &bytes)?;
+        Ok(MomentumGroup {
+            kernel: format!(
+                "apply_momentum_multi_{}",
+                if dtype == DType::Float64 {
+                    "f64"
+                } else {
+                    "f32"
+                }
+            ),
+            table: ptr,
+            count: members.len(),
+            total,
+            lr,
+            momentum,
+            nesterov: first.attrs.bool_or("use_nesterov", false),
+        })
+    }
+
+    /// Launches group `g`'s updates (at its first member).
+    fn run_group(&mut self, g: usize) -> CudaResult<()> {
+        let group = &self.groups[g];
+        let block = self.device.block_size();
+        let grid = (group.total.div_ceil(block as usize).max(1) as u64)
+            .min(self.device.max_grid() as u64) as u32;
+        self.device.launch(
+            &group.kernel,
+            grid,
+            block,
+            &[
+                KernelArg::Ptr(group.table),
+                KernelArg::I64(group.count as i64),
+                KernelArg::I64(group.total as i64),
+                KernelArg::Ptr(0),
+                KernelArg::F64(group.lr),
+                KernelArg::Ptr(0),
+                KernelArg::F64(group.momentum),
+                KernelArg::I32(i32::from(group.nesterov)),
+            ],
+        )
     }
 
     /// The device.
@@ -648,6 +794,16 @@ impl GpuExecutor {
             Some((_, false)) => return None,
             None => {}
         }
+        match self.group_of[i] {
+            Some((g, true)) => {
+                return Some(format!(
+                    "ApplyMomentum ({} weights, one launch)",
+                    self.groups[g].count
+                ))
+            }
+            Some((_, false)) => return None,
+            None => {}
+        }
         match (&self.placement[i], node.op) {
             (_, OpKind::TupleGetItem) => None,
             (Some(Lowered::Host(_)), op) => Some(format!("{op} (host)")),
@@ -710,6 +866,10 @@ impl GpuExecutor {
             } else {
                 Ok(())
             };
+        }
+        if let Some((g, first)) = self.group_of[i] {
+            self.stats.device_ops += 1;
+            return if first { self.run_group(g) } else { Ok(()) };
         }
         if let Some(call) = self.calls[i].clone() {
             self.stats.comm_ops += 1;
