@@ -137,6 +137,31 @@ pub struct GpuExecutor {
     group_of: Vec<Option<(usize, bool)>>,
 }
 
+/// Per node, the set (of `sets`, each in program order) it is launched with and whether it
+/// launches it (the first); the first member then waits for the buckets every member reads
+/// (`needs`).
+fn launched_together<'s>(
+    sets: impl Iterator<Item = &'s [usize]>,
+    needs: &mut [Vec<usize>],
+) -> Vec<Option<(usize, bool)>> {
+    let mut of = vec![None; needs.len()];
+    for (k, nodes) in sets.enumerate() {
+        let Some(&first) = nodes.first() else {
+            continue;
+        };
+        for &n in nodes {
+            of[n] = Some((k, n == first));
+            if n != first {
+                let extra = needs[n].clone();
+                needs[first].extend(extra);
+            }
+        }
+        needs[first].sort_unstable();
+        needs[first].dedup();
+    }
+    of
+}
+
 /// One launch of several in-place momentum updates (`in_place::momentum_groups`).
 struct MomentumGroup {
     kernel: String,
@@ -330,20 +355,8 @@ impl GpuExecutor {
         } else {
             crate::fusion::plan(&graph, &excluded)
         };
-        let mut fused = vec![None; graph.nodes.len()];
         let mut needs = needs;
-        for (r, run) in runs.iter().enumerate() {
-            let first = run.nodes[0];
-            for &n in &run.nodes {
-                fused[n] = Some((r, n == first));
-                if n != first {
-                    let extra = needs[n].clone();
-                    needs[first].extend(extra);
-                }
-            }
-            needs[first].sort_unstable();
-            needs[first].dedup();
-        }
+        let fused = launched_together(runs.iter().map(|r| r.nodes.as_slice()), &mut needs);
         if !runs.is_empty() {
             let text = crate::fusion::source(&mut runs);
             let mut names: Vec<String> = runs.iter().map(|r| r.kernel.clone()).collect();
@@ -355,19 +368,7 @@ impl GpuExecutor {
         // Runs of momentum updates launched together at their first member, which waits for
         // the buckets any member reads.
         let group_members = crate::in_place::momentum_groups(&graph, &in_place);
-        let mut group_of = vec![None; graph.nodes.len()];
-        for (gi, members) in group_members.iter().enumerate() {
-            let first = members[0];
-            for &m in members {
-                group_of[m] = Some((gi, m == first));
-                if m != first {
-                    let extra = needs[m].clone();
-                    needs[first].extend(extra);
-                }
-            }
-            needs[first].sort_unstable();
-            needs[first].dedup();
-        }
+        let group_of = launched_together(group_members.iter().map(Vec::as_slice), &mut needs);
         let mut ex = GpuExecutor {
             runs,
             fused,
