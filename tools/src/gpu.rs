@@ -179,6 +179,7 @@ pub fn run(a: &RunArgs, art: Artifact) -> Result<()> {
         let comm: Arc<dyn Communicator> = comm;
         let mut exec = GpuExecutor::with_communicator(g, dev.clone(), host_backend(a), comm)
             .with_context(|| format!("rank {rank}: preparing its graph"))?;
+        exec.set_profiling(a.stats);
         start = resume(a, &art, &mut exec, rank, n)?;
         execs.push(exec);
     }
@@ -283,6 +284,7 @@ pub fn train_rank(
     let per_epoch = a.steps_per_epoch.unwrap_or(a.data_pool as u64).max(1);
     // As on the CPU: every rank picks the same newest complete step, loads its own file, and
     // no rank saves (and prunes) before all have loaded.
+    exec.set_profiling(a.stats);
     let start = resume(a, &art, &mut exec, rank, size)?;
     if a.checkpoint.resume_from.is_some() {
         let all: Vec<usize> = (0..size).collect();
