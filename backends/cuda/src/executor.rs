@@ -548,7 +548,8 @@ impl GpuExecutor {
 
     /// Times every op of the following steps on the device's compute stream (events between
     /// the ops; on the emulator, the host's clock) into [`GpuStats::op_seconds`]. Costs a
-    /// little per op: measure steps without it, then profile.
+    /// little per op: measure steps without it, then profile. The marks are the device's:
+    /// profile one executor per device (not ranks that share a GPU).
     pub fn set_profiling(&mut self, on: bool) {
         self.profiling = on;
     }
