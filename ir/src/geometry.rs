@@ -408,12 +408,12 @@ pub fn conv2d_geometry(
         )));
     }
     let group = group as usize;
-    if c_per_group * group != c_in {
+    if c_per_group.checked_mul(group) != Some(c_in) {
         return Err(err(format!(
             "the input {} has {c_in} channels but the weight {} expects {c_per_group} x group {group} = {}",
             sh(x),
             sh(w),
-            c_per_group * group
+            c_per_group as u128 * group as u128
         )));
     }
     if c_out % group != 0 {
@@ -546,7 +546,7 @@ pub fn slice_spec(
         let ni = n as i64;
         let clamp = |v: i64| (if v < 0 { v + ni } else { v }).clamp(0, ni);
         let (b, e) = (clamp(begin[d]), clamp(end[d]));
-        let count = if e > b { (e - b + st - 1) / st } else { 0 };
+        let count = if e > b { (e - b - 1) / st + 1 } else { 0 };
         spec.push((b as usize, st as usize, count as usize));
     }
     Ok(spec)
@@ -678,5 +678,13 @@ mod tests {
         );
         let e = pool2d_geometry(&n, &[1, 1, 4, 4]).unwrap_err();
         assert!(e.reason.contains("needs pad_mode `pad`"), "{e}");
+    }
+
+    #[test]
+    fn slice_counts_elements_without_overflow() {
+        // Python's len(range(b, e, st)) per dim, also for steps near i64::MAX.
+        let spec = slice_spec(&[10, 7, 5], &[1, -3, 0], &[10, 7, 5], &[3, i64::MAX, 2]).unwrap();
+        assert_eq!(spec, vec![(1, 3, 3), (4, i64::MAX as usize, 1), (0, 2, 3)]);
+        assert_eq!(slice_spec(&[4], &[3], &[1], &[1]).unwrap(), vec![(3, 1, 0)]);
     }
 }

@@ -180,7 +180,13 @@ fn all_to_all(cx: &Cx<'_>) -> Result<Type, InferError> {
     }
     let mut shape = x.shape.clone();
     shape[split_dim] /= count;
-    shape[concat_dim] *= count;
+    shape[concat_dim] = shape[concat_dim].checked_mul(count).ok_or_else(|| {
+        cx.err(format!(
+            "split_count {count} times dim {concat_dim} of {} of shape {} overflows a size",
+            cx.name(0),
+            sh(&x.shape)
+        ))
+    })?;
     Ok(Type::Tensor(TensorType::new(x.dtype, shape)))
 }
 

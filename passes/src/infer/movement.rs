@@ -191,6 +191,13 @@ fn split(cx: &Cx<'_>) -> Result<Type, InferError> {
         .ok()
         .filter(|&p| p >= 1)
         .ok_or_else(|| cx.err(format!("attribute `output_num` must be >= 1, got {n}")))?;
+    // A dim of size 0 splits into any number of empty parts; past this many the node's
+    // result tuple itself would not fit in memory.
+    if parts > MAX_RESULTS {
+        return Err(cx.err(format!(
+            "attribute `output_num` {parts} is more than the {MAX_RESULTS} results a node may have"
+        )));
+    }
     if x.shape[a] % parts != 0 {
         return Err(cx.err(format!(
             "output_num {parts} does not divide dim {a} (size {}) of {} of shape {}",
@@ -203,6 +210,9 @@ fn split(cx: &Cx<'_>) -> Result<Type, InferError> {
     shape[a] /= parts;
     Ok(Type::Tuple(vec![TensorType::new(x.dtype, shape); parts]))
 }
+
+/// The most results one node may produce (`Split`'s `output_num`).
+const MAX_RESULTS: usize = 1 << 16;
 
 /// The result shape of slicing `shape` with the constant `begin`, `end`, `strides` operands at
 /// positions `first`, `first + 1`, `first + 2` (Python semantics: negative bounds count from

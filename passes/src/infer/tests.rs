@@ -899,6 +899,7 @@ fn error_table() {
     let h = input(&mut g, "h", DType::Float16, &[4, 6]); // %para4_h
     let w = weight(&mut g, "w", &[6, 5]); // %para5_w
     let k = weight(&mut g, "k", &[6, 3, 3, 3]); // %para6_k
+    let e = input(&mut g, "e", DType::Float32, &[0, 3]); // %para7_e
     let split = push(
         &mut g,
         OpKind::Split,
@@ -946,6 +947,7 @@ fn error_table() {
         (OpKind::Concat, vec![x.clone(), w.clone()], vec![], "input 1 (x2) of shape (6, 5) does not match input 0 (x1) of shape (4, 6) off axis 0"),
         (OpKind::Concat, vec![], vec![], "expects at least 1 operand(s), got 0"),
         (OpKind::Split, vec![x.clone()], vec![("output_num", Attr::Int(4)), ("axis", Attr::Int(1))], "output_num 4 does not divide dim 1 (size 6) of input 0 (x) of shape (4, 6)"),
+        (OpKind::Split, vec![e.clone()], vec![("output_num", Attr::Int(i64::MAX))], "attribute `output_num` 9223372036854775807 is more than the 65536 results a node may have"),
         (OpKind::StridedSlice, vec![x.clone(), ints(&[0]), ints(&[2, 2]), ints(&[1])], vec![], "must have equal lengths"),
         (OpKind::StridedSlice, vec![x.clone(), ints(&[0]), ints(&[2]), ints(&[0])], vec![], "stride 0 of dim 0 in strides (0) is not positive"),
         (OpKind::StridedSlice, vec![x.clone(), ints(&[0]), ints(&[2]), ints(&[1])], vec![("shrink_axis_mask", Attr::Int(1))], "attribute `shrink_axis_mask` 1 is not supported (only 0)"),
@@ -958,6 +960,7 @@ fn error_table() {
         (OpKind::AllGather, vec![x.clone()], vec![], "attribute `rank_list` is missing"),
         (OpKind::AllGather, vec![x.clone()], vec![("rank_list", Attr::ints(&[0, 0]))], "attribute `rank_list` (0, 0) must hold distinct ranks >= 0"),
         (OpKind::AllToAll, vec![x.clone()], vec![("split_dim", Attr::Int(1)), ("concat_dim", Attr::Int(0)), ("split_count", Attr::Int(4))], "split_count 4 does not divide dim 1 of input 0 (x) of shape (4, 6)"),
+        (OpKind::AllToAll, vec![e.clone()], vec![("split_dim", Attr::Int(0)), ("concat_dim", Attr::Int(1)), ("split_count", Attr::Int(i64::MAX))], "split_count 9223372036854775807 times dim 1 of input 0 (x) of shape (0, 3) overflows a size"),
         (OpKind::Send, vec![x.clone()], vec![], "attribute `dest_rank` is missing"),
         (OpKind::Receive, vec![], vec![("src_rank", Attr::Int(0)), ("shape", Attr::ints(&[2]))], "attribute `dtype` is missing"),
         (OpKind::Receive, vec![x.clone()], vec![], "expects no operands, got 1"),
