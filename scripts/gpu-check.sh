@@ -10,7 +10,9 @@
 #      on 8 in-process ranks and on 2 launched workers with --device-target GPU, with the
 #      CPU's losses; the ResNet-50 example on the GPU against the CPU;
 #   5. `shardc bench gpu` against PyTorch on the same GPU (`--python`, default python3);
-#   6. the convolution suite again with cuDNN off (im2col + cuBLAS, step 09).
+#   6. the convolution suite again with cuDNN and graph replay off (im2col + cuBLAS, every
+#      kernel launched by the host: step 09); every other step replays recorded steps (CUDA
+#      Graphs) where the executor can.
 #
 #   bash scripts/gpu-check.sh [BUNDLE] [OUT]     (defaults: .gpu and $OUT or /tmp/gpu-check)
 #
@@ -215,7 +217,7 @@ if [ -n "$quick" ]; then
 else
   step 08-bench-gpu gpu420 "$bin/shardc" bench gpu --stats --python "$python" --bench-dir bench
 fi
-step 09-kernels-conv-im2col gpu120 env SHARDC_TEST_DEVICE=cuda SHARDC_CUDNN=0 \
+step 09-kernels-conv-im2col gpu120 env SHARDC_TEST_DEVICE=cuda SHARDC_CUDNN=0 SHARDC_CUDA_GRAPHS=0 \
   "$bin/cuda_conv_emulated" --test-threads=1 --nocapture
 cp "$logs/08-bench-gpu.log" "$out/bench-gpu.txt" 2> /dev/null || true
 echo "done in $SECONDS s: $(grep -c ^PASS "$summary") passed, $(grep -c ^FAIL "$summary") failed, $(grep -c ^SKIP "$summary") skipped" | tee -a "$summary"

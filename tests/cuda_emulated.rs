@@ -375,3 +375,181 @@ fn profiling_times_every_op_of_a_step_by_kind() {
     assert!(s.contains("device time:") && s.contains("MatMul"), "{s}");
     println!("{s}");
 }
+
+/// Steps after the first replay one recorded graph of the step's work: the same outputs and
+/// weights, bit for bit, as launching kernel by kernel, while the weights change every step.
+#[test]
+fn later_steps_replay_the_recorded_step_bit_for_bit() {
+    use shardc::runtime::data::synthetic::SyntheticData;
+    let Some(dev) = device() else { return };
+    let g = train(zoo::mlp(8, &[20, 16, 16, 4]).expect("mlp"), momentum());
+    let data = SyntheticData::new(&g, 5, 2).expect("data");
+    let host = Arc::new(shardc::cpu::CpuBackend::with_threads(1));
+    let mut replayed =
+        shardc::cuda::GpuExecutor::new(g.clone(), dev.clone(), host.clone()).expect("executor");
+    let mut launched = shardc::cuda::GpuExecutor::new(g, dev, host).expect("executor");
+    launched.disable_graph_replay();
+    let mut losses = Vec::new();
+    for s in 0..5 {
+        let a = replayed.step(&data.feeds(s)).expect("step");
+        let b = launched.step(&data.feeds(s)).expect("step");
+        assert_eq!(a, b, "step {s}");
+        losses.push(a[0].to_f64_vec()[0]);
+    }
+    assert_eq!(replayed.weights().unwrap(), launched.weights().unwrap());
+    // The replayed steps trained: each step's loss is its own.
+    losses.dedup();
+    assert_eq!(losses.len(), 5, "{losses:?}");
+    let (r, l) = (replayed.stats(), launched.stats());
+    assert_eq!((r.replayed_steps, r.no_replay.as_deref()), (4, None), "{r:?}");
+    assert_eq!(l.replayed_steps, 0);
+    assert!(l.no_replay.as_deref().unwrap().contains("disable_graph_replay"));
+    // A replayed step counts its ops as a launched one does.
+    assert_eq!((r.device_ops, r.fused_kernels), (l.device_ops, l.fused_kernels));
+    assert!(r.summary().contains("4 of 5 steps ran as one replay"), "{}", r.summary());
+}
+
+/// A device that records but whose driver refuses every recorded graph.
+struct RefusesGraphs(Arc<dyn Device>);
+
+impl Device for RefusesGraphs {
+    fn description(&self) -> String {
+        self.0.description()
+    }
+    fn block_size(&self) -> u32 {
+        self.0.block_size()
+    }
+    fn max_grid(&self) -> u32 {
+        self.0.max_grid()
+    }
+    fn alloc(&self, bytes: usize) -> shardc::cuda::CudaResult<u64> {
+        self.0.alloc(bytes)
+    }
+    fn free(&self, ptr: u64) {
+        self.0.free(ptr)
+    }
+    fn upload(&self, dst: u64, src: &[u8]) -> shardc::cuda::CudaResult<()> {
+        self.0.upload(dst, src)
+    }
+    fn download(&self, src: u64, dst: &mut [u8]) -> shardc::cuda::CudaResult<()> {
+        self.0.download(src, dst)
+    }
+    fn copy(&self, dst: u64, src: u64, bytes: usize) -> shardc::cuda::CudaResult<()> {
+        self.0.copy(dst, src, bytes)
+    }
+    fn launch(
+        &self,
+        name: &str,
+        grid: u32,
+        block: u32,
+        args: &[shardc::cuda::kernels::KernelArg],
+    ) -> shardc::cuda::CudaResult<()> {
+        self.0.launch(name, grid, block, args)
+    }
+    fn gemm(&self, g: &shardc::cuda::device::Gemm) -> shardc::cuda::CudaResult<()> {
+        self.0.gemm(g)
+    }
+    fn synchronize(&self) -> shardc::cuda::CudaResult<()> {
+        self.0.synchronize()
+    }
+    fn load_kernels(
+        &self,
+        unit: &str,
+        text: &str,
+        names: &[String],
+    ) -> shardc::cuda::CudaResult<()> {
+        self.0.load_kernels(unit, text, names)
+    }
+    fn begin_capture(&self) -> shardc::cuda::CudaResult<bool> {
+        self.0.begin_capture()
+    }
+    fn end_capture(&self) -> shardc::cuda::CudaResult<usize> {
+        let g = self.0.end_capture()?;
+        self.0.drop_graph(g);
+        Err(shardc::cuda::CudaError::Other(
+            "cuGraphInstantiate: refused (test)".into(),
+        ))
+    }
+}
+
+/// A recording the device refuses costs nothing but the replay: the step runs kernel by
+/// kernel, as every later one, with the CPU's numbers and the reason in the stats.
+#[test]
+fn a_refused_recording_leaves_the_steps_launched_kernel_by_kernel() {
+    let Some(dev) = device() else { return };
+    let g = train(zoo::mlp(8, &[20, 16, 4]).expect("mlp"), momentum());
+    let s = compare_on(Arc::new(RefusesGraphs(dev)), g, 4, 1e-5);
+    assert!(
+        s.contains("graph replay: off (the recording failed: cuGraphInstantiate: refused (test))"),
+        "{s}"
+    );
+    assert!(!s.contains("steps ran as one replay"), "{s}");
+}
+
+/// Dropout's key changes every step and is a launch argument, so its graph is never replayed.
+#[test]
+fn a_graph_with_dropout_is_launched_kernel_by_kernel() {
+    use shardc::compiler::builder::GraphBuilder;
+    use shardc::ir::{Attr, Attrs, DType, OpKind};
+    let Some(dev) = device() else { return };
+    let mut b = GraphBuilder::new("Dropped");
+    let x = b.input("x", DType::Float32, &[4, 6]).unwrap();
+    let d = b
+        .op(
+            OpKind::Dropout,
+            &[x.into()],
+            Attrs::new().with("keep_prob", Attr::Float(0.5)),
+        )
+        .unwrap();
+    let y = b.tuple_get_item(d, 0).unwrap();
+    let g = b.finish(&[y]).unwrap();
+    let data = shardc::runtime::data::synthetic::SyntheticData::new(&g, 1, 2).expect("data");
+    let host = Arc::new(shardc::cpu::CpuBackend::with_threads(1));
+    let mut exec = shardc::cuda::GpuExecutor::new(g, dev, host).expect("executor");
+    let a = exec.step(&data.feeds(0)).expect("step");
+    let b = exec.step(&data.feeds(0)).expect("step");
+    assert_ne!(a, b, "a new mask every step");
+    let st = exec.stats();
+    assert_eq!(st.replayed_steps, 0);
+    assert!(
+        st.no_replay.as_deref().unwrap().contains("draws a new mask every step"),
+        "{st:?}"
+    );
+}
+
+/// The device's recording: recorded copies run at each replay on the memory as it is then;
+/// an upload while recording fails and spoils the recording, which is discarded, and the
+/// device works as before.
+#[test]
+fn a_recording_replays_its_work_and_an_upload_spoils_it() {
+    let Some(dev) = device() else { return };
+    let (a, b) = (dev.alloc(8).unwrap(), dev.alloc(8).unwrap());
+    let read = |p: u64| {
+        let mut v = [0u8; 8];
+        dev.download(p, &mut v).unwrap();
+        u64::from_ne_bytes(v)
+    };
+    dev.upload(a, &1u64.to_ne_bytes()).unwrap();
+    dev.upload(b, &0u64.to_ne_bytes()).unwrap();
+    assert!(dev.begin_capture().unwrap());
+    dev.copy(b, a, 8).unwrap();
+    let g = dev.end_capture().unwrap();
+    assert_eq!(read(b), 0, "recording ran nothing");
+    dev.replay(g).unwrap();
+    assert_eq!(read(b), 1);
+    dev.upload(a, &7u64.to_ne_bytes()).unwrap();
+    dev.replay(g).unwrap();
+    assert_eq!(read(b), 7, "a replay reads the memory of its time");
+    dev.drop_graph(g);
+
+    assert!(dev.begin_capture().unwrap());
+    dev.copy(b, a, 8).unwrap();
+    assert!(dev.upload(a, &9u64.to_ne_bytes()).is_err());
+    let e = dev.end_capture().unwrap_err();
+    println!("{e}");
+    dev.upload(a, &3u64.to_ne_bytes()).unwrap();
+    dev.copy(b, a, 8).unwrap();
+    assert_eq!(read(b), 3, "the device runs work again");
+    dev.free(a);
+    dev.free(b);
+}

@@ -4,7 +4,8 @@
 //! `torch.matmul` (goal: ≥ 95 % of PyTorch's TFLOP/s). Training steps: the MLP, ResNet-18
 //! (CIFAR shapes) and the 2-layer transformer on [`GpuExecutor`] against PyTorch eager and
 //! `torch.compile` (`bench/gpu/reference.py`; goal: ≤ 1.0× eager). Each line prints both
-//! figures and the ratio; the GPU's name heads the output. With `--stats`, each model's
+//! figures and the ratio, and in parentheses shardc's step without graph replay (every
+//! kernel launched by the host, as PyTorch eager does); the GPU's name heads the output. With `--stats`, each model's
 //! measured steps are followed by a few profiled ones: the GPU time per op kind. Needs a GPU
 //! (`shardc gpu info`).
 
@@ -90,16 +91,20 @@ fn field(lines: &[HashMap<String, String>], want: &[(&str, &str)], key: &str) ->
 /// The median step time in ms and the last loss; with `profile`, then a few more steps with
 /// every op timed on the GPU, their breakdown printed (after the measured steps, which it
 /// would slow).
+/// With `replay` off, every step launches its kernels one by one (no recorded graph).
 fn step_ms(
     dev: &Arc<CudaDevice>,
     graph: &Graph,
-    warmup: usize,
-    steps: usize,
+    (warmup, steps): (usize, usize),
     profile: bool,
+    replay: bool,
 ) -> Result<(f64, f64)> {
     let data = SyntheticData::new(graph, 1, 4)?;
     let d: Arc<dyn Device> = dev.clone();
     let mut exec = GpuExecutor::new(graph.clone(), d, Arc::new(CpuBackend::with_threads(1)))?;
+    if !replay {
+        exec.disable_graph_replay();
+    }
     let mut samples = Vec::with_capacity(steps);
     let mut loss = f64::NAN;
     for s in 0..warmup + steps {
@@ -121,7 +126,7 @@ fn step_ms(
         println!("{}: {}", graph.name, exec.stats().summary());
     } else {
         let host: u64 = exec.stats().host_ops.values().map(|(n, _)| n).sum();
-        if host > 0 {
+        if host > 0 || (replay && exec.stats().no_replay.is_some()) {
             eprintln!("{}: {}", graph.name, exec.stats().summary());
         }
     }
@@ -188,19 +193,20 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         reference(args, &sub)?
     };
     let (warmup, steps) = if args.quick { (3, 20) } else { (10, 100) };
-    println!("training step            shardc ms   torch eager ms   ratio   torch.compile ms   goal <= 1.0 x eager");
+    println!("training step            shardc ms   torch eager ms   ratio   torch.compile ms   goal <= 1.0 x eager   (no graph replay ms)");
     for name in ["mlp", "resnet18", "transformer"] {
         let graph = match name {
             "mlp" => TrainModel::Mlp.training_graph(args.batch)?,
             "resnet18" => TrainModel::Resnet18.training_graph(args.batch)?,
             _ => transformer_step()?,
         };
-        let (ours, loss) = step_ms(&dev, &graph, warmup, steps, args.stats)?;
+        let (ours, loss) = step_ms(&dev, &graph, (warmup, steps), args.stats, true)?;
+        let (launched, _) = step_ms(&dev, &graph, (warmup, steps), false, false)?;
         let eager = field(&refs, &[("model", name), ("mode", "eager")], "step_ms");
         let compiled = field(&refs, &[("model", name), ("mode", "compile")], "step_ms");
         let ratio = eager.map(|e| ours / e);
         println!(
-            "{name:<12} batch {:<4}     {ours:>9.3}   {:>14}   {:>5}   {:>16}   {}   (loss {loss:.4})",
+            "{name:<12} batch {:<4}     {ours:>9.3}   {:>14}   {:>5}   {:>16}   {:<6}   ({launched:.3}; loss {loss:.4})",
             if name == "transformer" { 8 } else { args.batch },
             eager.map_or("-".into(), |v| format!("{v:.3}")),
             ratio.map_or("-".into(), |r| format!("{r:.2}")),

@@ -3,7 +3,9 @@
 //! One primary context per device, one non-blocking stream every operation goes to (kernel
 //! launches, copies, cuBLAS), all kernel sources compiled by NVRTC for the device's
 //! architecture when the device is opened. Every entry point first probes the libraries it
-//! needs ([`crate::probe`]).
+//! needs ([`crate::probe`]). A step's work can be recorded once as a CUDA Graph and replayed
+//! with one launch ([`Device::begin_capture`]); cuBLAS gets its workspace from here so that
+//! no GEMM allocates while recording.
 
 use crate::cudnn::{self, Dnn};
 use crate::device::{Device, Gemm, LibraryConv};
@@ -40,7 +42,17 @@ struct Handles {
     /// recorded since the last reset.
     marks: Vec<drv_sys::CUevent>,
     marks_used: usize,
+    /// cuBLAS's workspace, given to it rather than allocated by it (so that no GEMM
+    /// allocates while a graph is recorded, as PyTorch does for the same reason).
+    blas_workspace: drv_sys::CUdeviceptr,
+    /// Whether the compute stream is being recorded ([`Device::begin_capture`]).
+    capturing: bool,
+    /// Recorded graphs and their executable instances, by number (None once dropped).
+    graphs: Vec<Option<(drv_sys::CUgraph, drv_sys::CUgraphExec)>>,
 }
+
+/// Bytes of cuBLAS's workspace (NVIDIA's advice for Hopper; more than enough before).
+const BLAS_WORKSPACE: usize = 32 << 20;
 
 /// Whether convolutions go through cuDNN.
 enum DnnState {
@@ -189,6 +201,19 @@ impl CudaDevice {
                     reason: format!("{e:?}"),
                 })?;
         }
+        // After cublasSetStream, which resets the workspace to cuBLAS's own.
+        // SAFETY: the context is current; freed in Drop.
+        let blas_workspace =
+            unsafe { drv::malloc_sync(BLAS_WORKSPACE) }.map_err(driver("cuMemAlloc"))?;
+        // SAFETY: a live handle; the workspace outlives it (freed after the handle in Drop).
+        unsafe {
+            cublas_sys::cublasSetWorkspace_v2(blas, blas_workspace as _, BLAS_WORKSPACE)
+                .result()
+                .map_err(|e| CudaError::Cublas {
+                    call: "cublasSetWorkspace",
+                    reason: format!("{e:?}"),
+                })?;
+        }
         // Kernels: every source compiled for this architecture, each kernel's function
         // looked up once.
         let arch: &'static str = Box::leak(format!("compute_{major}{minor}").into_boxed_str());
@@ -208,6 +233,9 @@ impl CudaDevice {
                 dnn,
                 marks: Vec::new(),
                 marks_used: 0,
+                blas_workspace,
+                capturing: false,
+                graphs: Vec::new(),
             }),
             functions: Mutex::new(functions),
             arch,
@@ -388,7 +416,12 @@ impl Drop for CudaDevice {
             for &e in h.events.iter().chain(&h.marks) {
                 let _ = drv::event::destroy(e);
             }
+            for (graph, exec) in h.graphs.drain(..).flatten() {
+                let _ = drv::graph::exec_destroy(exec);
+                let _ = drv::graph::destroy(graph);
+            }
             let _ = cudarc::cublas::result::destroy_handle(h.blas);
+            let _ = drv::free_sync(h.blas_workspace);
             // cuDNN's handle and workspace, before the stream they use.
             h.dnn = DnnState::Off("closed".into());
             let _ = drv::stream::destroy(h.stream);
@@ -578,6 +611,11 @@ impl Device for CudaDevice {
 
     fn mark(&self) -> CudaResult<Option<usize>> {
         let mut h = self.current()?;
+        if h.capturing {
+            return Err(CudaError::Other(
+                "a timing mark is not taken while the stream is being recorded".into(),
+            ));
+        }
         if h.marks_used == h.marks.len() {
             let e = drv::event::create(drv_sys::CUevent_flags::CU_EVENT_DEFAULT)
                 .map_err(driver("cuEventCreate"))?;
@@ -619,6 +657,80 @@ impl Device for CudaDevice {
         unsafe {
             drv::stream::synchronize(h.comm).map_err(driver("cuStreamSynchronize"))?;
             drv::stream::synchronize(h.stream).map_err(driver("cuStreamSynchronize"))
+        }
+    }
+
+    fn begin_capture(&self) -> CudaResult<bool> {
+        let mut h = self.current()?;
+        if h.capturing {
+            return Err(CudaError::Other(
+                "a recording is already in progress".into(),
+            ));
+        }
+        // Relaxed: the libraries may still allocate (a first cuDNN plan) while recording;
+        // anything that waits for the stream fails and spoils the recording.
+        // SAFETY: a live stream.
+        unsafe {
+            drv::stream::begin_capture(
+                h.stream,
+                drv_sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+            )
+        }
+        .map_err(driver("cuStreamBeginCapture"))?;
+        h.capturing = true;
+        Ok(true)
+    }
+
+    fn end_capture(&self) -> CudaResult<usize> {
+        let mut h = self.current()?;
+        if !h.capturing {
+            return Err(CudaError::Other("no recording is in progress".into()));
+        }
+        h.capturing = false;
+        // SAFETY: the stream is being captured; the graph is owned here from now on.
+        let graph = unsafe { drv::stream::end_capture(h.stream) }
+            .map_err(driver("cuStreamEndCapture"))?;
+        if graph.is_null() {
+            return Err(CudaError::Other("the recording produced no graph".into()));
+        }
+        // SAFETY: a graph just recorded; destroyed here if it cannot be instantiated.
+        let exec = match unsafe {
+            drv::graph::instantiate(graph, drv_sys::CUgraphInstantiate_flags(0))
+        } {
+            Ok(e) => e,
+            Err(e) => {
+                // SAFETY: as above.
+                let _ = unsafe { drv::graph::destroy(graph) };
+                return Err(driver("cuGraphInstantiate")(e));
+            }
+        };
+        // SAFETY: a live executable graph and stream.
+        unsafe { drv::graph::upload(exec, h.stream) }.map_err(driver("cuGraphUpload"))?;
+        h.graphs.push(Some((graph, exec)));
+        Ok(h.graphs.len() - 1)
+    }
+
+    fn replay(&self, graph: usize) -> CudaResult<()> {
+        let h = self.current()?;
+        let Some(Some((_, exec))) = h.graphs.get(graph) else {
+            return Err(CudaError::Other(format!("no recorded graph {graph}")));
+        };
+        // SAFETY: a live executable graph and stream.
+        unsafe { drv::graph::launch(*exec, h.stream) }.map_err(driver("cuGraphLaunch"))
+    }
+
+    fn drop_graph(&self, graph: usize) {
+        let Ok(mut h) = self.current() else {
+            return;
+        };
+        if let Some((g, exec)) = h.graphs.get_mut(graph).and_then(Option::take) {
+            // SAFETY: recorded here; the stream is synchronised first, since a replay may
+            // still run.
+            unsafe {
+                let _ = drv::stream::synchronize(h.stream);
+                let _ = drv::graph::exec_destroy(exec);
+                let _ = drv::graph::destroy(g);
+            }
         }
     }
 

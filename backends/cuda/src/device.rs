@@ -187,6 +187,40 @@ pub trait Device: Send + Sync {
     /// Waits for every earlier operation.
     fn synchronize(&self) -> CudaResult<()>;
 
+    /// Starts recording instead of running (a CUDA Graph, captured from the compute stream
+    /// and, through the events that join them, the communication stream): every launch,
+    /// GEMM, device copy, library convolution and collective issued until
+    /// [`Device::end_capture`] is recorded with its arguments' values of now, and nothing of
+    /// it runs. Copies from or to the host, [`Device::synchronize`] and marks are not
+    /// permitted meanwhile: they fail and spoil the recording. `Ok(false)` where the device
+    /// cannot record (the default).
+    fn begin_capture(&self) -> CudaResult<bool> {
+        Ok(false)
+    }
+
+    /// Ends the recording begun by [`Device::begin_capture`] and returns the number of the
+    /// recorded graph, for [`Device::replay`]. An error when something issued meanwhile could
+    /// not be recorded; the recording is then discarded (none of it ran) and the device
+    /// runs work as before.
+    fn end_capture(&self) -> CudaResult<usize> {
+        Err(crate::error::CudaError::Other(
+            "this device cannot record graphs".into(),
+        ))
+    }
+
+    /// Runs recorded graph `graph`, in stream order after everything issued before: the same
+    /// work on the same addresses with the same arguments as when it was recorded.
+    fn replay(&self, graph: usize) -> CudaResult<()> {
+        Err(crate::error::CudaError::Other(format!(
+            "this device has no recorded graph {graph}"
+        )))
+    }
+
+    /// Frees recorded graph `graph`.
+    fn drop_graph(&self, graph: usize) {
+        let _ = graph;
+    }
+
     /// Compiles `text` (kernel source in the dialect of `kernels/prelude.cuh`, without the
     /// prelude) as one more module named `unit`, and makes its kernels `names` launchable:
     /// kernels generated for a graph (fused elementwise chains).

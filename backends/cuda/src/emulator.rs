@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::ffi::c_void;
 use std::path::Path;
 use std::process::Command;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 const HEADER: &str = include_str!("../kernels/emulator.hpp");
 
@@ -36,6 +36,32 @@ struct Module {
     library: libloading::Library,
     launch_fn: LaunchFn,
     names: Vec<String>,
+}
+
+/// Work recorded between [`Device::begin_capture`] and [`Device::end_capture`], with its
+/// arguments' values at the time, as a CUDA Graph records it.
+#[derive(Clone, Debug)]
+enum Recorded {
+    Launch {
+        name: String,
+        grid: u32,
+        block: u32,
+        args: Vec<KernelArg>,
+    },
+    Gemm(Gemm),
+    Copy {
+        dst: DevPtr,
+        src: DevPtr,
+        bytes: usize,
+    },
+    Conv(LibraryConv),
+}
+
+/// A recording in progress: the work so far, or what spoiled it.
+#[derive(Default)]
+struct Capture {
+    work: Vec<Recorded>,
+    spoiled: Option<String>,
 }
 
 /// The host-emulated device (see the module doc).
@@ -53,6 +79,10 @@ pub struct EmulatedDevice {
     reference_library: bool,
     /// The instants of [`Device::mark`] (every operation here finishes before it returns).
     marks: Mutex<Vec<std::time::Instant>>,
+    /// The recording in progress, if any.
+    capture: Mutex<Option<Capture>>,
+    /// Recorded graphs by number (None once dropped).
+    graphs: Mutex<Vec<Option<Arc<Vec<Recorded>>>>>,
 }
 
 impl std::fmt::Debug for EmulatedDevice {
@@ -237,7 +267,37 @@ impl EmulatedDevice {
             block,
             reference_library: false,
             marks: Mutex::new(Vec::new()),
+            capture: Mutex::new(None),
+            graphs: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Records `work` instead of running it when a recording is in progress (true then).
+    fn recorded(&self, work: impl FnOnce() -> Recorded) -> bool {
+        let mut c = self.capture.lock().unwrap_or_else(|p| p.into_inner());
+        match c.as_mut() {
+            Some(c) => {
+                if c.spoiled.is_none() {
+                    c.work.push(work());
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// An error, spoiling the recording, when one is in progress: `what` cannot be recorded
+    /// (it involves the host), as on a GPU.
+    fn not_while_recording(&self, what: &str) -> CudaResult<()> {
+        let mut c = self.capture.lock().unwrap_or_else(|p| p.into_inner());
+        match c.as_mut() {
+            Some(c) => {
+                let why = format!("{what} is not permitted while the stream is being recorded");
+                c.spoiled.get_or_insert_with(|| why.clone());
+                Err(CudaError::Emulator(why))
+            }
+            None => Ok(()),
+        }
     }
 
     /// This device with a convolution library: reference loops standing in for cuDNN
@@ -478,6 +538,7 @@ impl Device for EmulatedDevice {
     }
 
     fn upload(&self, dst: DevPtr, src: &[u8]) -> CudaResult<()> {
+        self.not_while_recording("an upload")?;
         self.check_range(dst, src.len(), "upload")?;
         // SAFETY: the range is inside an allocation.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len()) };
@@ -485,6 +546,7 @@ impl Device for EmulatedDevice {
     }
 
     fn download(&self, src: DevPtr, dst: &mut [u8]) -> CudaResult<()> {
+        self.not_while_recording("a download")?;
         self.check_range(src, dst.len(), "download")?;
         // SAFETY: the range is inside an allocation.
         unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len()) };
@@ -494,6 +556,9 @@ impl Device for EmulatedDevice {
     fn copy(&self, dst: DevPtr, src: DevPtr, bytes: usize) -> CudaResult<()> {
         self.check_range(dst, bytes, "copy (destination)")?;
         self.check_range(src, bytes, "copy (source)")?;
+        if self.recorded(|| Recorded::Copy { dst, src, bytes }) {
+            return Ok(());
+        }
         // SAFETY: both ranges are inside allocations; `copy` allows overlap.
         unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, bytes) };
         Ok(())
@@ -501,6 +566,14 @@ impl Device for EmulatedDevice {
 
     fn launch(&self, name: &str, grid: u32, block: u32, args: &[KernelArg]) -> CudaResult<()> {
         let (launch_fn, thunk) = self.thunk(name)?;
+        if self.recorded(|| Recorded::Launch {
+            name: name.to_string(),
+            grid,
+            block,
+            args: args.to_vec(),
+        }) {
+            return Ok(());
+        }
         let mut params = kernels::params(args);
         let _one = self.launching.lock().unwrap_or_else(|p| p.into_inner());
         // SAFETY: the thunk unpacks `params` as the kernel's parameter list; the executor
@@ -535,6 +608,15 @@ impl Device for EmulatedDevice {
         self.check_range(g.a, span(g.stride_a, g.lda, a_rows, a_cols), "gemm A")?;
         self.check_range(g.b, span(g.stride_b, g.ldb, b_rows, b_cols), "gemm B")?;
         self.check_range(g.c, span(g.stride_c, g.ldc, g.m, g.n), "gemm C")?;
+        if !matches!(g.dtype, DType::Float32 | DType::Float64) {
+            return Err(CudaError::Emulator(format!(
+                "gemm of {} is not supported",
+                g.dtype
+            )));
+        }
+        if self.recorded(|| Recorded::Gemm(g.clone())) {
+            return Ok(());
+        }
         match g.dtype {
             DType::Float32 => gemm_ref::<f32>(g, |v| v as f32),
             DType::Float64 => gemm_ref::<f64>(g, |v| v),
@@ -561,6 +643,12 @@ impl Device for EmulatedDevice {
             g.n * g.c_out * g.out_h * g.out_w * size,
             "library_conv y",
         )?;
+        if !matches!(c.dtype, DType::Float32 | DType::Float64) {
+            return Ok(false);
+        }
+        if self.recorded(|| Recorded::Conv(c.clone())) {
+            return Ok(true);
+        }
         // SAFETY: the ranges are inside allocations.
         unsafe {
             match c.dtype {
@@ -573,6 +661,7 @@ impl Device for EmulatedDevice {
     }
 
     fn mark(&self) -> CudaResult<Option<usize>> {
+        self.not_while_recording("a timing mark")?;
         let mut m = self.marks.lock().unwrap_or_else(|p| p.into_inner());
         m.push(std::time::Instant::now());
         Ok(Some(m.len() - 1))
@@ -594,7 +683,73 @@ impl Device for EmulatedDevice {
     }
 
     fn synchronize(&self) -> CudaResult<()> {
+        self.not_while_recording("a synchronization")
+    }
+
+    fn begin_capture(&self) -> CudaResult<bool> {
+        let mut c = self.capture.lock().unwrap_or_else(|p| p.into_inner());
+        if c.is_some() {
+            return Err(CudaError::Emulator(
+                "a recording is already in progress".into(),
+            ));
+        }
+        *c = Some(Capture::default());
+        Ok(true)
+    }
+
+    fn end_capture(&self) -> CudaResult<usize> {
+        let c = self
+            .capture
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+            .ok_or_else(|| CudaError::Emulator("no recording is in progress".into()))?;
+        if let Some(why) = c.spoiled {
+            return Err(CudaError::Emulator(format!(
+                "the recording was discarded: {why}"
+            )));
+        }
+        let mut graphs = self.graphs.lock().unwrap_or_else(|p| p.into_inner());
+        graphs.push(Some(Arc::new(c.work)));
+        Ok(graphs.len() - 1)
+    }
+
+    fn replay(&self, graph: usize) -> CudaResult<()> {
+        let work = self
+            .graphs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(graph)
+            .cloned()
+            .flatten()
+            .ok_or_else(|| CudaError::Emulator(format!("no recorded graph {graph}")))?;
+        for w in work.iter() {
+            match w {
+                Recorded::Launch {
+                    name,
+                    grid,
+                    block,
+                    args,
+                } => self.launch(name, *grid, *block, args)?,
+                Recorded::Gemm(g) => self.gemm(g)?,
+                Recorded::Copy { dst, src, bytes } => self.copy(*dst, *src, *bytes)?,
+                Recorded::Conv(c) => {
+                    self.library_conv(c)?;
+                }
+            }
+        }
         Ok(())
+    }
+
+    fn drop_graph(&self, graph: usize) {
+        if let Some(g) = self
+            .graphs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_mut(graph)
+        {
+            *g = None;
+        }
     }
 
     fn load_kernels(&self, _unit: &str, text: &str, names: &[String]) -> CudaResult<()> {

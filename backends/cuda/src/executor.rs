@@ -53,9 +53,65 @@ pub struct GpuStats {
     /// `Assign`s whose value an optimizer update had already written into the weight
     /// (`crate::in_place`): device copies saved.
     pub in_place_updates: u64,
+    /// Steps whose work was one replay of a recorded graph (see [`GpuExecutor`]).
+    pub replayed_steps: u64,
+    /// Why steps do not replay a recorded graph, once that is known.
+    pub no_replay: Option<String>,
+}
+
+/// The counts one step adds to [`GpuStats`] (what a replayed step adds, as recorded).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct StepCounts {
+    device_ops: u64,
+    comm_ops: u64,
+    fused_kernels: u64,
+    library_ops: u64,
+    in_place_updates: u64,
+}
+
+impl StepCounts {
+    /// What was added since `before`.
+    fn since(self, before: StepCounts) -> StepCounts {
+        StepCounts {
+            device_ops: self.device_ops - before.device_ops,
+            comm_ops: self.comm_ops - before.comm_ops,
+            fused_kernels: self.fused_kernels - before.fused_kernels,
+            library_ops: self.library_ops - before.library_ops,
+            in_place_updates: self.in_place_updates - before.in_place_updates,
+        }
+    }
 }
 
 impl GpuStats {
+    fn counts(&self) -> StepCounts {
+        StepCounts {
+            device_ops: self.device_ops,
+            comm_ops: self.comm_ops,
+            fused_kernels: self.fused_kernels,
+            library_ops: self.library_ops,
+            in_place_updates: self.in_place_updates,
+        }
+    }
+
+    fn set_counts(&mut self, c: StepCounts) {
+        self.device_ops = c.device_ops;
+        self.comm_ops = c.comm_ops;
+        self.fused_kernels = c.fused_kernels;
+        self.library_ops = c.library_ops;
+        self.in_place_updates = c.in_place_updates;
+    }
+
+    fn add_counts(&mut self, c: StepCounts) {
+        let now = self.counts();
+        self.set_counts(StepCounts {
+            device_ops: now.device_ops + c.device_ops,
+            comm_ops: now.comm_ops + c.comm_ops,
+            fused_kernels: now.fused_kernels + c.fused_kernels,
+            library_ops: now.library_ops + c.library_ops,
+            in_place_updates: now.in_place_updates + c.in_place_updates,
+        });
+    }
+
     /// One line: device / host / communication counts and the host ops.
     pub fn summary(&self) -> String {
         let host: u64 = self.host_ops.values().map(|(n, _)| n).sum();
@@ -81,6 +137,15 @@ impl GpuStats {
                 self.in_place_updates
             ));
         }
+        if self.replayed_steps > 0 {
+            s.push_str(&format!(
+                "\n  graph replay: {} of {} steps ran as one replay of the recorded step",
+                self.replayed_steps, self.steps
+            ));
+        }
+        if let Some(why) = &self.no_replay {
+            s.push_str(&format!("\n  graph replay: off ({why})"));
+        }
         let total: f64 = self.op_seconds.values().map(|v| v.1).sum();
         if total > 0.0 {
             let mut kinds: Vec<(&String, &(u64, f64))> = self.op_seconds.iter().collect();
@@ -102,6 +167,16 @@ impl GpuStats {
 }
 
 /// Runs a graph on a device, step after step (see the module doc).
+///
+/// Graph replay: where every launch argument is the same from step to step (every address
+/// is fixed for the executor's life; no op on the host, no collective staged through the
+/// host or through temporary buffers, no Dropout, whose key changes every step), the first
+/// step runs as it is (the libraries make their plans and workspaces), the second is
+/// recorded ([`Device::begin_capture`]) and replayed, and every later step is one replay:
+/// one driver call instead of one per kernel, as CUDA Graphs in PyTorch. A recording that
+/// fails leaves the executor launching kernel by kernel, with the reason in
+/// [`GpuStats::no_replay`]; `SHARDC_CUDA_GRAPHS=0` turns replay off. Profiled steps run
+/// kernel by kernel.
 pub struct GpuExecutor {
     graph: Arc<Graph>,
     device: Arc<dyn Device>,
@@ -135,6 +210,67 @@ pub struct GpuExecutor {
     /// it (the first member).
     groups: Vec<MomentumGroup>,
     group_of: Vec<Option<(usize, bool)>>,
+    /// Whether steps replay a recorded graph.
+    replay: Replay,
+}
+
+/// Where an executor is on the way to replaying its step (see [`GpuExecutor`]).
+#[derive(Debug)]
+enum Replay {
+    /// Never: why.
+    Off(String),
+    /// The next step runs as it is.
+    Warmup,
+    /// The next step is recorded, then replayed.
+    Record,
+    /// Recorded: the graph, what a step adds to the counts, and the nodes whose kernels
+    /// report bad data through the status word.
+    Ready {
+        graph: usize,
+        counts: StepCounts,
+        status_users: Vec<usize>,
+    },
+}
+
+/// The environment variable that turns graph replay off (`0`).
+pub const CUDA_GRAPHS_ENV: &str = "SHARDC_CUDA_GRAPHS";
+
+/// Why `graph`'s steps cannot be replayed from a recording, as far as the graph and its
+/// communicator tell before a step runs (ops placed on the host are known after the first).
+fn replay_blocker(graph: &Graph, calls: &[Option<CommCall>], staged: bool) -> Option<String> {
+    if std::env::var(CUDA_GRAPHS_ENV).as_deref() == Ok("0") {
+        return Some(format!("turned off by {CUDA_GRAPHS_ENV}=0"));
+    }
+    if let Some(n) = graph.nodes.iter().find(|n| n.op == OpKind::Dropout) {
+        return Some(format!(
+            "{} '{}' draws a new mask every step (its key is a launch argument)",
+            n.op, n.instance
+        ));
+    }
+    for (i, call) in calls.iter().enumerate() {
+        let Some(call) = call else { continue };
+        let node = &graph.nodes[i];
+        if staged {
+            return Some(format!(
+                "{} '{}' is staged through the host (no NCCL)",
+                node.op, node.instance
+            ));
+        }
+        let why = match call {
+            CommCall::AllReduce { .. } | CommCall::Broadcast { .. } => None,
+            CommCall::AllGather { axis, .. } | CommCall::ReduceScatter { axis, .. } => {
+                (*axis != 0).then_some("goes through a temporary buffer")
+            }
+            CommCall::AllToAll { .. } => Some("goes through temporary buffers"),
+            CommCall::Send { .. } | CommCall::Receive { .. } => {
+                Some("is a point-to-point transfer, which is not recorded")
+            }
+        };
+        if let Some(why) = why {
+            return Some(format!("{} '{}' {why}", node.op, node.instance));
+        }
+    }
+    None
 }
 
 /// Per node, the set (of `sets`, each in program order) it is launched with and whether it
@@ -220,6 +356,9 @@ impl Drop for GpuExecutor {
         }
         for g in &self.groups {
             self.device.free(g.table);
+        }
+        if let Replay::Ready { graph, .. } = self.replay {
+            self.device.drop_graph(graph);
         }
         self.workspace.release(self.device.as_ref());
         self.device.free(self.status);
@@ -369,7 +508,12 @@ impl GpuExecutor {
         // the buckets any member reads.
         let group_members = crate::in_place::momentum_groups(&graph, &in_place);
         let group_of = launched_together(group_members.iter().map(Vec::as_slice), &mut needs);
+        let replay = match replay_blocker(&graph, &calls, comm.is_some() && nccl.is_none()) {
+            Some(why) => Replay::Off(why),
+            None => Replay::Warmup,
+        };
         let mut ex = GpuExecutor {
+            replay,
             runs,
             fused,
             buckets,
@@ -524,6 +668,15 @@ impl GpuExecutor {
                 KernelArg::I32(i32::from(group.nesterov)),
             ],
         )
+    }
+
+    /// Makes every later step launch its kernels one by one instead of replaying a recorded
+    /// graph (to compare the two; `SHARDC_CUDA_GRAPHS=0` does it for every executor).
+    pub fn disable_graph_replay(&mut self) {
+        if let Replay::Ready { graph, .. } = self.replay {
+            self.device.drop_graph(graph);
+        }
+        self.replay = Replay::Off("turned off by disable_graph_replay".into());
     }
 
     /// The device.
@@ -683,11 +836,6 @@ impl GpuExecutor {
             }
         }
         let graph = self.graph.clone();
-        for b in &mut self.buckets {
-            b.submitted = false;
-            b.in_flight = false;
-            b.unpacked = false;
-        }
         let mut status_users = Vec::new();
         // Profiling: (mark after, what ran since the previous mark).
         let mut marks: Vec<(usize, String)> = Vec::new();
@@ -696,26 +844,32 @@ impl GpuExecutor {
             self.device.reset_marks();
             first_mark = self.device.mark()?;
         }
-        for i in 0..graph.nodes.len() {
-            for k in 0..self.needs[i].len() {
-                let b = self.needs[i][k];
-                self.finish_bucket(&graph, b)?;
+        match &self.replay {
+            Replay::Ready {
+                graph: g,
+                counts,
+                status_users: users,
+            } if !self.profiling => {
+                let (g, counts) = (*g, *counts);
+                status_users.clone_from(users);
+                self.device.replay(g)?;
+                self.stats.add_counts(counts);
+                self.stats.replayed_steps += 1;
             }
-            if first_mark.is_some() && !self.needs[i].is_empty() {
-                self.mark_after(&mut marks, "gradient buckets".into())?;
-            }
-            self.run_node(&graph, i, &mut status_users)?;
-            if first_mark.is_some() {
-                if let Some(what) = self.profile_label(&graph, i) {
-                    self.mark_after(&mut marks, what)?;
+            Replay::Record if !self.profiling => self.record_step(&graph, &mut status_users)?,
+            _ => {
+                let profile = first_mark.is_some().then_some(&mut marks);
+                self.issue_step(&graph, &mut status_users, profile)?;
+                if matches!(self.replay, Replay::Warmup) {
+                    self.replay = match self.placed_on_host() {
+                        Some(why) => Replay::Off(why),
+                        None => Replay::Record,
+                    };
                 }
             }
         }
-        for b in 0..self.buckets.len() {
-            self.finish_bucket(&graph, b)?;
-        }
-        if first_mark.is_some() && !self.buckets.is_empty() {
-            self.mark_after(&mut marks, "gradient buckets".into())?;
+        if let Replay::Off(why) = &self.replay {
+            self.stats.no_replay = Some(why.clone());
         }
         let mut outs = Vec::with_capacity(graph.outputs.len());
         for o in &graph.outputs {
@@ -777,6 +931,99 @@ impl GpuExecutor {
         self.step_count += 1;
         self.stats.steps += 1;
         Ok(outs)
+    }
+
+    /// Issues one step's work, node by node (`marks`: profile it).
+    fn issue_step(
+        &mut self,
+        graph: &Graph,
+        status_users: &mut Vec<usize>,
+        mut marks: Option<&mut Vec<(usize, String)>>,
+    ) -> CudaResult<()> {
+        for b in &mut self.buckets {
+            b.submitted = false;
+            b.in_flight = false;
+            b.unpacked = false;
+        }
+        for i in 0..graph.nodes.len() {
+            for k in 0..self.needs[i].len() {
+                let b = self.needs[i][k];
+                self.finish_bucket(graph, b)?;
+            }
+            if let Some(m) = marks.as_deref_mut() {
+                if !self.needs[i].is_empty() {
+                    self.mark_after(m, "gradient buckets".into())?;
+                }
+            }
+            self.run_node(graph, i, status_users)?;
+            if let Some(m) = marks.as_deref_mut() {
+                if let Some(what) = self.profile_label(graph, i) {
+                    self.mark_after(m, what)?;
+                }
+            }
+        }
+        for b in 0..self.buckets.len() {
+            self.finish_bucket(graph, b)?;
+        }
+        if let Some(m) = marks {
+            if !self.buckets.is_empty() {
+                self.mark_after(m, "gradient buckets".into())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Records one step's work as a graph and replays it; when the recording fails, the step
+    /// runs node by node, as every later step will (the reason goes to stderr once and to
+    /// [`GpuStats::no_replay`]).
+    fn record_step(&mut self, graph: &Graph, status_users: &mut Vec<usize>) -> CudaResult<()> {
+        let before = self.stats.counts();
+        if !self.device.begin_capture()? {
+            self.replay = Replay::Off("the device cannot record graphs".into());
+            return self.issue_step(graph, status_users, None);
+        }
+        let issued = self.issue_step(graph, status_users, None);
+        let ended = self.device.end_capture();
+        let why = match (issued, ended) {
+            (Ok(()), Ok(g)) => {
+                self.replay = Replay::Ready {
+                    graph: g,
+                    counts: self.stats.counts().since(before),
+                    status_users: status_users.clone(),
+                };
+                self.stats.replayed_steps += 1;
+                return self.device.replay(g);
+            }
+            (Err(e), ended) => {
+                if let Ok(g) = ended {
+                    self.device.drop_graph(g);
+                }
+                e.to_string()
+            }
+            (Ok(()), Err(e)) => e.to_string(),
+        };
+        eprintln!(
+            "shardc: the step of '{}' could not be recorded as one CUDA graph, so its kernels are launched one by one: {why}",
+            graph.name
+        );
+        self.replay = Replay::Off(format!("the recording failed: {why}"));
+        self.stats.set_counts(before);
+        status_users.clear();
+        self.issue_step(graph, status_users, None)
+    }
+
+    /// The first op placed on the host, as a reason not to replay (after the first step).
+    fn placed_on_host(&self) -> Option<String> {
+        self.placement
+            .iter()
+            .enumerate()
+            .find_map(|(i, p)| match p {
+                Some(Lowered::Host(why)) => {
+                    let n = &self.graph.nodes[i];
+                    Some(format!("{} '{}' runs on the host ({why})", n.op, n.instance))
+                }
+                _ => None,
+            })
     }
 
     /// Records a mark after `what` (profiling).
