@@ -401,12 +401,27 @@ fn later_steps_replay_the_recorded_step_bit_for_bit() {
     losses.dedup();
     assert_eq!(losses.len(), 5, "{losses:?}");
     let (r, l) = (replayed.stats(), launched.stats());
-    assert_eq!((r.replayed_steps, r.no_replay.as_deref()), (4, None), "{r:?}");
+    assert_eq!(
+        (r.replayed_steps, r.no_replay.as_deref()),
+        (4, None),
+        "{r:?}"
+    );
     assert_eq!(l.replayed_steps, 0);
-    assert!(l.no_replay.as_deref().unwrap().contains("disable_graph_replay"));
+    assert!(l
+        .no_replay
+        .as_deref()
+        .unwrap()
+        .contains("disable_graph_replay"));
     // A replayed step counts its ops as a launched one does.
-    assert_eq!((r.device_ops, r.fused_kernels), (l.device_ops, l.fused_kernels));
-    assert!(r.summary().contains("4 of 5 steps ran as one replay"), "{}", r.summary());
+    assert_eq!(
+        (r.device_ops, r.fused_kernels),
+        (l.device_ops, l.fused_kernels)
+    );
+    assert!(
+        r.summary().contains("4 of 5 steps ran as one replay"),
+        "{}",
+        r.summary()
+    );
 }
 
 /// A device that records but whose driver refuses every recorded graph.
@@ -512,7 +527,10 @@ fn a_graph_with_dropout_is_launched_kernel_by_kernel() {
     let st = exec.stats();
     assert_eq!(st.replayed_steps, 0);
     assert!(
-        st.no_replay.as_deref().unwrap().contains("draws a new mask every step"),
+        st.no_replay
+            .as_deref()
+            .unwrap()
+            .contains("draws a new mask every step"),
         "{st:?}"
     );
 }

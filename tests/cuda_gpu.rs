@@ -1,5 +1,6 @@
 //! The CUDA backend on a real GPU: the models of `tests/cuda_emulated.rs` trained against the
-//! CPU executor (TF32 off: within 1e-5, 1e-4 for the transformer's Adam), and NCCL's
+//! CPU executor (TF32 off: within 1e-5, 1e-4 for the transformer's Adam; from the second
+//! step on as replays of a recorded CUDA Graph), and NCCL's
 //! collectives with one rank through the communicator conformance suite. Ignored by default
 //! (CI has no GPU); on a GPU machine:
 //! `cargo nextest run --run-ignored ignored-only -E 'binary(cuda_gpu)'` (or
@@ -34,6 +35,8 @@ fn mlp_and_quickstart_train_as_on_the_cpu() {
         1e-5,
     );
     println!("{s}");
+    // Steps 2 to 5 replay the recorded step 2 (a CUDA Graph of cuBLAS and shardc's kernels).
+    assert!(s.contains("4 of 5 steps ran as one replay"), "{s}");
     let s = compare_on(
         dev,
         train(zoo::quickstart(32).unwrap(), momentum()),
@@ -41,6 +44,7 @@ fn mlp_and_quickstart_train_as_on_the_cpu() {
         1e-5,
     );
     println!("{s}");
+    assert!(s.contains("4 of 5 steps ran as one replay"), "{s}");
 }
 
 #[test]
@@ -69,6 +73,8 @@ fn lenet_and_resnet18_train_as_on_the_cpu() {
         1e-4,
     );
     println!("{s}");
+    // The second step is recorded with cuDNN's convolutions in it, then replayed.
+    assert!(s.contains("1 of 2 steps ran as one replay"), "{s}");
 }
 
 #[test]

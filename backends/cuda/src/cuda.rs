@@ -688,22 +688,21 @@ impl Device for CudaDevice {
         }
         h.capturing = false;
         // SAFETY: the stream is being captured; the graph is owned here from now on.
-        let graph = unsafe { drv::stream::end_capture(h.stream) }
-            .map_err(driver("cuStreamEndCapture"))?;
+        let graph =
+            unsafe { drv::stream::end_capture(h.stream) }.map_err(driver("cuStreamEndCapture"))?;
         if graph.is_null() {
             return Err(CudaError::Other("the recording produced no graph".into()));
         }
         // SAFETY: a graph just recorded; destroyed here if it cannot be instantiated.
-        let exec = match unsafe {
-            drv::graph::instantiate(graph, drv_sys::CUgraphInstantiate_flags(0))
-        } {
-            Ok(e) => e,
-            Err(e) => {
-                // SAFETY: as above.
-                let _ = unsafe { drv::graph::destroy(graph) };
-                return Err(driver("cuGraphInstantiate")(e));
-            }
-        };
+        let exec =
+            match unsafe { drv::graph::instantiate(graph, drv_sys::CUgraphInstantiate_flags(0)) } {
+                Ok(e) => e,
+                Err(e) => {
+                    // SAFETY: as above.
+                    let _ = unsafe { drv::graph::destroy(graph) };
+                    return Err(driver("cuGraphInstantiate")(e));
+                }
+            };
         // SAFETY: a live executable graph and stream.
         unsafe { drv::graph::upload(exec, h.stream) }.map_err(driver("cuGraphUpload"))?;
         h.graphs.push(Some((graph, exec)));

@@ -247,15 +247,13 @@ fn replay_blocker(graph: &Graph, calls: &[Option<CommCall>], staged: bool) -> Op
             n.op, n.instance
         ));
     }
+    if staged {
+        // Also without collectives in the graph: ranks in one process share the device.
+        return Some("its communicator stages collectives through the host (no NCCL)".into());
+    }
     for (i, call) in calls.iter().enumerate() {
         let Some(call) = call else { continue };
         let node = &graph.nodes[i];
-        if staged {
-            return Some(format!(
-                "{} '{}' is staged through the host (no NCCL)",
-                node.op, node.instance
-            ));
-        }
         let why = match call {
             CommCall::AllReduce { .. } | CommCall::Broadcast { .. } => None,
             CommCall::AllGather { axis, .. } | CommCall::ReduceScatter { axis, .. } => {
@@ -1020,7 +1018,10 @@ impl GpuExecutor {
             .find_map(|(i, p)| match p {
                 Some(Lowered::Host(why)) => {
                     let n = &self.graph.nodes[i];
-                    Some(format!("{} '{}' runs on the host ({why})", n.op, n.instance))
+                    Some(format!(
+                        "{} '{}' runs on the host ({why})",
+                        n.op, n.instance
+                    ))
                 }
                 _ => None,
             })
