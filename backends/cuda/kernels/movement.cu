@@ -86,12 +86,15 @@ __device__ __forceinline__ unsigned long long mix64(unsigned long long z) {
 
 // Dropout(x) -> (y, mask): element i's global index is i (rank 0 of s) or base + the `a`
 // offset of i (a rank's block of the global tensor); kept when its uniform is below keep.
+// The step's key is read from device memory (the executor writes it before each step), so a
+// recorded step replays with each step's own masks.
 #define DROPOUT(T, S)                                                                       \
     extern "C" __global__ void dropout_##S(const T* __restrict__ x, T* __restrict__ y,      \
                                           T* __restrict__ mask, i64 n,                      \
-                                          unsigned long long key, double keep, i64 base,    \
-                                          Strided s) {                                      \
+                                          const unsigned long long* __restrict__ key_at,    \
+                                          double keep, i64 base, Strided s) {               \
         T scale = (T)(1.0 / keep);                                                          \
+        unsigned long long key = *key_at;                                                   \
         GRID_STRIDE(i, n) {                                                                 \
             unsigned long long g = (unsigned long long)i;                                   \
             if (s.rank != 0) {                                                              \

@@ -169,8 +169,9 @@ impl GpuStats {
 /// Runs a graph on a device, step after step (see the module doc).
 ///
 /// Graph replay: where every launch argument is the same from step to step (every address
-/// is fixed for the executor's life; no op on the host, no collective staged through the
-/// host or through temporary buffers, no Dropout, whose key changes every step), the first
+/// is fixed for the executor's life, and what changes from step to step, Dropout's keys, is
+/// written to device memory before each step; no op on the host, no collective staged
+/// through the host or through temporary buffers), the first
 /// step runs as it is (the libraries make their plans and workspaces), the second is
 /// recorded ([`Device::begin_capture`]) and replayed, and every later step is one replay:
 /// one driver call instead of one per kernel, as CUDA Graphs in PyTorch. A recording that
@@ -212,6 +213,10 @@ pub struct GpuExecutor {
     group_of: Vec<Option<(usize, bool)>>,
     /// Whether steps replay a recorded graph.
     replay: Replay,
+    /// One device word per Dropout node, its key for the running step (written before each
+    /// step, so that a replayed step draws its own masks), and per node its word's number.
+    dropout_keys: DevPtr,
+    key_slot: Vec<Option<usize>>,
 }
 
 /// Where an executor is on the way to replaying its step (see [`GpuExecutor`]).
@@ -240,12 +245,6 @@ pub const CUDA_GRAPHS_ENV: &str = "SHARDC_CUDA_GRAPHS";
 fn replay_blocker(graph: &Graph, calls: &[Option<CommCall>], staged: bool) -> Option<String> {
     if std::env::var(CUDA_GRAPHS_ENV).as_deref() == Ok("0") {
         return Some(format!("turned off by {CUDA_GRAPHS_ENV}=0"));
-    }
-    if let Some(n) = graph.nodes.iter().find(|n| n.op == OpKind::Dropout) {
-        return Some(format!(
-            "{} '{}' draws a new mask every step (its key is a launch argument)",
-            n.op, n.instance
-        ));
     }
     if staged {
         // Also without collectives in the graph: ranks in one process share the device.
@@ -360,6 +359,9 @@ impl Drop for GpuExecutor {
         }
         self.workspace.release(self.device.as_ref());
         self.device.free(self.status);
+        if self.dropout_keys != 0 {
+            self.device.free(self.dropout_keys);
+        }
     }
 }
 
@@ -510,8 +512,18 @@ impl GpuExecutor {
             Some(why) => Replay::Off(why),
             None => Replay::Warmup,
         };
+        let mut key_slot = vec![None; graph.nodes.len()];
+        let mut keys = 0;
+        for (i, n) in graph.nodes.iter().enumerate() {
+            if n.op == OpKind::Dropout {
+                key_slot[i] = Some(keys);
+                keys += 1;
+            }
+        }
         let mut ex = GpuExecutor {
             replay,
+            dropout_keys: 0,
+            key_slot,
             runs,
             fused,
             buckets,
@@ -537,6 +549,9 @@ impl GpuExecutor {
             groups: Vec::new(),
             group_of,
         };
+        if keys > 0 {
+            ex.dropout_keys = ex.device.alloc(keys * 8)?;
+        }
         ex.status = ex.device.alloc(4)?;
         ex.device.upload(ex.status, &[0; 4])?;
         for b in &ex.plan.buffers {
@@ -834,6 +849,18 @@ impl GpuExecutor {
             }
         }
         let graph = self.graph.clone();
+        if self.dropout_keys != 0 {
+            let keys: Vec<u8> = graph
+                .nodes
+                .iter()
+                .filter(|n| n.op == OpKind::Dropout)
+                .flat_map(|n| {
+                    let (a, b) = (n.attrs.int_or("seed0", 0), n.attrs.int_or("seed1", 0));
+                    shardc_ir::dropout::key(a, b, self.step_count).to_ne_bytes()
+                })
+                .collect();
+            self.device.upload(self.dropout_keys, &keys)?;
+        }
         let mut status_users = Vec::new();
         // Profiling: (mark after, what ran since the previous mark).
         let mut marks: Vec<(usize, String)> = Vec::new();
@@ -1145,7 +1172,7 @@ impl GpuExecutor {
                     inputs: &inputs,
                     outputs: &outputs,
                     status: self.status,
-                    step: self.step_count,
+                    dropout_key: self.key_slot[i].map_or(0, |k| self.dropout_keys + 8 * k as u64),
                     workspace: &self.workspace,
                 };
                 ops::lower(&call)?

@@ -40,8 +40,10 @@ pub(crate) struct OpCall<'a> {
     /// An `int` on the device that kernels set when they meet bad data (a label out of
     /// range); the executor reads it after the step.
     pub status: DevPtr,
-    /// The training step, counted from 0 (Dropout's masks).
-    pub step: u64,
+    /// For a Dropout node: the device word that holds its key for the running step
+    /// (`shardc_ir::dropout::key` of its seeds and the step, written by the executor before
+    /// each step); 0 otherwise.
+    pub dropout_key: DevPtr,
     /// Scratch memory that outlives the call (im2col columns).
     pub workspace: &'a Workspace,
 }

@@ -346,7 +346,9 @@ pub(super) fn dropout(call: &OpCall<'_>) -> CudaResult<Lowered> {
     if !(keep > 0.0 && keep <= 1.0) {
         return Err(call.err(format!("keep_prob must be in (0, 1], got {keep}")));
     }
-    let key = shardc_ir::dropout::key(a.int_or("seed0", 0), a.int_or("seed1", 0), call.step);
+    if call.dropout_key == 0 {
+        return Err(call.err("the executor gave no device word for the step's key"));
+    }
     let block = Block::of(a, &tx.shape).map_err(|e| call.err(e))?;
     let (base, st) = match block {
         None => (0i64, Strided::contiguous()),
@@ -366,7 +368,7 @@ pub(super) fn dropout(call: &OpCall<'_>) -> CudaResult<Lowered> {
             Ptr(y),
             Ptr(mask),
             I64(n as i64),
-            I64(key as i64),
+            Ptr(call.dropout_key),
             F64(keep),
             I64(base),
             KernelArg::Strided(Box::new(st)),
