@@ -88,12 +88,14 @@ pub struct CudaDevice {
     handles: Mutex<Handles>,
     functions: Mutex<HashMap<String, usize>>,
     /// The NVRTC architecture of the device (`compute_90`).
-    arch: &'static str,
+    arch: String,
     ordinal: usize,
     name: String,
     capability: (i32, i32),
     multiprocessors: u32,
     tf32: bool,
+    /// What the kernels were loaded as (`SASS by NVRTC 12.8`).
+    kernel_image: String,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -102,30 +104,60 @@ impl std::fmt::Debug for CudaDevice {
     }
 }
 
-/// Loads a PTX module into the current context; the functions of its kernels (`only` these,
-/// when given) by name.
-fn load_ptx(unit: &str, ptx: &str, only: Option<&[String]>) -> CudaResult<Vec<(String, usize)>> {
+/// Compiles kernel source `text` named `unit` and loads it into the current context: SASS for
+/// the GPU (`sm`, `sm_90`) where NVRTC makes it and the driver takes it (no JIT; a driver
+/// older than NVRTC within its major version takes it too), else PTX for `arch`
+/// (`compute_90`), which the driver compiles. Returns the functions of its kernels (`only`
+/// these, when given) by name, and which image was loaded (`SASS` or `PTX`).
+fn compile_and_load(
+    unit: &str,
+    text: &str,
+    (arch, sm): (&str, &str),
+    only: Option<&[String]>,
+) -> CudaResult<(Vec<(String, usize)>, &'static str)> {
+    // The PTX names the kernels, and is the fallback.
+    let ptx = kernels::compile_ptx_text(unit, text, Some(arch))?;
+    let names: Vec<String> = kernels::ptx_entries(&ptx)
+        .into_iter()
+        .filter(|e| only.is_none_or(|names| names.contains(e)))
+        .collect();
+    let sass_error = match kernels::compile_cubin_text(unit, text, sm) {
+        // SAFETY: an ELF image NVRTC made (checked by its header); the module lives as long
+        // as the context.
+        Ok(cubin) => match unsafe { drv::module::load_data(cubin.as_ptr() as *const c_void) } {
+            Ok(module) => return Ok((functions(unit, module, names)?, "SASS")),
+            Err(e) => format!("{e:?}"),
+        },
+        Err(e) => e.to_string(),
+    };
     let image = CString::new(ptx)
         .map_err(|_| CudaError::Other(format!("PTX of {unit} holds a NUL byte")))?;
     // SAFETY: a NUL-terminated PTX image; the module lives as long as the context.
     let module = unsafe { drv::module::load_data(image.as_ptr() as *const c_void) }.map_err(|e| {
+        let (major, minor) = kernels::nvrtc_version();
         CudaError::Driver {
             call: "cuModuleLoadData",
             reason: format!(
-                "{unit}: {e:?} (a driver older than the NVRTC that compiled the kernels, CUDA 13.0, \
-                 refuses its PTX: update the driver, or put an NVRTC no newer than the driver's CUDA \
-                 first in SHARDC_CUDA_LIB_DIRS)"
+                "{unit}: {e:?}: neither its SASS for {sm} ({sass_error}) nor its PTX loads (a driver \
+                 older than the NVRTC that compiled the kernels, CUDA {major}.{minor}, refuses its \
+                 PTX: update the driver, or put an NVRTC no newer than the driver's CUDA first in \
+                 SHARDC_CUDA_LIB_DIRS)"
             ),
         }
     })?;
-    let mut out = Vec::new();
-    for entry in kernels::ptx_entries(ptx) {
-        if only.is_some_and(|names| !names.contains(&entry)) {
-            continue;
-        }
-        let cname = CString::new(entry.clone()).map_err(|_| {
-            CudaError::Other(format!("PTX of {unit}: a kernel name holds a NUL byte"))
-        })?;
+    Ok((functions(unit, module, names)?, "PTX"))
+}
+
+/// The functions `names` of a loaded module.
+fn functions(
+    unit: &str,
+    module: drv_sys::CUmodule,
+    names: Vec<String>,
+) -> CudaResult<Vec<(String, usize)>> {
+    let mut out = Vec::with_capacity(names.len());
+    for entry in names {
+        let cname = CString::new(entry.clone())
+            .map_err(|_| CudaError::Other(format!("{unit}: a kernel name holds a NUL byte")))?;
         // SAFETY: a loaded module.
         let f = unsafe { drv::module::get_function(module, cname) }
             .map_err(driver("cuModuleGetFunction"))?;
@@ -214,14 +246,22 @@ impl CudaDevice {
                     reason: format!("{e:?}"),
                 })?;
         }
-        // Kernels: every source compiled for this architecture, each kernel's function
-        // looked up once.
-        let arch: &'static str = Box::leak(format!("compute_{major}{minor}").into_boxed_str());
+        // Kernels: every source compiled for this GPU, each kernel's function looked up once.
+        let arch = format!("compute_{major}{minor}");
+        let sm = format!("sm_{major}{minor}");
         let mut functions = HashMap::new();
-        for (source, _) in kernels::SOURCES {
-            let ptx = kernels::compile_ptx(source, Some(arch))?;
-            functions.extend(load_ptx(source, &ptx, None)?);
+        let mut images = Vec::new();
+        for (source, text) in kernels::SOURCES {
+            let (f, image) = compile_and_load(source, text, (&arch, &sm), None)?;
+            functions.extend(f);
+            images.push(image);
         }
+        let (nv_major, nv_minor) = kernels::nvrtc_version();
+        let kernel_image = if images.iter().all(|&i| i == "SASS") {
+            format!("SASS by NVRTC {nv_major}.{nv_minor}")
+        } else {
+            format!("PTX by NVRTC {nv_major}.{nv_minor}, compiled by the driver")
+        };
         let dnn = DnnState::open(stream);
         Ok(CudaDevice {
             handles: Mutex::new(Handles {
@@ -244,6 +284,7 @@ impl CudaDevice {
             capability: (major, minor),
             multiprocessors: sms.max(1) as u32,
             tf32: false,
+            kernel_image,
         })
     }
 
@@ -433,13 +474,14 @@ impl Drop for CudaDevice {
 impl Device for CudaDevice {
     fn description(&self) -> String {
         format!(
-            "{} (GPU {}, sm_{}{}, {} SMs{}; convolutions: {})",
+            "{} (GPU {}, sm_{}{}, {} SMs{}; kernels: {}; convolutions: {})",
             self.name,
             self.ordinal,
             self.capability.0,
             self.capability.1,
             self.multiprocessors,
             if self.tf32 { ", TF32 on" } else { "" },
+            self.kernel_image,
             self.convolutions()
         )
     }
@@ -734,9 +776,9 @@ impl Device for CudaDevice {
     }
 
     fn load_kernels(&self, unit: &str, text: &str, names: &[String]) -> CudaResult<()> {
-        let ptx = kernels::compile_ptx_text(unit, text, Some(self.arch))?;
         let _h = self.current()?;
-        let loaded = load_ptx(unit, &ptx, Some(names))?;
+        let sm = format!("sm_{}{}", self.capability.0, self.capability.1);
+        let (loaded, _) = compile_and_load(unit, text, (&self.arch, &sm), Some(names))?;
         self.functions
             .lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -1,8 +1,10 @@
 //! The kernel sources, their parameter blocks, and the arguments a launch passes.
 //!
 //! Each source in `kernels/` is prefixed with `kernels/prelude.cuh` and compiled as one
-//! module: by NVRTC to PTX for a GPU ([`compile_ptx`]), or by the host C++ compiler for the
-//! emulated device (`crate::emulator`). The PTX is cached on disk by a hash of all it depends
+//! module: by NVRTC to PTX for a GPU ([`compile_ptx`]) and to SASS for the GPU at hand
+//! ([`compile_cubin_text`], which loads without the driver's JIT, also where the driver is
+//! older than NVRTC within its major version), or by the host C++ compiler for the emulated
+//! device (`crate::emulator`). NVRTC's output is cached on disk by a hash of all it depends
 //! on ([`ptx_cache_path`]), so only the first process after a change pays for NVRTC.
 //! Kernels are `extern "C"`, named
 //! `<family>_<dtype>` (`softmax_f32`); a launch names one and passes its parameters in order
@@ -187,7 +189,7 @@ pub fn unit(text: &str) -> String {
 
 /// Compiles source `name` of [`SOURCES`] to PTX with NVRTC for `arch` (`compute_90`; None:
 /// NVRTC's default). TF32 never enters: these are plain f32/f64 kernels.
-pub fn compile_ptx(name: &str, arch: Option<&'static str>) -> CudaResult<String> {
+pub fn compile_ptx(name: &str, arch: Option<&str>) -> CudaResult<String> {
     let text = SOURCES
         .iter()
         .find(|(n, _)| *n == name)
@@ -200,89 +202,184 @@ pub fn compile_ptx(name: &str, arch: Option<&'static str>) -> CudaResult<String>
 /// default `shardc-ptx-cache` in the temporary directory.
 pub const PTX_CACHE_ENV: &str = "SHARDC_PTX_CACHE";
 
-/// The NVRTC options of a compilation (their `Debug` text is part of the cache key).
-fn nvrtc_options(name: &str, arch: Option<&'static str>) -> cudarc::nvrtc::CompileOptions {
-    cudarc::nvrtc::CompileOptions {
-        arch,
-        name: Some(name.to_string()),
-        // IEEE division and square root, no flush-to-zero: results within 1e-5 of the CPU's.
-        prec_div: Some(true),
-        prec_sqrt: Some(true),
-        ftz: Some(false),
-        options: vec!["--std=c++17".into()],
-        ..Default::default()
-    }
+/// What NVRTC makes of a source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Image {
+    /// PTX for a virtual architecture (`compute_90`), compiled by the driver at load.
+    Ptx,
+    /// SASS for one GPU (`sm_90`), loaded as it is.
+    Cubin,
 }
 
-/// Where the PTX of `text` (a unit without the prelude) for `arch` is cached, or None when
-/// `SHARDC_PTX_CACHE` turns the cache off. The name is a SHA-256 of everything the PTX
-/// depends on: NVRTC's version, the architecture, the options, the prelude and the text.
-pub fn ptx_cache_path(text: &str, arch: Option<&'static str>) -> CudaResult<Option<PathBuf>> {
+/// NVRTC's options for `arch` (part of the cache key).
+fn nvrtc_options(arch: Option<&str>) -> Vec<String> {
+    let mut v = vec![
+        // IEEE division and square root, no flush-to-zero: results within 1e-5 of the CPU's.
+        "--ftz=false".to_string(),
+        "--prec-sqrt=true".into(),
+        "--prec-div=true".into(),
+    ];
+    if let Some(a) = arch {
+        v.push(format!("--gpu-architecture={a}"));
+    }
+    v.push("--std=c++17".into());
+    v
+}
+
+/// Where NVRTC's output for `text` (a unit without the prelude) and `arch` is cached, or None
+/// when `SHARDC_PTX_CACHE` turns the cache off. The name is a SHA-256 of everything the output
+/// depends on: NVRTC's version, the options, the prelude and the text.
+fn cache_path(text: &str, arch: Option<&str>, image: Image) -> CudaResult<Option<PathBuf>> {
     crate::probe::require(crate::probe::Library::Nvrtc)?;
     let dir = match std::env::var_os(PTX_CACHE_ENV) {
         Some(v) if v == "0" || v == "off" => return Ok(None),
         Some(v) if !v.is_empty() => PathBuf::from(v),
         _ => std::env::temp_dir().join("shardc-ptx-cache"),
     };
-    let (mut major, mut minor) = (0, 0);
-    // SAFETY: NVRTC is loaded (probed above); the call writes two ints.
-    unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    let (major, minor) = nvrtc_version();
     let mut h = Sha256::new();
     h.update(format!(
         "nvrtc {major}.{minor}\0{:?}\0",
-        nvrtc_options("", arch)
+        nvrtc_options(arch)
     ));
     h.update(unit(text));
     let digest: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
-    Ok(Some(dir.join(format!("{digest}.ptx"))))
+    let ext = match image {
+        Image::Ptx => "ptx",
+        Image::Cubin => "cubin",
+    };
+    Ok(Some(dir.join(format!("{digest}.{ext}"))))
 }
 
-/// Whether `ptx` looks like a whole PTX module (a cache entry cut short or damaged does not).
-fn whole_ptx(ptx: &str) -> bool {
-    ptx.contains(".version") && ptx.contains(".target") && ptx.ends_with('\n')
+/// NVRTC's version (major, minor); NVRTC must have been probed
+/// (`probe::require(Library::Nvrtc)`).
+pub fn nvrtc_version() -> (i32, i32) {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: NVRTC is loaded (probed by the callers); the call writes two ints.
+    unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    (major, minor)
 }
 
-/// Compiles kernel source `text` (without the prelude) named `name` to PTX with NVRTC, or
-/// reads it from the cache of an earlier compilation ([`ptx_cache_path`]): every process
-/// that opens a device compiles the same sources, and NVRTC takes about a second for them.
-/// A damaged entry is compiled again; a cache that cannot be written is only not used.
-pub fn compile_ptx_text(name: &str, text: &str, arch: Option<&'static str>) -> CudaResult<String> {
-    let cached = ptx_cache_path(text, arch)?;
+/// Where the PTX of `text` (a unit without the prelude) for `arch` is cached, or None when
+/// `SHARDC_PTX_CACHE` turns the cache off.
+pub fn ptx_cache_path(text: &str, arch: Option<&str>) -> CudaResult<Option<PathBuf>> {
+    cache_path(text, arch, Image::Ptx)
+}
+
+/// Whether `bytes` look like a whole `image` (a cache entry cut short or damaged does not).
+fn whole(bytes: &[u8], image: Image) -> bool {
+    match image {
+        Image::Ptx => std::str::from_utf8(bytes)
+            .is_ok_and(|p| p.contains(".version") && p.contains(".target") && p.ends_with('\n')),
+        // An ELF file: the magic, and at least its header.
+        Image::Cubin => bytes.len() >= 64 && bytes.starts_with(b"\x7fELF"),
+    }
+}
+
+/// NVRTC's `image` of kernel source `text` (without the prelude) named `name`, or the cached
+/// one of an earlier compilation ([`cache_path`]): every process that opens a device compiles
+/// the same sources, and NVRTC takes about a second for them. A damaged entry is compiled
+/// again; a cache that cannot be written is only not used.
+fn compile_cached(name: &str, text: &str, arch: Option<&str>, image: Image) -> CudaResult<Vec<u8>> {
+    let cached = cache_path(text, arch, image)?;
     if let Some(path) = &cached {
-        if let Ok(ptx) = std::fs::read_to_string(path) {
-            if whole_ptx(&ptx) {
-                return Ok(ptx);
+        if let Ok(bytes) = std::fs::read(path) {
+            if whole(&bytes, image) {
+                return Ok(bytes);
             }
         }
     }
-    let ptx = compile_with_nvrtc(name, text, arch)?;
+    let bytes = compile_with_nvrtc(name, text, arch, image)?;
     if let Some(path) = &cached {
         // Written aside, then renamed: a reader never sees half a file.
         if let Some(dir) = path.parent() {
             let _ = std::fs::create_dir_all(dir);
         }
         let tmp = path.with_extension(format!("{}.tmp", std::process::id()));
-        if std::fs::write(&tmp, &ptx).is_ok() && std::fs::rename(&tmp, path).is_err() {
+        if std::fs::write(&tmp, &bytes).is_ok() && std::fs::rename(&tmp, path).is_err() {
             let _ = std::fs::remove_file(&tmp);
         }
     }
-    Ok(ptx)
+    Ok(bytes)
+}
+
+/// Compiles kernel source `text` (without the prelude) named `name` to PTX for `arch`
+/// (`compute_90`; None: NVRTC's default), through the cache.
+pub fn compile_ptx_text(name: &str, text: &str, arch: Option<&str>) -> CudaResult<String> {
+    let bytes = compile_cached(name, text, arch, Image::Ptx)?;
+    String::from_utf8(bytes)
+        .map_err(|_| CudaError::Other(format!("NVRTC's PTX of {name} is not UTF-8")))
+}
+
+/// Compiles kernel source `text` (without the prelude) named `name` to SASS for GPU `sm`
+/// (`sm_90`), through the cache: an ELF image `cuModuleLoadData` takes without JIT.
+pub fn compile_cubin_text(name: &str, text: &str, sm: &str) -> CudaResult<Vec<u8>> {
+    if !sm.starts_with("sm_") {
+        return Err(CudaError::Other(format!(
+            "a cubin is for one GPU (sm_XY), not {sm}"
+        )));
+    }
+    compile_cached(name, text, Some(sm), Image::Cubin)
 }
 
 /// Compiles with NVRTC.
-fn compile_with_nvrtc(name: &str, text: &str, arch: Option<&'static str>) -> CudaResult<String> {
+fn compile_with_nvrtc(
+    name: &str,
+    text: &str,
+    arch: Option<&str>,
+    image: Image,
+) -> CudaResult<Vec<u8>> {
+    use cudarc::nvrtc::{result, sys};
     crate::probe::require(crate::probe::Library::Nvrtc)?;
-    cudarc::nvrtc::compile_ptx_with_opts(unit(text), nvrtc_options(name, arch))
-        .map(|ptx| ptx.to_src())
-        .map_err(|e| CudaError::Compile {
-            source_name: name.to_string(),
-            log: match e {
-                cudarc::nvrtc::CompileError::CompileError { log, .. } => {
-                    log.to_string_lossy().into_owned()
+    let err = |log: String| CudaError::Compile {
+        source_name: name.to_string(),
+        log,
+    };
+    let src = std::ffi::CString::new(unit(text))
+        .map_err(|_| err("the source holds a NUL byte".into()))?;
+    let cname =
+        std::ffi::CString::new(name).map_err(|_| err("the name holds a NUL byte".into()))?;
+    let prog = result::create_program(&src, Some(&cname)).map_err(|e| err(format!("{e:?}")))?;
+    // SAFETY: `prog` is a live program until destroyed below; the buffers are sized by
+    // NVRTC's own size queries.
+    let out = unsafe {
+        match result::compile_program(prog, &nvrtc_options(arch)) {
+            Err(e) => {
+                let log = result::get_program_log(prog)
+                    .map(|l| {
+                        std::ffi::CStr::from_ptr(l.as_ptr())
+                            .to_string_lossy()
+                            .into_owned()
+                    })
+                    .unwrap_or_else(|_| format!("{e:?}"));
+                Err(err(log))
+            }
+            Ok(()) => match image {
+                Image::Ptx => result::get_ptx(prog)
+                    .map(|p| {
+                        let mut b: Vec<u8> = p.iter().map(|&c| c as u8).collect();
+                        while b.last() == Some(&0) {
+                            b.pop();
+                        }
+                        b
+                    })
+                    .map_err(|e| err(format!("nvrtcGetPTX: {e:?}"))),
+                Image::Cubin => {
+                    let mut size = 0usize;
+                    let mut r = sys::nvrtcGetCUBINSize(prog, &mut size).result();
+                    let mut buf = vec![0u8; size];
+                    if r.is_ok() {
+                        r = sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr() as *mut _).result();
+                    }
+                    r.map(|()| buf)
+                        .map_err(|e| err(format!("nvrtcGetCUBIN: {e:?}")))
                 }
-                other => format!("{other:?}"),
             },
-        })
+        }
+    };
+    // SAFETY: created above, released once.
+    let _ = unsafe { result::destroy_program(prog) };
+    out
 }
 
 /// The names of the kernels (`.entry` symbols) in a PTX text.

@@ -3,7 +3,8 @@
 //! with `scripts/install-nvrtc.sh` (pip's `nvidia-cuda-nvrtc` 13.0) and names the folder in
 //! `SHARDC_CUDA_LIB_DIRS`. Elsewhere the test skips with a message, unless `CI=true`. PTX
 //! comes from the cache of an earlier compilation of the same text by the same NVRTC where
-//! there is one (`kernels::ptx_cache_path`): what NVRTC made of exactly these sources.
+//! there is one (`kernels::ptx_cache_path`): what NVRTC made of exactly these sources. The
+//! SASS a GPU loads first (`kernels::compile_cubin_text`) is compiled for two GPUs too.
 
 use shardc_backend_cuda::emulator::EmulatedDevice;
 use shardc_backend_cuda::kernels::{compile_ptx, ptx_entries, SOURCES};
@@ -26,6 +27,33 @@ fn nvrtc_available() -> bool {
     assert!(std::env::var("CI").as_deref() != Ok("true"), "{msg}");
     eprintln!("SKIP: {msg}");
     false
+}
+
+/// The SASS a device loads first: an ELF image per source for each GPU generation, and a
+/// virtual architecture is refused (only PTX is made for one).
+#[test]
+fn every_source_compiles_to_sass_for_hopper_and_ampere() {
+    use shardc_backend_cuda::kernels::compile_cubin_text;
+    if !nvrtc_available() {
+        return;
+    }
+    for sm in ["sm_90", "sm_80"] {
+        for (name, text) in SOURCES {
+            let cubin = compile_cubin_text(name, text, sm).unwrap_or_else(|e| panic!("{sm}: {e}"));
+            assert!(
+                cubin.starts_with(b"\x7fELF"),
+                "{name} for {sm}: not an ELF image"
+            );
+            // The kernels' names are in its symbol table.
+            let hay = String::from_utf8_lossy(&cubin);
+            let ptx = compile_ptx(name, Some(&sm.replace("sm_", "compute_"))).unwrap();
+            for entry in ptx_entries(&ptx) {
+                assert!(hay.contains(&entry), "{name} for {sm}: no {entry}");
+            }
+        }
+    }
+    let e = compile_cubin_text("elementwise.cu", SOURCES[0].1, "compute_90").unwrap_err();
+    assert!(e.to_string().contains("not compute_90"), "{e}");
 }
 
 #[test]
