@@ -330,6 +330,18 @@ pub enum GpuCommand {
 /// `shardc gpu info`: the CUDA libraries found, the GPUs, NCCL's version.
 pub fn info() -> Result<()> {
     print!("{}", shardc_backend_cuda::probe::report());
+    // Kernels compiled by an NVRTC newer than the driver load only as SASS of the same major
+    // version (see `CudaDevice::new`).
+    if shardc_backend_cuda::Library::Driver.present() {
+        match shardc_backend_cuda::cuda::driver_cuda_version() {
+            Ok((major, minor)) => println!("driver: CUDA {major}.{minor}"),
+            Err(e) => println!("driver: {e}"),
+        }
+    }
+    if shardc_backend_cuda::Library::Nvrtc.present() {
+        let (major, minor) = shardc_backend_cuda::kernels::nvrtc_version();
+        println!("NVRTC: CUDA {major}.{minor}");
+    }
     match device_count() {
         Ok(n) => {
             println!("GPUs: {n}");

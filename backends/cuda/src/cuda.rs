@@ -182,6 +182,18 @@ pub fn device_count() -> CudaResult<usize> {
     Ok(n.max(0) as usize)
 }
 
+/// The newest CUDA version the driver supports (`(12, 4)`): PTX from a newer NVRTC does not
+/// load there, SASS from a newer NVRTC of the same major version does.
+pub fn driver_cuda_version() -> CudaResult<(i32, i32)> {
+    probe::require(Library::Driver)?;
+    let mut v = 0;
+    // SAFETY: the driver is loaded (probed above); the call writes one int.
+    unsafe { drv_sys::cuDriverGetVersion(&mut v) }
+        .result()
+        .map_err(driver("cuDriverGetVersion"))?;
+    Ok((v / 1000, (v % 1000) / 10))
+}
+
 impl CudaDevice {
     /// Opens GPU `ordinal`, compiles the kernels for it and creates the stream and the cuBLAS
     /// handle. Errors: a missing library (never a panic), no such device, a driver too old
