@@ -17,6 +17,7 @@ use crate::error::{CudaError, CudaResult};
 use crate::kernels::{DevPtr, KernelArg};
 use crate::nccl::NcclComm;
 use crate::ops::{self, Lowered, OpCall, Val};
+use crate::replay::{replay_blocker, Replay, StepCounts};
 use shardc_ir::{
     Attr, DType, Graph, OpClass, OpKind, Operand, ParamKind, ReduceOp, TensorType, Type,
 };
@@ -57,29 +58,6 @@ pub struct GpuStats {
     pub replayed_steps: u64,
     /// Why steps do not replay a recorded graph, once that is known.
     pub no_replay: Option<String>,
-}
-
-/// The counts one step adds to [`GpuStats`] (what a replayed step adds, as recorded).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-struct StepCounts {
-    device_ops: u64,
-    comm_ops: u64,
-    fused_kernels: u64,
-    library_ops: u64,
-    in_place_updates: u64,
-}
-
-impl StepCounts {
-    /// What was added since `before`.
-    fn since(self, before: StepCounts) -> StepCounts {
-        StepCounts {
-            device_ops: self.device_ops - before.device_ops,
-            comm_ops: self.comm_ops - before.comm_ops,
-            fused_kernels: self.fused_kernels - before.fused_kernels,
-            library_ops: self.library_ops - before.library_ops,
-            in_place_updates: self.in_place_updates - before.in_place_updates,
-        }
-    }
 }
 
 impl GpuStats {
@@ -217,57 +195,6 @@ pub struct GpuExecutor {
     /// step, so that a replayed step draws its own masks), and per node its word's number.
     dropout_keys: DevPtr,
     key_slot: Vec<Option<usize>>,
-}
-
-/// Where an executor is on the way to replaying its step (see [`GpuExecutor`]).
-#[derive(Debug)]
-enum Replay {
-    /// Never: why.
-    Off(String),
-    /// The next step runs as it is.
-    Warmup,
-    /// The next step is recorded, then replayed.
-    Record,
-    /// Recorded: the graph, what a step adds to the counts, and the nodes whose kernels
-    /// report bad data through the status word.
-    Ready {
-        graph: usize,
-        counts: StepCounts,
-        status_users: Vec<usize>,
-    },
-}
-
-/// The environment variable that turns graph replay off (`0`).
-pub const CUDA_GRAPHS_ENV: &str = "SHARDC_CUDA_GRAPHS";
-
-/// Why `graph`'s steps cannot be replayed from a recording, as far as the graph and its
-/// communicator tell before a step runs (ops placed on the host are known after the first).
-fn replay_blocker(graph: &Graph, calls: &[Option<CommCall>], staged: bool) -> Option<String> {
-    if std::env::var(CUDA_GRAPHS_ENV).as_deref() == Ok("0") {
-        return Some(format!("turned off by {CUDA_GRAPHS_ENV}=0"));
-    }
-    if staged {
-        // Also without collectives in the graph: ranks in one process share the device.
-        return Some("its communicator stages collectives through the host (no NCCL)".into());
-    }
-    for (i, call) in calls.iter().enumerate() {
-        let Some(call) = call else { continue };
-        let node = &graph.nodes[i];
-        let why = match call {
-            CommCall::AllReduce { .. } | CommCall::Broadcast { .. } => None,
-            CommCall::AllGather { axis, .. } | CommCall::ReduceScatter { axis, .. } => {
-                (*axis != 0).then_some("goes through a temporary buffer")
-            }
-            CommCall::AllToAll { .. } => Some("goes through temporary buffers"),
-            CommCall::Send { .. } | CommCall::Receive { .. } => {
-                Some("is a point-to-point transfer, which is not recorded")
-            }
-        };
-        if let Some(why) = why {
-            return Some(format!("{} '{}' {why}", node.op, node.instance));
-        }
-    }
-    None
 }
 
 /// Per node, the set (of `sets`, each in program order) it is launched with and whether it
