@@ -578,3 +578,38 @@ fn a_recording_replays_its_work_and_an_upload_spoils_it() {
     dev.free(a);
     dev.free(b);
 }
+
+/// Adam updates sharing their scalars (the beta powers are one pair of parameters) go out as
+/// one launch over a table of their weights, with the CPU's numbers.
+#[test]
+fn adam_updates_of_every_weight_run_as_one_launch() {
+    use shardc::runtime::data::synthetic::SyntheticData;
+    let Some(dev) = device() else { return };
+    let adam = Optimizer::Adam {
+        learning_rate: 0.01,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+    };
+    let g = train(zoo::mlp(8, &[20, 16, 16, 4]).expect("mlp"), adam);
+    let updates = g
+        .nodes
+        .iter()
+        .filter(|n| n.op == shardc::ir::OpKind::Adam)
+        .count();
+    assert!(updates >= 6, "{updates}");
+    let s = compare_on(dev.clone(), g.clone(), 3, 1e-5);
+    println!("{s}");
+    let data = SyntheticData::new(&g, 1, 2).expect("data");
+    let host = Arc::new(shardc::cpu::CpuBackend::with_threads(1));
+    let mut exec = shardc::cuda::GpuExecutor::new(g, dev, host).expect("executor");
+    exec.set_profiling(true);
+    exec.step(&data.feeds(0)).expect("step");
+    let label = format!("Adam ({updates} weights, one launch)");
+    assert_eq!(
+        exec.stats().op_seconds.get(&label).map(|v| v.0),
+        Some(1),
+        "{:?}",
+        exec.stats().op_seconds.keys().collect::<Vec<_>>()
+    );
+}

@@ -81,22 +81,28 @@ FOR_FLOATS(SGD)
     }
 FOR_FLOATS(ADAM)
 
+// The row of a multi-weight table (rows of `width` i64, the last one each row's start; starts
+// increasing from 0) that element i of the concatenation belongs to: the last row whose start
+// is at most i.
+__device__ __forceinline__ i64 table_row(const i64* table, i64 count, i64 width, i64 i) {
+    i64 lo = 0, hi = count - 1;
+    while (lo < hi) {
+        i64 mid = (lo + hi + 1) / 2;
+        if (table[mid * width + width - 1] <= i) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+}
+
 // ApplyMomentum of many weights in one launch, each in place (see src/in_place.rs): `table`
-// holds per weight (var, accum, grad, n, start) as i64, starts increasing from 0; element i
-// of the concatenation belongs to the last weight whose start is at most i. The arithmetic is
-// apply_momentum's, so the results are the same bits.
+// holds per weight (var, accum, grad, n, start) as i64. The arithmetic is apply_momentum's,
+// so the results are the same bits.
 #define APPLY_MOMENTUM_MULTI(T, S)                                                          \
     extern "C" __global__ void apply_momentum_multi_##S(                                    \
         const i64* __restrict__ table, i64 count, i64 total, const T* lr_p, double lr_v,    \
         const T* mom_p, double mom_v, int nesterov) {                                       \
         T lr = scalar_of(lr_p, lr_v), mom = scalar_of(mom_p, mom_v);                        \
         GRID_STRIDE(i, total) {                                                             \
-            i64 lo = 0, hi = count - 1;                                                     \
-            while (lo < hi) {                                                               \
-                i64 mid = (lo + hi + 1) / 2;                                                \
-                if (table[mid * 5 + 4] <= i) lo = mid; else hi = mid - 1;                   \
-            }                                                                               \
-            const i64* e = table + lo * 5;                                                  \
+            const i64* e = table + table_row(table, count, 5, i) * 5;                       \
             T* var = (T*)e[0];                                                              \
             T* acc = (T*)e[1];                                                              \
             const T* grad = (const T*)e[2];                                                 \
@@ -107,3 +113,34 @@ FOR_FLOATS(ADAM)
         }                                                                                   \
     }
 FOR_FLOATS(APPLY_MOMENTUM_MULTI)
+
+// Adam of many weights in one launch, each in place: `table` holds per weight
+// (var, m, v, grad, n, start) as i64; the scalars are shared. The arithmetic is adam's, so
+// the results are the same bits.
+#define ADAM_MULTI(T, S)                                                                    \
+    extern "C" __global__ void adam_multi_##S(                                              \
+        const i64* __restrict__ table, i64 count, i64 total, const T* b1p_p, double b1p_v,  \
+        const T* b2p_p, double b2p_v, const T* lr_p, double lr_v, const T* b1_p,            \
+        double b1_v, const T* b2_p, double b2_v, const T* eps_p, double eps_v,              \
+        int nesterov) {                                                                     \
+        double b1p = (double)scalar_of(b1p_p, b1p_v), b2p = (double)scalar_of(b2p_p, b2p_v); \
+        double lr = (double)scalar_of(lr_p, lr_v);                                          \
+        T b1 = scalar_of(b1_p, b1_v), b2 = scalar_of(b2_p, b2_v), eps = scalar_of(eps_p, eps_v); \
+        T lr_t = (T)(lr * sqrt(1.0 - b2p) / (1.0 - b1p));                                   \
+        GRID_STRIDE(i, total) {                                                             \
+            const i64* e = table + table_row(table, count, 6, i) * 6;                       \
+            T* var = (T*)e[0];                                                              \
+            T* m = (T*)e[1];                                                                \
+            T* v = (T*)e[2];                                                                \
+            const T* grad = (const T*)e[3];                                                 \
+            i64 j = i - e[5];                                                               \
+            T g = grad[j];                                                                  \
+            T nm = b1 * m[j] + ((T)1 - b1) * g;                                             \
+            T nv = b2 * v[j] + ((T)1 - b2) * g * g;                                         \
+            T num = nesterov ? nm * b1 + ((T)1 - b1) * g : nm;                              \
+            var[j] = var[j] - lr_t * num / (sh_sqrt(nv) + eps);                             \
+            m[j] = nm;                                                                      \
+            v[j] = nv;                                                                      \
+        }                                                                                   \
+    }
+FOR_FLOATS(ADAM_MULTI)

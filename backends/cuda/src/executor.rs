@@ -187,7 +187,7 @@ pub struct GpuExecutor {
     in_place: Vec<Vec<Option<usize>>>,
     /// Momentum updates launched together, and per node its group and whether it launches
     /// it (the first member).
-    groups: Vec<MomentumGroup>,
+    groups: Vec<UpdateGroup>,
     group_of: Vec<Option<(usize, bool)>>,
     /// Whether steps replay a recorded graph.
     replay: Replay,
@@ -222,16 +222,18 @@ fn launched_together<'s>(
     of
 }
 
-/// One launch of several in-place momentum updates (`in_place::momentum_groups`).
-struct MomentumGroup {
+/// One launch of several in-place updates (`in_place::update_groups`).
+struct UpdateGroup {
+    op: OpKind,
     kernel: String,
-    /// Per weight (var, accum, grad, elements, start) as i64, on the device.
+    /// Per weight its tensors' addresses (ApplyMomentum: var, accum, grad; Adam: var, m, v,
+    /// grad), elements and start, as i64, on the device.
     table: DevPtr,
     count: usize,
     total: usize,
-    lr: f64,
-    momentum: f64,
-    nesterov: bool,
+    /// The shared scalars (a pointer for a tensor, else 0, and a constant's value), then
+    /// `use_nesterov`.
+    args: Vec<KernelArg>,
 }
 
 /// A gradient bucket: its members' gradients packed in one flat device buffer and reduced by
@@ -431,9 +433,9 @@ impl GpuExecutor {
             device.load_kernels("fused.cu", &text, &names)?;
         }
         let in_place = crate::in_place::in_place_updates(&graph);
-        // Runs of momentum updates launched together at their first member, which waits for
+        // Runs of momentum or Adam updates launched together at their first member, which waits for
         // the buckets any member reads.
-        let group_members = crate::in_place::momentum_groups(&graph, &in_place);
+        let group_members = crate::in_place::update_groups(&graph, &in_place);
         let group_of = launched_together(group_members.iter().map(Vec::as_slice), &mut needs);
         let replay = match replay_blocker(&graph, &calls, comm.is_some() && nccl.is_none()) {
             Some(why) => Replay::Off(why),
@@ -499,16 +501,16 @@ impl GpuExecutor {
             }
         }
         for members in group_members {
-            let group = ex.momentum_group(members)?;
+            let group = ex.update_group(members)?;
             ex.groups.push(group);
         }
         Ok(ex)
     }
 
-    /// The table and arguments of one launch for `members` (ApplyMomentum nodes of
-    /// `in_place::momentum_groups`): every address is fixed for the executor's life (weights
+    /// The table and arguments of one launch for `members` (update nodes of
+    /// `in_place::update_groups`): every address is fixed for the executor's life (weights
     /// resident, gradients in planned buffers), so the table is uploaded once.
-    fn momentum_group(&self, members: Vec<usize>) -> CudaResult<MomentumGroup> {
+    fn update_group(&self, members: Vec<usize>) -> CudaResult<UpdateGroup> {
         let graph = self.graph.clone();
         let first = &graph.nodes[members[0]];
         let err = |reason: String| CudaError::Op {
@@ -516,14 +518,19 @@ impl GpuExecutor {
             instance: first.instance.clone(),
             reason,
         };
-        let mut table: Vec<i64> = Vec::with_capacity(members.len() * 5);
+        // The tensor operands of each row: the updated ones, then the gradient.
+        let (tensors, family): (&[usize], &str) = match first.op {
+            OpKind::ApplyMomentum => (&[0, 1, 3], "apply_momentum_multi"),
+            OpKind::Adam => (&[0, 1, 2, 9], "adam_multi"),
+            other => return Err(err(format!("{other} updates are not launched together"))),
+        };
+        let mut table: Vec<i64> = Vec::with_capacity(members.len() * (tensors.len() + 2));
         let mut total = 0usize;
         let mut dtype = DType::Float32;
         for &m in &members {
             let node = &graph.nodes[m];
-            let mut ptrs = [0u64; 3];
             let mut elements = 0;
-            for (slot, operand) in [0usize, 1, 3].into_iter().enumerate() {
+            for (slot, &operand) in tensors.iter().enumerate() {
                 match node
                     .inputs
                     .get(operand)
@@ -540,7 +547,7 @@ impl GpuExecutor {
                                 node.instance
                             )));
                         }
-                        ptrs[slot] = ptr;
+                        table.push(ptr as i64);
                     }
                     _ => {
                         return Err(err(format!(
@@ -550,28 +557,43 @@ impl GpuExecutor {
                     }
                 }
             }
-            table.extend([
-                ptrs[0] as i64,
-                ptrs[1] as i64,
-                ptrs[2] as i64,
-                elements as i64,
-                total as i64,
-            ]);
+            table.extend([elements as i64, total as i64]);
             total += elements;
         }
-        let scalar = |i: usize| match first.inputs.get(i) {
-            Some(Operand::Const(c)) => c
-                .as_f64()
-                .ok_or_else(|| err(format!("operand {i} must be a number, got {c:?}"))),
-            _ => Err(err(format!("operand {i} must be a constant"))),
-        };
-        let (lr, momentum) = (scalar(2)?, scalar(4)?);
+        let mut args = Vec::new();
+        for &i in crate::in_place::shared_scalars(first.op) {
+            match first
+                .inputs
+                .get(i)
+                .map(|o| self.operand(&graph, o))
+                .transpose()?
+            {
+                Some(Val::Const(c)) => {
+                    let v = c
+                        .as_f64()
+                        .ok_or_else(|| err(format!("operand {i} must be a number, got {c:?}")))?;
+                    args.extend([KernelArg::Ptr(0), KernelArg::F64(v)]);
+                }
+                Some(Val::Tensor { ptr, ty }) if ty.num_elements() == 1 && ty.dtype == dtype => {
+                    args.extend([KernelArg::Ptr(ptr), KernelArg::F64(0.0)]);
+                }
+                _ => {
+                    return Err(err(format!(
+                        "operand {i} must be a number or a one-element {dtype} tensor"
+                    )))
+                }
+            }
+        }
+        args.push(KernelArg::I32(i32::from(
+            first.attrs.bool_or("use_nesterov", false),
+        )));
         let bytes: Vec<u8> = table.iter().flat_map(|v| v.to_ne_bytes()).collect();
         let ptr = self.device.alloc(bytes.len())?;
         self.device.upload(ptr, &bytes)?;
-        Ok(MomentumGroup {
+        Ok(UpdateGroup {
+            op: first.op,
             kernel: format!(
-                "apply_momentum_multi_{}",
+                "{family}_{}",
                 if dtype == DType::Float64 {
                     "f64"
                 } else {
@@ -581,9 +603,7 @@ impl GpuExecutor {
             table: ptr,
             count: members.len(),
             total,
-            lr,
-            momentum,
-            nesterov: first.attrs.bool_or("use_nesterov", false),
+            args,
         })
     }
 
@@ -593,21 +613,13 @@ impl GpuExecutor {
         let block = self.device.block_size();
         let grid = (group.total.div_ceil(block as usize).max(1) as u64)
             .min(self.device.max_grid() as u64) as u32;
-        self.device.launch(
-            &group.kernel,
-            grid,
-            block,
-            &[
-                KernelArg::Ptr(group.table),
-                KernelArg::I64(group.count as i64),
-                KernelArg::I64(group.total as i64),
-                KernelArg::Ptr(0),
-                KernelArg::F64(group.lr),
-                KernelArg::Ptr(0),
-                KernelArg::F64(group.momentum),
-                KernelArg::I32(i32::from(group.nesterov)),
-            ],
-        )
+        let mut args = vec![
+            KernelArg::Ptr(group.table),
+            KernelArg::I64(group.count as i64),
+            KernelArg::I64(group.total as i64),
+        ];
+        args.extend(group.args.iter().cloned());
+        self.device.launch(&group.kernel, grid, block, &args)
     }
 
     /// Makes every later step launch its kernels one by one instead of replaying a recorded
@@ -1001,8 +1013,8 @@ impl GpuExecutor {
         match self.group_of[i] {
             Some((g, true)) => {
                 return Some(format!(
-                    "ApplyMomentum ({} weights, one launch)",
-                    self.groups[g].count
+                    "{} ({} weights, one launch)",
+                    self.groups[g].op, self.groups[g].count
                 ))
             }
             Some((_, false)) => return None,

@@ -17,9 +17,9 @@
 //! - no node between the update and the `Assign` reads or assigns the parameter: they would
 //!   have seen the old value.
 //!
-//! Adjacent in-place momentum updates with the same constants then go out as one launch
-//! ([`momentum_groups`], the kernel `apply_momentum_multi`), as PyTorch's multi-tensor
-//! optimizers do: ResNet-18's 62 updates become one kernel.
+//! Adjacent in-place momentum or Adam updates with the same scalars then go out as one launch
+//! ([`update_groups`], the kernels `apply_momentum_multi` and `adam_multi`), as PyTorch's
+//! multi-tensor optimizers do: ResNet-18's 62 updates become one kernel.
 
 use shardc_ir::{Graph, OpKind, Operand};
 
@@ -137,29 +137,59 @@ pub fn in_place_updates(graph: &Graph) -> Vec<Vec<Option<usize>>> {
     places
 }
 
-/// Runs of ApplyMomentum nodes that one kernel launch can update together: both results of
-/// each written in place ([`in_place_updates`]), Float32 or Float64 alike, the same constant
-/// learning rate and momentum and the same `use_nesterov`, and nothing between them but their
-/// own `TupleGetItem`s and `Assign`s (which the in-place writes make no-ops). Runs of two or
-/// more, in program order.
-pub fn momentum_groups(graph: &Graph, places: &[Vec<Option<usize>>]) -> Vec<Vec<usize>> {
+/// The operands of an update op that are scalars every member of a group shares: the
+/// learning rate and momentum of ApplyMomentum; Adam's beta powers, learning rate, betas and
+/// epsilon.
+pub fn shared_scalars(op: OpKind) -> &'static [usize] {
+    match op {
+        OpKind::ApplyMomentum => &[2, 4],
+        OpKind::Adam => &[3, 4, 5, 6, 7, 8],
+        _ => &[],
+    }
+}
+
+/// Runs of update nodes that one kernel launch can update together, as PyTorch's multi-tensor
+/// optimizers do: ApplyMomentum or Adam nodes with every result written in place
+/// ([`in_place_updates`]), Float32 or Float64 alike, the same [`shared_scalars`] operands
+/// (ApplyMomentum: constants; Adam: constants or one-element parameters of the weight's
+/// type, such as its beta powers) and the same `use_nesterov`, and nothing between them but
+/// their own `TupleGetItem`s and `Assign`s (which the in-place writes make no-ops). Runs of two
+/// or more, in program order.
+pub fn update_groups(graph: &Graph, places: &[Vec<Option<usize>>]) -> Vec<Vec<usize>> {
     let eligible = |k: usize| {
         let nd = &graph.nodes[k];
-        nd.op == OpKind::ApplyMomentum
-            && places
-                .get(k)
-                .is_some_and(|p| p.len() == 2 && p.iter().all(Option::is_some))
-            && matches!(nd.inputs.get(2), Some(Operand::Const(_)))
-            && matches!(nd.inputs.get(4), Some(Operand::Const(_)))
+        let results = match nd.op {
+            OpKind::ApplyMomentum => 2,
+            OpKind::Adam => 3,
+            _ => return false,
+        };
+        let dtype = nd.ty.tensors().first().map(|t| t.dtype);
+        let scalar_ok = |i: usize| match nd.inputs.get(i) {
+            Some(Operand::Const(_)) => true,
+            Some(Operand::Param(p)) => {
+                nd.op == OpKind::Adam
+                    && graph
+                        .params
+                        .get(p.index())
+                        .is_some_and(|q| q.ty.num_elements() == 1 && Some(q.ty.dtype) == dtype)
+            }
+            _ => false,
+        };
+        places
+            .get(k)
+            .is_some_and(|p| p.len() == results && p.iter().all(Option::is_some))
+            && shared_scalars(nd.op).iter().all(|&i| scalar_ok(i))
             && matches!(
-                nd.ty.tensors().first().map(|t| t.dtype),
+                dtype,
                 Some(shardc_ir::DType::Float32 | shardc_ir::DType::Float64)
             )
     };
     let same = |a: usize, b: usize| {
         let (x, y) = (&graph.nodes[a], &graph.nodes[b]);
-        x.inputs.get(2) == y.inputs.get(2)
-            && x.inputs.get(4) == y.inputs.get(4)
+        x.op == y.op
+            && shared_scalars(x.op)
+                .iter()
+                .all(|&i| x.inputs.get(i) == y.inputs.get(i))
             && x.attrs.bool_or("use_nesterov", false) == y.attrs.bool_or("use_nesterov", false)
             && x.ty.tensors().first().map(|t| t.dtype) == y.ty.tensors().first().map(|t| t.dtype)
     };
@@ -270,13 +300,81 @@ subgraph @Update(%para1_g, %para2_w1, %para3_a1, %para4_w2, %para5_a2) {{
 
     #[test]
     fn momentum_updates_alike_and_adjacent_form_one_group() {
-        let groups = |g: &Graph| momentum_groups(g, &in_place_updates(g));
+        let groups = |g: &Graph| update_groups(g, &in_place_updates(g));
         // Nothing between the first update's Assigns and the second update (node 5).
         assert_eq!(groups(&two_updates("0.1", "0.1", "")), [vec![0, 5]]);
         // Another learning rate, or work between them: two launches.
         assert!(groups(&two_updates("0.1", "0.2", "")).is_empty());
         let work = "%6(n) = Neg(%para1_g) {instance name: n}";
         assert!(groups(&two_updates("0.1", "0.1", work)).is_empty());
+    }
+
+    /// Adam updates of `w1` and `w2` (their `m`, `v`), sharing the beta powers; the second
+    /// with learning rate `lr2` and `op2` (Adam, or ApplyMomentum of w2 and m2).
+    fn two_adams(lr2: &str, momentum2: bool) -> Graph {
+        let w = |i: usize, name: &str, shape: &str| {
+            format!(
+                "%para{i}_{name} : <Ref[Tensor(F32)], ({shape}), ref_key=:{name}>  :  has_default  init: zeros\n"
+            )
+        };
+        let weights: String = [
+            (2, "w1"),
+            (3, "m1"),
+            (4, "v1"),
+            (5, "w2"),
+            (6, "m2"),
+            (7, "v2"),
+        ]
+        .iter()
+        .map(|&(i, n)| w(i, n, "4"))
+        .chain([w(8, "b1p", "1"), w(9, "b2p", "1")])
+        .collect();
+        let second = if momentum2 {
+            format!(
+                "%9(u2) = ApplyMomentum(%para5_w2, %para6_m2, {lr2}, %para1_g, 0.9) {{instance name: a2}} primitive_attrs: {{use_nesterov: false}}"
+            )
+        } else {
+            format!(
+                "%9(u2) = Adam(%para5_w2, %para6_m2, %para7_v2, %para8_b1p, %para9_b2p, {lr2}, 0.9, 0.999, 0.00000001, %para1_g) {{instance name: a2}} primitive_attrs: {{use_nesterov: false}}"
+            )
+        };
+        let tail = if momentum2 {
+            ""
+        } else {
+            "%14(v) = TupleGetItem(%9, 2)\n  %15(av) = Assign(%para7_v2, %14)\n  "
+        };
+        let text = format!(
+            "%para1_g : <Tensor[Float32], (4)>
+{weights}
+subgraph @Update(%para1_g, %para2_w1, %para3_m1, %para4_v1, %para5_w2, %para6_m2, %para7_v2, %para8_b1p, %para9_b2p) {{
+  %1(u) = Adam(%para2_w1, %para3_m1, %para4_v1, %para8_b1p, %para9_b2p, 0.001, 0.9, 0.999, 0.00000001, %para1_g) {{instance name: a1}} primitive_attrs: {{use_nesterov: false}}
+  %2(w) = TupleGetItem(%1, 0)
+  %3(aw) = Assign(%para2_w1, %2)
+  %4(m) = TupleGetItem(%1, 1)
+  %5(am) = Assign(%para3_m1, %4)
+  %6(v) = TupleGetItem(%1, 2)
+  %7(av) = Assign(%para4_v1, %6)
+  {second}
+  %10(w) = TupleGetItem(%9, 0)
+  %11(aw) = Assign(%para5_w2, %10)
+  %12(m) = TupleGetItem(%9, 1)
+  %13(am) = Assign(%para6_m2, %12)
+  {tail}Return(%para1_g)
+}}"
+        );
+        let mut g = shardc_ir::text::parse_graph(&text, "adams.ir").expect("parses");
+        shardc_passes::infer::infer_graph(&mut g).expect("types");
+        g
+    }
+
+    #[test]
+    fn adam_updates_sharing_their_scalars_form_one_group() {
+        let groups = |g: &Graph| update_groups(g, &in_place_updates(g));
+        let g = two_adams("0.001", false);
+        assert_eq!(groups(&g), [vec![0, 7]], "{}", g.nodes.len());
+        // Another learning rate, or another optimizer: two launches.
+        assert!(groups(&two_adams("0.002", false)).is_empty());
+        assert!(groups(&two_adams("0.001", true)).is_empty());
     }
 
     #[test]
