@@ -613,3 +613,33 @@ fn adam_updates_of_every_weight_run_as_one_launch() {
         exec.stats().op_seconds.keys().collect::<Vec<_>>()
     );
 }
+
+/// On the device a Reshape of a node's result is that result in place: the transformer's
+/// Reshapes copy nothing (the plan gives each its input's buffer), with the CPU's numbers
+/// (`transformer_trains_as_on_the_cpu_with_adam`).
+#[test]
+fn reshapes_of_node_results_are_that_result_in_place() {
+    use shardc::ir::{OpKind, Operand};
+    let Some(dev) = device() else { return };
+    let cfg = TransformerConfig::new(1, 16, 2, 4, 2);
+    let g = train(transformer(&cfg).expect("transformer"), momentum());
+    let host = Arc::new(shardc::cpu::CpuBackend::with_threads(1));
+    let exec = shardc::cuda::GpuExecutor::new(g.clone(), dev, host).expect("executor");
+    let plan = exec.memory_plan();
+    let mut aliased = 0;
+    for (i, n) in g.nodes.iter().enumerate() {
+        if let (OpKind::Reshape, Some(Operand::Node(src))) = (n.op, n.inputs.first()) {
+            if matches!(g.nodes[src.index()].op, OpKind::Assign) {
+                continue;
+            }
+            assert_eq!(
+                plan.location(i, 0),
+                plan.location(src.index(), 0),
+                "{}",
+                n.instance
+            );
+            aliased += 1;
+        }
+    }
+    assert!(aliased >= 4, "{aliased}");
+}

@@ -311,10 +311,25 @@ fn allocate_by_size(roots: &[Root]) -> Allocation {
 }
 
 /// The root value (node, element) that an operand reading a node's result refers to, after
-/// resolving `TupleGetItem` aliases. `None` for `Assign` results and malformed references.
-fn resolve(graph: &Graph, node: usize, elem: usize) -> Option<(usize, usize)> {
+/// resolving `TupleGetItem` aliases (and, with `reshapes`, `Reshape`s of node results).
+/// `None` for `Assign` results and malformed references.
+fn resolve(graph: &Graph, node: usize, elem: usize, reshapes: bool) -> Option<(usize, usize)> {
     let n = graph.nodes.get(node)?;
     match n.op {
+        OpKind::Reshape if reshapes => match n.inputs.first() {
+            // The input's value in its own buffer: the same bytes under another shape.
+            Some(Operand::Node(src))
+                if src.index() < node
+                    && matches!(graph.nodes[src.index()].ty, Type::Tensor(_))
+                    && matches!(n.ty, Type::Tensor(_)) =>
+            {
+                match resolve(graph, src.index(), 0, reshapes) {
+                    Some(root) => Some(root),
+                    None => Some((node, elem)),
+                }
+            }
+            _ => Some((node, elem)),
+        },
         OpKind::TupleGetItem => {
             let (Some(Operand::Node(src)), Some(idx)) = (
                 n.inputs.first(),
@@ -339,10 +354,10 @@ fn resolve(graph: &Graph, node: usize, elem: usize) -> Option<(usize, usize)> {
     }
 }
 
-/// Whether a node's result is an alias (a `TupleGetItem` of a tuple, an `Assign`) rather than
-/// a value of its own.
-fn is_alias(graph: &Graph, node: usize) -> bool {
-    resolve(graph, node, 0) != Some((node, 0))
+/// Whether a node's result is an alias (a `TupleGetItem` of a tuple, an `Assign`, with
+/// `reshapes` a `Reshape` of a node result) rather than a value of its own.
+fn is_alias(graph: &Graph, node: usize, reshapes: bool) -> bool {
+    resolve(graph, node, 0, reshapes) != Some((node, 0))
 }
 
 /// Plans the intermediate memory of `graph` (see the module doc) with the better of the two
@@ -354,12 +369,26 @@ pub fn plan(graph: &Graph) -> MemoryPlan {
 
 /// Plans the intermediate memory of `graph` with the given allocator.
 pub fn plan_with(graph: &Graph, allocator: Allocator) -> MemoryPlan {
+    plan_impl(graph, allocator, false)
+}
+
+/// [`plan`], where a `Reshape` of a node's result is one more alias of that result (its
+/// value lives in the input's buffer, which stays live through the `Reshape`'s readers), for
+/// an executor whose `Reshape` leaves a value in place instead of copying it (the GPU
+/// executor). The plan's other rules hold; a node's outputs share no buffer with its inputs
+/// except a `Reshape`'s.
+pub fn plan_aliasing_reshapes(graph: &Graph) -> MemoryPlan {
+    plan_impl(graph, Allocator::Best, true)
+}
+
+fn plan_impl(graph: &Graph, allocator: Allocator, reshapes: bool) -> MemoryPlan {
     let n = graph.nodes.len();
+    let resolve = |node: usize, elem: usize| resolve(graph, node, elem, reshapes);
     // Root values: every element of every non-alias node.
     let mut root_of: Vec<Vec<usize>> = vec![Vec::new(); n];
     let mut roots: Vec<Root> = Vec::new();
     for (i, node) in graph.nodes.iter().enumerate() {
-        if is_alias(graph, i) {
+        if is_alias(graph, i, reshapes) {
             continue;
         }
         for t in node.ty.tensors() {
@@ -373,7 +402,7 @@ pub fn plan_with(graph: &Graph, allocator: Allocator) -> MemoryPlan {
         }
     }
     let mut touch = |node: usize, elem: usize, at: usize| {
-        if let Some((s, e)) = resolve(graph, node, elem) {
+        if let Some((s, e)) = resolve(node, elem) {
             if let Some(&r) = root_of.get(s).and_then(|v| v.get(e)) {
                 roots[r].last = roots[r].last.max(at);
             }
@@ -390,7 +419,7 @@ pub fn plan_with(graph: &Graph, allocator: Allocator) -> MemoryPlan {
                 // resolving the TupleGetItem itself covers it. Reading a tuple whole (not
                 // allowed by the verifier) keeps every element alive.
                 if node.op == OpKind::TupleGetItem {
-                    if let Some((s, e)) = resolve(graph, i, 0) {
+                    if let Some((s, e)) = resolve(i, 0) {
                         touch(s, e, i);
                         continue;
                     }
@@ -454,7 +483,7 @@ pub fn plan_with(graph: &Graph, allocator: Allocator) -> MemoryPlan {
             .iter()
             .enumerate()
             .map(|(e, t)| {
-                let (location, def, last_use) = match resolve(graph, i, e) {
+                let (location, def, last_use) = match resolve(i, e) {
                     Some((s, se)) => match root_of.get(s).and_then(|v| v.get(se)) {
                         Some(&r) => (
                             Location::Buffer(alloc.assigned[r]),

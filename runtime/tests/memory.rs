@@ -5,11 +5,14 @@ mod common;
 
 use common::{mlp_train_graph, Builder};
 use shardc_ir::{DType, Graph, OpKind};
-use shardc_runtime::memory::{plan, plan_with, Allocator, Location, MemoryPlan};
+use shardc_runtime::memory::{
+    plan, plan_aliasing_reshapes, plan_with, Allocator, Location, MemoryPlan,
+};
 
 /// No two values whose live ranges overlap share a buffer; every buffer is large enough and
 /// of the right dtype; the lower bound holds.
 fn check_plan(graph: &Graph, p: &MemoryPlan) {
+    assert_eq!(p.values.len(), graph.nodes.len());
     let mut by_buffer: Vec<Vec<(usize, usize, usize, usize)>> = vec![Vec::new(); p.buffer_count];
     for (i, vs) in p.values.iter().enumerate() {
         for (e, v) in vs.iter().enumerate() {
@@ -21,8 +24,17 @@ fn check_plan(graph: &Graph, p: &MemoryPlan) {
                     "%{} element {e}",
                     i + 1
                 );
-                if graph.nodes[i].op != OpKind::TupleGetItem {
+                // Aliases (a TupleGetItem, an aliased Reshape) share their value's range.
+                if v.def == i {
                     by_buffer[b].push((v.def, v.last_use, i, e));
+                } else {
+                    assert_eq!(
+                        p.values[v.def]
+                            .iter()
+                            .filter(|w| w.location == v.location)
+                            .count(),
+                        1
+                    );
                 }
             }
         }
@@ -125,6 +137,48 @@ fn live_peak_by_hand() {
     let s = p.summary();
     assert!(s.contains("%3 Add 'add3'"), "{s}");
     assert!(s.contains("inputs"), "{s}");
+}
+
+/// For the GPU executor, a Reshape of a node's result lives in that result's buffer, which
+/// stays live through the Reshape's readers; the CPU's plan gives it a buffer of its own.
+#[test]
+fn an_aliased_reshape_keeps_its_input_alive_through_its_readers() {
+    use shardc_ir::{Attrs, Const, Operand, TensorType, Type};
+    let mut bld = Builder::new("Reshaped");
+    let x = bld.input("x", DType::Float32, &[2, 6]);
+    let a = bld.same(OpKind::ReLU, vec![x.clone()]); // %1
+    let shape = Operand::Const(Const::Ints(vec![3, 4]));
+    let r = bld.op(
+        OpKind::Reshape,
+        vec![a.clone(), shape.clone()],
+        Attrs::new(),
+        Type::Tensor(TensorType::new(DType::Float32, vec![3, 4])),
+    ); // %2
+    let r2 = bld.op(
+        OpKind::Reshape,
+        vec![r.clone(), Operand::Const(Const::Ints(vec![12]))],
+        Attrs::new(),
+        Type::Tensor(TensorType::new(DType::Float32, vec![12])),
+    ); // %3
+    let unrelated = bld.same(OpKind::Neg, vec![x.clone()]); // %4
+    let b = bld.same(OpKind::Square, vec![r2]); // %5: reads a through two reshapes
+    let c = bld.same(OpKind::Square, vec![unrelated]); // %6
+    let graph = bld.finish(vec![b, c]);
+    let p = plan_aliasing_reshapes(&graph);
+    check_plan(&graph, &p);
+    let loc = |i: usize| p.values[i][0].location;
+    assert_eq!(loc(1), loc(0), "the Reshape is its input in place");
+    assert_eq!(loc(2), loc(0), "so is a Reshape of a Reshape");
+    assert_eq!(
+        p.values[0][0].last_use, 4,
+        "a lives until the Square that reads its alias"
+    );
+    assert_ne!(loc(3), loc(0), "the Neg cannot take a's buffer meanwhile");
+    // The CPU's plan copies: the Reshapes have buffers of their own.
+    let q = plan(&graph);
+    check_plan(&graph, &q);
+    assert_ne!(q.values[1][0].location, q.values[0][0].location);
+    assert_eq!(q.values[0][0].last_use, 1);
 }
 
 /// A dead result (never read, not returned) is freed at its own node.

@@ -1,8 +1,10 @@
 //! A rank's graph on a [`Device`]: weights resident on the device, every intermediate value
-//! in a buffer of the runtime's liveness-based memory plan (the CPU executor's plan, so both
-//! use the same peak memory), one kernel sequence per step in the graph's order.
+//! in a buffer of the runtime's liveness-based memory plan (the CPU executor's, with one more
+//! alias: a `Reshape` of a node's result is that result in place, no copy), one kernel
+//! sequence per step in the graph's order.
 //!
-//! Per node: `TupleGetItem` is an alias (the plan gives it its tuple element's buffer);
+//! Per node: `TupleGetItem` and such a `Reshape` are aliases (the plan gives them the buffer
+//! of the value they name);
 //! `Assign` copies the new value into the parameter's device memory; a communication op goes
 //! to the communicator (NCCL on device memory when the communicator is an
 //! [`crate::nccl::NcclComm`], else staged through host tensors, so any shardc communicator
@@ -23,7 +25,7 @@ use shardc_ir::{
 };
 use shardc_runtime::executor::{comm_call, CommCall};
 use shardc_runtime::init::init_tensor;
-use shardc_runtime::memory::{plan, Location, MemoryPlan};
+use shardc_runtime::memory::{plan_aliasing_reshapes, Location, MemoryPlan};
 use shardc_runtime::tensor::Data;
 use shardc_runtime::{Arg, Backend, Communicator, KernelContext, Tensor};
 use std::collections::BTreeMap;
@@ -376,7 +378,7 @@ impl GpuExecutor {
         comm: Option<Arc<dyn Communicator>>,
         nccl: Option<Arc<NcclComm>>,
     ) -> CudaResult<GpuExecutor> {
-        let plan = plan(&graph);
+        let plan = plan_aliasing_reshapes(&graph);
         let mut calls = vec![None; graph.nodes.len()];
         for (i, node) in graph.nodes.iter().enumerate() {
             if node.op.class() == OpClass::Communication {
