@@ -5,6 +5,16 @@
 // operands (learning rate, momentum, ...) are a device pointer to a rank-0 tensor or, when
 // null, the value passed beside it.
 
+// One element of ApplyMomentum, from its loaded values (apply_momentum and
+// apply_momentum_multi share it, so both give the same bits).
+template <typename T>
+__device__ __forceinline__ void momentum_at(T* var_out, T* acc_out, T var, T acc, T g, T lr,
+                                            T mom, int nesterov) {
+    T a = acc * mom + g;
+    *acc_out = a;
+    *var_out = nesterov ? var - lr * (g + mom * a) : var - lr * a;
+}
+
 #define APPLY_MOMENTUM(T, S)                                                                \
     extern "C" __global__ void apply_momentum_##S(                                          \
         const T* var, const T* acc, const T* lr_p, double lr_v,   \
@@ -12,9 +22,8 @@
         T* acc_out, i64 n, int nesterov) {                                     \
         T lr = scalar_of(lr_p, lr_v), mom = scalar_of(mom_p, mom_v);                        \
         GRID_STRIDE(i, n) {                                                                 \
-            T a = acc[i] * mom + grad[i];                                                   \
-            acc_out[i] = a;                                                                 \
-            var_out[i] = nesterov ? var[i] - lr * (grad[i] + mom * a) : var[i] - lr * a;    \
+            momentum_at<T>(var_out + i, acc_out + i, var[i], acc[i], grad[i], lr, mom,      \
+                           nesterov);                                                       \
         }                                                                                   \
     }
 FOR_FLOATS(APPLY_MOMENTUM)
@@ -57,6 +66,19 @@ FOR_FLOATS(APPLY_GD)
     }
 FOR_FLOATS(SGD)
 
+// One element of Adam, from its loaded values (adam and adam_multi share it, so both give
+// the same bits).
+template <typename T>
+__device__ __forceinline__ void adam_at(T* var_out, T* m_out, T* v_out, T var, T m, T v, T g,
+                                        T b1, T b2, T eps, T lr_t, int nesterov) {
+    T nm = b1 * m + ((T)1 - b1) * g;
+    T nv = b2 * v + ((T)1 - b2) * g * g;
+    T num = nesterov ? nm * b1 + ((T)1 - b1) * g : nm;
+    *var_out = var - lr_t * num / (sh_sqrt(nv) + eps);
+    *m_out = nm;
+    *v_out = nv;
+}
+
 // Adam(var, m, v, beta1_power, beta2_power, lr, beta1, beta2, epsilon, gradient).
 #define ADAM(T, S)                                                                          \
     extern "C" __global__ void adam_##S(                                                    \
@@ -70,13 +92,8 @@ FOR_FLOATS(SGD)
         T b1 = scalar_of(b1_p, b1_v), b2 = scalar_of(b2_p, b2_v), eps = scalar_of(eps_p, eps_v); \
         T lr_t = (T)(lr * sqrt(1.0 - b2p) / (1.0 - b1p));                                   \
         GRID_STRIDE(i, n) {                                                                 \
-            T g = grad[i];                                                                  \
-            T nm = b1 * m[i] + ((T)1 - b1) * g;                                             \
-            T nv = b2 * v[i] + ((T)1 - b2) * g * g;                                         \
-            T num = nesterov ? nm * b1 + ((T)1 - b1) * g : nm;                              \
-            var_out[i] = var[i] - lr_t * num / (sh_sqrt(nv) + eps);                         \
-            m_out[i] = nm;                                                                  \
-            v_out[i] = nv;                                                                  \
+            adam_at<T>(var_out + i, m_out + i, v_out + i, var[i], m[i], v[i], grad[i], b1,  \
+                       b2, eps, lr_t, nesterov);                                            \
         }                                                                                   \
     }
 FOR_FLOATS(ADAM)
@@ -107,9 +124,7 @@ __device__ __forceinline__ i64 table_row(const i64* table, i64 count, i64 width,
             T* acc = (T*)e[1];                                                              \
             const T* grad = (const T*)e[2];                                                 \
             i64 j = i - e[4];                                                               \
-            T a = acc[j] * mom + grad[j];                                                   \
-            acc[j] = a;                                                                     \
-            var[j] = nesterov ? var[j] - lr * (grad[j] + mom * a) : var[j] - lr * a;        \
+            momentum_at<T>(var + j, acc + j, var[j], acc[j], grad[j], lr, mom, nesterov);   \
         }                                                                                   \
     }
 FOR_FLOATS(APPLY_MOMENTUM_MULTI)
@@ -134,13 +149,8 @@ FOR_FLOATS(APPLY_MOMENTUM_MULTI)
             T* v = (T*)e[2];                                                                \
             const T* grad = (const T*)e[3];                                                 \
             i64 j = i - e[5];                                                               \
-            T g = grad[j];                                                                  \
-            T nm = b1 * m[j] + ((T)1 - b1) * g;                                             \
-            T nv = b2 * v[j] + ((T)1 - b2) * g * g;                                         \
-            T num = nesterov ? nm * b1 + ((T)1 - b1) * g : nm;                              \
-            var[j] = var[j] - lr_t * num / (sh_sqrt(nv) + eps);                             \
-            m[j] = nm;                                                                      \
-            v[j] = nv;                                                                      \
+            adam_at<T>(var + j, m + j, v + j, var[j], m[j], v[j], grad[j], b1, b2, eps, lr_t, \
+                       nesterov);                                                           \
         }                                                                                   \
     }
 FOR_FLOATS(ADAM_MULTI)
