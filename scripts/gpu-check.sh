@@ -11,8 +11,8 @@
 #      CPU's losses; the ResNet-50 example on the GPU against the CPU;
 #   5. `shardc bench gpu` against PyTorch on the same GPU (`--python`, default python3);
 #   6. the convolution suite again with cuDNN and graph replay off (im2col + cuBLAS, every
-#      kernel launched by the host: step 09); every other step replays recorded steps (CUDA
-#      Graphs) where the executor can.
+#      kernel launched by the host: step 09), and the GPU suite with replay off (step 10);
+#      every other step replays recorded steps (CUDA Graphs) where the executor can.
 #
 #   bash scripts/gpu-check.sh [BUNDLE] [OUT]     (defaults: .gpu and $OUT or /tmp/gpu-check)
 #
@@ -138,17 +138,20 @@ same_losses() { # NAME STEPS ART EXTRA...
   compare_losses "$work/$name.cpu" "$work/$name.gpu"
 }
 
-compare_losses() { # CPU_LOG GPU_LOG [TOL]: the ", loss is X" lines agree to TOL (default 1e-5),
-  # relative to max(|x|, 1)
-  "$python" - "$1" "$2" "${3:-1e-5}" << 'EOF'
+compare_losses() { # CPU_LOG GPU_LOG [TOL [LATER_TOL]]: the ", loss is X" lines agree to TOL
+  # (default 1e-5; LATER_TOL, default TOL, for every loss after the first), relative to
+  # max(|x|, 1)
+  "$python" - "$1" "$2" "${3:-1e-5}" "${4:-${3:-1e-5}}" << 'EOF'
 import sys
 def losses(p):
     return [float(l.split(", loss is ")[1]) for l in open(p) if ", loss is " in l]
 a, b = losses(sys.argv[1]), losses(sys.argv[2])
 print("cpu", a)
 print("gpu", b)
-tol = float(sys.argv[3])
-ok = len(a) == len(b) > 0 and all(abs(x - y) <= tol * max(abs(x), 1.0) for x, y in zip(a, b))
+tols = [float(sys.argv[3])] + [float(sys.argv[4])] * max(len(a) - 1, 0)
+ok = len(a) == len(b) > 0 and all(
+    abs(x - y) <= t * max(abs(x), 1.0) for x, y, t in zip(a, b, tols)
+)
 print("same losses" if ok else "LOSSES DIFFER")
 sys.exit(0 if ok else 1)
 EOF
@@ -196,10 +199,13 @@ resnet50() {
       }
     done &&
     cat "$work/resnet50.$resnet_gpu" &&
-    # 1e-4: 50 layers with BatchNorm over small batches amplify rounding differences (the
-    # kernels themselves are compared to 1e-5 in steps 3 and 4; tests/cuda_conv_emulated.rs
-    # compares this net's forward to 1e-4 too).
-    compare_losses "$work/resnet50.CPU" "$work/resnet50.$resnet_gpu" 1e-4
+    # The first loss to 1e-4 (the forward of 50 layers; tests/cuda_conv_emulated.rs compares
+    # it so too), the later ones to 1e-2: they follow updates of a net that amplifies rounding
+    # (an H200 gave 2.8082628 then 2.219419 where the CPU gave 2.8082635 then 2.222806; on the
+    # CPU alone, changing ResNet-18's weights by 1e-7 moves its next loss by 2e-4 and the one
+    # after by 2e-2). The kernels are compared one by one in steps 3 and 4, and
+    # tests/cuda_gpu.rs compares ResNet-18 step by step from the same weights.
+    compare_losses "$work/resnet50.CPU" "$work/resnet50.$resnet_gpu" 1e-4 1e-2
 }
 
 export bin work python resnet_gpu resnet_shape gpu_flags
@@ -219,6 +225,9 @@ else
 fi
 step 09-kernels-conv-im2col gpu120 env SHARDC_TEST_DEVICE=cuda SHARDC_CUDNN=0 SHARDC_CUDA_GRAPHS=0 \
   "$bin/cuda_conv_emulated" --test-threads=1 --nocapture
+# The GPU suite with every step launched node by node: the numbers of both paths.
+step 10-cuda-gpu-suite-launched gpu150 env SHARDC_CUDA_GRAPHS=0 "$bin/cuda_gpu" --ignored \
+  --test-threads=1 --nocapture --skip nccl
 cp "$logs/08-bench-gpu.log" "$out/bench-gpu.txt" 2> /dev/null || true
 echo "done in $SECONDS s: $(grep -c ^PASS "$summary") passed, $(grep -c ^FAIL "$summary") failed, $(grep -c ^SKIP "$summary") skipped" | tee -a "$summary"
 rm -rf "$work"

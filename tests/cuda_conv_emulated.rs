@@ -590,7 +590,9 @@ fn a_convolution_over_several_scratch_chunks_matches_the_cpu() {
         vec![x, w],
         attrs(vec![("pad_mode", word("same"))]),
     );
-    n.check(y, "Conv2D in chunks", 1e-4);
+    // Each element of the filter's gradient sums 16 x 64 x 64 = 65,536 products: the order
+    // of summation alone (cuDNN's against the CPU's) moves it by about 2e-4 (seen on an H200).
+    n.check(y, "Conv2D in chunks", 1e-3);
 }
 
 #[test]

@@ -186,6 +186,17 @@ fn movement_ops_match_the_cpu_exactly() {
     let eq = b
         .op(OpKind::Equal, &[x.into(), dgrad.into()], Attrs::new())
         .unwrap();
+    // Bool moves by its bits (the one-byte copy kernel), on the device too.
+    let eq_t = b
+        .op(OpKind::Transpose, &[eq.into(), ints(&[1, 0])], Attrs::new())
+        .unwrap();
+    let eq_cut = b
+        .op(
+            OpKind::StridedSlice,
+            &[eq.into(), ints(&[0, -6]), ints(&[4, 6]), ints(&[2, 1])],
+            Attrs::new(),
+        )
+        .unwrap();
     let g = b
         .finish(&[
             slice,
@@ -199,6 +210,8 @@ fn movement_ops_match_the_cpu_exactly() {
             dgrad,
             sgrad,
             eq,
+            eq_t,
+            eq_cut,
         ])
         .expect("the movement graph builds");
     let host = Arc::new(shardc::cpu::CpuBackend::with_threads(1));

@@ -8,7 +8,7 @@
 
 mod gpu_common;
 
-use gpu_common::{compare_on, momentum, train};
+use gpu_common::{compare_each_step_on, compare_on, momentum, train};
 use shardc::compiler::transformer::{transformer, TransformerConfig};
 use shardc::compiler::zoo;
 use shardc::cuda::cuda::CudaDevice;
@@ -45,7 +45,17 @@ fn mlp_and_quickstart_train_as_on_the_cpu() {
     // Steps 2 to 5 replay the recorded step 2 (a CUDA Graph of cuBLAS and shardc's kernels);
     // checked after both nets' numbers.
     for s in [s, q] {
-        assert!(s.contains("4 of 5 steps ran as one replay"), "{s}");
+        assert_replayed(&s, "4 of 5 steps ran as one replay");
+    }
+}
+
+/// Asserts that `summary` says `replayed`, or that replay was off where
+/// `SHARDC_CUDA_GRAPHS=0` turns it off (scripts/gpu-check.sh runs this suite both ways).
+fn assert_replayed(summary: &str, replayed: &str) {
+    if std::env::var("SHARDC_CUDA_GRAPHS").as_deref() == Ok("0") {
+        assert!(summary.contains("graph replay: off"), "{summary}");
+    } else {
+        assert!(summary.contains(replayed), "{summary}");
     }
 }
 
@@ -68,7 +78,9 @@ fn transformer_trains_as_on_the_cpu() {
 fn lenet_and_resnet18_train_as_on_the_cpu() {
     let s = compare_on(gpu(), train(zoo::lenet(8).unwrap(), momentum()), 3, 1e-4);
     println!("{s}");
-    let s = compare_on(
+    // Each step from the CPU's weights: ResNet-18 over 4 images is too badly conditioned to
+    // train side by side (compare_each_step_on).
+    let s = compare_each_step_on(
         gpu(),
         train(zoo::resnet18_cifar(4).unwrap(), momentum()),
         2,
@@ -76,7 +88,7 @@ fn lenet_and_resnet18_train_as_on_the_cpu() {
     );
     println!("{s}");
     // The second step is recorded with cuDNN's convolutions in it, then replayed.
-    assert!(s.contains("1 of 2 steps ran as one replay"), "{s}");
+    assert_replayed(&s, "1 of 2 steps ran as one replay");
 }
 
 #[test]

@@ -111,6 +111,10 @@ STRIDED_COPY(float, f32)
 STRIDED_COPY(double, f64)
 STRIDED_COPY(int, i32)
 STRIDED_COPY(i64, i64)
+// Bit copies for the narrow types (Bool, the 8- and 16-bit integers and floats): a move
+// only needs the element's size.
+STRIDED_COPY(unsigned char, b8)
+STRIDED_COPY(unsigned short, b16)
 
 #define FILL(T, S)                                                                          \
     extern "C" __global__ void fill_##S(T* __restrict__ y, i64 n, double v) {               \

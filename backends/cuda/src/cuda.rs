@@ -47,6 +47,10 @@ struct Handles {
     blas_workspace: drv_sys::CUdeviceptr,
     /// Whether the compute stream is being recorded ([`Device::begin_capture`]).
     capturing: bool,
+    /// Why the recording in progress cannot be kept: the first call made meanwhile that waits
+    /// for the stream or moves host memory (the driver would record a pageable copy from an
+    /// address that may be gone by the replay, or refuse the wait and break the recording).
+    spoiled: Option<String>,
     /// Recorded graphs and their executable instances, by number (None once dropped).
     graphs: Vec<Option<(drv_sys::CUgraph, drv_sys::CUgraphExec)>>,
 }
@@ -287,6 +291,7 @@ impl CudaDevice {
                 marks_used: 0,
                 blas_workspace,
                 capturing: false,
+                spoiled: None,
                 graphs: Vec::new(),
             }),
             functions: Mutex::new(functions),
@@ -363,6 +368,18 @@ impl CudaDevice {
         let h = self.handles.lock().unwrap_or_else(|p| p.into_inner());
         // SAFETY: a live context.
         unsafe { drv::ctx::set_current(h.ctx) }.map_err(driver("cuCtxSetCurrent"))?;
+        Ok(h)
+    }
+
+    /// The current handles, or an error (which spoils the recording) where the stream is being
+    /// recorded: `what` waits for the stream or moves host memory.
+    fn current_unrecorded(&self, what: &str) -> CudaResult<std::sync::MutexGuard<'_, Handles>> {
+        let mut h = self.current()?;
+        if h.capturing {
+            let reason = format!("{what} is not possible while the stream is being recorded");
+            h.spoiled.get_or_insert_with(|| reason.clone());
+            return Err(CudaError::Other(reason));
+        }
         Ok(h)
     }
 
@@ -529,14 +546,14 @@ impl Device for CudaDevice {
     }
 
     fn upload(&self, dst: DevPtr, src: &[u8]) -> CudaResult<()> {
-        let h = self.current()?;
+        let h = self.current_unrecorded("an upload")?;
         // SAFETY: `dst` is an allocation of at least `src.len()` bytes (the caller's plan);
         // a pageable source is staged before the call returns.
         unsafe { drv::memcpy_htod_async(dst, src, h.stream) }.map_err(driver("cuMemcpyHtoDAsync"))
     }
 
     fn download(&self, src: DevPtr, dst: &mut [u8]) -> CudaResult<()> {
-        let h = self.current()?;
+        let h = self.current_unrecorded("a download")?;
         // SAFETY: as upload; the stream is synchronised before `dst` is read.
         unsafe {
             drv::memcpy_dtoh_async(dst, src, h.stream).map_err(driver("cuMemcpyDtoHAsync"))?;
@@ -664,12 +681,7 @@ impl Device for CudaDevice {
     }
 
     fn mark(&self) -> CudaResult<Option<usize>> {
-        let mut h = self.current()?;
-        if h.capturing {
-            return Err(CudaError::Other(
-                "a timing mark is not taken while the stream is being recorded".into(),
-            ));
-        }
+        let mut h = self.current_unrecorded("a timing mark")?;
         if h.marks_used == h.marks.len() {
             let e = drv::event::create(drv_sys::CUevent_flags::CU_EVENT_DEFAULT)
                 .map_err(driver("cuEventCreate"))?;
@@ -706,7 +718,7 @@ impl Device for CudaDevice {
     }
 
     fn synchronize(&self) -> CudaResult<()> {
-        let h = self.current()?;
+        let h = self.current_unrecorded("a synchronisation")?;
         // SAFETY: live streams.
         unsafe {
             drv::stream::synchronize(h.comm).map_err(driver("cuStreamSynchronize"))?;
@@ -732,6 +744,7 @@ impl Device for CudaDevice {
         }
         .map_err(driver("cuStreamBeginCapture"))?;
         h.capturing = true;
+        h.spoiled = None;
         Ok(true)
     }
 
@@ -741,11 +754,19 @@ impl Device for CudaDevice {
             return Err(CudaError::Other("no recording is in progress".into()));
         }
         h.capturing = false;
+        let spoiled = h.spoiled.take();
         // SAFETY: the stream is being captured; the graph is owned here from now on.
         let graph =
             unsafe { drv::stream::end_capture(h.stream) }.map_err(driver("cuStreamEndCapture"))?;
         if graph.is_null() {
             return Err(CudaError::Other("the recording produced no graph".into()));
+        }
+        if let Some(reason) = spoiled {
+            // SAFETY: the graph just recorded, owned here and not instantiated.
+            let _ = unsafe { drv::graph::destroy(graph) };
+            return Err(CudaError::Other(format!(
+                "the recording was spoiled: {reason}"
+            )));
         }
         // SAFETY: a graph just recorded; destroyed here if it cannot be instantiated.
         let exec =

@@ -172,17 +172,8 @@ impl NcclComm {
         (pre, parts, d, post): (usize, usize, usize, usize),
         to_parts: bool,
     ) -> CudaResult<()> {
-        let s = match dtype {
-            DType::Float32 => "f32",
-            DType::Float64 => "f64",
-            DType::Int32 => "i32",
-            DType::Int64 => "i64",
-            other => {
-                return Err(CudaError::Other(format!(
-                    "cannot rearrange {other} on the GPU"
-                )))
-            }
-        };
+        let s = crate::ops::copy_suffix(dtype)
+            .ok_or_else(|| CudaError::Other(format!("cannot rearrange {dtype} on the GPU")))?;
         let n = pre * parts * d * post;
         let (out, strides) = if to_parts {
             // dst (parts, pre, d, post) from src (pre, parts, d, post)

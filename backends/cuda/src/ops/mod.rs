@@ -111,6 +111,18 @@ fn suffix(d: DType) -> Option<&'static str> {
     }
 }
 
+/// The suffix of the strided-copy kernel that moves elements of `d`: its own where it has
+/// kernels, else the bit copy of its size (Bool, the 8- and 16-bit types).
+pub(crate) fn copy_suffix(d: DType) -> Option<&'static str> {
+    suffix(d).or(match d.size_bytes() {
+        1 => Some("b8"),
+        2 => Some("b16"),
+        4 => Some("i32"),
+        8 => Some("i64"),
+        _ => None,
+    })
+}
+
 fn float_suffix(d: DType) -> Option<&'static str> {
     match d {
         DType::Float32 => Some("f32"),
@@ -496,7 +508,7 @@ fn copy_same(call: &OpCall<'_>) -> CudaResult<Lowered> {
 
 fn strided_copy(call: &OpCall<'_>, x: DevPtr, strides: &[i64]) -> CudaResult<Lowered> {
     let (y, ty) = call.out(0)?;
-    let s = or_host!(suffix(ty.dtype), format!("a copy of {}", ty.dtype));
+    let s = or_host!(copy_suffix(ty.dtype), format!("a copy of {}", ty.dtype));
     let st = or_host!(Strided::single(&ty.shape, strides), "more than 8 dims");
     let n = ty.num_elements();
     call.launch(

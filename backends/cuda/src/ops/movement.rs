@@ -2,7 +2,7 @@
 //! copies and scatters (no new data, only addresses), the gather with its bounds check, and
 //! Dropout drawing the masks of `shardc_ir::dropout` bit for bit.
 
-use super::{host, suffix, Lowered, OpCall, Val};
+use super::{copy_suffix, host, suffix, Lowered, OpCall, Val};
 use crate::error::CudaResult;
 use crate::kernels::{contiguous_strides, DevPtr, KernelArg, Strided};
 use shardc_ir::block::Block;
@@ -61,7 +61,7 @@ fn copy_kernel(
     strides: &[i64],
     dtype: DType,
 ) -> CudaResult<Lowered> {
-    let s = or_host!(suffix(dtype), format!("{dtype} on the GPU"));
+    let s = or_host!(copy_suffix(dtype), format!("{dtype} on the GPU"));
     let n: usize = dims.iter().product();
     if n == 0 {
         return Ok(Lowered::Device);
@@ -175,7 +175,7 @@ pub(super) fn concat(call: &OpCall<'_>) -> CudaResult<Lowered> {
 
 pub(super) fn split(call: &OpCall<'_>) -> CudaResult<Lowered> {
     let (x, tx) = call.tensor(0)?;
-    if suffix(tx.dtype).is_none() {
+    if copy_suffix(tx.dtype).is_none() {
         return host(format!("{} on the GPU", tx.dtype));
     }
     let axis = axis_of(call, tx.shape.len())?;
