@@ -78,13 +78,18 @@ fn transformer_trains_as_on_the_cpu() {
 fn lenet_and_resnet18_train_as_on_the_cpu() {
     let s = compare_on(gpu(), train(zoo::lenet(8).unwrap(), momentum()), 3, 1e-4);
     println!("{s}");
-    // Each step from the CPU's weights: ResNet-18 over 4 images is too badly conditioned to
-    // train side by side (compare_each_step_on).
+    // Each step from the device's weights: ResNet-18 over 4 images is too badly conditioned
+    // to train side by side (compare_each_step_on). The weights after the last update to
+    // 1e-3: BatchNorm's backward subtracts nearly equal sums, so a weight's gradient keeps
+    // fewer digits than the sums it comes from (an H200 gave -0.0280357 where the CPU gave
+    // -0.0281384 for one weight after 2 steps, with replay and without); every op's gradient
+    // is compared on its own to 1e-4 in tests/cuda_conv_emulated.rs.
     let s = compare_each_step_on(
         gpu(),
         train(zoo::resnet18_cifar(4).unwrap(), momentum()),
         2,
         1e-4,
+        1e-3,
     );
     println!("{s}");
     // The second step is recorded with cuDNN's convolutions in it, then replayed.

@@ -96,9 +96,15 @@ pub fn compare_on_with(
 /// BatchNorm over a few images: on the CPU alone, a change of 1e-7 in ResNet-18's weights
 /// moves its second loss by 2e-4 and its third by 2e-2): before each step after the first,
 /// the CPU takes the device's weights (and optimizer state), so every step is compared from
-/// the same start.
-pub fn compare_each_step_on(dev: Arc<dyn Device>, g: Graph, steps: u64, tol: f64) -> String {
-    compare_steps(dev, g, steps, tol, tol, true)
+/// the same start. Every output to `tol`, the weights after the last step to `weight_tol`.
+pub fn compare_each_step_on(
+    dev: Arc<dyn Device>,
+    g: Graph,
+    steps: u64,
+    tol: f64,
+    weight_tol: f64,
+) -> String {
+    compare_steps(dev, g, steps, tol, weight_tol, true)
 }
 
 fn compare_steps(

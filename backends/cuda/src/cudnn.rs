@@ -11,8 +11,11 @@
 //!   cores) unless TF32 is turned on for the device, as for cuBLAS.
 //! - **Algorithms**: only GEMM-like and direct algorithms (no FFT or Winograd, whose rounding
 //!   differs from a dot product's by more than 1e-5) that cuDNN reports deterministic (the
-//!   same inputs give the same bits, run after run), in cuDNN's own order of expected speed,
-//!   with at most [`WORKSPACE_LIMIT`] bytes of workspace.
+//!   same inputs give the same bits, run after run), with at most [`WORKSPACE_LIMIT`] bytes of
+//!   workspace: the fastest of them as cuDNN measures them on the device when a shape is
+//!   first seen (`cudnnFindConvolution*Algorithm`, PyTorch's `cudnn.benchmark`), or the first in
+//!   the order of cuDNN's heuristics with `SHARDC_CUDNN_ALGOS=heuristic` (no measuring; its
+//!   first pick among these algorithms can be several times slower on Hopper).
 //!
 //! A shape cuDNN cannot plan falls back too (said once on stderr). `SHARDC_CUDNN=0` turns
 //! cuDNN off (every convolution then takes the im2col path).
@@ -30,6 +33,38 @@ use std::ffi::c_void;
 
 /// The environment variable that turns cuDNN off: `SHARDC_CUDNN=0`.
 pub const CUDNN_ENV: &str = "SHARDC_CUDNN";
+
+/// The environment variable that chooses how algorithms are picked: `measure` (the default)
+/// or `heuristic`.
+pub const ALGOS_ENV: &str = "SHARDC_CUDNN_ALGOS";
+
+/// How a plan's algorithm is picked among the accepted ones.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AlgoSearch {
+    /// The fastest as cuDNN measures them on the device (`cudnnFindConvolution*Algorithm`).
+    Measure,
+    /// The first in the order of cuDNN's heuristics (`cudnnGetConvolution*Algorithm_v7`).
+    Heuristic,
+}
+
+impl AlgoSearch {
+    /// The search a value of `SHARDC_CUDNN_ALGOS` (None: unset) asks for, or an error naming
+    /// the value.
+    pub fn from_value(value: Option<&str>) -> CudaResult<AlgoSearch> {
+        match value.map(str::trim) {
+            None | Some("" | "measure") => Ok(AlgoSearch::Measure),
+            Some("heuristic") => Ok(AlgoSearch::Heuristic),
+            Some(other) => Err(CudaError::Other(format!(
+                "{ALGOS_ENV}={other}: expected `measure` or `heuristic`"
+            ))),
+        }
+    }
+
+    /// The search `SHARDC_CUDNN_ALGOS` asks for.
+    pub fn from_env() -> CudaResult<AlgoSearch> {
+        Self::from_value(std::env::var(ALGOS_ENV).ok().as_deref())
+    }
+}
 
 /// The most workspace memory one convolution's algorithm may ask for (256 MiB).
 pub const WORKSPACE_LIMIT: usize = 256 << 20;
@@ -81,7 +116,7 @@ pub fn unsupported(g: &Conv2dGeometry) -> Option<String> {
     None
 }
 
-/// One algorithm as cuDNN's heuristics report it, in their order.
+/// One algorithm as cuDNN reports it (measured or by its heuristics), in cuDNN's order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Candidate {
     /// One of the algorithms this module accepts (GEMM-like or direct), with a math type it
@@ -180,11 +215,13 @@ pub(crate) struct Dnn {
     plans: HashMap<Key, Option<Plan>>,
     workspace: DevPtr,
     workspace_bytes: usize,
+    search: AlgoSearch,
 }
 
 impl Dnn {
     /// A handle on `stream` (the library must have been probed).
     pub(crate) fn new(stream: sys::cudaStream_t) -> CudaResult<Dnn> {
+        let search = AlgoSearch::from_env()?;
         let handle = dnn::create_handle().map_err(err("cudnnCreate"))?;
         // SAFETY: a live handle and stream.
         unsafe { dnn::set_stream(handle, stream) }.map_err(err("cudnnSetStream"))?;
@@ -193,6 +230,7 @@ impl Dnn {
             plans: HashMap::new(),
             workspace: 0,
             workspace_bytes: 0,
+            search,
         })
     }
 
@@ -220,7 +258,7 @@ impl Dnn {
             tf32,
         };
         if !self.plans.contains_key(&key) {
-            // A shape cuDNN refuses to plan (a descriptor or heuristics call fails) falls back
+            // A shape cuDNN refuses to plan (a descriptor or algorithm call fails) falls back
             // to the kernels, said once; a convolution that fails to run is an error.
             let plan = self.plan(&key).unwrap_or_else(|e| {
                 eprintln!(
@@ -323,8 +361,8 @@ impl Dnn {
         Ok(true)
     }
 
-    /// The descriptors of `key` and the algorithm cuDNN's heuristics rank first among the
-    /// accepted ones, or None when none fits.
+    /// The descriptors of `key` and its algorithm: the fastest accepted one as cuDNN measures
+    /// them, or the first in its heuristics' order (see [`AlgoSearch`]); None when none fits.
     fn plan(&self, key: &Key) -> CudaResult<Option<Plan>> {
         let g = &key.geometry;
         let (data_type, math) = match key.dtype {
@@ -401,38 +439,75 @@ impl Dnn {
         let math_ok =
             |m: sys::cudnnMathType_t| !strict || m == sys::cudnnMathType_t::CUDNN_FMA_MATH;
         let h = self.handle;
-        // SAFETY (the three calls): live descriptors and handle; cuDNN writes at most the
-        // requested count of results.
+        let measure = self.search == AlgoSearch::Measure;
+        // The measured and the heuristic call of each direction take the same arguments;
+        // `call` names the one made.
+        let call = |find: &'static str, get: &'static str| if measure { find } else { get };
+        // SAFETY (the six calls): live descriptors and handle; cuDNN writes at most the
+        // requested count of results. The measuring calls allocate their own buffers and run
+        // on the handle's stream, which is not being recorded while a plan is made (the first
+        // step runs node by node).
         let chosen = match key.direction {
             ConvDirection::Forward => pick(
                 &candidates(
-                    "cudnnGetConvolutionForwardAlgorithm_v7",
+                    call(
+                        "cudnnFindConvolutionForwardAlgorithm",
+                        "cudnnGetConvolutionForwardAlgorithm_v7",
+                    ),
                     |n, got, out| unsafe {
-                        dnn::get_convolution_forward_algorithm(
-                            h, plan.x, plan.w, plan.conv, plan.y, n, got, out,
-                        )
+                        let (x, w, conv, y) = (plan.x, plan.w, plan.conv, plan.y);
+                        if measure {
+                            sys::cudnnFindConvolutionForwardAlgorithm(h, x, w, conv, y, n, got, out)
+                        } else {
+                            sys::cudnnGetConvolutionForwardAlgorithm_v7(
+                                h, x, w, conv, y, n, got, out,
+                            )
+                        }
+                        .result()
                     },
                 )?,
                 math_ok,
             ),
             ConvDirection::BackwardData => pick(
                 &candidates(
-                    "cudnnGetConvolutionBackwardDataAlgorithm_v7",
+                    call(
+                        "cudnnFindConvolutionBackwardDataAlgorithm",
+                        "cudnnGetConvolutionBackwardDataAlgorithm_v7",
+                    ),
                     |n, got, out| unsafe {
-                        dnn::get_convolution_backward_data_algorithm(
-                            h, plan.w, plan.y, plan.conv, plan.x, n, got, out,
-                        )
+                        let (w, y, conv, x) = (plan.w, plan.y, plan.conv, plan.x);
+                        if measure {
+                            sys::cudnnFindConvolutionBackwardDataAlgorithm(
+                                h, w, y, conv, x, n, got, out,
+                            )
+                        } else {
+                            sys::cudnnGetConvolutionBackwardDataAlgorithm_v7(
+                                h, w, y, conv, x, n, got, out,
+                            )
+                        }
+                        .result()
                     },
                 )?,
                 math_ok,
             ),
             ConvDirection::BackwardFilter => pick(
                 &candidates(
-                    "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
+                    call(
+                        "cudnnFindConvolutionBackwardFilterAlgorithm",
+                        "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
+                    ),
                     |n, got, out| unsafe {
-                        dnn::get_convolution_backward_filter_algorithm(
-                            h, plan.x, plan.y, plan.conv, plan.w, n, got, out,
-                        )
+                        let (x, y, conv, w) = (plan.x, plan.y, plan.conv, plan.w);
+                        if measure {
+                            sys::cudnnFindConvolutionBackwardFilterAlgorithm(
+                                h, x, y, conv, w, n, got, out,
+                            )
+                        } else {
+                            sys::cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+                                h, x, y, conv, w, n, got, out,
+                            )
+                        }
+                        .result()
                     },
                 )?,
                 math_ok,
@@ -507,8 +582,9 @@ impl_perf!(
     accepted_filter
 );
 
-/// cuDNN's heuristics for one direction, in their order: `get(requested, returned, results)`
-/// is the `cudnnGet*Algorithm_v7` call named `call`.
+/// cuDNN's algorithms for one direction, in its order (fastest first where measured):
+/// `get(requested, returned, results)` is the `cudnnFind*Algorithm` or
+/// `cudnnGet*Algorithm_v7` call named `call`.
 fn candidates<P: Perf>(
     call: &'static str,
     get: impl FnOnce(i32, *mut i32, *mut P) -> Result<(), dnn::CudnnError>,
@@ -589,6 +665,26 @@ mod tests {
             out_w: out,
             group: 1,
         }
+    }
+
+    #[test]
+    fn algorithms_are_measured_unless_the_heuristics_are_asked_for() {
+        assert_eq!(AlgoSearch::from_value(None).unwrap(), AlgoSearch::Measure);
+        assert_eq!(
+            AlgoSearch::from_value(Some("measure")).unwrap(),
+            AlgoSearch::Measure
+        );
+        assert_eq!(
+            AlgoSearch::from_value(Some(" heuristic ")).unwrap(),
+            AlgoSearch::Heuristic
+        );
+        let e = AlgoSearch::from_value(Some("fastest"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("SHARDC_CUDNN_ALGOS=fastest") && e.contains("heuristic"),
+            "{e}"
+        );
     }
 
     #[test]
