@@ -197,6 +197,13 @@ fn movement_ops_match_the_cpu_exactly() {
             Attrs::new(),
         )
         .unwrap();
+    let eq_cat = b
+        .op(
+            OpKind::Concat,
+            &[eq.into(), eq_cut.into()],
+            Attrs::new().with("axis", Attr::Int(0)),
+        )
+        .unwrap();
     let g = b
         .finish(&[
             slice,
@@ -212,6 +219,7 @@ fn movement_ops_match_the_cpu_exactly() {
             eq,
             eq_t,
             eq_cut,
+            eq_cat,
         ])
         .expect("the movement graph builds");
     let host = Arc::new(shardc::cpu::CpuBackend::with_threads(1));

@@ -15,6 +15,9 @@ STRIDED_SCATTER(float, f32)
 STRIDED_SCATTER(double, f64)
 STRIDED_SCATTER(int, i32)
 STRIDED_SCATTER(i64, i64)
+// Bit copies for the narrow types, as the strided copies (elementwise.cu).
+STRIDED_SCATTER(unsigned char, b8)
+STRIDED_SCATTER(unsigned short, b16)
 
 // Gather(params (pre, dim, post), indices (n)) -> (pre, n, post). `params` holds rows
 // [lo, lo + dim) of a table of `bound` rows (the whole table: lo = 0, bound = dim); rows it

@@ -668,6 +668,11 @@ impl Device for CudaDevice {
         }
     }
 
+    fn has_conv_library(&self) -> bool {
+        self.current()
+            .is_ok_and(|h| matches!(h.dnn, DnnState::Ready(_)))
+    }
+
     fn library_conv(&self, c: &LibraryConv) -> CudaResult<bool> {
         let mut h = self.current()?;
         let stream = h.stream;

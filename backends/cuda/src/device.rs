@@ -166,6 +166,12 @@ pub trait Device: Send + Sync {
         Ok(false)
     }
 
+    /// Whether [`Device::library_conv`] has a library behind it (it may still refuse a
+    /// geometry). The default has none.
+    fn has_conv_library(&self) -> bool {
+        false
+    }
+
     /// Marks the point the compute stream has reached, for profiling, and returns the mark's
     /// number (counted from 0 after [`Device::reset_marks`]); None where the device cannot
     /// time its stream. The default cannot.

@@ -629,6 +629,10 @@ impl Device for EmulatedDevice {
         Ok(())
     }
 
+    fn has_conv_library(&self) -> bool {
+        self.reference_library
+    }
+
     fn library_conv(&self, c: &LibraryConv) -> CudaResult<bool> {
         if !self.reference_library || crate::cudnn::unsupported(&c.geometry).is_some() {
             return Ok(false);

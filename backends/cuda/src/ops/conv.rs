@@ -17,17 +17,21 @@
 //!   pixel of the chunk, `dW_g += dY_g · cols_g^T` (beta 1 after the first chunk).
 //!
 //! Where the device has a convolution library (cuDNN, [`Device::library_conv`]) that takes the
-//! geometry, the three ops go there instead (`Lowered::Library`).
+//! geometry, the three ops go there instead (`Lowered::Library`). cuDNN pads both sides of a
+//! dimension alike; a convolution padded unevenly (a strided `same` one, say: 0 rows above, 1
+//! below) goes there too, as the unpadded convolution of its input with the zeros written in
+//! (a copy in the scratch memory; the input gradient is computed padded, then cropped).
 //!
 //! An empty convolution (a zero size anywhere) runs on the host.
 
+use super::movement::copy_kernel;
 use super::{host, out_float, Lowered, OpCall, Val};
 use crate::device::{ConvDirection, Device, Gemm, LibraryConv};
 use crate::error::CudaResult;
 use crate::kernels::{DevPtr, KernelArg};
 use shardc_ir::geometry::{conv2d_geometry, Conv2dGeometry};
 use shardc_ir::{DType, TensorType};
-use KernelArg::{Ptr, I64};
+use KernelArg::{Ptr, F64, I64};
 
 /// Most elements of the scratch memory (column matrices and gathered gradients) of one call
 /// (16 MiB of Float32), unless a single image needs more.
@@ -229,21 +233,91 @@ fn check_shape(call: &OpCall<'_>, what: &str, t: &TensorType, want: &[usize]) ->
     Ok(())
 }
 
-/// Runs the convolution through the device's library when it takes it.
+/// Runs the convolution of `geometry` (`d.g`, or its padded form) through the device's
+/// library when it takes it.
 fn library(
     call: &OpCall<'_>,
     d: &Dims,
+    geometry: &Conv2dGeometry,
     direction: ConvDirection,
     (x, w, y): (DevPtr, DevPtr, DevPtr),
 ) -> CudaResult<bool> {
     call.dev.library_conv(&LibraryConv {
         direction,
         dtype: d.dtype,
-        geometry: d.g,
+        geometry: *geometry,
         x,
         w,
         y,
     })
+}
+
+/// The geometry of `d`'s convolution over its input with the padding written in (no padding of
+/// its own), where the device's library refuses `d.g` for its uneven padding and takes that.
+fn padded_geometry(call: &OpCall<'_>, d: &Dims) -> Option<Conv2dGeometry> {
+    let g = &d.g;
+    if !call.dev.has_conv_library() || crate::cudnn::unsupported(g).is_none() {
+        return None;
+    }
+    let padded = Conv2dGeometry {
+        h: g.h + g.pad_top + g.pad_bottom,
+        w: g.w + g.pad_left + g.pad_right,
+        pad_top: 0,
+        pad_bottom: 0,
+        pad_left: 0,
+        pad_right: 0,
+        ..*g
+    };
+    crate::cudnn::unsupported(&padded)
+        .is_none()
+        .then_some(padded)
+}
+
+/// Where the input (unpadded) lies in the padded one of `padded`: the first element's offset,
+/// the dims (N, C, H, W) and the padded strides.
+fn interior(d: &Dims, padded: &Conv2dGeometry) -> (usize, [usize; 4], [i64; 4]) {
+    let g = &d.g;
+    let (hp, wp) = (padded.h, padded.w);
+    let strides = [(g.c_in * hp * wp) as i64, (hp * wp) as i64, wp as i64, 1];
+    (
+        g.pad_top * wp + g.pad_left,
+        [g.n, g.c_in, g.h, g.w],
+        strides,
+    )
+}
+
+/// Scratch memory for the padded input (or its gradient) of `padded`.
+fn padded_buffer(call: &OpCall<'_>, d: &Dims, padded: &Conv2dGeometry) -> CudaResult<DevPtr> {
+    let elems = padded.n * padded.c_in * padded.h * padded.w;
+    Ok(Scratch::new(call, elems * d.esz as usize)?.ptr)
+}
+
+/// `x` with its padding written in (zeros around it), in the scratch memory.
+fn pad_input(
+    call: &OpCall<'_>,
+    d: &Dims,
+    padded: &Conv2dGeometry,
+    x: DevPtr,
+    s: &str,
+) -> CudaResult<DevPtr> {
+    let xp = padded_buffer(call, d, padded)?;
+    let elems = padded.n * padded.c_in * padded.h * padded.w;
+    call.launch(
+        &format!("fill_{s}"),
+        call.grid(elems),
+        &[Ptr(xp), I64(elems as i64), F64(0.0)],
+    )?;
+    let (base, dims, strides) = interior(d, padded);
+    copy_kernel(
+        call,
+        "strided_scatter",
+        x,
+        d.at(xp, base),
+        &dims,
+        &strides,
+        d.dtype,
+    )?;
+    Ok(xp)
 }
 
 /// `Conv2D(x, w)`.
@@ -259,8 +333,14 @@ pub(super) fn conv2d(call: &OpCall<'_>) -> CudaResult<Lowered> {
         Err(why) => return host(why),
     };
     check_shape(call, "the result", ty, &d.g.output_shape())?;
-    if library(call, &d, ConvDirection::Forward, (x, w, y))? {
+    if library(call, &d, &d.g, ConvDirection::Forward, (x, w, y))? {
         return Ok(Lowered::Library);
+    }
+    if let Some(p) = padded_geometry(call, &d) {
+        let xp = pad_input(call, &d, &p, x, s)?;
+        if library(call, &d, &p, ConvDirection::Forward, (xp, w, y))? {
+            return Ok(Lowered::Library);
+        }
     }
     let (per_image, b, scratch) = d.columns(call)?;
     for n0 in (0..d.g.n).step_by(b) {
@@ -310,8 +390,25 @@ pub(super) fn conv2d_backprop_input(call: &OpCall<'_>) -> CudaResult<Lowered> {
     };
     check_shape(call, "dy", tdy, &d.g.output_shape())?;
     check_shape(call, "the result", tdx, &x_shape)?;
-    if library(call, &d, ConvDirection::BackwardData, (dx, w, dy))? {
+    if library(call, &d, &d.g, ConvDirection::BackwardData, (dx, w, dy))? {
         return Ok(Lowered::Library);
+    }
+    if let Some(p) = padded_geometry(call, &d) {
+        // The padded input's gradient, then its interior.
+        let dxp = padded_buffer(call, &d, &p)?;
+        if library(call, &d, &p, ConvDirection::BackwardData, (dxp, w, dy))? {
+            let (base, dims, strides) = interior(&d, &p);
+            copy_kernel(
+                call,
+                "strided_copy",
+                d.at(dxp, base),
+                dx,
+                &dims,
+                &strides,
+                d.dtype,
+            )?;
+            return Ok(Lowered::Library);
+        }
     }
     let (per_image, b, scratch) = d.columns(call)?;
     for n0 in (0..d.g.n).step_by(b) {
@@ -358,8 +455,14 @@ pub(super) fn conv2d_backprop_filter(call: &OpCall<'_>) -> CudaResult<Lowered> {
     };
     check_shape(call, "dy", tdy, &d.g.output_shape())?;
     check_shape(call, "the result", tdw, &w_shape)?;
-    if library(call, &d, ConvDirection::BackwardFilter, (x, dw, dy))? {
+    if library(call, &d, &d.g, ConvDirection::BackwardFilter, (x, dw, dy))? {
         return Ok(Lowered::Library);
+    }
+    if let Some(p) = padded_geometry(call, &d) {
+        let xp = pad_input(call, &d, &p, x, s)?;
+        if library(call, &d, &p, ConvDirection::BackwardFilter, (xp, dw, dy))? {
+            return Ok(Lowered::Library);
+        }
     }
     let b = d.chunk((d.rows + d.g.c_out) * d.p);
     // One allocation: the column matrix, then (from a 256-byte boundary) dY side by side.

@@ -52,7 +52,7 @@ fn at(ptr: DevPtr, elements: usize, ty: &TensorType) -> DevPtr {
     ptr + (elements * ty.dtype.size_bytes()) as u64
 }
 
-fn copy_kernel(
+pub(super) fn copy_kernel(
     call: &OpCall<'_>,
     kernel: &str,
     src: DevPtr,
