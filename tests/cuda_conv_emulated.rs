@@ -714,3 +714,65 @@ fn reductions_over_axes_that_are_not_adjacent_match_the_cpu() {
         }
     }
 }
+
+#[test]
+fn long_columns_and_layer_norm_parameters_reduce_as_on_the_cpu() {
+    // Columns of at least 64 rows go through the tiled kernel (a block per 32 columns, its
+    // warps taking every few rows): a last tile of 6 of 32 columns, several tiles per outer
+    // slice, NaN in a maximum.
+    for (dtype, op) in [
+        (DType::Float32, OpKind::ReduceSum),
+        (DType::Float32, OpKind::ReduceMean),
+        (DType::Float32, OpKind::ReduceMax),
+        (DType::Float64, OpKind::ReduceSum),
+    ] {
+        for (shape, axis) in [(vec![150usize, 70], 0i64), (vec![2, 100, 40], 1)] {
+            for values in ["uniform", "NaNs"] {
+                if values == "NaNs" && op != OpKind::ReduceMax {
+                    continue;
+                }
+                let mut n = OpNet::new(dtype, 90 + shape.len() as u64);
+                let x = match values {
+                    "NaNs" => n.w_with("x", &shape, |u| if u > 0.995 { f64::NAN } else { u }),
+                    _ => n.w("x", &shape),
+                };
+                let y = n.op(
+                    op,
+                    vec![x, Operand::Const(Const::Ints(vec![axis]))],
+                    attrs(vec![("keep_dims", Attr::Bool(false))]),
+                );
+                let what = format!("{op} over axis {axis} of {shape:?} ({values})");
+                match n.check(y, &what, tol(dtype)) {
+                    Some(s) => assert!(!s.contains("host:"), "{what}: {s}"),
+                    None => return,
+                }
+            }
+        }
+    }
+    // LayerNorm's gamma and beta gradients: column sums over 130 rows of 45 parameters
+    // (two tiles, the second of 13), and over rows of a 2-D parameter block.
+    for dtype in [DType::Float32, DType::Float64] {
+        for (shape, bna, bpa) in [(vec![130usize, 45], 1i64, 1i64), (vec![70, 3, 20], 1, 1)] {
+            let mut n = OpNet::new(dtype, 97);
+            let x = n.w("x", &shape);
+            let params = &shape[bpa as usize..];
+            let gamma = n.w("gamma", params);
+            let beta = n.w("beta", params);
+            let ln = n.op(
+                OpKind::LayerNorm,
+                vec![x, gamma, beta],
+                attrs(vec![
+                    ("begin_norm_axis", Attr::Int(bna)),
+                    ("begin_params_axis", Attr::Int(bpa)),
+                    ("epsilon", Attr::Float(1e-5)),
+                ]),
+            );
+            let y = n.item(ln, 0);
+            let what = format!("LayerNorm of {shape:?} ({dtype})");
+            match n.check(y, &what, tol(dtype)) {
+                Some(s) => assert!(!s.contains("host:"), "{what}: {s}"),
+                None => return,
+            }
+        }
+    }
+}

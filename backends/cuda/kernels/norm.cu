@@ -54,21 +54,40 @@ FOR_FLOATS(LAYER_NORM)
     }
 FOR_FLOATS(LAYER_NORM_GRAD_X)
 
-// dgamma, dbeta: column sums of the (total / p, p) view; a thread per parameter.
+// dgamma, dbeta: column sums of the (total / p, p) view, tiled as reduce_cols_tiled: a block
+// per 32 adjacent parameters, its warps taking every (warps)-th row, partial sums combined in
+// shared memory (blockDim a multiple of 32, at most 1024).
 #define LAYER_NORM_GRAD_PARAMS(T, S)                                                        \
     extern "C" __global__ void layer_norm_grad_params_##S(                                  \
         const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ rstd,      \
         const T* __restrict__ mean, T* __restrict__ dgamma, T* __restrict__ dbeta,          \
         i64 total, i64 d, i64 p) {                                                          \
-        GRID_STRIDE(j, p) {                                                                 \
+        __shared__ T part_g[1024];                                                          \
+        __shared__ T part_b[1024];                                                          \
+        int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;      \
+        i64 rows = total / p;                                                               \
+        for (i64 t = blockIdx.x; t * 32 < p; t += gridDim.x) {                              \
+            i64 j = t * 32 + lane;                                                          \
             T g = (T)0, b = (T)0;                                                           \
-            for (i64 i = j; i < total; i += p) {                                            \
-                i64 r = i / d;                                                              \
-                g += dy[i] * (x[i] - mean[r]) * rstd[r];                                    \
-                b += dy[i];                                                                 \
+            if (j < p) {                                                                    \
+                for (i64 q = warp; q < rows; q += warps) {                                  \
+                    i64 i = q * p + j, r = i / d;                                           \
+                    g += dy[i] * (x[i] - mean[r]) * rstd[r];                                \
+                    b += dy[i];                                                             \
+                }                                                                           \
             }                                                                               \
-            dgamma[j] = g;                                                                  \
-            dbeta[j] = b;                                                                   \
+            part_g[threadIdx.x] = g;                                                        \
+            part_b[threadIdx.x] = b;                                                        \
+            __syncthreads();                                                                \
+            if (warp == 0 && j < p) {                                                       \
+                for (int w = 1; w < warps; ++w) {                                           \
+                    g += part_g[w * 32 + lane];                                             \
+                    b += part_b[w * 32 + lane];                                             \
+                }                                                                           \
+                dgamma[j] = g;                                                              \
+                dbeta[j] = b;                                                               \
+            }                                                                               \
+            __syncthreads();                                                                \
         }                                                                                   \
     }
 FOR_FLOATS(LAYER_NORM_GRAD_PARAMS)

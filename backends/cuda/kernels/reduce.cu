@@ -1,6 +1,9 @@
 // Reductions and the row-wise ops: a tensor viewed as (outer, r, inner) reduced over r.
 // Row kernels (inner == 1): a block per row, block-wide sums. Column kernels (inner > 1): a
-// thread per (outer, inner) result, a serial loop over r (reads coalesced along inner).
+// thread per (outer, inner) result, a serial loop over r (reads coalesced along inner); for
+// long columns, tiled: a block per 32 adjacent columns, its warps taking every (warps)-th row
+// and their partial results combined in shared memory (a few hundred columns of a thousand
+// rows, a bias's gradient, would otherwise be a few hundred threads looping a thousand times).
 
 // y[o] = scale * sum / max of x[o, 0..r].  op: 0 sum, 1 max.
 #define REDUCE_ROWS(T, S)                                                                   \
@@ -35,6 +38,39 @@ FOR_FLOATS(REDUCE_ROWS)
         }                                                                                   \
     }
 FOR_FLOATS(REDUCE_COLS)
+
+// Combines two partial reductions: op 0 sums, 1 takes the maximum (NaN wins).
+template <typename T>
+__device__ __forceinline__ T reduce_combine(T acc, T v, int op) {
+    return op == 0 ? acc + v : ((v > acc || v != v) ? v : acc);
+}
+
+// Tiled column reduction (blockDim a multiple of 32, at most 1024).
+#define REDUCE_COLS_TILED(T, S)                                                             \
+    extern "C" __global__ void reduce_cols_tiled_##S(const T* __restrict__ x,               \
+                                                    T* __restrict__ y, i64 outer, i64 r,    \
+                                                    i64 inner, int op, double scale) {      \
+        __shared__ T part[1024];                                                            \
+        int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;      \
+        i64 tiles = (inner + 31) / 32;                                                      \
+        T none = op == 0 ? (T)0 : -(T)INFINITY;                                             \
+        for (i64 t = blockIdx.x; t < outer * tiles; t += gridDim.x) {                       \
+            i64 o = t / tiles, in = (t % tiles) * 32 + lane;                                \
+            T acc = none;                                                                   \
+            if (in < inner) {                                                               \
+                const T* p = x + o * r * inner + in;                                        \
+                for (i64 j = warp; j < r; j += warps) acc = reduce_combine(acc, p[j * inner], op); \
+            }                                                                               \
+            part[threadIdx.x] = acc;                                                        \
+            __syncthreads();                                                                \
+            if (warp == 0 && in < inner) {                                                  \
+                for (int w = 1; w < warps; ++w) acc = reduce_combine(acc, part[w * 32 + lane], op); \
+                y[o * inner + in] = op == 0 ? acc * (T)scale : acc;                         \
+            }                                                                               \
+            __syncthreads();                                                                \
+        }                                                                                   \
+    }
+FOR_FLOATS(REDUCE_COLS_TILED)
 
 // BiasAddGrad for x (n, c, inner): db[ch] = sum over n and inner. A block per channel.
 #define BIAS_GRAD(T, S)                                                                     \

@@ -428,19 +428,7 @@ fn bias_add_grad(call: &OpCall<'_>) -> CudaResult<Lowered> {
     let inner: usize = tdy.shape[2..].iter().product();
     if inner == 1 {
         // (n, c) column sums.
-        return call.launch(
-            &format!("reduce_cols_{s}"),
-            call.grid(c),
-            &[
-                Ptr(dy),
-                Ptr(db),
-                I64(1),
-                I64(n as i64),
-                I64(c as i64),
-                I32(0),
-                F64(1.0),
-            ],
-        );
+        return reduce_cols(call, s, (dy, db), (1, n, c), 0, 1.0);
     }
     call.launch(
         &format!("bias_add_grad_{s}"),
@@ -710,19 +698,40 @@ fn reduce_pass(
             ],
         )
     } else {
+        reduce_cols(call, s, (x, y), (outer, r, inner), op, scale)
+    }
+}
+
+/// Columns at least this long are reduced by the tiled kernel (a block per 32 columns).
+const TILED_COLUMNS_FROM: usize = 64;
+
+/// `x` viewed as (outer, r, inner), inner > 1, reduced over r into `y` (see [`reduce_pass`]):
+/// long columns by the tiled kernel, short ones a thread per result.
+fn reduce_cols(
+    call: &OpCall<'_>,
+    s: &str,
+    (x, y): (DevPtr, DevPtr),
+    (outer, r, inner): (usize, usize, usize),
+    op: i32,
+    scale: f64,
+) -> CudaResult<Lowered> {
+    let args = [
+        Ptr(x),
+        Ptr(y),
+        I64(outer as i64),
+        I64(r as i64),
+        I64(inner as i64),
+        I32(op),
+        F64(scale),
+    ];
+    if r >= TILED_COLUMNS_FROM {
         call.launch(
-            &format!("reduce_cols_{s}"),
-            call.grid(outer * inner),
-            &[
-                Ptr(x),
-                Ptr(y),
-                I64(outer as i64),
-                I64(r as i64),
-                I64(inner as i64),
-                I32(op),
-                F64(scale),
-            ],
+            &format!("reduce_cols_tiled_{s}"),
+            call.rows_grid(outer * inner.div_ceil(32)),
+            &args,
         )
+    } else {
+        call.launch(&format!("reduce_cols_{s}"), call.grid(outer * inner), &args)
     }
 }
 
@@ -875,7 +884,7 @@ fn layer_norm_grad(call: &OpCall<'_>) -> CudaResult<Lowered> {
     )?;
     call.launch(
         &format!("layer_norm_grad_params_{s}"),
-        call.grid(p),
+        call.rows_grid(p.div_ceil(32)),
         &[
             Ptr(x),
             Ptr(dy),
