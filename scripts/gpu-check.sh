@@ -11,7 +11,8 @@
 #      CPU's losses; the ResNet-50 example on the GPU against the CPU;
 #   5. `shardc bench gpu` against PyTorch on the same GPU (`--python`, default python3);
 #   6. the convolution suite again with cuDNN and graph replay off (im2col + cuBLAS, every
-#      kernel launched by the host: step 09), and the GPU suite with replay off (step 10);
+#      kernel launched by the host: step 09), the GPU suite with replay off (step 10), the
+#      convolution suite with cuDNN's non-deterministic algorithms allowed (step 11);
 #      every other step replays recorded steps (CUDA Graphs) where the executor can.
 #
 #   bash scripts/gpu-check.sh [BUNDLE] [OUT]     (defaults: .gpu and $OUT or /tmp/gpu-check)
@@ -228,6 +229,10 @@ step 09-kernels-conv-im2col gpu120 env SHARDC_TEST_DEVICE=cuda SHARDC_CUDNN=0 SH
 # The GPU suite with every step launched node by node: the numbers of both paths.
 step 10-cuda-gpu-suite-launched gpu150 env SHARDC_CUDA_GRAPHS=0 "$bin/cuda_gpu" --ignored \
   --test-threads=1 --nocapture --skip nccl
+# The convolution suite with cuDNN's non-deterministic algorithms allowed (the bench's
+# `resnet18 *` row): the CPU's numbers still.
+step 11-kernels-conv-any-algorithm gpu120 env SHARDC_TEST_DEVICE=cuda SHARDC_CUDNN_DETERMINISTIC=0 \
+  "$bin/cuda_conv_emulated" --test-threads=1 --nocapture
 cp "$logs/08-bench-gpu.log" "$out/bench-gpu.txt" 2> /dev/null || true
 echo "done in $SECONDS s: $(grep -c ^PASS "$summary") passed, $(grep -c ^FAIL "$summary") failed, $(grep -c ^SKIP "$summary") skipped" | tee -a "$summary"
 rm -rf "$work"

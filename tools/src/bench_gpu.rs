@@ -5,7 +5,10 @@
 //! (CIFAR shapes) and the 2-layer transformer on [`GpuExecutor`] against PyTorch eager and
 //! `torch.compile` (`bench/gpu/reference.py`; goal: ≤ 1.0× eager). Each line prints both
 //! figures and the ratio, and in parentheses shardc's step without graph replay (every
-//! kernel launched by the host, as PyTorch eager does); the GPU's name heads the output. With `--stats`, each model's
+//! kernel launched by the host, as PyTorch eager does); the GPU's name heads the output.
+//! Where convolutions go through cuDNN, ResNet-18 runs once more with cuDNN's
+//! non-deterministic algorithms allowed (`resnet18 *`), as PyTorch's reference runs by
+//! default; the other rows keep to deterministic ones. With `--stats`, each model's
 //! measured steps are followed by a few profiled ones: the GPU time per op kind. Needs a GPU
 //! (`shardc gpu info`).
 
@@ -194,19 +197,33 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     };
     let (warmup, steps) = if args.quick { (3, 20) } else { (10, 100) };
     println!("training step            shardc ms   torch eager ms   ratio   torch.compile ms   goal <= 1.0 x eager   (no graph replay ms)");
-    for name in ["mlp", "resnet18", "transformer"] {
+    // ResNet-18 once more with cuDNN's non-deterministic algorithms allowed (PyTorch's default,
+    // which its reference row runs with), where convolutions go through cuDNN.
+    let any_algorithm = dev.convolutions().starts_with("cuDNN");
+    let rows = ["mlp", "resnet18", "transformer"]
+        .into_iter()
+        .map(|name| (name, false))
+        .chain(any_algorithm.then_some(("resnet18", true)));
+    for (name, nondeterministic) in rows {
         let graph = match name {
             "mlp" => TrainModel::Mlp.training_graph(args.batch)?,
             "resnet18" => TrainModel::Resnet18.training_graph(args.batch)?,
             _ => transformer_step()?,
         };
-        let (ours, loss) = step_ms(&dev, &graph, (warmup, steps), args.stats, true)?;
-        let (launched, _) = step_ms(&dev, &graph, (warmup, steps), false, false)?;
+        dev.set_deterministic_convolutions(!nondeterministic);
+        let run = (|| {
+            let (ours, loss) = step_ms(&dev, &graph, (warmup, steps), args.stats, true)?;
+            let (launched, _) = step_ms(&dev, &graph, (warmup, steps), false, false)?;
+            anyhow::Ok((ours, loss, launched))
+        })();
+        dev.set_deterministic_convolutions(true);
+        let (ours, loss, launched) = run?;
         let eager = field(&refs, &[("model", name), ("mode", "eager")], "step_ms");
         let compiled = field(&refs, &[("model", name), ("mode", "compile")], "step_ms");
         let ratio = eager.map(|e| ours / e);
         println!(
-            "{name:<12} batch {:<4}     {ours:>9.3}   {:>14}   {:>5}   {:>16}   {:<6}   ({launched:.3}; loss {loss:.4})",
+            "{:<12} batch {:<4}     {ours:>9.3}   {:>14}   {:>5}   {:>16}   {:<6}   ({launched:.3}; loss {loss:.4})",
+            if nondeterministic { "resnet18 *" } else { name },
             if name == "transformer" { 8 } else { args.batch },
             eager.map_or("-".into(), |v| format!("{v:.3}")),
             ratio.map_or("-".into(), |r| format!("{r:.2}")),
@@ -216,6 +233,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 Some(_) => "missed",
                 None => "",
             }
+        );
+    }
+    if any_algorithm {
+        println!(
+            "* with cuDNN's non-deterministic algorithms allowed (SHARDC_CUDNN_DETERMINISTIC=0; \
+             PyTorch's default); the rows above keep to deterministic ones"
         );
     }
     Ok(())

@@ -98,6 +98,9 @@ pub struct CudaDevice {
     capability: (i32, i32),
     multiprocessors: u32,
     tf32: bool,
+    /// Whether convolutions keep to cuDNN's deterministic algorithms
+    /// ([`CudaDevice::set_deterministic_convolutions`]).
+    deterministic_convs: std::sync::atomic::AtomicBool,
     /// What the kernels were loaded as (`SASS by NVRTC 12.8`).
     kernel_image: String,
 }
@@ -301,6 +304,7 @@ impl CudaDevice {
             capability: (major, minor),
             multiprocessors: sms.max(1) as u32,
             tf32: false,
+            deterministic_convs: std::sync::atomic::AtomicBool::new(cudnn::deterministic_by_env()),
             kernel_image,
         })
     }
@@ -326,12 +330,34 @@ impl CudaDevice {
         Ok(())
     }
 
-    /// How convolutions run: `cuDNN 91000`, or `im2col + cuBLAS (cuDNN ...)` with the
-    /// reason cuDNN is not used.
+    /// Lets cuDNN's convolutions take its non-deterministic algorithms (atomics: faster, but
+    /// not the same bits twice) or keeps them to deterministic ones (the default, unless
+    /// `SHARDC_CUDNN_DETERMINISTIC=0`). Plans made before keep their algorithms for the other
+    /// setting.
+    pub fn set_deterministic_convolutions(&self, on: bool) {
+        self.deterministic_convs
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn deterministic_convolutions(&self) -> bool {
+        self.deterministic_convs
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// How convolutions run: `cuDNN 91000` (`, any algorithm` where non-deterministic ones
+    /// are allowed), or `im2col + cuBLAS (cuDNN ...)` with the reason cuDNN is not used.
     pub fn convolutions(&self) -> String {
         let h = self.handles.lock().unwrap_or_else(|p| p.into_inner());
         match &h.dnn {
-            DnnState::Ready(_) => format!("cuDNN {}", Dnn::version()),
+            DnnState::Ready(_) => format!(
+                "cuDNN {}{}",
+                Dnn::version(),
+                if self.deterministic_convolutions() {
+                    ""
+                } else {
+                    ", any algorithm"
+                }
+            ),
             DnnState::Off(why) => format!("im2col + cuBLAS (cuDNN {why})"),
         }
     }
@@ -682,7 +708,7 @@ impl Device for CudaDevice {
         // SAFETY: a live stream (the workspace is freed only after it is idle).
         let sync =
             || unsafe { drv::stream::synchronize(stream) }.map_err(driver("cuStreamSynchronize"));
-        dnn.run(c, self.tf32, &sync)
+        dnn.run(c, (self.tf32, self.deterministic_convolutions()), &sync)
     }
 
     fn mark(&self) -> CudaResult<Option<usize>> {

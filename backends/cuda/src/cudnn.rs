@@ -11,7 +11,9 @@
 //!   cores) unless TF32 is turned on for the device, as for cuBLAS.
 //! - **Algorithms**: only GEMM-like and direct algorithms (no FFT or Winograd, whose rounding
 //!   differs from a dot product's by more than 1e-5) that cuDNN reports deterministic (the
-//!   same inputs give the same bits, run after run), with at most [`WORKSPACE_LIMIT`] bytes of
+//!   same inputs give the same bits, run after run; `SHARDC_CUDNN_DETERMINISTIC=0` or
+//!   `CudaDevice::set_deterministic_convolutions(false)` admits those with atomics too, as
+//!   PyTorch does by default), with at most [`WORKSPACE_LIMIT`] bytes of
 //!   workspace: the first in the order of cuDNN's heuristics, or with
 //!   `SHARDC_CUDNN_ALGOS=measure` the fastest of them as cuDNN measures them on the device
 //!   when a shape is first seen (`cudnnFindConvolution*Algorithm`, PyTorch's
@@ -132,12 +134,28 @@ pub struct Candidate {
     pub memory: usize,
 }
 
-/// The first candidate that is accepted, runs, is deterministic and needs at most `limit`
-/// bytes of workspace.
-pub fn choose(candidates: &[Candidate], limit: usize) -> Option<usize> {
-    candidates
-        .iter()
-        .position(|c| c.accepted && c.ok && c.deterministic && c.memory <= limit)
+/// The first candidate that is accepted, runs, is deterministic (where `deterministic_only`)
+/// and needs at most `limit` bytes of workspace.
+pub fn choose(candidates: &[Candidate], limit: usize, deterministic_only: bool) -> Option<usize> {
+    candidates.iter().position(|c| {
+        c.accepted && c.ok && (c.deterministic || !deterministic_only) && c.memory <= limit
+    })
+}
+
+/// The environment variable that lets convolutions take cuDNN's non-deterministic algorithms
+/// (`SHARDC_CUDNN_DETERMINISTIC=0`: atomics, faster, not the same bits twice; PyTorch's
+/// default, `torch.backends.cudnn.deterministic = False`). Unset, only deterministic ones run.
+pub const DETERMINISTIC_ENV: &str = "SHARDC_CUDNN_DETERMINISTIC";
+
+/// Whether a value of `SHARDC_CUDNN_DETERMINISTIC` (None: unset) keeps convolutions to
+/// deterministic algorithms.
+pub fn deterministic(value: Option<&str>) -> bool {
+    enabled(value)
+}
+
+/// Whether `SHARDC_CUDNN_DETERMINISTIC` keeps convolutions to deterministic algorithms.
+pub fn deterministic_by_env() -> bool {
+    deterministic(std::env::var(DETERMINISTIC_ENV).ok().as_deref())
 }
 
 /// The algorithm of one plan.
@@ -206,6 +224,7 @@ struct Key {
     dtype: DType,
     geometry: Conv2dGeometry,
     tf32: bool,
+    deterministic: bool,
 }
 
 /// A cuDNN handle on the device's compute stream, its plans and its workspace. Used only
@@ -241,12 +260,13 @@ impl Dnn {
         dnn::get_version()
     }
 
-    /// Runs `c`, or returns Ok(false) when cuDNN cannot (see the module doc). `sync` waits
-    /// for the stream before a smaller workspace is freed.
+    /// Runs `c`, or returns Ok(false) when cuDNN cannot (see the module doc); only
+    /// deterministic algorithms where `deterministic`. `sync` waits for the stream before a
+    /// smaller workspace is freed.
     pub(crate) fn run(
         &mut self,
         c: &LibraryConv,
-        tf32: bool,
+        (tf32, deterministic): (bool, bool),
         sync: &dyn Fn() -> CudaResult<()>,
     ) -> CudaResult<bool> {
         if !matches!(c.dtype, DType::Float32 | DType::Float64) || unsupported(&c.geometry).is_some()
@@ -258,6 +278,7 @@ impl Dnn {
             dtype: c.dtype,
             geometry: c.geometry,
             tf32,
+            deterministic,
         };
         if !self.plans.contains_key(&key) {
             // A shape cuDNN refuses to plan (a descriptor or algorithm call fails) falls back
@@ -469,6 +490,7 @@ impl Dnn {
                     },
                 )?,
                 math_ok,
+                key.deterministic,
             ),
             ConvDirection::BackwardData => pick(
                 &candidates(
@@ -491,6 +513,7 @@ impl Dnn {
                     },
                 )?,
                 math_ok,
+                key.deterministic,
             ),
             ConvDirection::BackwardFilter => pick(
                 &candidates(
@@ -513,6 +536,7 @@ impl Dnn {
                     },
                 )?,
                 math_ok,
+                key.deterministic,
             ),
         };
         let Some((algo, chosen_math, workspace)) = chosen else {
@@ -606,6 +630,7 @@ fn candidates<P: Perf>(
 fn pick<P: Perf>(
     perfs: &[P],
     math_ok: impl Fn(sys::cudnnMathType_t) -> bool,
+    deterministic_only: bool,
 ) -> Option<(Algo, sys::cudnnMathType_t, usize)> {
     let candidates: Vec<Candidate> = perfs
         .iter()
@@ -619,7 +644,7 @@ fn pick<P: Perf>(
             }
         })
         .collect();
-    choose(&candidates, WORKSPACE_LIMIT).map(|i| {
+    choose(&candidates, WORKSPACE_LIMIT, deterministic_only).map(|i| {
         let (math, _, _, memory) = perfs[i].fields();
         (perfs[i].algorithm().0, math, memory)
     })
@@ -725,9 +750,13 @@ mod tests {
             c(true, true, true, 4096),
             c(true, true, true, 0),
         ];
-        assert_eq!(choose(&list, WORKSPACE_LIMIT), Some(4));
-        assert_eq!(choose(&list[..4], WORKSPACE_LIMIT), None);
-        assert_eq!(choose(&list, 1024), Some(5));
+        assert_eq!(choose(&list, WORKSPACE_LIMIT, true), Some(4));
+        assert_eq!(choose(&list[..4], WORKSPACE_LIMIT, true), None);
+        assert_eq!(choose(&list, 1024, true), Some(5));
+        // Non-deterministic algorithms allowed: the one with atomics first.
+        assert_eq!(choose(&list, WORKSPACE_LIMIT, false), Some(2));
+        assert!(deterministic(None) && deterministic(Some("1")));
+        assert!(!deterministic(Some("0")) && !deterministic(Some("off")));
     }
 
     #[test]
