@@ -632,7 +632,16 @@ fn single_pools_and_their_gradients_match_the_cpu() {
 fn single_batch_norms_and_their_gradients_match_the_cpu() {
     for dtype in [DType::Float32, DType::Float64] {
         for training in [true, false] {
-            for shape in [&[4usize, 3, 5, 2][..], &[6, 3]] {
+            // Channels of 40 and 6 elements; then channels longer than a block of threads
+            // (64 on the emulator), whose threads step across images: 9 images of 10
+            // positions (a step of 6 images and 4 positions), 5 of 77, 3 of 300.
+            for shape in [
+                &[4usize, 3, 5, 2][..],
+                &[6, 3],
+                &[9, 3, 10],
+                &[5, 3, 7, 11],
+                &[3, 3, 300],
+            ] {
                 let mut n = OpNet::new(dtype, 120);
                 let x = n.w_with("x", shape, |u| 2.0 * u + 0.5);
                 let scale = n.w_with("scale", &[3], |u| 1.0 + 0.5 * u);

@@ -3,7 +3,17 @@
 // then elementwise normalisation and gradients (a thread per element).
 // Element k of channel ch is x[((k / s) * c + ch) * s + k % s]: reads coalesced along s.
 
-#define BN_CHANNEL_INDEX(k, ch, c, s) ((((k) / (s)) * (c) + (ch)) * (s) + (k) % (s))
+// Runs the statement after it for the elements k = threadIdx.x, + blockDim.x, ... of channel
+// ch of x viewed as (n, c, s), with `i` their index in x: image b_ = k / s and position
+// j_ = k % s are stepped along, not divided out per element (a 64-bit division costs dozens
+// of instructions). The same elements in the same order as the division would give.
+#define FOR_CHANNEL_ELEMENT(i, ch, n, c, s)                                                 \
+    for (i64 s_ = (s) > 0 ? (s) : 1, b_ = (s) > 0 ? threadIdx.x / s_ : (n),                 \
+             j_ = threadIdx.x % s_, db_ = blockDim.x / s_, dj_ = blockDim.x % s_,           \
+             i = (b_ * (c) + (ch)) * s_ + j_;                                               \
+         b_ < (n);                                                                          \
+         b_ += db_ + (j_ + dj_ >= s_), j_ = j_ + dj_ >= s_ ? j_ + dj_ - s_ : j_ + dj_,      \
+             i = (b_ * (c) + (ch)) * s_ + j_)
 
 // Per channel: training mode, the batch mean and variance (biased for rstd, unbiased for
 // batch_var); inference mode, mean_in / var_in.
@@ -18,12 +28,11 @@
             T mean, var, unbiased;                                                          \
             if (training) {                                                                 \
                 T acc = (T)0;                                                               \
-                for (i64 k = threadIdx.x; k < m; k += blockDim.x)                           \
-                    acc += x[BN_CHANNEL_INDEX(k, ch, c, s)];                                \
+                FOR_CHANNEL_ELEMENT(i, ch, n, c, s) acc += x[i];                            \
                 mean = block_sum(acc) / (T)m;                                               \
                 T sq = (T)0;                                                                \
-                for (i64 k = threadIdx.x; k < m; k += blockDim.x) {                         \
-                    T d = x[BN_CHANNEL_INDEX(k, ch, c, s)] - mean;                          \
+                FOR_CHANNEL_ELEMENT(i, ch, n, c, s) {                                       \
+                    T d = x[i] - mean;                                                      \
                     sq += d * d;                                                            \
                 }                                                                           \
                 sq = block_sum(sq);                                                         \
@@ -63,11 +72,10 @@ FOR_FLOATS(BN_NORMALIZE)
     extern "C" __global__ void bn_reduce_##S(const T* __restrict__ x, T* __restrict__ sum,  \
                                             T* __restrict__ square_sum, i64 n, i64 c,       \
                                             i64 s) {                                        \
-        i64 m = n * s;                                                                      \
         for (i64 ch = blockIdx.x; ch < c; ch += gridDim.x) {                                \
             T a = (T)0, q = (T)0;                                                           \
-            for (i64 k = threadIdx.x; k < m; k += blockDim.x) {                             \
-                T v = x[BN_CHANNEL_INDEX(k, ch, c, s)];                                     \
+            FOR_CHANNEL_ELEMENT(i, ch, n, c, s) {                                           \
+                T v = x[i];                                                                 \
                 a += v;                                                                     \
                 q += v * v;                                                                 \
             }                                                                               \
@@ -109,12 +117,10 @@ FOR_FLOATS(BN_UPDATE_STATS)
         const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ mean,      \
         const T* __restrict__ rstd, T* __restrict__ dscale, T* __restrict__ dbias, i64 n,   \
         i64 c, i64 s) {                                                                     \
-        i64 m = n * s;                                                                      \
         for (i64 ch = blockIdx.x; ch < c; ch += gridDim.x) {                                \
             T mu = mean[ch], r = rstd[ch];                                                  \
             T ds = (T)0, db = (T)0;                                                         \
-            for (i64 k = threadIdx.x; k < m; k += blockDim.x) {                             \
-                i64 i = BN_CHANNEL_INDEX(k, ch, c, s);                                      \
+            FOR_CHANNEL_ELEMENT(i, ch, n, c, s) {                                           \
                 ds += dy[i] * ((x[i] - mu) * r);                                            \
                 db += dy[i];                                                                \
             }                                                                               \
