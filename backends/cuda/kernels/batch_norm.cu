@@ -60,7 +60,7 @@ FOR_FLOATS(BN_STATS)
         const T* __restrict__ scale, const T* __restrict__ bias, T* __restrict__ y,         \
         i64 total, i64 c, i64 s) {                                                          \
         GRID_STRIDE(i, total) {                                                             \
-            i64 ch = (i / s) % c;                                                           \
+            i64 ch = channel_of(i, s, c);                                                   \
             T k = rstd[ch] * scale[ch];                                                     \
             y[i] = (x[i] - mean[ch]) * k + bias[ch];                                        \
         }                                                                                   \
@@ -144,7 +144,7 @@ FOR_FLOATS(BN_GRAD_SUMS)
         i64 total, i64 c, i64 s, double m_v, int training) {                                \
         T m = (T)m_v;                                                                       \
         GRID_STRIDE(i, total) {                                                             \
-            i64 ch = (i / s) % c;                                                           \
+            i64 ch = channel_of(i, s, c);                                                   \
             T r = rstd[ch], g = scale[ch];                                                  \
             if (training) {                                                                 \
                 T xhat = (x[i] - mean[ch]) * r;                                             \

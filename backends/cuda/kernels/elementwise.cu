@@ -92,7 +92,7 @@ FOR_FLOATS(BINARY_SCALAR_ALL)
 #define BIAS_ADD(T, S)                                                                      \
     extern "C" __global__ void bias_add_##S(const T* __restrict__ x, const T* __restrict__ b, \
                                            T* __restrict__ y, i64 n, i64 c, i64 inner) {    \
-        GRID_STRIDE(i, n) y[i] = x[i] + b[(i / inner) % c];                                 \
+        GRID_STRIDE(i, n) y[i] = x[i] + b[channel_of(i, inner, c)];                         \
     }
 FOR_FLOATS(BIAS_ADD)
 

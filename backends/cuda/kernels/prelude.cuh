@@ -46,6 +46,16 @@ __device__ __forceinline__ void strided_offsets(const Strided& s, i64 i, i64* oa
 #define GRID_STRIDE(i, n) \
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)blockDim.x * gridDim.x)
 
+// The channel of element i of a tensor viewed as (outer, c, inner): by 32-bit division where
+// the numbers fit (a 64-bit division costs several times as many instructions).
+__device__ __forceinline__ i64 channel_of(i64 i, i64 inner, i64 c) {
+    if (i <= 0xffffffffLL && inner <= 0xffffffffLL && c <= 0xffffffffLL) {
+        unsigned int q = (unsigned int)i / (unsigned int)inner;
+        return (i64)(q % (unsigned int)c);
+    }
+    return (i / inner) % c;
+}
+
 // Sum over a warp; every lane gets the total.
 template <typename T>
 __device__ __forceinline__ T warp_sum(T v) {
