@@ -428,7 +428,7 @@ fn bias_add_grad(call: &OpCall<'_>) -> CudaResult<Lowered> {
     let inner: usize = tdy.shape[2..].iter().product();
     if inner == 1 {
         // (n, c) column sums.
-        return reduce_cols(call, s, (dy, db), (1, n, c), 0, 1.0);
+        return reduce_pass(call, s, (dy, db), (1, n, c), 0, 1.0);
     }
     call.launch(
         &format!("bias_add_grad_{s}"),
@@ -674,8 +674,12 @@ fn reduce(call: &OpCall<'_>) -> CudaResult<Lowered> {
     Ok(Lowered::Device)
 }
 
+/// Columns at least this long are reduced by the tiled kernel (a block per 32 columns).
+const TILED_COLUMNS_FROM: usize = 64;
+
 /// One reduction of `x` viewed as (outer, r, inner) over r into `y`: `op` 0 sums, 1 takes
-/// the maximum; the result is multiplied by `scale`.
+/// the maximum; the result is multiplied by `scale`. Rows (inner 1) a block each; long
+/// columns by the tiled kernel, short ones a thread per result.
 fn reduce_pass(
     call: &OpCall<'_>,
     s: &str,
@@ -685,7 +689,7 @@ fn reduce_pass(
     scale: f64,
 ) -> CudaResult<Lowered> {
     if inner == 1 {
-        call.launch(
+        return call.launch(
             &format!("reduce_rows_{s}"),
             call.rows_grid(outer),
             &[
@@ -696,25 +700,8 @@ fn reduce_pass(
                 I32(op),
                 F64(scale),
             ],
-        )
-    } else {
-        reduce_cols(call, s, (x, y), (outer, r, inner), op, scale)
+        );
     }
-}
-
-/// Columns at least this long are reduced by the tiled kernel (a block per 32 columns).
-const TILED_COLUMNS_FROM: usize = 64;
-
-/// `x` viewed as (outer, r, inner), inner > 1, reduced over r into `y` (see [`reduce_pass`]):
-/// long columns by the tiled kernel, short ones a thread per result.
-fn reduce_cols(
-    call: &OpCall<'_>,
-    s: &str,
-    (x, y): (DevPtr, DevPtr),
-    (outer, r, inner): (usize, usize, usize),
-    op: i32,
-    scale: f64,
-) -> CudaResult<Lowered> {
     let args = [
         Ptr(x),
         Ptr(y),
