@@ -634,13 +634,15 @@ fn single_batch_norms_and_their_gradients_match_the_cpu() {
         for training in [true, false] {
             // Channels of 40 and 6 elements; then channels longer than a block of threads
             // (64 on the emulator), whose threads step across images: 9 images of 10
-            // positions (a step of 6 images and 4 positions), 5 of 77, 3 of 300.
+            // positions (a step of 6 images and 4 positions), 5 of 77, 3 of 300; and 4 of
+            // 300, long enough for the wide blocks (128 threads on the emulator).
             for shape in [
                 &[4usize, 3, 5, 2][..],
                 &[6, 3],
                 &[9, 3, 10],
                 &[5, 3, 7, 11],
                 &[3, 3, 300],
+                &[4, 3, 300],
             ] {
                 let mut n = OpNet::new(dtype, 120);
                 let x = n.w_with("x", shape, |u| 2.0 * u + 0.5);
@@ -735,7 +737,12 @@ fn long_columns_and_layer_norm_parameters_reduce_as_on_the_cpu() {
         (DType::Float32, OpKind::ReduceMax),
         (DType::Float64, OpKind::ReduceSum),
     ] {
-        for (shape, axis) in [(vec![150usize, 70], 0i64), (vec![2, 100, 40], 1)] {
+        // Rows of 1500: long enough for the wide blocks.
+        for (shape, axis) in [
+            (vec![150usize, 70], 0i64),
+            (vec![2, 100, 40], 1),
+            (vec![3, 1500], 1),
+        ] {
             for values in ["uniform", "NaNs"] {
                 if values == "NaNs" && op != OpKind::ReduceMax {
                     continue;

@@ -67,7 +67,7 @@ template <typename T>
 __device__ __forceinline__ T warp_max(T v) {
     for (int o = 16; o > 0; o >>= 1) {
         T w = __shfl_xor_sync(0xffffffffu, v, o);
-        v = (w > v || v != v) ? w : v;
+        v = (w > v || w != w) ? w : v;  // a NaN from either side wins
     }
     return v;
 }

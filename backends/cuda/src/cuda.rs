@@ -545,6 +545,10 @@ impl Device for CudaDevice {
         256
     }
 
+    fn wide_block_size(&self) -> u32 {
+        1024
+    }
+
     fn max_grid(&self) -> u32 {
         self.multiprocessors * 16
     }

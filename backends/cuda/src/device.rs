@@ -134,6 +134,13 @@ pub trait Device: Send + Sync {
     /// Threads per block for the kernels (a multiple of 32, at most 1024).
     fn block_size(&self) -> u32;
 
+    /// Threads per block for kernels whose block reduces one long row or channel (a multiple
+    /// of 32, at most 1024): more threads in flight on each. The default is
+    /// [`Device::block_size`].
+    fn wide_block_size(&self) -> u32 {
+        self.block_size()
+    }
+
     /// The most blocks a grid-stride kernel is launched with.
     fn max_grid(&self) -> u32;
 

@@ -503,6 +503,12 @@ impl Device for EmulatedDevice {
         self.block
     }
 
+    /// Twice the block (at most 1024), so the emulated suites run the wide kernels with
+    /// another block size than the others.
+    fn wide_block_size(&self) -> u32 {
+        (self.block * 2).min(1024)
+    }
+
     fn max_grid(&self) -> u32 {
         4
     }

@@ -152,9 +152,10 @@ fn grad_sums(
     o: &Operands,
     [dy, x, mean, rstd, dscale, dbias]: [DevPtr; 6],
 ) -> CudaResult<Lowered> {
-    call.launch(
+    call.launch_reducing(
         &format!("bn_grad_sums_{}", o.suffix),
         call.rows_grid(o.c),
+        o.n * o.s,
         &[
             Ptr(dy),
             Ptr(x),
@@ -210,9 +211,10 @@ pub(super) fn batch_norm(call: &OpCall<'_>) -> CudaResult<Lowered> {
         return Err(call.err("five results expected"));
     };
     let training = call.node.attrs.bool_or("is_training", true);
-    call.launch(
+    call.launch_reducing(
         &format!("bn_stats_{}", o.suffix),
         call.rows_grid(o.c),
+        o.n * o.s,
         &[
             Ptr(x),
             Ptr(mean_in),
@@ -255,9 +257,10 @@ pub(super) fn batch_norm_grad(call: &OpCall<'_>) -> CudaResult<Lowered> {
 /// `BNTrainingReduce(x)` -> `(sum, square_sum)`.
 pub(super) fn bn_training_reduce(call: &OpCall<'_>) -> CudaResult<Lowered> {
     let o = operands_or_host!(operands(call, 0, 1, &[], 2, &[]));
-    call.launch(
+    call.launch_reducing(
         &format!("bn_reduce_{}", o.suffix),
         call.rows_grid(o.c),
+        o.n * o.s,
         &[
             Ptr(o.ptrs[0]),
             Ptr(o.outs[0]),

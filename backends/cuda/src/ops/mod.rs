@@ -179,6 +179,26 @@ impl<'a> OpCall<'a> {
         self.dev.launch(name, grid, self.dev.block_size(), args)?;
         Ok(Lowered::Device)
     }
+
+    /// [`OpCall::launch`] of a kernel whose blocks each reduce `per_block` elements (a row, a
+    /// channel): with the device's wide blocks where each of their threads gets at least 8
+    /// elements.
+    fn launch_reducing(
+        &self,
+        name: &str,
+        grid: u32,
+        per_block: usize,
+        args: &[KernelArg],
+    ) -> CudaResult<Lowered> {
+        let wide = self.dev.wide_block_size();
+        let block = if per_block >= 8 * wide as usize {
+            wide
+        } else {
+            self.dev.block_size()
+        };
+        self.dev.launch(name, grid, block, args)?;
+        Ok(Lowered::Device)
+    }
 }
 
 /// Runs `call.node` on the device, or says why it cannot (see the module doc).
@@ -689,9 +709,10 @@ fn reduce_pass(
     scale: f64,
 ) -> CudaResult<Lowered> {
     if inner == 1 {
-        return call.launch(
+        return call.launch_reducing(
             &format!("reduce_rows_{s}"),
             call.rows_grid(outer),
+            r,
             &[
                 Ptr(x),
                 Ptr(y),
