@@ -6,9 +6,9 @@
 //! `torch.compile` (`bench/gpu/reference.py`; goal: ≤ 1.0× eager). Each line prints both
 //! figures and the ratio, and in parentheses shardc's step without graph replay (every
 //! kernel launched by the host, as PyTorch eager does); the GPU's name heads the output.
-//! Where convolutions go through cuDNN, ResNet-18 runs once more with cuDNN's
+//! Where convolutions go through cuDNN, ResNet-18 runs twice more: with cuDNN's
 //! non-deterministic algorithms allowed (`resnet18 *`), as PyTorch's reference runs by
-//! default; the other rows keep to deterministic ones. With `--stats`, each model's
+//! default, and with im2col + cuBLAS instead of cuDNN (`resnet18 +`). With `--stats`, each model's
 //! measured steps are followed by a few profiled ones: the GPU time per op kind. Needs a GPU
 //! (`shardc gpu info`).
 
@@ -137,6 +137,17 @@ fn step_ms(
     Ok((samples[samples.len() / 2] * 1e3, loss))
 }
 
+/// How the ResNet-18 rows run their convolutions.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Convs {
+    /// The device's default: cuDNN's deterministic algorithms where cuDNN is loaded.
+    Default,
+    /// cuDNN with its non-deterministic algorithms allowed.
+    AnyAlgorithm,
+    /// im2col + cuBLAS.
+    Im2col,
+}
+
 /// Runs the benchmark (see the module doc).
 pub fn run(args: &BenchArgs) -> Result<()> {
     let dev = Arc::new(CudaDevice::new(0).map_err(|e| anyhow!("shardc bench gpu: {e}"))?);
@@ -197,33 +208,44 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     };
     let (warmup, steps) = if args.quick { (3, 20) } else { (10, 100) };
     println!("training step            shardc ms   torch eager ms   ratio   torch.compile ms   goal <= 1.0 x eager   (no graph replay ms)");
-    // ResNet-18 once more with cuDNN's non-deterministic algorithms allowed (PyTorch's default,
-    // which its reference row runs with), where convolutions go through cuDNN.
-    let any_algorithm = dev.convolutions().starts_with("cuDNN");
+    // Where convolutions go through cuDNN, ResNet-18 again with its non-deterministic
+    // algorithms allowed (PyTorch's default, which its reference row runs with), and with
+    // im2col + cuBLAS instead.
+    let with_cudnn = dev.convolutions().starts_with("cuDNN");
+    let extra = [
+        ("resnet18", Convs::AnyAlgorithm),
+        ("resnet18", Convs::Im2col),
+    ];
     let rows = ["mlp", "resnet18", "transformer"]
         .into_iter()
-        .map(|name| (name, false))
-        .chain(any_algorithm.then_some(("resnet18", true)));
-    for (name, nondeterministic) in rows {
+        .map(|name| (name, Convs::Default))
+        .chain(extra.into_iter().filter(|_| with_cudnn));
+    for (name, convs) in rows {
         let graph = match name {
             "mlp" => TrainModel::Mlp.training_graph(args.batch)?,
             "resnet18" => TrainModel::Resnet18.training_graph(args.batch)?,
             _ => transformer_step()?,
         };
-        dev.set_deterministic_convolutions(!nondeterministic);
+        dev.set_deterministic_convolutions(convs != Convs::AnyAlgorithm);
+        dev.set_cudnn(convs != Convs::Im2col);
         let run = (|| {
             let (ours, loss) = step_ms(&dev, &graph, (warmup, steps), args.stats, true)?;
             let (launched, _) = step_ms(&dev, &graph, (warmup, steps), false, false)?;
             anyhow::Ok((ours, loss, launched))
         })();
         dev.set_deterministic_convolutions(true);
+        dev.set_cudnn(true);
         let (ours, loss, launched) = run?;
         let eager = field(&refs, &[("model", name), ("mode", "eager")], "step_ms");
         let compiled = field(&refs, &[("model", name), ("mode", "compile")], "step_ms");
         let ratio = eager.map(|e| ours / e);
         println!(
             "{:<12} batch {:<4}     {ours:>9.3}   {:>14}   {:>5}   {:>16}   {:<6}   ({launched:.3}; loss {loss:.4})",
-            if nondeterministic { "resnet18 *" } else { name },
+            match convs {
+                Convs::Default => name,
+                Convs::AnyAlgorithm => "resnet18 *",
+                Convs::Im2col => "resnet18 +",
+            },
             if name == "transformer" { 8 } else { args.batch },
             eager.map_or("-".into(), |v| format!("{v:.3}")),
             ratio.map_or("-".into(), |r| format!("{r:.2}")),
@@ -235,11 +257,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             }
         );
     }
-    if any_algorithm {
+    if with_cudnn {
         println!(
             "* with cuDNN's non-deterministic algorithms allowed (SHARDC_CUDNN_DETERMINISTIC=0; \
-             PyTorch's default); the rows above keep to deterministic ones"
+             PyTorch's default); the other rows keep to deterministic ones"
         );
+        println!("+ convolutions as im2col + cuBLAS (SHARDC_CUDNN=0) instead of cuDNN");
     }
     Ok(())
 }

@@ -101,6 +101,9 @@ pub struct CudaDevice {
     /// Whether convolutions keep to cuDNN's deterministic algorithms
     /// ([`CudaDevice::set_deterministic_convolutions`]).
     deterministic_convs: std::sync::atomic::AtomicBool,
+    /// Whether convolutions may go through cuDNN where it is loaded
+    /// ([`CudaDevice::set_cudnn`]).
+    cudnn_on: std::sync::atomic::AtomicBool,
     /// What the kernels were loaded as (`SASS by NVRTC 12.8`).
     kernel_image: String,
 }
@@ -305,6 +308,7 @@ impl CudaDevice {
             multiprocessors: sms.max(1) as u32,
             tf32: false,
             deterministic_convs: std::sync::atomic::AtomicBool::new(cudnn::deterministic_by_env()),
+            cudnn_on: std::sync::atomic::AtomicBool::new(true),
             kernel_image,
         })
     }
@@ -339,6 +343,17 @@ impl CudaDevice {
             .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Lets convolutions go through cuDNN where it is loaded (the default), or sends them all
+    /// to im2col + cuBLAS (as `SHARDC_CUDNN=0` does from the start), for comparing the two.
+    pub fn set_cudnn(&self, on: bool) {
+        self.cudnn_on
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn cudnn_on(&self) -> bool {
+        self.cudnn_on.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     fn deterministic_convolutions(&self) -> bool {
         self.deterministic_convs
             .load(std::sync::atomic::Ordering::Relaxed)
@@ -349,6 +364,9 @@ impl CudaDevice {
     pub fn convolutions(&self) -> String {
         let h = self.handles.lock().unwrap_or_else(|p| p.into_inner());
         match &h.dnn {
+            DnnState::Ready(_) if !self.cudnn_on() => {
+                "im2col + cuBLAS (cuDNN turned off by set_cudnn)".into()
+            }
             DnnState::Ready(_) => format!(
                 "cuDNN {}{}",
                 Dnn::version(),
@@ -699,11 +717,16 @@ impl Device for CudaDevice {
     }
 
     fn has_conv_library(&self) -> bool {
-        self.current()
-            .is_ok_and(|h| matches!(h.dnn, DnnState::Ready(_)))
+        self.cudnn_on()
+            && self
+                .current()
+                .is_ok_and(|h| matches!(h.dnn, DnnState::Ready(_)))
     }
 
     fn library_conv(&self, c: &LibraryConv) -> CudaResult<bool> {
+        if !self.cudnn_on() {
+            return Ok(false);
+        }
         let mut h = self.current()?;
         let stream = h.stream;
         let DnnState::Ready(dnn) = &mut h.dnn else {
