@@ -463,80 +463,60 @@ impl Dnn {
             |m: sys::cudnnMathType_t| !strict || m == sys::cudnnMathType_t::CUDNN_FMA_MATH;
         let h = self.handle;
         let measure = self.search == AlgoSearch::Measure;
-        // The measured and the heuristic call of each direction take the same arguments;
-        // `call` names the one made.
-        let call = |find: &'static str, get: &'static str| if measure { find } else { get };
+        // One direction's pick: its measuring and its heuristic call take the same arguments
+        // (the handle, four descriptors in the direction's order, the result buffer).
         // SAFETY (the six calls): live descriptors and handle; cuDNN writes at most the
         // requested count of results. The measuring calls allocate their own buffers and run
         // on the handle's stream, which is not being recorded while a plan is made (the first
         // step runs node by node).
+        macro_rules! search {
+            ($find:ident, $get:ident, $a:expr, $b:expr, $c:expr, $d:expr) => {
+                pick(
+                    &candidates(
+                        if measure {
+                            stringify!($find)
+                        } else {
+                            stringify!($get)
+                        },
+                        |n, got, out| unsafe {
+                            if measure {
+                                sys::$find(h, $a, $b, $c, $d, n, got, out)
+                            } else {
+                                sys::$get(h, $a, $b, $c, $d, n, got, out)
+                            }
+                            .result()
+                        },
+                    )?,
+                    math_ok,
+                    key.deterministic,
+                )
+            };
+        }
+        let (x, w, y, conv) = (plan.x, plan.w, plan.y, plan.conv);
         let chosen = match key.direction {
-            ConvDirection::Forward => pick(
-                &candidates(
-                    call(
-                        "cudnnFindConvolutionForwardAlgorithm",
-                        "cudnnGetConvolutionForwardAlgorithm_v7",
-                    ),
-                    |n, got, out| unsafe {
-                        let (x, w, conv, y) = (plan.x, plan.w, plan.conv, plan.y);
-                        if measure {
-                            sys::cudnnFindConvolutionForwardAlgorithm(h, x, w, conv, y, n, got, out)
-                        } else {
-                            sys::cudnnGetConvolutionForwardAlgorithm_v7(
-                                h, x, w, conv, y, n, got, out,
-                            )
-                        }
-                        .result()
-                    },
-                )?,
-                math_ok,
-                key.deterministic,
+            ConvDirection::Forward => search!(
+                cudnnFindConvolutionForwardAlgorithm,
+                cudnnGetConvolutionForwardAlgorithm_v7,
+                x,
+                w,
+                conv,
+                y
             ),
-            ConvDirection::BackwardData => pick(
-                &candidates(
-                    call(
-                        "cudnnFindConvolutionBackwardDataAlgorithm",
-                        "cudnnGetConvolutionBackwardDataAlgorithm_v7",
-                    ),
-                    |n, got, out| unsafe {
-                        let (w, y, conv, x) = (plan.w, plan.y, plan.conv, plan.x);
-                        if measure {
-                            sys::cudnnFindConvolutionBackwardDataAlgorithm(
-                                h, w, y, conv, x, n, got, out,
-                            )
-                        } else {
-                            sys::cudnnGetConvolutionBackwardDataAlgorithm_v7(
-                                h, w, y, conv, x, n, got, out,
-                            )
-                        }
-                        .result()
-                    },
-                )?,
-                math_ok,
-                key.deterministic,
+            ConvDirection::BackwardData => search!(
+                cudnnFindConvolutionBackwardDataAlgorithm,
+                cudnnGetConvolutionBackwardDataAlgorithm_v7,
+                w,
+                y,
+                conv,
+                x
             ),
-            ConvDirection::BackwardFilter => pick(
-                &candidates(
-                    call(
-                        "cudnnFindConvolutionBackwardFilterAlgorithm",
-                        "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
-                    ),
-                    |n, got, out| unsafe {
-                        let (x, y, conv, w) = (plan.x, plan.y, plan.conv, plan.w);
-                        if measure {
-                            sys::cudnnFindConvolutionBackwardFilterAlgorithm(
-                                h, x, y, conv, w, n, got, out,
-                            )
-                        } else {
-                            sys::cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-                                h, x, y, conv, w, n, got, out,
-                            )
-                        }
-                        .result()
-                    },
-                )?,
-                math_ok,
-                key.deterministic,
+            ConvDirection::BackwardFilter => search!(
+                cudnnFindConvolutionBackwardFilterAlgorithm,
+                cudnnGetConvolutionBackwardFilterAlgorithm_v7,
+                x,
+                y,
+                conv,
+                w
             ),
         };
         let Some((algo, chosen_math, workspace)) = chosen else {
