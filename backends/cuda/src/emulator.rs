@@ -38,9 +38,13 @@ struct Module {
     names: Vec<String>,
 }
 
+/// Work of another layer carried out on an emulated device's memory in stream order
+/// (emulated NCCL calls): run at once, or recorded and run at each replay.
+pub type HostWork = Arc<dyn Fn(&EmulatedDevice) -> CudaResult<()> + Send + Sync>;
+
 /// Work recorded between [`Device::begin_capture`] and [`Device::end_capture`], with its
 /// arguments' values at the time, as a CUDA Graph records it.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 enum Recorded {
     Launch {
         name: String,
@@ -55,6 +59,23 @@ enum Recorded {
         bytes: usize,
     },
     Conv(LibraryConv),
+    Host(HostWork),
+}
+
+impl std::fmt::Debug for Recorded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Recorded::Launch {
+                name, grid, block, ..
+            } => write!(f, "launch {name} <<<{grid}, {block}>>>"),
+            Recorded::Gemm(g) => write!(f, "{g:?}"),
+            Recorded::Copy { dst, src, bytes } => {
+                write!(f, "copy {bytes} bytes {src:#x} -> {dst:#x}")
+            }
+            Recorded::Conv(c) => write!(f, "{c:?}"),
+            Recorded::Host(_) => write!(f, "host work"),
+        }
+    }
 }
 
 /// A recording in progress: the work so far, or what spoiled it.
@@ -72,8 +93,6 @@ pub struct EmulatedDevice {
     names: Vec<String>,
     /// Live allocations: start -> layout.
     allocations: Mutex<BTreeMap<u64, Layout>>,
-    /// One launch at a time (the emulator's block state is global).
-    launching: Mutex<()>,
     block: u32,
     /// Whether [`Device::library_conv`] runs the reference convolutions.
     reference_library: bool,
@@ -136,9 +155,18 @@ fn unit_of(text: &str) -> String {
     format!("#include \"emulator.hpp\"\n{}\n{text}\n", kernels::PRELUDE)
 }
 
-/// Writes `text` to `path` atomically (several processes may build the same cache at once).
+/// A name no other writer of this process or another uses at the same time (process id and a
+/// counter): temporary files of [`write_atomic`] and the compiler's outputs.
+fn unique_suffix() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{}-{n}", std::process::id())
+}
+
+/// Writes `text` to `path` atomically (several processes, and several devices of one
+/// process, may build the same cache at once).
 fn write_atomic(path: &Path, text: &str) -> CudaResult<()> {
-    let tmp = path.with_extension(format!("{}.tmp", std::process::id()));
+    let tmp = path.with_extension(format!("{}.tmp", unique_suffix()));
     std::fs::write(&tmp, text)
         .and_then(|_| std::fs::rename(&tmp, path))
         .map_err(|e| CudaError::Emulator(format!("cannot write {}: {e}", path.display())))
@@ -146,7 +174,7 @@ fn write_atomic(path: &Path, text: &str) -> CudaResult<()> {
 
 /// Every kernel name of a translation unit, found by preprocessing it with the host compiler.
 fn kernel_names_in(dir: &Path, cxx: &str, unit_text: &str) -> CudaResult<Vec<String>> {
-    let unit = dir.join(format!("kernels.{}.cpp", std::process::id()));
+    let unit = dir.join(format!("kernels.{}.cpp", unique_suffix()));
     write_atomic(&unit, unit_text)?;
     let pre = run(
         Command::new(cxx)
@@ -168,6 +196,10 @@ fn kernel_names_in(dir: &Path, cxx: &str, unit_text: &str) -> CudaResult<Vec<Str
 /// Builds (or finds in the cache) the library of a translation unit, with thunks for `names`
 /// (None: every kernel of the unit), and loads it.
 fn module(unit_text: &str, names: Option<&[String]>) -> CudaResult<Module> {
+    // One build at a time in the process: devices opened together (a rank each) find the
+    // first one's build in the cache instead of compiling the same text side by side.
+    static BUILDING: Mutex<()> = Mutex::new(());
+    let _one = BUILDING.lock().unwrap_or_else(|p| p.into_inner());
     let mut h = Sha256::new();
     h.update(HEADER);
     h.update(unit_text);
@@ -204,9 +236,9 @@ fn module(unit_text: &str, names: Option<&[String]>) -> CudaResult<Module> {
                     "extern \"C\" void shardc_thunk_{n}(void** a) {{ shardc_emu::invoke({n}, a); }}\n"
                 ));
             }
-            let src = dir.join(format!("kernels_thunks.{}.cpp", std::process::id()));
+            let src = dir.join(format!("kernels_thunks.{}.cpp", unique_suffix()));
             write_atomic(&src, &unit)?;
-            let tmp = dir.join(format!("lib.{}.tmp.so", std::process::id()));
+            let tmp = dir.join(format!("lib.{}.tmp.so", unique_suffix()));
             run(
                 Command::new(&cxx)
                     .args([
@@ -263,7 +295,6 @@ impl EmulatedDevice {
             modules: Mutex::new(vec![base]),
             thunks: Mutex::new(HashMap::new()),
             allocations: Mutex::new(BTreeMap::new()),
-            launching: Mutex::new(()),
             block,
             reference_library: false,
             marks: Mutex::new(Vec::new()),
@@ -348,6 +379,35 @@ impl EmulatedDevice {
                 "{what}: {bytes} bytes at {ptr:#x} are outside every allocation"
             ))),
         }
+    }
+}
+
+impl EmulatedDevice {
+    /// Runs `work` now, or records it when a recording is in progress (it then runs at
+    /// each replay, in order with the recorded kernels).
+    pub fn run_or_record(&self, work: HostWork) -> CudaResult<()> {
+        if self.recorded(|| Recorded::Host(work.clone())) {
+            return Ok(());
+        }
+        work(self)
+    }
+
+    /// `bytes` bytes of device memory at `ptr` (checked against the allocations), for work
+    /// running in stream order ([`EmulatedDevice::run_or_record`]).
+    pub fn read_bytes(&self, ptr: DevPtr, bytes: usize) -> CudaResult<Vec<u8>> {
+        self.check_range(ptr, bytes, "read")?;
+        let mut out = vec![0u8; bytes];
+        // SAFETY: the range is inside an allocation.
+        unsafe { std::ptr::copy_nonoverlapping(ptr as *const u8, out.as_mut_ptr(), bytes) };
+        Ok(out)
+    }
+
+    /// Writes `src` to device memory at `ptr` (checked), as [`EmulatedDevice::read_bytes`].
+    pub fn write_bytes(&self, ptr: DevPtr, src: &[u8]) -> CudaResult<()> {
+        self.check_range(ptr, src.len(), "write")?;
+        // SAFETY: the range is inside an allocation.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), ptr as *mut u8, src.len()) };
+        Ok(())
     }
 }
 
@@ -581,7 +641,10 @@ impl Device for EmulatedDevice {
             return Ok(());
         }
         let mut params = kernels::params(args);
-        let _one = self.launching.lock().unwrap_or_else(|p| p.into_inner());
+        // One launch at a time in the process: a library's block state is global, and every
+        // device of the process loads the same cached libraries.
+        static LAUNCHING: Mutex<()> = Mutex::new(());
+        let _one = LAUNCHING.lock().unwrap_or_else(|p| p.into_inner());
         // SAFETY: the thunk unpacks `params` as the kernel's parameter list; the executor
         // passes one value of the right type per parameter.
         let rc = unsafe { launch_fn(thunk, grid, block, params.as_mut_ptr()) };
@@ -746,6 +809,7 @@ impl Device for EmulatedDevice {
                 Recorded::Conv(c) => {
                     self.library_conv(c)?;
                 }
+                Recorded::Host(work) => work(self)?,
             }
         }
         Ok(())

@@ -10,75 +10,59 @@
 //! host [`Tensor`]s (the trait) are staged through device memory; the executor calls
 //! [`NcclComm::run_on_device`] on its buffers directly.
 
+pub mod emulated;
+pub mod library;
+
 use crate::cuda::CudaDevice;
 use crate::device::Device;
 use crate::error::{CudaError, CudaResult};
 use crate::kernels::{contiguous_strides, DevPtr, KernelArg, Strided};
 use crate::probe::{self, Library};
-use cudarc::nccl::result as nccl;
-use cudarc::nccl::sys as nccl_sys;
+use library::{CommHandle, NcclCall, NcclLibrary, Stream, SystemNccl, UniqueId, ID_BYTES};
 use shardc_ir::{DType, ReduceOp, TensorType};
 use shardc_runtime::comm::{check_group, Collective};
 use shardc_runtime::executor::CommCall;
 use shardc_runtime::{CommError, Communicator, Tensor};
 use std::collections::HashMap;
-use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
-/// The bootstrap tag range NCCL ids travel under (far from the graph's own tags).
-const ID_TAG: i64 = i64::MAX - 4096;
+/// The bootstrap tags NCCL ids travel under: this base plus 32 bits of a hash of the group
+/// (far from the graph's own tags). Derived from the group, not from how many communicators
+/// a rank has made, because members of one group may have made different numbers before.
+const ID_TAG_BASE: i64 = i64::MAX - (1 << 33);
 
-fn nccl_err(call: &'static str) -> impl Fn(nccl::NcclError) -> CudaError {
-    move |e| CudaError::Nccl {
-        call,
-        reason: format!("{e:?}"),
-    }
+/// The bootstrap tag of `group`'s NCCL id (see [`ID_TAG_BASE`]).
+fn id_tag(group: &[usize]) -> i64 {
+    let h = group.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &r| {
+        (h ^ r as u64).wrapping_mul(0x0100_0000_01b3)
+    });
+    ID_TAG_BASE + (h & 0xFFFF_FFFF) as i64
 }
-
-struct Comms(HashMap<Vec<usize>, usize>);
-
-// SAFETY: NCCL communicators are used under the mutex, with the device's context current.
-unsafe impl Send for Comms {}
 
 /// NCCL for one rank (see the module doc).
 pub struct NcclComm {
-    device: Arc<CudaDevice>,
+    device: Arc<dyn Device>,
+    library: Arc<dyn NcclLibrary>,
     bootstrap: Arc<dyn Communicator>,
-    comms: Mutex<Comms>,
+    /// Each group's communicator (sorted global ranks -> handle), made on first use.
+    comms: Mutex<HashMap<Vec<usize>, CommHandle>>,
     rank: usize,
     size: usize,
 }
 
 impl std::fmt::Debug for NcclComm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "NcclComm(rank {} of {})", self.rank, self.size)
+        write!(
+            f,
+            "NcclComm(rank {} of {}, {})",
+            self.rank,
+            self.size,
+            self.library.description()
+        )
     }
 }
 
-fn nccl_dtype(d: DType) -> CudaResult<nccl_sys::ncclDataType_t> {
-    use nccl_sys::ncclDataType_t::*;
-    Ok(match d {
-        DType::Float32 => ncclFloat32,
-        DType::Float64 => ncclFloat64,
-        DType::Float16 => ncclFloat16,
-        DType::Int32 => ncclInt32,
-        DType::Int64 => ncclInt64,
-        DType::Bool => ncclUint8,
-        other => return Err(CudaError::Other(format!("NCCL cannot carry {other}"))),
-    })
-}
-
-fn nccl_op(op: ReduceOp) -> nccl_sys::ncclRedOp_t {
-    use nccl_sys::ncclRedOp_t::*;
-    match op {
-        ReduceOp::Sum => ncclSum,
-        ReduceOp::Max => ncclMax,
-        ReduceOp::Min => ncclMin,
-        ReduceOp::Prod => ncclProd,
-    }
-}
-
-/// The dims of `shape` around `axis` split into `parts`: (pre, parts, d / parts, post).
+/// The dims of `shape` around `axis` split into `parts`: (pre, d / parts, post).
 fn around(shape: &[usize], axis: usize, parts: usize) -> (usize, usize, usize) {
     let pre: usize = shape[..axis].iter().product();
     let post: usize = shape[axis + 1..].iter().product();
@@ -90,11 +74,23 @@ impl NcclComm {
     /// every rank over the bootstrap. Every rank must call it.
     pub fn new(device: Arc<CudaDevice>, bootstrap: Arc<dyn Communicator>) -> CudaResult<NcclComm> {
         probe::require(Library::Nccl)?;
+        let library = Arc::new(SystemNccl::new(device.clone()));
+        NcclComm::with_library(device, library, bootstrap)
+    }
+
+    /// As [`NcclComm::new`] with the NCCL calls made by `library` (on an emulated device:
+    /// [`emulated::EmulatedNccl`]).
+    pub fn with_library(
+        device: Arc<dyn Device>,
+        library: Arc<dyn NcclLibrary>,
+        bootstrap: Arc<dyn Communicator>,
+    ) -> CudaResult<NcclComm> {
         let (rank, size) = (bootstrap.rank(), bootstrap.size());
         let c = NcclComm {
             device,
+            library,
             bootstrap,
-            comms: Mutex::new(Comms(HashMap::new())),
+            comms: Mutex::new(HashMap::new()),
             rank,
             size,
         };
@@ -105,59 +101,70 @@ impl NcclComm {
     /// NCCL's version (`2.28.3` as 22803).
     pub fn version() -> CudaResult<i32> {
         probe::require(Library::Nccl)?;
-        nccl::get_nccl_version().map_err(nccl_err("ncclGetVersion"))
+        cudarc::nccl::result::get_nccl_version().map_err(|e| CudaError::Nccl {
+            call: "ncclGetVersion",
+            reason: format!("{e:?}"),
+        })
     }
 
     /// The NCCL communicator of `group` (sorted global ranks holding this rank), created on
-    /// first use.
-    fn comm_for(&self, group: &[usize]) -> CudaResult<nccl_sys::ncclComm_t> {
+    /// first use: the lowest member makes the id and sends it, with the group, to the others
+    /// over the bootstrap.
+    fn comm_for(&self, group: &[usize]) -> CudaResult<CommHandle> {
         let mut comms = self.comms.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(&c) = comms.0.get(group) {
-            return Ok(c as nccl_sys::ncclComm_t);
+        if let Some(&c) = comms.get(group) {
+            return Ok(c);
         }
         let me = group.iter().position(|&r| r == self.rank).ok_or_else(|| {
             CudaError::Other(format!("rank {} is not in group {group:?}", self.rank))
         })?;
         let leader = group[0];
-        let tag = ID_TAG + comms.0.len() as i64;
-        let id_ty = TensorType::new(DType::Int32, vec![32]);
-        let boot = |e: CommError| CudaError::Other(format!("handing out the NCCL id: {e}"));
-        let id = if me == 0 {
-            let id = nccl::get_uniqueid().map_err(nccl_err("ncclGetUniqueId"))?;
-            let words: Vec<i32> = id
-                .internal
+        let tag = id_tag(group);
+        let words = ID_BYTES / 4 + 1 + group.len();
+        let id_ty = TensorType::new(DType::Int32, vec![words]);
+        let boot = |e: CommError| {
+            CudaError::Other(format!("handing out the NCCL id of group {group:?}: {e}"))
+        };
+        let id: UniqueId = if me == 0 {
+            let id = self.library.unique_id()?;
+            let mut message: Vec<i32> = id
                 .chunks(4)
-                .map(|c| i32::from_ne_bytes([c[0] as u8, c[1] as u8, c[2] as u8, c[3] as u8]))
+                .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                 .collect();
-            let t = Tensor::from_i32(vec![32], words)
-                .ok_or_else(|| CudaError::Other("the NCCL id is not 128 bytes".into()))?;
+            message.push(group.len() as i32);
+            message.extend(group.iter().map(|&r| r as i32));
+            let t = Tensor::from_i32(vec![words], message)
+                .ok_or_else(|| CudaError::Other("the NCCL id message is malformed".into()))?;
             for &r in &group[1..] {
                 self.bootstrap.send(r, tag, &t).map_err(boot)?;
             }
             id
         } else {
             let t = self.bootstrap.recv(leader, tag, &id_ty).map_err(boot)?;
-            let mut id = nccl_sys::ncclUniqueId { internal: [0; 128] };
-            if let shardc_runtime::Data::I32(words) = &t.data {
-                for (i, w) in words.iter().enumerate() {
-                    for (j, b) in w.to_ne_bytes().iter().enumerate() {
-                        id.internal[i * 4 + j] = *b as _;
-                    }
-                }
+            let shardc_runtime::Data::I32(message) = &t.data else {
+                return Err(CudaError::Other(format!(
+                    "the NCCL id of group {group:?} from rank {leader} is not Int32"
+                )));
+            };
+            let sent_group: Vec<usize> = message[ID_BYTES / 4 + 1..]
+                .iter()
+                .map(|&r| r as usize)
+                .collect();
+            if sent_group != group {
+                return Err(CudaError::Other(format!(
+                    "rank {leader} sent the NCCL id of group {sent_group:?} where rank {} expected group {group:?}",
+                    self.rank
+                )));
+            }
+            let mut id = [0u8; ID_BYTES];
+            for (i, w) in message[..ID_BYTES / 4].iter().enumerate() {
+                id[i * 4..i * 4 + 4].copy_from_slice(&w.to_le_bytes());
             }
             id
         };
-        self.device.bind()?;
-        let mut comm: nccl_sys::ncclComm_t = std::ptr::null_mut();
-        // SAFETY: `comm` is written by NCCL; every member calls with the same id and size.
-        unsafe { nccl::comm_init_rank(&mut comm, group.len() as i32, id, me as i32) }
-            .map_err(nccl_err("ncclCommInitRank"))?;
-        comms.0.insert(group.to_vec(), comm as usize);
+        let comm = self.library.init_rank(group.len(), &id, me)?;
+        comms.insert(group.to_vec(), comm);
         Ok(comm)
-    }
-
-    fn stream(&self) -> nccl_sys::cudaStream_t {
-        self.device.stream_handle() as nccl_sys::cudaStream_t
     }
 
     /// Copies `src` (shape `(pre, parts, d, post)` read as `(parts, pre, d, post)`) into
@@ -211,24 +218,16 @@ impl NcclComm {
         count: usize,
         dtype: DType,
     ) -> CudaResult<()> {
-        let dt = nccl_dtype(dtype)?;
         let c = self.comm_for(group)?;
         self.device.comm_after_compute()?;
-        let stream = self.device.comm_stream_handle() as nccl_sys::cudaStream_t;
-        // SAFETY: `buf` holds `count` elements (the executor's bucket).
-        unsafe {
-            nccl::all_reduce(
-                buf as *const c_void,
-                buf as *mut c_void,
-                count,
-                dt,
-                nccl_op(op),
-                c,
-                stream,
-            )
-        }
-        .map(drop)
-        .map_err(nccl_err("ncclAllReduce"))
+        let call = NcclCall::AllReduce {
+            send: buf,
+            recv: buf,
+            count,
+            dtype,
+            op,
+        };
+        self.library.issue(c, &call, Stream::Comm)
     }
 
     /// Runs a resolved collective on device memory: `input` (absent for Receive) into `out`
@@ -239,88 +238,116 @@ impl NcclComm {
         input: Option<(DevPtr, &TensorType)>,
         (out, out_ty): (DevPtr, &TensorType),
     ) -> CudaResult<()> {
-        let dt = nccl_dtype(out_ty.dtype)?;
-        let stream = self.stream();
+        let dtype = out_ty.dtype;
+        library::check_dtype(dtype)?;
         let count = out_ty.num_elements();
         let need = || input.ok_or_else(|| CudaError::Other("the collective has no operand".into()));
-        let ptr = |p: DevPtr| p as *const c_void;
-        let mptr = |p: DevPtr| p as *mut c_void;
-        let temp = |bytes: usize| -> CudaResult<DevPtr> { self.device.alloc(bytes) };
-        let elem = out_ty.dtype.size_bytes();
-        self.device.bind()?;
+        let elem = dtype.size_bytes();
+        let issue = |c: CommHandle, call: NcclCall| self.library.issue(c, &call, Stream::Compute);
+        // Temporary buffers, freed once the stream has passed their use.
+        let with_temps = |sizes: &[usize], f: &dyn Fn(&[DevPtr]) -> CudaResult<()>| {
+            let mut temps = Vec::new();
+            let mut r = Ok(());
+            for &bytes in sizes {
+                match self.device.alloc(bytes) {
+                    Ok(p) => temps.push(p),
+                    Err(e) => {
+                        r = Err(e);
+                        break;
+                    }
+                }
+            }
+            if r.is_ok() {
+                r = f(&temps);
+            }
+            let synced = self.device.synchronize();
+            for t in temps {
+                self.device.free(t);
+            }
+            r.and(synced)
+        };
         match call {
             CommCall::AllReduce { group, op } => {
                 let (x, _) = need()?;
                 let c = self.comm_for(group)?;
-                // SAFETY: device buffers of `count` elements (the executor's plan).
-                unsafe { nccl::all_reduce(ptr(x), mptr(out), count, dt, nccl_op(*op), c, stream) }
-                    .map_err(nccl_err("ncclAllReduce"))?;
+                issue(
+                    c,
+                    NcclCall::AllReduce {
+                        send: x,
+                        recv: out,
+                        count,
+                        dtype,
+                        op: *op,
+                    },
+                )?;
             }
             CommCall::Broadcast { group, root } => {
                 let (x, _) = need()?;
+                let root = group.iter().position(|g| g == root).ok_or_else(|| {
+                    CudaError::Other(format!("Broadcast root {root} is not in group {group:?}"))
+                })?;
                 let c = self.comm_for(group)?;
-                let r = group.iter().position(|g| g == root).unwrap_or(0) as i32;
-                // SAFETY: as above.
-                unsafe { nccl::broadcast(ptr(x), mptr(out), count, dt, r, c, stream) }
-                    .map_err(nccl_err("ncclBroadcast"))?;
+                issue(
+                    c,
+                    NcclCall::Broadcast {
+                        send: x,
+                        recv: out,
+                        count,
+                        dtype,
+                        root,
+                    },
+                )?;
             }
             CommCall::AllGather { group, axis } => {
                 let (x, tx) = need()?;
                 let c = self.comm_for(group)?;
                 let g = group.len();
                 let n = tx.num_elements();
+                let gather = |recv: DevPtr| {
+                    issue(
+                        c,
+                        NcclCall::AllGather {
+                            send: x,
+                            recv,
+                            count: n,
+                            dtype,
+                        },
+                    )
+                };
                 if *axis == 0 {
-                    // SAFETY: `out` holds g * n elements.
-                    unsafe { nccl::all_gather(ptr(x), mptr(out), n, dt, c, stream) }
-                        .map_err(nccl_err("ncclAllGather"))?;
+                    gather(out)?;
                 } else {
-                    let t = temp(g * n * elem)?;
-                    // SAFETY: `t` holds g * n elements.
-                    let r = unsafe { nccl::all_gather(ptr(x), mptr(t), n, dt, c, stream) }
-                        .map_err(nccl_err("ncclAllGather"));
                     let (pre, d, post) = around(&tx.shape, *axis, 1);
-                    let r = r.and_then(|_| {
-                        self.rearrange(out_ty.dtype, t, out, (pre, g, d, post), false)
-                    });
-                    self.device.synchronize()?;
-                    self.device.free(t);
-                    r?;
+                    with_temps(&[g * n * elem], &|t| {
+                        gather(t[0])?;
+                        self.rearrange(dtype, t[0], out, (pre, g, d, post), false)
+                    })?;
                 }
             }
             CommCall::ReduceScatter { group, op, axis } => {
                 let (x, tx) = need()?;
                 let c = self.comm_for(group)?;
                 let g = group.len();
+                let scatter = |send: DevPtr| {
+                    issue(
+                        c,
+                        NcclCall::ReduceScatter {
+                            send,
+                            recv: out,
+                            count,
+                            dtype,
+                            op: *op,
+                        },
+                    )
+                };
                 if *axis == 0 {
-                    // SAFETY: `x` holds g * count elements.
-                    unsafe {
-                        nccl::reduce_scatter(ptr(x), mptr(out), count, dt, nccl_op(*op), c, stream)
-                    }
-                    .map_err(nccl_err("ncclReduceScatter"))?;
+                    scatter(x)?;
                 } else {
-                    let t = temp(tx.num_elements() * elem)?;
                     let (pre, d, post) = around(&tx.shape, *axis, g);
-                    let r = self
-                        .rearrange(out_ty.dtype, x, t, (pre, g, d, post), true)
-                        .and_then(|_| {
-                            // SAFETY: `t` holds g * count elements.
-                            unsafe {
-                                nccl::reduce_scatter(
-                                    ptr(t),
-                                    mptr(out),
-                                    count,
-                                    dt,
-                                    nccl_op(*op),
-                                    c,
-                                    stream,
-                                )
-                            }
-                            .map(drop)
-                            .map_err(nccl_err("ncclReduceScatter"))
-                        });
-                    self.device.synchronize()?;
-                    self.device.free(t);
-                    r?;
+                    with_temps(&[tx.num_elements() * elem], &|t| {
+                        self.rearrange(dtype, x, t[0], (pre, g, d, post), true)?;
+                        scatter(t[0])
+                    })?;
                 }
             }
             CommCall::AllToAll {
@@ -333,69 +360,148 @@ impl NcclComm {
                 let g = group.len();
                 let n = tx.num_elements();
                 let part = n / g.max(1);
-                let (send, recv) = (temp(n * elem)?, temp(n * elem)?);
                 let (pre, d, post) = around(&tx.shape, *split_dim, g);
-                let mut r = self.rearrange(out_ty.dtype, x, send, (pre, g, d, post), true);
-                if r.is_ok() {
-                    r = (|| {
-                        nccl::group_start().map_err(nccl_err("ncclGroupStart"))?;
-                        for j in 0..g {
-                            // SAFETY: part j of `send` and `recv`, `part` elements each.
-                            unsafe {
-                                nccl::send(
-                                    ptr(send + (j * part * elem) as u64),
-                                    part,
-                                    dt,
-                                    j as i32,
+                // The received parts (g, part) concatenate along concat_dim of the part's shape.
+                let mut part_shape = tx.shape.clone();
+                part_shape[*split_dim] /= g.max(1);
+                let (cpre, cd, cpost) = around(&part_shape, *concat_dim, 1);
+                with_temps(&[n * elem, n * elem], &|t| {
+                    let (send, recv) = (t[0], t[1]);
+                    self.rearrange(dtype, x, send, (pre, g, d, post), true)?;
+                    self.library.group_start()?;
+                    let mut r = Ok(());
+                    for j in 0..g {
+                        let at = |p: DevPtr| p + (j * part * elem) as u64;
+                        r = r
+                            .and_then(|_| {
+                                issue(
                                     c,
-                                    stream,
+                                    NcclCall::Send {
+                                        buf: at(send),
+                                        count: part,
+                                        dtype,
+                                        peer: j,
+                                        tag: None,
+                                    },
                                 )
-                                .map_err(nccl_err("ncclSend"))?;
-                                nccl::recv(
-                                    mptr(recv + (j * part * elem) as u64),
-                                    part,
-                                    dt,
-                                    j as i32,
+                            })
+                            .and_then(|_| {
+                                issue(
                                     c,
-                                    stream,
+                                    NcclCall::Recv {
+                                        buf: at(recv),
+                                        count: part,
+                                        dtype,
+                                        peer: j,
+                                        tag: None,
+                                    },
                                 )
-                                .map_err(nccl_err("ncclRecv"))?;
-                            }
-                        }
-                        nccl::group_end().map_err(nccl_err("ncclGroupEnd"))?;
-                        Ok(())
-                    })();
-                }
-                if r.is_ok() {
-                    // The received parts (g, part) concatenate along concat_dim of the part's shape.
-                    let mut part_shape = tx.shape.clone();
-                    part_shape[*split_dim] /= g.max(1);
-                    let (pre, d, post) = around(&part_shape, *concat_dim, 1);
-                    r = self.rearrange(out_ty.dtype, recv, out, (pre, g, d, post), false);
-                }
-                self.device.synchronize()?;
-                self.device.free(send);
-                self.device.free(recv);
-                r?;
+                            });
+                    }
+                    // The group is closed even when a call failed, so NCCL is usable after.
+                    let ended = self.library.group_end();
+                    r.and(ended)?;
+                    self.rearrange(dtype, recv, out, (cpre, g, cd, cpost), false)
+                })?;
             }
-            CommCall::Send { dest, .. } => {
+            CommCall::Send { dest, tag } => {
                 let (x, tx) = need()?;
                 let world: Vec<usize> = (0..self.size).collect();
                 let c = self.comm_for(&world)?;
-                // SAFETY: `x` holds the tensor.
-                unsafe { nccl::send(ptr(x), tx.num_elements(), dt, *dest as i32, c, stream) }
-                    .map_err(nccl_err("ncclSend"))?;
+                issue(
+                    c,
+                    NcclCall::Send {
+                        buf: x,
+                        count: tx.num_elements(),
+                        dtype,
+                        peer: *dest,
+                        tag: Some(*tag),
+                    },
+                )?;
                 self.device.copy(out, x, tx.num_elements() * elem)?;
             }
-            CommCall::Receive { src, .. } => {
+            CommCall::Receive { src, tag } => {
                 let world: Vec<usize> = (0..self.size).collect();
                 let c = self.comm_for(&world)?;
-                // SAFETY: `out` holds `count` elements.
-                unsafe { nccl::recv(mptr(out), count, dt, *src as i32, c, stream) }
-                    .map_err(nccl_err("ncclRecv"))?;
+                issue(
+                    c,
+                    NcclCall::Recv {
+                        buf: out,
+                        count,
+                        dtype,
+                        peer: *src,
+                        tag: Some(*tag),
+                    },
+                )?;
             }
         }
         Ok(())
+    }
+
+    /// Whether every member of `group` calls `collective` with the same input type and
+    /// parameters: NCCL itself cannot tell, and would hang or corrupt data. A host-staged
+    /// call is no hot path, so each one first compares the members' calls over the bootstrap
+    /// (the executor's own collectives come from one compiled graph and skip this).
+    fn agree(
+        &self,
+        collective: Collective,
+        group: &[usize],
+        input: Option<&TensorType>,
+        params: &[i64],
+    ) -> Result<(), CommError> {
+        if group.len() < 2 {
+            return Ok(());
+        }
+        const WORDS: usize = 16;
+        let mut d = vec![collective as i64, params.len() as i64];
+        d.extend_from_slice(params);
+        if let Some(t) = input {
+            d.push(t.dtype as i64);
+            d.push(t.shape.len() as i64);
+            d.extend(t.shape.iter().map(|&x| x as i64));
+        }
+        if d.len() > WORDS {
+            // Too many dims to compare in one descriptor: a hash of the rest in the last word.
+            let h = d[WORDS - 1..]
+                .iter()
+                .fold(0xcbf2_9ce4_8422_2325u64, |h, &w| {
+                    (h ^ w as u64).wrapping_mul(0x0100_0000_01b3)
+                });
+            d.truncate(WORDS - 1);
+            d.push(h as i64);
+        }
+        d.resize(WORDS, -1);
+        let mine = Tensor::from_i64(vec![1, WORDS], d.clone()).ok_or_else(|| {
+            CommError::InvalidArgument {
+                collective,
+                group: group.to_vec(),
+                rank: self.rank,
+                reason: "cannot describe the call".into(),
+            }
+        })?;
+        let all = self.bootstrap.all_gather(group, 0, &mine)?;
+        let shardc_runtime::Data::I64(words) = &all.data else {
+            return Ok(());
+        };
+        let differing: Vec<usize> = words
+            .chunks(WORDS)
+            .zip(group)
+            .filter(|(w, _)| *w != d.as_slice())
+            .map(|(_, &r)| r)
+            .collect();
+        if differing.is_empty() {
+            return Ok(());
+        }
+        Err(CommError::Mismatch {
+            collective,
+            group: group.to_vec(),
+            rank: self.rank,
+            reason: format!(
+                "rank {} calls it with {}, ranks {differing:?} with another type or parameters",
+                self.rank,
+                input.map_or("no input".to_string(), |t| t.to_string())
+            ),
+        })
     }
 
     /// Stages a host collective through device memory.
@@ -408,6 +514,19 @@ impl NcclComm {
         out_ty: TensorType,
     ) -> Result<Tensor, CommError> {
         check_group(collective, group, self.rank, self.size)?;
+        let params: Vec<i64> = match &call {
+            CommCall::AllReduce { op, .. } => vec![*op as i64],
+            CommCall::Broadcast { root, .. } => vec![*root as i64],
+            CommCall::AllGather { axis, .. } => vec![*axis as i64],
+            CommCall::ReduceScatter { op, axis, .. } => vec![*op as i64, *axis as i64],
+            CommCall::AllToAll {
+                split_dim,
+                concat_dim,
+                ..
+            } => vec![*split_dim as i64, *concat_dim as i64],
+            CommCall::Send { .. } | CommCall::Receive { .. } => Vec::new(),
+        };
+        self.agree(collective, group, input.map(Tensor::ty).as_ref(), &params)?;
         let fail = |e: CudaError| CommError::Transport {
             collective,
             group: group.to_vec(),
@@ -570,17 +689,14 @@ impl Communicator for NcclComm {
         Ok(())
     }
 
+    /// Host tensors go over the bootstrap, which matches tags (NCCL pairs a send with the
+    /// next receive, whatever the tags); the executor's device transfers use NCCL.
     fn send(&self, dest: usize, tag: i64, tensor: &Tensor) -> Result<(), CommError> {
-        let world: Vec<usize> = (0..self.size).collect();
-        let call = CommCall::Send { dest, tag };
-        self.staged(Collective::Send, &world, call, Some(tensor), tensor.ty())
-            .map(drop)
+        self.bootstrap.send(dest, tag, tensor)
     }
 
     fn recv(&self, src: usize, tag: i64, ty: &TensorType) -> Result<Tensor, CommError> {
-        let world: Vec<usize> = (0..self.size).collect();
-        let call = CommCall::Receive { src, tag };
-        self.staged(Collective::Receive, &world, call, None, ty.clone())
+        self.bootstrap.recv(src, tag, ty)
     }
 
     fn barrier(&self, group: &[usize]) -> Result<(), CommError> {
@@ -591,12 +707,9 @@ impl Communicator for NcclComm {
 
 impl Drop for NcclComm {
     fn drop(&mut self) {
-        let comms = std::mem::take(&mut self.comms.lock().unwrap_or_else(|p| p.into_inner()).0);
-        if self.device.bind().is_ok() {
-            for (_, c) in comms {
-                // SAFETY: communicators created in `comm_for`, destroyed once.
-                let _ = unsafe { nccl::comm_destroy(c as nccl_sys::ncclComm_t) };
-            }
+        let comms = std::mem::take(&mut *self.comms.lock().unwrap_or_else(|p| p.into_inner()));
+        for (_, c) in comms {
+            self.library.destroy(c);
         }
     }
 }
