@@ -13,7 +13,12 @@
 #   6. the convolution suite again with cuDNN and graph replay off (im2col + cuBLAS, every
 #      kernel launched by the host: step 09), the GPU suite with replay off (step 10), the
 #      convolution suite with cuDNN's non-deterministic algorithms allowed (step 11);
-#      every other step replays recorded steps (CUDA Graphs) where the executor can.
+#      every other step replays recorded steps (CUDA Graphs) where the executor can;
+#   7. on a machine with two GPUs or more (step 12; rehearsed on the CPU and the emulated GPU):
+#      NCCL with a rank per GPU, as the tutorials
+#      launch it: nccl_allgather under `shardc launch` (and `mpirun` where found) printing every
+#      rank id, the quickstart net on launched workers with NCCL against the CPU's losses (step
+#      02 has already run the conformance suite and training on NCCL ranks in threads).
 #
 #   bash scripts/gpu-check.sh [BUNDLE] [OUT]     (defaults: .gpu and $OUT or /tmp/gpu-check)
 #
@@ -209,8 +214,43 @@ resnet50() {
     compare_losses "$work/resnet50.CPU" "$work/resnet50.$resnet_gpu" 1e-4 1e-2
 }
 
-export bin work python resnet_gpu resnet_shape gpu_flags
-export -f same_losses compare_losses cli_checks resnet50 conv_suite_on_cudnn
+# NCCL with a rank on each of the GPUs: the sanity program, then the quickstart net. A
+# rehearsal runs the same launches with 2 ranks on the CPU and the emulated GPU (host-staged
+# collectives), without mpirun.
+multi_gpu() {
+  local g=$1 s="$bin/shardc" want target=() comm=(--gpu-comm nccl)
+  if [ -n "$rehearse" ]; then
+    target=(--device-target CPU)
+    comm=(--gpu emulator --gpu-comm host)
+  fi
+  want=$("$python" -c "print('[' + ', '.join('[%d.]' % r for r in range($g)) + ']')")
+  PATH="$bin:$PATH" "$s" launch --worker-num "$g" --local-worker-num "$g" \
+    --master-port "$((20000 + RANDOM % 20000))" --log-dir "$work/allgather" --join -- \
+    nccl_allgather "${target[@]}" &&
+    grep -F "$want" "$work/allgather/1/rank.0/stdout" || {
+    echo "nccl_allgather under shardc launch did not print $want"
+    return 1
+  }
+  if [ -n "$rehearse" ]; then
+    :
+  elif command -v mpirun > /dev/null; then
+    mpirun --allow-run-as-root --oversubscribe -n "$g" "$bin/nccl_allgather" > "$work/mpirun.log" 2>&1
+    cat "$work/mpirun.log"
+    grep -qF "$want" "$work/mpirun.log" || return 1
+  else
+    echo "no mpirun here: nccl_allgather ran under shardc launch only"
+  fi
+  "$s" compile models/quickstart.ir -o "$work/dp" --device-num "$g" --parallel-mode data_parallel &&
+    "$s" run "$work/dp" --steps 5 > "$work/dp.cpu" &&
+    PATH="$bin:$PATH" "$s" launch --worker-num "$g" --local-worker-num "$g" \
+      --master-port "$((20000 + RANDOM % 20000))" --log-dir "$work/dp-launch" --join -- \
+      shardc run "$work/dp" --steps 5 --device-target GPU "${comm[@]}" --stats &&
+    cat "$work/dp-launch/1/rank.0/stdout" &&
+    compare_losses "$work/dp.cpu" "$work/dp-launch/1/rank.0/stdout"
+}
+
+export bin work python resnet_gpu resnet_shape gpu_flags rehearse
+export -f same_losses compare_losses cli_checks resnet50 conv_suite_on_cudnn multi_gpu
 step 01-gpu-info 60 "$bin/shardc" gpu info
 step 02-cuda-gpu-suite gpu150 "$bin/cuda_gpu" --ignored --test-threads=1 --nocapture
 step 03-kernels-models gpu90 env SHARDC_TEST_DEVICE=cuda "$bin/cuda_emulated" --test-threads=1 \
@@ -233,6 +273,13 @@ step 10-cuda-gpu-suite-launched gpu150 env SHARDC_CUDA_GRAPHS=0 "$bin/cuda_gpu" 
 # `resnet18 *` row): the CPU's numbers still.
 step 11-kernels-conv-any-algorithm gpu120 env SHARDC_TEST_DEVICE=cuda SHARDC_CUDNN_DETERMINISTIC=0 \
   "$bin/cuda_conv_emulated" --test-threads=1 --nocapture
+gpus=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU' || true)
+[ -n "$rehearse" ] && gpus=2
+if [ "${gpus:-0}" -ge 2 ]; then
+  step 12-multi-gpu-nccl 150 bash -c "multi_gpu $gpus"
+elif [ -z "$only" ] || [ "${only#*12}" != "$only" ]; then
+  echo "SKIP 12-multi-gpu-nccl (${gpus:-0} GPU(s) here; NCCL ranks need a GPU each)" | tee -a "$summary"
+fi
 cp "$logs/08-bench-gpu.log" "$out/bench-gpu.txt" 2> /dev/null || true
 echo "done in $SECONDS s: $(grep -c ^PASS "$summary") passed, $(grep -c ^FAIL "$summary") failed, $(grep -c ^SKIP "$summary") skipped" | tee -a "$summary"
 rm -rf "$work"

@@ -8,6 +8,7 @@
 
 mod gpu_common;
 
+use gpu_common::nccl_ranks::{nccl_ranks_train_as_the_cpu_ranks, on_nccl_ranks};
 use gpu_common::{compare_each_step_on, compare_on, momentum, train};
 use shardc::compiler::transformer::{transformer, TransformerConfig};
 use shardc::compiler::zoo;
@@ -16,7 +17,7 @@ use shardc::cuda::nccl::NcclComm;
 use shardc::cuda::Device;
 use shardc::passes::autodiff::Optimizer;
 use shardc::runtime::comm::conformance;
-use shardc::runtime::InProcessWorld;
+use shardc::runtime::{Communicator, InProcessWorld};
 use std::sync::Arc;
 
 fn gpu() -> Arc<CudaDevice> {
@@ -104,4 +105,31 @@ fn nccl_with_one_rank_passes_the_communicator_conformance_suite() {
     let nccl = NcclComm::new(gpu(), boot).unwrap_or_else(|e| panic!("NCCL: {e}"));
     let checks = conformance::run(&nccl).unwrap_or_else(|e| panic!("{e}"));
     println!("NCCL {:?}: {checks} checks passed", NcclComm::version());
+}
+
+#[test]
+#[ignore = "needs two or more NVIDIA GPUs and NCCL"]
+fn nccl_ranks_on_several_gpus_conform_and_train_as_the_cpu_ranks() {
+    let gpus = shardc::cuda::cuda::device_count().unwrap_or(0);
+    if gpus < 2 {
+        println!("SKIP: {gpus} GPU(s) here; NCCL ranks need a GPU each (tests/nccl_emulated.rs runs these paths emulated)");
+        return;
+    }
+    let open = |rank: usize, boot: Arc<dyn Communicator>| {
+        let dev = Arc::new(CudaDevice::new(rank).map_err(|e| e.to_string())?);
+        let comm = NcclComm::new(dev.clone(), boot).map_err(|e| e.to_string())?;
+        Ok((dev as Arc<dyn Device>, comm))
+    };
+    // Two ranks: a sum or product of two numbers has the same bits in either order, so the
+    // suite's bit-exact checks hold whatever order NCCL's algorithms reduce in.
+    for (rank, r) in on_nccl_ranks(2, &open, |_, _, comm| conformance::run(&comm))
+        .into_iter()
+        .enumerate()
+    {
+        let checks = r.unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+        println!("rank {rank}: {checks} checks passed");
+    }
+    let ranks = if gpus >= 4 { 4 } else { 2 };
+    let seen = nccl_ranks_train_as_the_cpu_ranks(ranks, &open);
+    println!("{ranks} ranks trained as the CPU ranks, with {seen:?}");
 }

@@ -1,8 +1,9 @@
 //! `scripts/gpu-check.sh`, the prepared run of the GPU checks, rehearsed on the emulated GPU
 //! (`SHARDC_GPU_CHECK_REHEARSE=1`) with this build's binaries: the command-line steps (the
 //! quickstart net on one device, 8 in-process ranks and 2 launched workers; the ResNet-50
-//! example) must pass against the CPU's losses, and the steps that need a GPU must say they
-//! were skipped. So the script a GPU session runs first cannot rot unnoticed.
+//! example; the multi-GPU step's launches of nccl_allgather and the quickstart net, on the
+//! CPU and with host-staged collectives) must pass against the CPU's losses, and the steps
+//! that need a GPU must say they were skipped. So the script a GPU session runs first cannot rot unnoticed.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -30,6 +31,9 @@ fn the_gpu_check_script_rehearses_on_the_emulated_gpu() {
     assert!(resnet.exists(), "{} is missing", resnet.display());
     std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_shardc"), bundle.join("shardc")).unwrap();
     std::os::unix::fs::symlink(&resnet, bundle.join("resnet50_distributed_training")).unwrap();
+    let allgather = example("nccl_allgather");
+    assert!(allgather.exists(), "{} is missing", allgather.display());
+    std::os::unix::fs::symlink(&allgather, bundle.join("nccl_allgather")).unwrap();
     let out = dir.join("out");
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let o = Command::new("bash")
@@ -53,7 +57,8 @@ fn the_gpu_check_script_rehearses_on_the_emulated_gpu() {
         "PASS 07-resnet50-example",
         "SKIP 02-cuda-gpu-suite (needs a GPU; rehearsal)",
         "SKIP 08-bench-gpu (needs a GPU; rehearsal)",
-        "3 passed, 0 failed, 8 skipped",
+        "PASS 12-multi-gpu-nccl",
+        "4 passed, 0 failed, 8 skipped",
     ] {
         assert!(summary.contains(line), "missing {line:?}:\n{text}");
     }

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod nccl_ranks;
+
 use shardc::compiler::pipeline::{compile, CompileOptions};
 use shardc::cpu::CpuBackend;
 use shardc::cuda::cuda::CudaDevice;

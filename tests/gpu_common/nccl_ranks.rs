@@ -1,0 +1,239 @@
+//! Several ranks with NCCL, each a thread with its own device (emulated, or a GPU each), and
+//! their training steps against the same rank graphs on the CPU (`tests/nccl_emulated.rs`,
+//! and `tests/cuda_gpu.rs` on a machine with several GPUs).
+
+use super::*;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use shardc::compiler::optim::Momentum;
+use shardc::compiler::transformer::{transformer, TransformerConfig};
+use shardc::compiler::zoo;
+use shardc::cuda::nccl::NcclComm;
+use shardc::ir::{OpKind, TensorLayout};
+use shardc::passes::parallel::rules::{candidates, dims_of, strategy_from_loops};
+use shardc::passes::parallel::{DatasetLayout, Mode, ParallelOptions};
+use shardc::runtime::{Communicator, InProcessWorld};
+use shardc_tools::in_process::{run_ranks, tensor_rel};
+use std::collections::BTreeSet;
+
+/// Opens rank `rank`'s device and joins NCCL over the bootstrap communicator.
+pub type OpenRank<'a> = &'a (dyn Fn(usize, Arc<dyn Communicator>) -> Result<(Arc<dyn Device>, NcclComm), String>
+         + Sync);
+
+/// Runs `f` on every rank of a world of `n`, each a thread with the device and NCCL `open`
+/// gives it; the results by rank.
+pub fn on_nccl_ranks<T: Send>(
+    n: usize,
+    open: OpenRank<'_>,
+    f: impl Fn(usize, Arc<dyn Device>, NcclComm) -> Result<T, String> + Sync,
+) -> Vec<Result<T, String>> {
+    let boots = InProcessWorld::new(n);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = boots
+            .into_iter()
+            .enumerate()
+            .map(|(rank, boot)| {
+                let f = &f;
+                s.spawn(move || {
+                    let boot: Arc<dyn Communicator> = boot;
+                    let (dev, comm) =
+                        open(rank, boot).map_err(|e| format!("rank {rank}: opening: {e}"))?;
+                    f(rank, dev, comm)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("a rank panicked".into())))
+            .collect()
+    })
+}
+
+/// Annotates some forward ops of `g` with random valid strategies for `device_num` devices.
+pub fn annotate(rng: &mut ChaCha8Rng, g: &mut Graph, device_num: usize) {
+    for i in 0..g.nodes.len() {
+        let node = &g.nodes[i];
+        if matches!(node.op, OpKind::TupleGetItem | OpKind::Assign) || !rng.random_bool(0.6) {
+            continue;
+        }
+        let Ok(dims) = dims_of(g, node) else { continue };
+        let cands = candidates(g, node, &dims, device_num, 4);
+        if cands.is_empty() {
+            continue;
+        }
+        let splits = cands[rng.random_range(0..cands.len())].clone();
+        g.nodes[i].in_strategy = Some(strategy_from_loops(g, node, &dims, &splits));
+    }
+}
+
+/// The collectives of a rank graph, as "AllGather axis 1", "AllReduce fused" (a gradient
+/// bucket, reduced on the communication stream).
+pub fn collectives(g: &Graph) -> BTreeSet<String> {
+    g.nodes
+        .iter()
+        .filter(|n| n.op.is_communication())
+        .map(|n| {
+            let axis = ["axis", "split_dim"]
+                .iter()
+                .find_map(|a| n.attrs.get(a).and_then(|v| v.as_int()))
+                .map(|a| format!(" axis {}", a.min(1)))
+                .unwrap_or_default();
+            let fused = if n.attrs.int_or("fusion", 0) > 0 {
+                " fused"
+            } else {
+                ""
+            };
+            format!("{}{axis}{fused}", n.op)
+        })
+        .collect()
+}
+
+/// Steps each case trains.
+pub const STEPS: u64 = 4;
+
+/// Compiles `annotated` for `device_num` ranks, trains the rank graphs [`STEPS`] steps on the
+/// CPU (in-process communicator) and on emulated GPUs with NCCL, and compares every output
+/// of every step and every weight after the last. Returns the collectives the rank graphs
+/// hold, and rank 0's GPU stats.
+pub fn train_both(
+    annotated: Graph,
+    device_num: usize,
+    alltoall: bool,
+    open: OpenRank<'_>,
+) -> (BTreeSet<String>, String) {
+    let opt = Momentum::new(0.05, 0.9).to_spec();
+    let par = compile(
+        annotated,
+        &CompileOptions {
+            optimizer: Some(opt),
+            parallel: Some(ParallelOptions {
+                mode: Mode::SemiAutoParallel,
+                device_num,
+                dataset: DatasetLayout::DataParallel,
+                gradients_mean: true,
+                enable_alltoall: alltoall,
+                search: Default::default(),
+            }),
+            ..Default::default()
+        },
+    )
+    .expect("compiles")
+    .parallel
+    .expect("per-rank graphs");
+    let found = collectives(&par.ranks[0]);
+    let data = SyntheticData::new(&par.begin, 3, STEPS as usize).expect("data");
+    let weights: BTreeSet<&str> = par
+        .begin
+        .params
+        .iter()
+        .filter(|p| p.is_weight())
+        .map(|p| p.name.as_str())
+        .collect();
+    let inputs: Vec<(String, TensorLayout)> = par
+        .begin
+        .params
+        .iter()
+        .zip(&par.assignment.param_layouts)
+        .filter(|(p, _)| !weights.contains(p.name.as_str()) && !p.name.contains('.'))
+        .map(|(p, l)| (p.name.clone(), l.clone()))
+        .collect();
+    let feeds = |step: u64| -> Vec<(String, Tensor)> {
+        data.feeds(step)
+            .into_iter()
+            .filter(|(n, _)| inputs.iter().any(|(m, _)| m == n))
+            .map(|(n, t)| (n.to_string(), t))
+            .collect()
+    };
+    let cpu = run_ranks(par.ranks.clone(), &inputs, &feeds, STEPS, 1).expect("the CPU ranks run");
+    let graphs = par.ranks.clone();
+    let gpu = on_nccl_ranks(device_num, open, |rank, dev, comm| {
+        let host = Arc::new(CpuBackend::with_threads(1));
+        let mut exec = GpuExecutor::with_nccl(graphs[rank].clone(), dev, host, Arc::new(comm))
+            .map_err(|e| format!("rank {rank}: {e}"))?;
+        let mut outs = Vec::new();
+        for step in 0..STEPS {
+            let mut block = Vec::new();
+            for (name, t) in feeds(step) {
+                let layout = &inputs.iter().find(|(m, _)| *m == name).expect("layout").1;
+                block.push((
+                    name,
+                    t.block(&layout.block(rank)).expect("the rank's block"),
+                ));
+            }
+            let refs: Vec<(&str, Tensor)> =
+                block.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+            outs.push(
+                exec.step(&refs)
+                    .map_err(|e| format!("rank {rank}, step {}: {e}", step + 1))?,
+            );
+        }
+        let w = exec.weights().map_err(|e| e.to_string())?;
+        Ok((outs, w, exec.stats().summary()))
+    });
+    let mut summary = String::new();
+    for (rank, r) in gpu.into_iter().enumerate() {
+        let (outs, w, s) = r.unwrap_or_else(|e| panic!("{e}"));
+        if rank == 0 {
+            summary = s;
+        }
+        for (step, (a, b)) in cpu.outputs[rank].iter().zip(&outs).enumerate() {
+            for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                let d = tensor_rel(y, x);
+                assert!(
+                    d <= 1e-5,
+                    "rank {rank}, step {}, output {i}: differs by {d:.2e}\n{summary}",
+                    step + 1
+                );
+            }
+        }
+        for (name, t) in &w {
+            let (_, c) = cpu.weights[rank]
+                .iter()
+                .find(|(n, _)| n == name)
+                .unwrap_or_else(|| panic!("the CPU rank {rank} has {name}"));
+            let d = tensor_rel(t, c);
+            assert!(d <= 1e-5, "rank {rank}: weight {name} differs by {d:.2e}");
+        }
+    }
+    (found, summary)
+}
+
+/// Trains on `device_num` NCCL ranks as the CPU ranks: data parallel (a gradient bucket on
+/// the communication stream, replayed steps), then random strategies of an MLP and a
+/// transformer. Returns the collectives the rank graphs held.
+pub fn nccl_ranks_train_as_the_cpu_ranks(
+    device_num: usize,
+    open: OpenRank<'_>,
+) -> BTreeSet<String> {
+    let mut seen = BTreeSet::new();
+    // Data parallel: one bucket of every gradient, reduced on the communication stream.
+    let (found, s) = train_both(
+        zoo::mlp(8, &[12, 16, 16, 4]).expect("mlp"),
+        device_num,
+        false,
+        open,
+    );
+    assert!(found.contains("AllReduce"), "{found:?}");
+    assert!(
+        found.contains("AllReduce fused"),
+        "no gradient bucket: {found:?}"
+    );
+    assert!(
+        s.contains(&format!("{} of {STEPS} steps ran as one replay", STEPS - 1)),
+        "{s}"
+    );
+    seen.extend(found);
+    // Model parallel with random strategies: gathers and scatters along other axes.
+    for seed in 0..3u64 {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut g = if seed == 2 {
+            transformer(&TransformerConfig::new(1, 8, 2, 4, 4).ffn(16)).expect("transformer")
+        } else {
+            zoo::mlp(8, &[12, 16, 16, 4]).expect("mlp")
+        };
+        annotate(&mut rng, &mut g, device_num);
+        let (found, _) = train_both(g, device_num, seed == 1, open);
+        seen.extend(found);
+    }
+    seen
+}
