@@ -6,9 +6,18 @@
 //! rendezvous + TCP or shared memory, or MPI under `mpirun`); each sub-group gets its own NCCL
 //! communicator the first time it is used, its id sent by its lowest member to the others
 //! over the bootstrap, so only members take part. Collectives along an axis other than 0 are
-//! rearranged on the device (NCCL concatenates and scatters flat buffers). Tensors given as
-//! host [`Tensor`]s (the trait) are staged through device memory; the executor calls
-//! [`NcclComm::run_on_device`] on its buffers directly.
+//! rearranged on the device (NCCL concatenates and scatters flat buffers). Collectives of
+//! host [`Tensor`]s (the trait) are staged through device memory, after the members have
+//! compared their calls over the bootstrap (NCCL cannot tell a disagreement: it hangs or
+//! reads past a buffer); host sends and receives go over the bootstrap, which matches tags.
+//! The executor calls [`NcclComm::run_on_device`] on its buffers directly.
+//!
+//! The NCCL calls themselves go through an [`library::NcclLibrary`]: NCCL on a GPU
+//! ([`library::SystemNccl`]), or its emulation between the emulated devices of one process
+//! ([`emulated::EmulatedNccl`]), where CI runs everything above the calls with several ranks.
+//! NCCL reduces in its algorithms' order, which with three ranks or more need not be member
+//! order: floating-point results may then differ from the host communicators' in the last
+//! bits (the emulation reduces in member order).
 
 pub mod emulated;
 pub mod library;
