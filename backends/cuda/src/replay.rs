@@ -4,7 +4,7 @@
 //! A replayed step is the recorded step: every address is fixed for the executor's life and
 //! every launch argument is the same in every step; what changes per step (Dropout's keys)
 //! lives in device memory written before the step. What needs the host mid-step cannot be
-//! recorded: [`replay_blocker`] says so before the first step; ops the lowering placed on the
+//! recorded: `replay_blocker` says so before the first step; ops the lowering placed on the
 //! host are known after it.
 
 use shardc_ir::Graph;
