@@ -8,7 +8,9 @@
 
 mod gpu_common;
 
-use gpu_common::nccl_ranks::{nccl_ranks_train_as_the_cpu_ranks, on_nccl_ranks};
+use gpu_common::nccl_ranks::{
+    nccl_ranks_train_as_the_cpu_ranks, on_nccl_ranks, one_rank_buckets_train_as_the_cpu,
+};
 use gpu_common::{compare_each_step_on, compare_on, momentum, train};
 use shardc::compiler::transformer::{transformer, TransformerConfig};
 use shardc::compiler::zoo;
@@ -105,6 +107,19 @@ fn nccl_with_one_rank_passes_the_communicator_conformance_suite() {
     let nccl = NcclComm::new(gpu(), boot).unwrap_or_else(|e| panic!("NCCL: {e}"));
     let checks = conformance::run(&nccl).unwrap_or_else(|e| panic!("{e}"));
     println!("NCCL {:?}: {checks} checks passed", NcclComm::version());
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and NCCL"]
+fn gradient_buckets_go_through_nccl_on_the_communication_stream_in_replayed_steps() {
+    // One rank: NCCL's AllReduce of each bucket on the second stream, ordered by events,
+    // inside the recorded step from step 2 on.
+    let dev = gpu();
+    let boot = InProcessWorld::new(1).pop().unwrap();
+    let nccl = NcclComm::new(dev.clone(), boot).unwrap_or_else(|e| panic!("NCCL: {e}"));
+    let s = one_rank_buckets_train_as_the_cpu(dev, nccl);
+    println!("{s}");
+    assert_replayed(&s, "3 of 4 steps ran as one replay");
 }
 
 #[test]

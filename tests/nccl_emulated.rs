@@ -9,7 +9,9 @@
 
 mod gpu_common;
 
-use gpu_common::nccl_ranks::{nccl_ranks_train_as_the_cpu_ranks, on_nccl_ranks, OpenRank};
+use gpu_common::nccl_ranks::{
+    nccl_ranks_train_as_the_cpu_ranks, on_nccl_ranks, one_rank_buckets_train_as_the_cpu, OpenRank,
+};
 use shardc::cuda::device::Device;
 use shardc::cuda::emulator::EmulatedDevice;
 use shardc::cuda::nccl::emulated::EmulatedNccl;
@@ -148,4 +150,17 @@ fn ranks_on_emulated_gpus_with_nccl_train_as_the_cpu_ranks() {
             "no {want} in {seen:?}"
         );
     }
+}
+
+#[test]
+fn one_rank_reduces_its_gradient_buckets_through_nccl_in_replayed_steps() {
+    if !emulator_available() {
+        return;
+    }
+    let s = on_emulated_gpus(1, Duration::from_secs(20), |_, dev, comm| {
+        Ok(one_rank_buckets_train_as_the_cpu(dev, comm))
+    })
+    .remove(0)
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(s.contains("3 of 4 steps ran as one replay"), "{s}");
 }

@@ -237,3 +237,71 @@ pub fn nccl_ranks_train_as_the_cpu_ranks(
     }
     seen
 }
+
+/// Rank 0's training step of an MLP compiled data parallel for 2 devices, with every
+/// collective's group narrowed to rank 0 alone: a graph one rank runs with NCCL, so that a
+/// single GPU runs the gradient buckets through NCCL on the communication stream (the events
+/// that order it, and steps recorded with NCCL in them), which otherwise needs two GPUs.
+pub fn one_rank_bucket_graph() -> Graph {
+    let par = compile(
+        zoo::mlp(8, &[12, 16, 16, 4]).expect("mlp"),
+        &CompileOptions {
+            optimizer: Some(Momentum::new(0.05, 0.9).to_spec()),
+            parallel: Some(ParallelOptions {
+                mode: Mode::DataParallel,
+                device_num: 2,
+                dataset: DatasetLayout::DataParallel,
+                gradients_mean: true,
+                enable_alltoall: false,
+                search: Default::default(),
+            }),
+            ..Default::default()
+        },
+    )
+    .expect("compiles")
+    .parallel
+    .expect("per-rank graphs");
+    let mut g = par.ranks[0].clone();
+    for n in g.nodes.iter_mut().filter(|n| n.op.is_communication()) {
+        n.attrs.set("rank_list", shardc::ir::Attr::ints(&[0]));
+    }
+    g
+}
+
+/// Trains [`one_rank_bucket_graph`] [`STEPS`] steps on the CPU (a world of one) and on `dev`
+/// with `comm` (one rank); compares every output and weight to 1e-5 and returns the device's
+/// stats summary, which must say that the buckets were reduced and the steps replayed.
+pub fn one_rank_buckets_train_as_the_cpu(dev: Arc<dyn Device>, comm: NcclComm) -> String {
+    let g = one_rank_bucket_graph();
+    let buckets = g
+        .nodes
+        .iter()
+        .filter(|n| n.op == OpKind::AllReduce && n.attrs.int_or("fusion", 0) > 0)
+        .count();
+    assert!(buckets > 0, "no gradient bucket in the graph");
+    let data = SyntheticData::new(&g, 5, STEPS as usize).expect("data");
+    let host = Arc::new(CpuBackend::with_threads(1));
+    let world: Arc<dyn Communicator> = InProcessWorld::new(1).remove(0);
+    let mut cpu = Executor::with_communicator(g.clone(), host.clone(), world).expect("cpu");
+    let mut gpu = GpuExecutor::with_nccl(g.clone(), dev, host, Arc::new(comm)).expect("gpu");
+    for step in 0..STEPS {
+        let feeds = data.feeds(step);
+        let a = cpu.step(&feeds).expect("cpu step");
+        let b = gpu.step(&feeds).expect("gpu step");
+        for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+            let d = tensor_rel(y, x);
+            assert!(
+                d <= 1e-5,
+                "step {}, output {i}: differs by {d:.2e}",
+                step + 1
+            );
+        }
+    }
+    for (name, w) in gpu.weights().expect("weights") {
+        let d = tensor_rel(&w, cpu.param(&name).expect("the CPU has it"));
+        assert!(d <= 1e-5, "weight {name} differs by {d:.2e}");
+    }
+    let s = gpu.stats().summary();
+    assert!(s.contains("collectives"), "{s}");
+    s
+}
