@@ -120,11 +120,18 @@ fn small_resnet18(batch: usize) -> Graph {
 #[test]
 fn a_small_resnet18_with_batch_norm_trains_as_on_the_cpu() {
     let g = train(small_resnet18(2), momentum());
+    // Every Assign's value is written in place: the optimizer's updates and BatchNorm's
+    // moving statistics (which compare_on_with checks with the weights).
+    let assigns = g.nodes.iter().filter(|n| n.op == OpKind::Assign).count();
     if let Some(s) = compare(g, 2, 1e-4) {
         println!("{s}");
         assert_on_device(&s, &CONV_OPS);
         assert_on_device(&s, &BN_OPS);
         assert!(!s.contains("host:"), "{s}");
+        assert!(
+            s.contains(&format!("in place: {} results", 2 * assigns)),
+            "{assigns} Assigns a step: {s}"
+        );
     }
 }
 

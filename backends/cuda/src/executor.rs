@@ -113,7 +113,7 @@ impl GpuStats {
         }
         if self.in_place_updates > 0 {
             s.push_str(&format!(
-                "\n  in place: {} optimizer results written straight into their weights",
+                "\n  in place: {} results Assigned to parameters written straight into them (optimizer updates, moving statistics)",
                 self.in_place_updates
             ));
         }

@@ -128,7 +128,7 @@ fn operand_type<'g>(g: &'g Graph, o: &Operand) -> Option<&'g TensorType> {
 }
 
 /// The shape and dtype node `i` runs elementwise over, when it can be fused.
-fn fusable(g: &Graph, i: usize) -> Option<&TensorType> {
+pub(crate) fn fusable(g: &Graph, i: usize) -> Option<&TensorType> {
     let node = &g.nodes[i];
     let arity = if unary_name(node.op).is_some() {
         1

@@ -17,6 +17,13 @@
 //! - no node between the update and the `Assign` reads or assigns the parameter: they would
 //!   have seen the old value.
 //!
+//! The same holds for an elementwise map (a unary or binary op [`crate::fusion`] can fuse)
+//! whose result is `Assign`ed to a parameter of its type, under the last two conditions:
+//! BatchNorm's moving statistics (`Assign(mean, Add(Mul(mean, 0.9), Mul(batch_mean, 0.1)))`,
+//! 40 copies a step in ResNet-18) are then written by the kernel that computes them, fused or
+//! not. A map of the result's shape reads any operand of that shape at the element it writes,
+//! so it may read the parameter it overwrites.
+//!
 //! Adjacent in-place momentum or Adam updates with the same scalars then go out as one launch
 //! ([`update_groups`], the kernels `apply_momentum_multi` and `adam_multi`), as PyTorch's
 //! multi-tensor optimizers do: ResNet-18's 62 updates become one kernel.
@@ -36,8 +43,8 @@ fn updated_operand(op: OpKind, elem: usize) -> Option<usize> {
 }
 
 /// Per node and result element, the parameter (index) that value lives in instead of its
-/// planned buffer (see the module doc): the update's result and the `TupleGetItem` that names
-/// it.
+/// planned buffer (see the module doc): an update's result and the `TupleGetItem` that names
+/// it, or an elementwise map's result.
 pub fn in_place_updates(graph: &Graph) -> Vec<Vec<Option<usize>>> {
     let n = graph.nodes.len();
     // Readers of each node's result, and whether it is a graph output.
@@ -97,10 +104,15 @@ pub fn in_place_updates(graph: &Graph) -> Vec<Vec<Option<usize>>> {
         let Some(update) = graph.nodes.get(k) else {
             continue;
         };
-        let Some(operand) = updated_operand(update.op, elem) else {
+        if k >= a {
             continue;
-        };
-        if update.inputs.get(operand) != Some(&Operand::Param(*q)) || k >= a {
+        }
+        let writes_operand = updated_operand(update.op, elem)
+            .is_some_and(|operand| update.inputs.get(operand) == Some(&Operand::Param(*q)));
+        let param_ty = graph.params.get(q.index()).map(|p| &p.ty);
+        let elementwise =
+            via.is_none() && crate::fusion::fusable(graph, k).is_some_and(|t| Some(t) == param_ty);
+        if !writes_operand && !elementwise {
             continue;
         }
         let sole = match via {
@@ -375,6 +387,52 @@ subgraph @Update(%para1_g, %para2_w1, %para3_m1, %para4_v1, %para5_w2, %para6_m2
         // Another learning rate, or another optimizer: two launches.
         assert!(groups(&two_adams("0.002", false)).is_empty());
         assert!(groups(&two_adams("0.001", true)).is_empty());
+    }
+
+    /// A moving mean's update as BatchNorm's training step writes it, then `between`.
+    fn moving_mean(between: &str) -> Graph {
+        let text = format!(
+            "%para1_m : <Tensor[Float32], (4)>
+%para2_mean : <Ref[Tensor(F32)], (4), ref_key=:mean>  :  has_default  init: zeros
+
+subgraph @Stats(%para1_m, %para2_mean) {{
+  %1(a) = Mul(%para2_mean, 0.9) {{instance name: a}}
+  %2(b) = Mul(%para1_m, 0.1) {{instance name: b}}
+  %3(c) = Add(%1, %2) {{instance name: c}}
+  {between}
+  %5(s) = Assign(%para2_mean, %3)
+  Return(%5)
+}}"
+        );
+        let mut g = shardc_ir::text::parse_graph(&text, "stats.ir").expect("parses");
+        shardc_passes::infer::infer_graph(&mut g).expect("types");
+        g
+    }
+
+    #[test]
+    fn an_elementwise_result_assigned_to_its_parameter_is_written_into_it() {
+        let g = moving_mean("%4(n) = Neg(%para1_m) {instance name: n}");
+        let p = in_place_updates(&g);
+        assert_eq!(p[2][0], Some(1), "{p:?}");
+        assert!(p.iter().enumerate().all(|(i, v)| i == 2 || v[0].is_none()));
+        // A reader of the old mean between the Add and the Assign keeps the copy.
+        let g = moving_mean("%4(n) = Neg(%para2_mean) {instance name: n}");
+        assert!(in_place_updates(&g)[2][0].is_none());
+        // So does a second reader of the new value.
+        let g = moving_mean("%4(n) = Neg(%3) {instance name: n}");
+        assert!(in_place_updates(&g)[2][0].is_none());
+        // Not a map: a reduction's result keeps its buffer.
+        let text = "%para1_x : <Tensor[Float32], (2, 4)>
+%para2_mean : <Ref[Tensor(F32)], (4), ref_key=:mean>  :  has_default  init: zeros
+
+subgraph @Stats(%para1_x, %para2_mean) {
+  %1(r) = ReduceMean(%para1_x, (0)) {instance name: r} primitive_attrs: {keep_dims: false}
+  %2(s) = Assign(%para2_mean, %1)
+  Return(%2)
+}";
+        let mut g = shardc_ir::text::parse_graph(text, "r.ir").expect("parses");
+        shardc_passes::infer::infer_graph(&mut g).expect("types");
+        assert!(in_place_updates(&g)[0][0].is_none());
     }
 
     #[test]
