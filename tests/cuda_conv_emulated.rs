@@ -642,7 +642,9 @@ fn single_batch_norms_and_their_gradients_match_the_cpu() {
             // Channels of 40 and 6 elements; then channels longer than a block of threads
             // (64 on the emulator), whose threads step across images: 9 images of 10
             // positions (a step of 6 images and 4 positions), 5 of 77, 3 of 300; and 4 of
-            // 300, long enough for the wide blocks (128 threads on the emulator).
+            // 300, long enough for the wide blocks (128 threads on the emulator), and split
+            // into 2 chunks of 600 (a block each: few long channels); 7 of 250, 3 chunks of
+            // 584 that start inside images, the last shorter.
             for shape in [
                 &[4usize, 3, 5, 2][..],
                 &[6, 3],
@@ -650,6 +652,7 @@ fn single_batch_norms_and_their_gradients_match_the_cpu() {
                 &[5, 3, 7, 11],
                 &[3, 3, 300],
                 &[4, 3, 300],
+                &[7, 3, 250],
             ] {
                 let mut n = OpNet::new(dtype, 120);
                 let x = n.w_with("x", shape, |u| 2.0 * u + 0.5);

@@ -1,5 +1,6 @@
 // BatchNorm and the synchronised BatchNorm ops over x viewed as (n, c, s): per-channel
-// statistics (a block per channel, block-wide sums, two passes for the variance as the CPU),
+// statistics (a block per channel, or per chunk of a long channel; block-wide sums, two
+// passes for the variance as the CPU),
 // then elementwise normalisation and gradients (a thread per element).
 // Element k of channel ch is x[((k / s) * c + ch) * s + k % s]: reads coalesced along s.
 
@@ -14,6 +15,68 @@
          b_ < (n);                                                                          \
          b_ += db_ + (j_ + dj_ >= s_), j_ = j_ + dj_ >= s_ ? j_ + dj_ - s_ : j_ + dj_,      \
              i = (b_ * (c) + (ch)) * s_ + j_)
+
+// Runs the statement after it for the elements k = k0 + threadIdx.x, + blockDim.x, ... below k1
+// of channel ch of x viewed as (c, s) per image, as FOR_CHANNEL_ELEMENT steps them (one
+// division per thread, at the start).
+#define FOR_CHANNEL_RANGE(i, ch, c, s, k0, k1)                                              \
+    for (i64 s_ = (s) > 0 ? (s) : 1, k_ = (k0) + threadIdx.x, b_ = k_ / s_, j_ = k_ % s_,    \
+             db_ = blockDim.x / s_, dj_ = blockDim.x % s_, i = (b_ * (c) + (ch)) * s_ + j_; \
+         k_ < (k1);                                                                         \
+         k_ += blockDim.x, b_ += db_ + (j_ + dj_ >= s_),                                    \
+             j_ = j_ + dj_ >= s_ ? j_ + dj_ - s_ : j_ + dj_, i = (b_ * (c) + (ch)) * s_ + j_)
+
+// A channel too long for one block to reduce quickly is split into `parts` chunks of `chunk`
+// elements, block b reducing chunk b % parts of channel b / parts into partial[b]; a thread per
+// channel then adds its partials in order. Training statistics take two such passes (the
+// sums, then the squares about the mean), as the CPU's two passes.
+#define BN_PARTIAL_SUMS(T, S)                                                               \
+    extern "C" __global__ void bn_partial_sums_##S(                                         \
+        const T* __restrict__ x, const T* __restrict__ mean, T* __restrict__ partial, i64 c, \
+        i64 s, i64 m, i64 parts, i64 chunk, int centered) {                                 \
+        for (i64 b = blockIdx.x; b < c * parts; b += gridDim.x) {                           \
+            i64 ch = b / parts, k0 = (b % parts) * chunk;                                   \
+            i64 k1 = k0 + chunk < m ? k0 + chunk : m;                                       \
+            T mu = centered ? mean[ch] : (T)0;                                              \
+            T acc = (T)0;                                                                   \
+            FOR_CHANNEL_RANGE(i, ch, c, s, k0, k1) {                                        \
+                T d = x[i] - mu;                                                            \
+                acc += centered ? d * d : d;                                                \
+            }                                                                               \
+            acc = block_sum(acc);                                                           \
+            if (threadIdx.x == 0) partial[b] = acc;                                         \
+        }                                                                                   \
+    }
+FOR_FLOATS(BN_PARTIAL_SUMS)
+
+// mean[ch] = the sum of channel ch's partials / m.
+#define BN_MEAN_FROM_PARTIALS(T, S)                                                         \
+    extern "C" __global__ void bn_mean_from_partials_##S(                                   \
+        const T* __restrict__ partial, T* __restrict__ mean, i64 c, i64 parts, i64 m) {     \
+        GRID_STRIDE(ch, c) {                                                                \
+            T a = (T)0;                                                                     \
+            for (i64 p = 0; p < parts; p++) a += partial[ch * parts + p];                   \
+            mean[ch] = a / (T)m;                                                            \
+        }                                                                                   \
+    }
+FOR_FLOATS(BN_MEAN_FROM_PARTIALS)
+
+// The statistics from the partial sums of squares about saved_mean (which holds the mean).
+#define BN_STATS_FROM_PARTIALS(T, S)                                                        \
+    extern "C" __global__ void bn_stats_from_partials_##S(                                  \
+        const T* __restrict__ partial, const T* __restrict__ saved_mean,                    \
+        T* __restrict__ batch_mean, T* __restrict__ batch_var, T* __restrict__ saved_rstd,  \
+        i64 c, i64 parts, i64 m, double eps) {                                              \
+        GRID_STRIDE(ch, c) {                                                                \
+            T sq = (T)0;                                                                    \
+            for (i64 p = 0; p < parts; p++) sq += partial[ch * parts + p];                  \
+            T var = m > 0 ? sq / (T)m : (T)0;                                               \
+            batch_mean[ch] = saved_mean[ch];                                                \
+            batch_var[ch] = m > 1 ? sq / (T)(m - 1) : var;                                  \
+            saved_rstd[ch] = (T)1 / sh_sqrt(var + (T)eps);                                  \
+        }                                                                                   \
+    }
+FOR_FLOATS(BN_STATS_FROM_PARTIALS)
 
 // Per channel: training mode, the batch mean and variance (biased for rstd, unbiased for
 // batch_var); inference mode, mean_in / var_in.
@@ -133,6 +196,48 @@ FOR_FLOATS(BN_UPDATE_STATS)
         }                                                                                   \
     }
 FOR_FLOATS(BN_GRAD_SUMS)
+
+// bn_grad_sums over chunks of long channels (see BN_PARTIAL_SUMS): partials of dscale and dbias.
+#define BN_GRAD_PARTIAL_SUMS(T, S)                                                          \
+    extern "C" __global__ void bn_grad_partial_sums_##S(                                    \
+        const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ mean,      \
+        const T* __restrict__ rstd, T* __restrict__ partial_ds, T* __restrict__ partial_db, \
+        i64 c, i64 s, i64 m, i64 parts, i64 chunk) {                                        \
+        for (i64 b = blockIdx.x; b < c * parts; b += gridDim.x) {                           \
+            i64 ch = b / parts, k0 = (b % parts) * chunk;                                   \
+            i64 k1 = k0 + chunk < m ? k0 + chunk : m;                                       \
+            T mu = mean[ch], r = rstd[ch];                                                  \
+            T ds = (T)0, db = (T)0;                                                         \
+            FOR_CHANNEL_RANGE(i, ch, c, s, k0, k1) {                                        \
+                ds += dy[i] * ((x[i] - mu) * r);                                            \
+                db += dy[i];                                                                \
+            }                                                                               \
+            ds = block_sum(ds);                                                             \
+            db = block_sum(db);                                                             \
+            if (threadIdx.x == 0) {                                                         \
+                partial_ds[b] = ds;                                                         \
+                partial_db[b] = db;                                                         \
+            }                                                                               \
+        }                                                                                   \
+    }
+FOR_FLOATS(BN_GRAD_PARTIAL_SUMS)
+
+// dscale and dbias from their partials, in order.
+#define BN_GRAD_SUMS_FROM_PARTIALS(T, S)                                                    \
+    extern "C" __global__ void bn_grad_sums_from_partials_##S(                              \
+        const T* __restrict__ partial_ds, const T* __restrict__ partial_db,                 \
+        T* __restrict__ dscale, T* __restrict__ dbias, i64 c, i64 parts) {                  \
+        GRID_STRIDE(ch, c) {                                                                \
+            T ds = (T)0, db = (T)0;                                                         \
+            for (i64 p = 0; p < parts; p++) {                                               \
+                ds += partial_ds[ch * parts + p];                                           \
+                db += partial_db[ch * parts + p];                                           \
+            }                                                                               \
+            dscale[ch] = ds;                                                                \
+            dbias[ch] = db;                                                                 \
+        }                                                                                   \
+    }
+FOR_FLOATS(BN_GRAD_SUMS_FROM_PARTIALS)
 
 // dx, training mode: scale * rstd / m * (m * dy - dbias - xhat * dscale), m the (global)
 // count per channel; inference mode: dy * scale * rstd.

@@ -1,8 +1,8 @@
 //! BatchNorm, BatchNormGrad (training and inference mode) and the synchronised BatchNorm ops
 //! (`BNTrainingReduce`, `BNTrainingUpdate`, `BNTrainingUpdateGrad`, `BNTrainingReduceGrad`)
 //! on the kernels of `kernels/batch_norm.cu`, with the CPU backend's formulas: x viewed as
-//! `(n, c, s)`, per-channel statistics with a block per channel (two passes for the variance),
-//! then an elementwise pass. An empty tensor runs on the host.
+//! `(n, c, s)`, per-channel statistics with a block per channel, or per chunk of each channel
+//! where there are few long channels (two passes for the variance), then an elementwise pass. An empty tensor runs on the host.
 
 use super::{float_suffix, host, Lowered, OpCall};
 use crate::error::CudaResult;
@@ -146,12 +146,129 @@ fn normalize(
     )
 }
 
+/// Blocks the per-channel reductions aim at: about two per streaming multiprocessor of a
+/// large GPU (an H100 has 132), so that a few long channels still fill it.
+const TARGET_BLOCKS: usize = 256;
+
+/// How the channels of `o` are reduced: `(parts, chunk)`, each channel split into `parts`
+/// chunks of `chunk` elements, one block each, where a block per channel would leave the
+/// device idle (fewer than [`TARGET_BLOCKS`] channels) and the chunks still give every thread
+/// of a wide block 4 elements or more; `parts == 1` is a block per channel.
+fn channel_parts(call: &OpCall<'_>, o: &Operands) -> (usize, usize) {
+    let m = o.n * o.s;
+    let min_chunk = 4 * call.dev.wide_block_size() as usize;
+    let parts = TARGET_BLOCKS
+        .div_ceil(o.c.max(1))
+        .min(m / min_chunk.max(1))
+        .max(1);
+    (parts, m.div_ceil(parts))
+}
+
+/// Training statistics over chunks of long channels (`parts > 1`, see [`channel_parts`]):
+/// the partial sums, the mean (into `saved_mean`), the partial squares about it, the rest.
+fn chunked_stats(
+    call: &OpCall<'_>,
+    o: &Operands,
+    (parts, chunk): (usize, usize),
+    [x, batch_mean, batch_var, saved_mean, saved_rstd]: [DevPtr; 5],
+) -> CudaResult<Lowered> {
+    let m = o.n * o.s;
+    let blocks = o.c * parts;
+    let partial = call
+        .workspace
+        .get(call.dev, blocks * if o.suffix == "f64" { 8 } else { 4 })?;
+    let sums = |centered: bool| {
+        call.launch_reducing(
+            &format!("bn_partial_sums_{}", o.suffix),
+            call.rows_grid(blocks),
+            chunk,
+            &[
+                Ptr(x),
+                Ptr(saved_mean),
+                Ptr(partial),
+                I64(o.c as i64),
+                I64(o.s as i64),
+                I64(m as i64),
+                I64(parts as i64),
+                I64(chunk as i64),
+                I32(i32::from(centered)),
+            ],
+        )
+    };
+    sums(false)?;
+    call.launch(
+        &format!("bn_mean_from_partials_{}", o.suffix),
+        call.grid(o.c),
+        &[
+            Ptr(partial),
+            Ptr(saved_mean),
+            I64(o.c as i64),
+            I64(parts as i64),
+            I64(m as i64),
+        ],
+    )?;
+    sums(true)?;
+    call.launch(
+        &format!("bn_stats_from_partials_{}", o.suffix),
+        call.grid(o.c),
+        &[
+            Ptr(partial),
+            Ptr(saved_mean),
+            Ptr(batch_mean),
+            Ptr(batch_var),
+            Ptr(saved_rstd),
+            I64(o.c as i64),
+            I64(parts as i64),
+            I64(m as i64),
+            F64(epsilon(call)),
+        ],
+    )
+}
+
 /// `(dscale, dbias)` per channel.
 fn grad_sums(
     call: &OpCall<'_>,
     o: &Operands,
     [dy, x, mean, rstd, dscale, dbias]: [DevPtr; 6],
 ) -> CudaResult<Lowered> {
+    let (parts, chunk) = channel_parts(call, o);
+    if parts > 1 {
+        let blocks = o.c * parts;
+        let esz = if o.suffix == "f64" { 8 } else { 4 };
+        let half = (blocks * esz).next_multiple_of(256);
+        let scratch = call.workspace.get(call.dev, 2 * half)?;
+        let (pds, pdb) = (scratch, scratch + half as u64);
+        call.launch_reducing(
+            &format!("bn_grad_partial_sums_{}", o.suffix),
+            call.rows_grid(blocks),
+            chunk,
+            &[
+                Ptr(dy),
+                Ptr(x),
+                Ptr(mean),
+                Ptr(rstd),
+                Ptr(pds),
+                Ptr(pdb),
+                I64(o.c as i64),
+                I64(o.s as i64),
+                I64((o.n * o.s) as i64),
+                I64(parts as i64),
+                I64(chunk as i64),
+            ],
+        )?;
+        return call.launch(
+            &format!("bn_grad_sums_from_partials_{}", o.suffix),
+            call.grid(o.c),
+            &[
+                Ptr(pds),
+                Ptr(pdb),
+                Ptr(dscale),
+                Ptr(dbias),
+                I64(o.c as i64),
+                I64(parts as i64),
+            ],
+        );
+    }
     call.launch_reducing(
         &format!("bn_grad_sums_{}", o.suffix),
         call.rows_grid(o.c),
@@ -211,6 +328,16 @@ pub(super) fn batch_norm(call: &OpCall<'_>) -> CudaResult<Lowered> {
         return Err(call.err("five results expected"));
     };
     let training = call.node.attrs.bool_or("is_training", true);
+    let parts = channel_parts(call, &o);
+    if training && parts.0 > 1 {
+        chunked_stats(
+            call,
+            &o,
+            parts,
+            [x, batch_mean, batch_var, saved_mean, saved_rstd],
+        )?;
+        return normalize(call, &o, [x, saved_mean, saved_rstd, scale, bias, y]);
+    }
     call.launch_reducing(
         &format!("bn_stats_{}", o.suffix),
         call.rows_grid(o.c),
