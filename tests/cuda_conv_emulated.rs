@@ -747,11 +747,14 @@ fn long_columns_and_layer_norm_parameters_reduce_as_on_the_cpu() {
         (DType::Float32, OpKind::ReduceMax),
         (DType::Float64, OpKind::ReduceSum),
     ] {
-        // Rows of 1500: long enough for the wide blocks.
+        // Rows of 1500: long enough for the wide blocks; 2 rows of 6000 and a whole tensor of
+        // 4800: few rows, each reduced in chunks (5 of 1200, 4 of 1200), then the chunks.
         for (shape, axis) in [
             (vec![150usize, 70], 0i64),
             (vec![2, 100, 40], 1),
             (vec![3, 1500], 1),
+            (vec![2, 6000], 1),
+            (vec![4800], 0),
         ] {
             for values in ["uniform", "NaNs"] {
                 if values == "NaNs" && op != OpKind::ReduceMax {

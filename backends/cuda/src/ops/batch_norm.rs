@@ -4,7 +4,7 @@
 //! `(n, c, s)`, per-channel statistics with a block per channel, or per chunk of each channel
 //! where there are few long channels (two passes for the variance), then an elementwise pass. An empty tensor runs on the host.
 
-use super::{float_suffix, host, Lowered, OpCall};
+use super::{float_suffix, host, Lowered, OpCall, TARGET_BLOCKS};
 use crate::error::CudaResult;
 use crate::kernels::{DevPtr, KernelArg};
 use shardc_ir::TensorType;
@@ -145,10 +145,6 @@ fn normalize(
         ],
     )
 }
-
-/// Blocks the per-channel reductions aim at: about two per streaming multiprocessor of a
-/// large GPU (an H100 has 132), so that a few long channels still fill it.
-const TARGET_BLOCKS: usize = 256;
 
 /// How the channels of `o` are reduced: `(parts, chunk)`, each channel split into `parts`
 /// chunks of `chunk` elements, one block each, where a block per channel would leave the

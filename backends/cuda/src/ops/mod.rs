@@ -682,7 +682,25 @@ fn reduce(call: &OpCall<'_>) -> CudaResult<Lowered> {
         } else {
             1.0
         };
-        reduce_pass(call, s, (src, dst), (outer, runs[j].0, inner), op, scale)?;
+        let r = runs[j].0;
+        match (scratch, inner, row_parts(call, outer, r)) {
+            // The only pass, over few long rows: in chunks through the scratch memory.
+            (None, 1, Some(parts)) => {
+                let partial = call.workspace.get(call.dev, outer * parts * esz)?;
+                reduce_pass(
+                    call,
+                    s,
+                    (src, partial),
+                    (outer * parts, r / parts, 1),
+                    op,
+                    1.0,
+                )?;
+                reduce_pass(call, s, (partial, dst), (outer, parts, 1), op, scale)?;
+            }
+            _ => {
+                reduce_pass(call, s, (src, dst), (outer, r, inner), op, scale)?;
+            }
+        }
         // The reduced run goes; the kept runs beside it become one.
         runs.remove(j);
         if j > 0 && j < runs.len() && !runs[j - 1].1 && !runs[j].1 {
@@ -692,6 +710,22 @@ fn reduce(call: &OpCall<'_>) -> CudaResult<Lowered> {
         src = dst;
     }
     Ok(Lowered::Device)
+}
+
+/// Blocks a reduction over few rows or channels aims at: about two per streaming
+/// multiprocessor of a large GPU (an H100 has 132).
+pub(super) const TARGET_BLOCKS: usize = 256;
+
+/// Rows so few that a block each leaves the device idle and so long that chunks of them still
+/// give every thread of a wide block 8 elements: each row reduced in `parts` chunks (a divisor
+/// of `r`, so the chunks are rows of their own), then the chunks' results; None otherwise.
+fn row_parts(call: &OpCall<'_>, outer: usize, r: usize) -> Option<usize> {
+    let min_chunk = 8 * call.dev.wide_block_size() as usize;
+    if outer >= TARGET_BLOCKS || r < 2 * min_chunk {
+        return None;
+    }
+    let want = TARGET_BLOCKS.div_ceil(outer.max(1)).min(r / min_chunk);
+    (2..=want).rev().find(|p| r % p == 0)
 }
 
 /// Columns at least this long are reduced by the tiled kernel (a block per 32 columns).
