@@ -15,9 +15,9 @@
 #      convolution suite with cuDNN's non-deterministic algorithms allowed (step 11);
 #      every other step replays recorded steps (CUDA Graphs) where the executor can;
 #   7. on a machine with two GPUs or more (step 12; rehearsed on the CPU and the emulated GPU):
-#      NCCL with a rank per GPU, as the tutorials
-#      launch it: nccl_allgather under `shardc launch` (and `mpirun` where found) printing every
-#      rank id, the quickstart net on launched workers with NCCL against the CPU's losses (step
+#      NCCL with a rank per GPU, as the tutorials launch it: nccl_allgather under
+#      `shardc launch` (and `mpirun` where found) printing every rank id, the quickstart net
+#      and the ResNet-50 example on launched workers with NCCL against the CPU's losses (step
 #      02 has already run the conformance suite and training on NCCL ranks in threads).
 #
 #   bash scripts/gpu-check.sh [BUNDLE] [OUT]     (defaults: .gpu and $OUT or /tmp/gpu-check)
@@ -246,7 +246,21 @@ multi_gpu() {
       --master-port "$((20000 + RANDOM % 20000))" --log-dir "$work/dp-launch" --join -- \
       shardc run "$work/dp" --steps 5 --device-target GPU "${comm[@]}" --stats &&
     cat "$work/dp-launch/1/rank.0/stdout" &&
-    compare_losses "$work/dp.cpu" "$work/dp-launch/1/rank.0/stdout"
+    compare_losses "$work/dp.cpu" "$work/dp-launch/1/rank.0/stdout" || return 1
+  # The ResNet-50 example on up to 4 launched ranks, on the CPU and on the GPUs: the first
+  # loss to 1e-4, the later ones to 1e-2 (as step 07).
+  local r=$((g < 4 ? g : 4)) data="$work/cifar-mg" batch images size divisor target
+  read -r batch images size divisor <<< "$resnet_shape"
+  "$s" data synth --format cifar10 --out "$data" --images 256 || return 1
+  for target in CPU "$resnet_gpu"; do
+    PATH="$bin:$PATH" "$s" launch --worker-num "$r" --local-worker-num "$r" \
+      --master-port "$((20000 + RANDOM % 20000))" --log-dir "$work/r50-$target" --join -- \
+      resnet50_distributed_training --data-path "$data" --device-target "$target" --epochs 1 \
+      --batch-size "$batch" --num-samples "$batch" --image-size "$size" \
+      --width-divisor "$divisor" || return 1
+  done
+  cat "$work/r50-$resnet_gpu/1/rank.0/stdout"
+  compare_losses "$work/r50-CPU/1/rank.0/stdout" "$work/r50-$resnet_gpu/1/rank.0/stdout" 1e-4 1e-2
 }
 
 export bin work python resnet_gpu resnet_shape gpu_flags rehearse
@@ -276,7 +290,7 @@ step 11-kernels-conv-any-algorithm gpu120 env SHARDC_TEST_DEVICE=cuda SHARDC_CUD
 gpus=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU' || true)
 [ -n "$rehearse" ] && gpus=2
 if [ "${gpus:-0}" -ge 2 ]; then
-  step 12-multi-gpu-nccl 150 bash -c "multi_gpu $gpus"
+  step 12-multi-gpu-nccl 240 bash -c "multi_gpu $gpus"
 elif [ -z "$only" ] || [ "${only#*12}" != "$only" ]; then
   echo "SKIP 12-multi-gpu-nccl (${gpus:-0} GPU(s) here; NCCL ranks need a GPU each)" | tee -a "$summary"
 fi
