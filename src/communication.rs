@@ -36,10 +36,26 @@ impl std::fmt::Debug for Communication {
 }
 
 /// Joins the cluster named by the environment with shardc's own collectives (shared memory
-/// within a host, TCP between hosts); a single device when no cluster is named. On the
-/// scheduler (`MS_ROLE=MS_SCHED`) it serves the job and exits the process with the job's
-/// status.
+/// within a host, TCP between hosts); a single device when no cluster is named. Under
+/// `mpirun` (without `MS_ROLE`), a build with the `mpi` feature joins through MPI instead, as
+/// MindSpore's `init()` does under `mpirun`: no token needed. On the scheduler
+/// (`MS_ROLE=MS_SCHED`) it serves the job and exits the process with the job's status.
 pub fn init() -> Result<Communication, TrainError> {
+    let under_mpirun = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some())
+        && std::env::var_os("MS_ROLE").is_none();
+    if under_mpirun && cfg!(feature = "mpi") {
+        return init_with(CommKind::Mpi);
+    }
+    let token = ["SHARDC_CLUSTER_TOKEN", "SHARDC_CLUSTER_TOKEN_FILE"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some_and(|t| !t.is_empty()));
+    if under_mpirun && !token {
+        return Err(TrainError::Cluster(
+            "under mpirun this build joins with shardc's own collectives, whose ranks need a shared token: run `mpirun -x SHARDC_CLUSTER_TOKEN=<secret> ...` (or set SHARDC_CLUSTER_TOKEN_FILE on every rank), or build with `--features mpi` (Open MPI: scripts/install-mpi.sh) to join through MPI".into(),
+        ));
+    }
     init_with(CommKind::Native)
 }
 

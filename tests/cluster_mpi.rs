@@ -40,6 +40,11 @@ mod with_mpi {
     /// `mpirun -n N shardc ARGS` (as root Open MPI needs --allow-run-as-root; 8 ranks on 2 cores
     /// need --oversubscribe).
     fn mpirun(n: usize, args: &[&str]) -> Output {
+        mpirun_program(n, Path::new(exe()), args)
+    }
+
+    /// `mpirun -n N PROGRAM ARGS`, as [`mpirun`].
+    fn mpirun_program(n: usize, program: &Path, args: &[&str]) -> Output {
         Command::new("mpirun")
             .args([
                 "--allow-run-as-root",
@@ -48,7 +53,7 @@ mod with_mpi {
                 &n.to_string(),
             ])
             .args(["--mca", "btl", "self,vader"])
-            .arg(exe())
+            .arg(program)
             .args(args)
             .output()
             .expect("mpirun runs")
@@ -136,5 +141,32 @@ mod with_mpi {
         assert!(m.status.success(), "{t}");
         assert_eq!(t.matches("collective checks passed").count(), 4, "{t}");
         assert!(t.contains("MPI"), "{t}");
+    }
+
+    /// The GPU tutorials' sanity check as they start it, `mpirun -n 4` and no token: a training
+    /// program's `communication::init()` joins through MPI in a build with the feature
+    /// (`--device-target CPU`: the cluster's communicator stands in for NCCL).
+    #[test]
+    fn mpirun_starts_nccl_allgather_without_a_token() {
+        if !have_mpirun() {
+            eprintln!("SKIP: mpirun not found; bash scripts/install-mpi.sh installs Open MPI");
+            return;
+        }
+        let exe = std::env::current_exe().expect("test path");
+        let bin = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("target/<profile>/deps/..")
+            .join("examples/nccl_allgather");
+        let m = mpirun_program(4, &bin, &["--device-target", "CPU"]);
+        let t = text(&m);
+        assert!(m.status.success(), "{t}");
+        assert_eq!(
+            String::from_utf8_lossy(&m.stdout)
+                .matches("[[0.], [1.], [2.], [3.]]")
+                .count(),
+            4,
+            "{t}"
+        );
     }
 }

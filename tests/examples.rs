@@ -432,3 +432,26 @@ fn nccl_allgather_prints_every_rank_id_on_every_rank() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Under mpirun without the `mpi` feature, a rank without a token says how to give one (or
+/// to build with MPI) before it tries to join; `tests/cluster_mpi.rs` starts the example
+/// under mpirun in a build with the feature.
+#[cfg(not(feature = "mpi"))]
+#[test]
+fn under_mpirun_without_mpi_or_a_token_the_example_says_what_to_do() {
+    let o = Command::new(example("nccl_allgather"))
+        .args(["--device-target", "CPU"])
+        .env("OMPI_COMM_WORLD_SIZE", "2")
+        .env("OMPI_COMM_WORLD_RANK", "1")
+        .env_remove("SHARDC_CLUSTER_TOKEN")
+        .env_remove("SHARDC_CLUSTER_TOKEN_FILE")
+        .env_remove("MS_ROLE")
+        .output()
+        .expect("runs");
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    assert!(
+        t.contains("mpirun -x SHARDC_CLUSTER_TOKEN=") && t.contains("--features mpi"),
+        "{t}"
+    );
+}
