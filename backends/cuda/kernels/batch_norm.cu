@@ -26,6 +26,14 @@
          k_ += blockDim.x, b_ += db_ + (j_ + dj_ >= s_),                                    \
              j_ = j_ + dj_ >= s_ ? j_ + dj_ - s_ : j_ + dj_, i = (b_ * (c) + (ch)) * s_ + j_)
 
+// Runs the block after it for the blocks b = blockIdx.x, + gridDim.x, ... below c * parts,
+// with ch = b / parts and [k0, k1) the elements of chunk b % parts of that channel.
+#define FOR_CHANNEL_CHUNK(b, ch, k0, k1, c, m, parts, chunk)                                \
+    for (i64 b = blockIdx.x, ch = 0, k0 = 0, k1 = 0;                                         \
+         b < (c) * (parts) && (ch = b / (parts), k0 = (b % (parts)) * (chunk),               \
+                               k1 = k0 + (chunk) < (m) ? k0 + (chunk) : (m), true);          \
+         b += gridDim.x)
+
 // A channel too long for one block to reduce quickly is split into `parts` chunks of `chunk`
 // elements, block b reducing chunk b % parts of channel b / parts into partial[b]; a thread per
 // channel then adds its partials in order. Training statistics take two such passes (the
@@ -34,9 +42,7 @@
     extern "C" __global__ void bn_partial_sums_##S(                                         \
         const T* __restrict__ x, const T* __restrict__ mean, T* __restrict__ partial, i64 c, \
         i64 s, i64 m, i64 parts, i64 chunk, int centered) {                                 \
-        for (i64 b = blockIdx.x; b < c * parts; b += gridDim.x) {                           \
-            i64 ch = b / parts, k0 = (b % parts) * chunk;                                   \
-            i64 k1 = k0 + chunk < m ? k0 + chunk : m;                                       \
+        FOR_CHANNEL_CHUNK(b, ch, k0, k1, c, m, parts, chunk) {                             \
             T mu = centered ? mean[ch] : (T)0;                                              \
             T acc = (T)0;                                                                   \
             FOR_CHANNEL_RANGE(i, ch, c, s, k0, k1) {                                        \
@@ -203,9 +209,7 @@ FOR_FLOATS(BN_GRAD_SUMS)
         const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ mean,      \
         const T* __restrict__ rstd, T* __restrict__ partial_ds, T* __restrict__ partial_db, \
         i64 c, i64 s, i64 m, i64 parts, i64 chunk) {                                        \
-        for (i64 b = blockIdx.x; b < c * parts; b += gridDim.x) {                           \
-            i64 ch = b / parts, k0 = (b % parts) * chunk;                                   \
-            i64 k1 = k0 + chunk < m ? k0 + chunk : m;                                       \
+        FOR_CHANNEL_CHUNK(b, ch, k0, k1, c, m, parts, chunk) {                             \
             T mu = mean[ch], r = rstd[ch];                                                  \
             T ds = (T)0, db = (T)0;                                                         \
             FOR_CHANNEL_RANGE(i, ch, c, s, k0, k1) {                                        \

@@ -589,92 +589,37 @@ fn reduce(inputs: &[Arc<Vec<u8>>], dtype: DType, op: ReduceOp) -> CudaResult<Vec
         acc.into_iter().flat_map(to).collect()
     }
     macro_rules! by_op {
-        ($t:ty, $n:literal, $from:expr, $to:expr, $add:expr, $mul:expr, $max:expr, $min:expr) => {
-            match op {
-                ReduceOp::Sum => fold::<$t, $n>(inputs, $from, $to, $add),
-                ReduceOp::Prod => fold::<$t, $n>(inputs, $from, $to, $mul),
-                ReduceOp::Max => fold::<$t, $n>(inputs, $from, $to, $max),
-                ReduceOp::Min => fold::<$t, $n>(inputs, $from, $to, $min),
-            }
+        (float $t:ty, $n:literal) => {
+            by_op!(@ $t, $n, |a: $t, b: $t| a + b, |a: $t, b: $t| a * b)
         };
+        (int $t:ty, $n:literal) => {
+            by_op!(@ $t, $n, <$t>::wrapping_add, <$t>::wrapping_mul)
+        };
+        (@ $t:ty, $n:literal, $add:expr, $mul:expr) => {{
+            let (from, to) = (<$t>::from_le_bytes, <$t>::to_le_bytes);
+            match op {
+                ReduceOp::Sum => fold::<$t, $n>(inputs, from, to, $add),
+                ReduceOp::Prod => fold::<$t, $n>(inputs, from, to, $mul),
+                ReduceOp::Max => fold::<$t, $n>(inputs, from, to, |a, b| pick(a, b, true)),
+                ReduceOp::Min => fold::<$t, $n>(inputs, from, to, |a, b| pick(a, b, false)),
+            }
+        }};
     }
     Ok(match dtype {
-        DType::Float32 => by_op!(
-            f32,
-            4,
-            f32::from_le_bytes,
-            f32::to_le_bytes,
-            |a, b| a + b,
-            |a, b| a * b,
-            larger,
-            smaller
-        ),
-        DType::Float64 => by_op!(
-            f64,
-            8,
-            f64::from_le_bytes,
-            f64::to_le_bytes,
-            |a, b| a + b,
-            |a, b| a * b,
-            larger,
-            smaller
-        ),
-        DType::Float16 => by_op!(
-            f16,
-            2,
-            f16::from_le_bytes,
-            f16::to_le_bytes,
-            |a, b| a + b,
-            |a, b| a * b,
-            larger,
-            smaller
-        ),
-        DType::Int32 => by_op!(
-            i32,
-            4,
-            i32::from_le_bytes,
-            i32::to_le_bytes,
-            i32::wrapping_add,
-            i32::wrapping_mul,
-            larger,
-            smaller
-        ),
-        DType::Int64 => by_op!(
-            i64,
-            8,
-            i64::from_le_bytes,
-            i64::to_le_bytes,
-            i64::wrapping_add,
-            i64::wrapping_mul,
-            larger,
-            smaller
-        ),
-        DType::Bool => by_op!(
-            u8,
-            1,
-            u8::from_le_bytes,
-            u8::to_le_bytes,
-            u8::wrapping_add,
-            u8::wrapping_mul,
-            larger,
-            smaller
-        ),
+        DType::Float32 => by_op!(float f32, 4),
+        DType::Float64 => by_op!(float f64, 8),
+        DType::Float16 => by_op!(float f16, 2),
+        DType::Int32 => by_op!(int i32, 4),
+        DType::Int64 => by_op!(int i64, 8),
+        DType::Bool => by_op!(int u8, 1),
         other => return Err(emu(format!("NCCL cannot carry {other}"))),
     })
 }
 
-/// The larger, the first on a tie or NaN (as shardc's host communicators reduce).
-fn larger<T: PartialOrd>(a: T, b: T) -> T {
-    if b > a {
-        b
-    } else {
-        a
-    }
-}
-
-/// The smaller, the first on a tie or NaN.
-fn smaller<T: PartialOrd>(a: T, b: T) -> T {
-    if b < a {
+/// `b` where it is greater than `a` (`greater`) or less, else `a`: the first on a tie or
+/// NaN, as shardc's host communicators reduce.
+fn pick<T: PartialOrd>(a: T, b: T, greater: bool) -> T {
+    if (greater && b > a) || (!greater && b < a) {
         b
     } else {
         a
