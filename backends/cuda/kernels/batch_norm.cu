@@ -180,32 +180,11 @@ FOR_FLOATS(BN_REDUCE)
     }
 FOR_FLOATS(BN_UPDATE_STATS)
 
-// dscale = sum(dy * (x - mean) * rstd), dbias = sum(dy) per channel.
+
+// dscale = sum(dy * (x - mean) * rstd), dbias = sum(dy) over chunks of the channels (see
+// BN_PARTIAL_SUMS; with parts 1, a channel each: dscale and dbias themselves).
 #define BN_GRAD_SUMS(T, S)                                                                  \
     extern "C" __global__ void bn_grad_sums_##S(                                            \
-        const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ mean,      \
-        const T* __restrict__ rstd, T* __restrict__ dscale, T* __restrict__ dbias, i64 n,   \
-        i64 c, i64 s) {                                                                     \
-        for (i64 ch = blockIdx.x; ch < c; ch += gridDim.x) {                                \
-            T mu = mean[ch], r = rstd[ch];                                                  \
-            T ds = (T)0, db = (T)0;                                                         \
-            FOR_CHANNEL_ELEMENT(i, ch, n, c, s) {                                           \
-                ds += dy[i] * ((x[i] - mu) * r);                                            \
-                db += dy[i];                                                                \
-            }                                                                               \
-            ds = block_sum(ds);                                                             \
-            db = block_sum(db);                                                             \
-            if (threadIdx.x == 0) {                                                         \
-                dscale[ch] = ds;                                                            \
-                dbias[ch] = db;                                                             \
-            }                                                                               \
-        }                                                                                   \
-    }
-FOR_FLOATS(BN_GRAD_SUMS)
-
-// bn_grad_sums over chunks of long channels (see BN_PARTIAL_SUMS): partials of dscale and dbias.
-#define BN_GRAD_PARTIAL_SUMS(T, S)                                                          \
-    extern "C" __global__ void bn_grad_partial_sums_##S(                                    \
         const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ mean,      \
         const T* __restrict__ rstd, T* __restrict__ partial_ds, T* __restrict__ partial_db, \
         i64 c, i64 s, i64 m, i64 parts, i64 chunk) {                                        \
@@ -224,7 +203,7 @@ FOR_FLOATS(BN_GRAD_SUMS)
             }                                                                               \
         }                                                                                   \
     }
-FOR_FLOATS(BN_GRAD_PARTIAL_SUMS)
+FOR_FLOATS(BN_GRAD_SUMS)
 
 // dscale and dbias from their partials, in order.
 #define BN_GRAD_SUMS_FROM_PARTIALS(T, S)                                                    \

@@ -221,64 +221,54 @@ fn chunked_stats(
     )
 }
 
-/// `(dscale, dbias)` per channel.
+/// `(dscale, dbias)` per channel: a block per channel, or per chunk of each channel (see
+/// [`channel_parts`]) and then the chunks' partials added per channel.
 fn grad_sums(
     call: &OpCall<'_>,
     o: &Operands,
     [dy, x, mean, rstd, dscale, dbias]: [DevPtr; 6],
 ) -> CudaResult<Lowered> {
     let (parts, chunk) = channel_parts(call, o);
-    if parts > 1 {
-        let blocks = o.c * parts;
+    let blocks = o.c * parts;
+    let (pds, pdb) = if parts > 1 {
         let esz = if o.suffix == "f64" { 8 } else { 4 };
         let half = (blocks * esz).next_multiple_of(256);
         let scratch = call.workspace.get(call.dev, 2 * half)?;
-        let (pds, pdb) = (scratch, scratch + half as u64);
-        call.launch_reducing(
-            &format!("bn_grad_partial_sums_{}", o.suffix),
-            call.rows_grid(blocks),
-            chunk,
-            &[
-                Ptr(dy),
-                Ptr(x),
-                Ptr(mean),
-                Ptr(rstd),
-                Ptr(pds),
-                Ptr(pdb),
-                I64(o.c as i64),
-                I64(o.s as i64),
-                I64((o.n * o.s) as i64),
-                I64(parts as i64),
-                I64(chunk as i64),
-            ],
-        )?;
-        return call.launch(
-            &format!("bn_grad_sums_from_partials_{}", o.suffix),
-            call.grid(o.c),
-            &[
-                Ptr(pds),
-                Ptr(pdb),
-                Ptr(dscale),
-                Ptr(dbias),
-                I64(o.c as i64),
-                I64(parts as i64),
-            ],
-        );
-    }
+        (scratch, scratch + half as u64)
+    } else {
+        (dscale, dbias)
+    };
     call.launch_reducing(
         &format!("bn_grad_sums_{}", o.suffix),
-        call.rows_grid(o.c),
-        o.n * o.s,
+        call.rows_grid(blocks),
+        chunk,
         &[
             Ptr(dy),
             Ptr(x),
             Ptr(mean),
             Ptr(rstd),
-            Ptr(dscale),
-            Ptr(dbias),
-            I64(o.n as i64),
+            Ptr(pds),
+            Ptr(pdb),
             I64(o.c as i64),
             I64(o.s as i64),
+            I64((o.n * o.s) as i64),
+            I64(parts as i64),
+            I64(chunk as i64),
+        ],
+    )?;
+    if parts == 1 {
+        return Ok(Lowered::Device);
+    }
+    call.launch(
+        &format!("bn_grad_sums_from_partials_{}", o.suffix),
+        call.grid(o.c),
+        &[
+            Ptr(pds),
+            Ptr(pdb),
+            Ptr(dscale),
+            Ptr(dbias),
+            I64(o.c as i64),
+            I64(parts as i64),
         ],
     )
 }
