@@ -12,14 +12,16 @@ mod gpu_common;
 use gpu_common::nccl_ranks::{
     nccl_ranks_train_as_the_cpu_ranks, on_nccl_ranks, one_rank_buckets_train_as_the_cpu, OpenRank,
 };
+use shardc::cpu::CpuBackend;
 use shardc::cuda::device::Device;
 use shardc::cuda::emulator::EmulatedDevice;
 use shardc::cuda::nccl::emulated::EmulatedNccl;
 use shardc::cuda::nccl::NcclComm;
-use shardc::ir::{DType, ReduceOp, TensorType};
+use shardc::cuda::GpuExecutor;
+use shardc::ir::{DType, Graph, ReduceOp, TensorType};
 use shardc::runtime::comm::conformance;
 use shardc::runtime::executor::CommCall;
-use shardc::runtime::{Communicator, Tensor};
+use shardc::runtime::{Communicator, Executor, Tensor};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -165,4 +167,116 @@ fn one_rank_reduces_its_gradient_buckets_through_nccl_in_replayed_steps() {
     .remove(0)
     .unwrap_or_else(|e| panic!("{e}"));
     assert!(s.contains("3 of 4 steps ran as one replay"), "{s}");
+}
+
+/// Rank `rank`'s graph of every communication op among 4 ranks, with a ring of sends and
+/// receives (each rank sends to the next and receives from the previous, in that order).
+fn every_op_graph(rank: usize) -> Graph {
+    let (pair, root) = if rank % 2 == 1 {
+        ("1, 3", 3)
+    } else {
+        ("0, 2", 2)
+    };
+    let text = format!(
+        "%para1_x : <Tensor[Float32], (4)>
+
+subgraph @Every(%para1_x) {{
+  %1(g) = AllGather(%para1_x) {{instance name: g}} primitive_attrs: {{rank_list: (0, 1, 2, 3), axis: 0}}
+  %2(rs) = ReduceScatter(%1) {{instance name: rs}} primitive_attrs: {{rank_list: (0, 1, 2, 3), op: sum}}
+  %3(a) = AlltoAll(%para1_x) {{instance name: a}} primitive_attrs: {{split_dim: 0, concat_dim: 0, split_count: 4, rank_list: (0, 1, 2, 3)}}
+  %4(b) = Broadcast(%para1_x) {{instance name: b}} primitive_attrs: {{rank_list: ({pair}), root_rank: {root}}}
+  %5(s) = Send(%para1_x) {{instance name: s}} primitive_attrs: {{dest_rank: {next}, sr_tag: 7}}
+  %6(r) = Receive() {{instance name: r}} primitive_attrs: {{src_rank: {prev}, sr_tag: 7, shape: (4), dtype: Float32}}
+  Return(%1, %2, %3, %4, %5, %6)
+}}",
+        next = (rank + 1) % 4,
+        prev = (rank + 3) % 4,
+    );
+    let mut g = shardc::ir::text::parse_graph(&text, "every.ir").expect("parses");
+    shardc::passes::infer::infer_graph(&mut g).expect("types");
+    g
+}
+
+#[test]
+fn every_communication_op_with_a_ring_of_sends_runs_as_on_the_cpu() {
+    if !emulator_available() {
+        return;
+    }
+    let x = |rank: usize| {
+        Tensor::from_f32(
+            vec![4],
+            (0..4).map(|i| (rank * 10 + i) as f32 * 0.37).collect(),
+        )
+        .expect("x")
+    };
+    let host = Arc::new(CpuBackend::with_threads(1));
+    let cpu: Vec<Vec<Tensor>> = std::thread::scope(|s| {
+        let hs: Vec<_> = shardc::runtime::InProcessWorld::new(4)
+            .into_iter()
+            .enumerate()
+            .map(|(rank, comm)| {
+                let host = host.clone();
+                s.spawn(move || {
+                    let mut e = Executor::with_communicator(every_op_graph(rank), host, comm)
+                        .expect("cpu executor");
+                    e.step(&[("x", x(rank))]).expect("cpu step")
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("joins")).collect()
+    });
+    let gpu = on_emulated_gpus(4, Duration::from_secs(10), |rank, dev, comm| {
+        let mut e = GpuExecutor::with_nccl(every_op_graph(rank), dev, host.clone(), Arc::new(comm))
+            .map_err(|e| e.to_string())?;
+        let mut outs = Vec::new();
+        for _ in 0..2 {
+            outs = e
+                .step(&[("x", x(rank))])
+                .map_err(|e| format!("rank {rank}: {e}"))?;
+        }
+        Ok(outs)
+    });
+    for (rank, r) in gpu.into_iter().enumerate() {
+        let outs = r.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(outs, cpu[rank], "rank {rank}");
+    }
+}
+
+/// A relay over 3 ranks: rank 0 sends x to rank 1, which passes what it received on to
+/// rank 2 (a send reading a receive: not one group).
+fn relay_graph(rank: usize) -> Graph {
+    let body = match rank {
+        0 => "  %1(s) = Send(%para1_x) {instance name: s} primitive_attrs: {dest_rank: 1, sr_tag: 1}\n  Return(%1)",
+        1 => "  %1(r) = Receive() {instance name: r} primitive_attrs: {src_rank: 0, sr_tag: 1, shape: (4), dtype: Float32}\n  %2(s) = Send(%1) {instance name: s} primitive_attrs: {dest_rank: 2, sr_tag: 2}\n  %3(t) = Send(%para1_x) {instance name: t} primitive_attrs: {dest_rank: 2, sr_tag: 3}\n  Return(%2, %3)",
+        _ => "  %1(r) = Receive() {instance name: r} primitive_attrs: {src_rank: 1, sr_tag: 2, shape: (4), dtype: Float32}\n  %2(q) = Receive() {instance name: q} primitive_attrs: {src_rank: 1, sr_tag: 3, shape: (4), dtype: Float32}\n  Return(%1, %2)",
+    };
+    let text =
+        format!("%para1_x : <Tensor[Float32], (4)>\n\nsubgraph @Relay(%para1_x) {{\n{body}\n}}");
+    let mut g = shardc::ir::text::parse_graph(&text, "relay.ir").expect("parses");
+    shardc::passes::infer::infer_graph(&mut g).expect("types");
+    g
+}
+
+#[test]
+fn a_relay_of_received_values_runs_as_on_the_cpu() {
+    if !emulator_available() {
+        return;
+    }
+    let x = |rank: usize| {
+        Tensor::from_f32(vec![4], (0..4).map(|i| (rank * 10 + i) as f32).collect()).expect("x")
+    };
+    let host = Arc::new(CpuBackend::with_threads(1));
+    let gpu = on_emulated_gpus(3, Duration::from_secs(10), |rank, dev, comm| {
+        let mut e = GpuExecutor::with_nccl(relay_graph(rank), dev, host.clone(), Arc::new(comm))
+            .map_err(|e| e.to_string())?;
+        e.step(&[("x", x(rank))])
+            .map_err(|e| format!("rank {rank}: {e}"))
+    });
+    let outs: Vec<Vec<Tensor>> = gpu
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|e| panic!("{e}")))
+        .collect();
+    // Rank 2 received rank 0's x through rank 1, then rank 1's own x.
+    assert_eq!(outs[2], vec![x(0), x(1)]);
+    assert_eq!(outs[1], vec![x(0), x(1)]);
 }

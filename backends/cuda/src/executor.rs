@@ -191,6 +191,10 @@ pub struct GpuExecutor {
     /// it (the first member).
     groups: Vec<UpdateGroup>,
     group_of: Vec<Option<(usize, bool)>>,
+    /// With NCCL: runs of adjacent sends and receives issued as one NCCL group (see
+    /// [`p2p_runs`]), and per node its run and whether it issues it (the first).
+    p2p_runs: Vec<Vec<usize>>,
+    p2p_of: Vec<Option<(usize, bool)>>,
     /// Whether steps replay a recorded graph.
     replay: Replay,
     /// One device word per Dropout node, its key for the running step (written before each
@@ -202,6 +206,40 @@ pub struct GpuExecutor {
 /// Per node, the set (of `sets`, each in program order) it is launched with and whether it
 /// launches it (the first); the first member then waits for the buckets every member reads
 /// (`needs`).
+/// Runs of two or more adjacent Send and Receive nodes of which none reads another's result:
+/// NCCL pairs a send with its receive only when both are posted, so a ring of sends each
+/// followed by a receive would wait forever issued one by one; issued as one group
+/// (`ncclGroupStart`/`End`), every transfer of the run proceeds together.
+fn p2p_runs(graph: &Graph, calls: &[Option<CommCall>]) -> Vec<Vec<usize>> {
+    let p2p = |i: usize| {
+        matches!(
+            calls[i],
+            Some(CommCall::Send { .. } | CommCall::Receive { .. })
+        )
+    };
+    let mut runs: Vec<Vec<usize>> = Vec::new();
+    let mut run: Vec<usize> = Vec::new();
+    for i in 0..graph.nodes.len() {
+        let reads_run = graph.nodes[i]
+            .inputs
+            .iter()
+            .any(|o| matches!(o, Operand::Node(id) if run.contains(&id.index())));
+        if !p2p(i) || reads_run {
+            if run.len() > 1 {
+                runs.push(std::mem::take(&mut run));
+            }
+            run.clear();
+        }
+        if p2p(i) {
+            run.push(i);
+        }
+    }
+    if run.len() > 1 {
+        runs.push(run);
+    }
+    runs
+}
+
 fn launched_together<'s>(
     sets: impl Iterator<Item = &'s [usize]>,
     needs: &mut [Vec<usize>],
@@ -439,6 +477,12 @@ impl GpuExecutor {
         // the buckets any member reads.
         let group_members = crate::in_place::update_groups(&graph, &in_place);
         let group_of = launched_together(group_members.iter().map(Vec::as_slice), &mut needs);
+        let p2p_runs = if nccl.is_some() {
+            p2p_runs(&graph, &calls)
+        } else {
+            Vec::new()
+        };
+        let p2p_of = launched_together(p2p_runs.iter().map(Vec::as_slice), &mut needs);
         let replay = match replay_blocker(&graph, &calls, comm.is_some() && nccl.is_none()) {
             Some(why) => Replay::Off(why),
             None => Replay::Warmup,
@@ -479,6 +523,8 @@ impl GpuExecutor {
             in_place,
             groups: Vec::new(),
             group_of,
+            p2p_runs,
+            p2p_of,
         };
         if keys > 0 {
             ex.dropout_keys = ex.device.alloc(keys * 8)?;
@@ -1089,6 +1135,14 @@ impl GpuExecutor {
             self.stats.device_ops += 1;
             return if first { self.run_group(g) } else { Ok(()) };
         }
+        if let Some((r, first)) = self.p2p_of[i] {
+            self.stats.comm_ops += 1;
+            return if first {
+                self.run_p2p(graph, r)
+            } else {
+                Ok(())
+            };
+        }
         if let Some(call) = self.calls[i].clone() {
             self.stats.comm_ops += 1;
             return self.run_comm(graph, i, &call);
@@ -1333,6 +1387,50 @@ impl GpuExecutor {
         }
         self.buckets[b].unpacked = true;
         Ok(())
+    }
+
+    /// Issues the sends and receives of run `r` ([`p2p_runs`]) as one NCCL group.
+    fn run_p2p(&mut self, graph: &Graph, r: usize) -> CudaResult<()> {
+        let mut items = Vec::with_capacity(self.p2p_runs[r].len());
+        for &i in &self.p2p_runs[r] {
+            let node = &graph.nodes[i];
+            let call = self.calls[i]
+                .clone()
+                .ok_or_else(|| CudaError::Other(format!("node %{i} has no transfer")))?;
+            let out_ty = match &node.ty {
+                Type::Tensor(t) => t.clone(),
+                Type::Tuple(_) => {
+                    return Err(CudaError::Other(format!("{} returns a tuple", node.op)))
+                }
+            };
+            let input = match node.inputs.first() {
+                Some(o) => match self.operand(graph, o)? {
+                    Val::Tensor { ptr, ty } => Some((ptr, ty.clone())),
+                    Val::Const(_) => None,
+                },
+                None => None,
+            };
+            items.push(crate::nccl::Transfer {
+                call,
+                input,
+                out: (self.value_ptr(i, 0)?, out_ty),
+            });
+        }
+        let nccl = self
+            .nccl
+            .clone()
+            .ok_or_else(|| CudaError::Other("grouped transfers need NCCL".into()))?;
+        nccl.run_transfers(&items).map_err(|e| {
+            let first = &graph.nodes[self.p2p_runs[r][0]];
+            CudaError::Op {
+                op: first.op,
+                instance: first.instance.clone(),
+                reason: format!(
+                    "with the {} sends and receives after it, as one NCCL group: {e}",
+                    self.p2p_runs[r].len() - 1
+                ),
+            }
+        })
     }
 
     fn run_comm(&mut self, graph: &Graph, i: usize, call: &CommCall) -> CudaResult<()> {

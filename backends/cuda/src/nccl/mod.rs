@@ -71,6 +71,18 @@ impl std::fmt::Debug for NcclComm {
     }
 }
 
+/// One send or receive of a group ([`NcclComm::run_transfers`]): the resolved call, the
+/// input (a send's) and the result's buffer and type.
+#[derive(Clone, Debug)]
+pub struct Transfer {
+    /// `CommCall::Send` or `CommCall::Receive`.
+    pub call: CommCall,
+    /// A send's tensor.
+    pub input: Option<(DevPtr, TensorType)>,
+    /// Where the result goes (a send's is its input, as on the CPU).
+    pub out: (DevPtr, TensorType),
+}
+
 /// The dims of `shape` around `axis` split into `parts`: (pre, d / parts, post).
 fn around(shape: &[usize], axis: usize, parts: usize) -> (usize, usize, usize) {
     let pre: usize = shape[..axis].iter().product();
@@ -445,6 +457,90 @@ impl NcclComm {
             }
         }
         Ok(())
+    }
+
+    /// Issues `transfers` (sends and receives, none reading another's result) as one NCCL
+    /// group, so that transfers each rank posts in another order pair up: receives land in
+    /// temporary buffers and every result is written once the group is done, in order, as
+    /// if one after another (a result may take the buffer of a send's input).
+    pub fn run_transfers(&self, transfers: &[Transfer]) -> CudaResult<()> {
+        let world: Vec<usize> = (0..self.size).collect();
+        let c = self.comm_for(&world)?;
+        let mut temps: Vec<Option<DevPtr>> = Vec::with_capacity(transfers.len());
+        let mut r = Ok(());
+        for t in transfers {
+            let temp = match (&t.call, r.is_ok()) {
+                (CommCall::Receive { .. }, true) => {
+                    let bytes = t.out.1.num_elements() * t.out.1.dtype.size_bytes();
+                    match self.device.alloc(bytes) {
+                        Ok(p) => Some(p),
+                        Err(e) => {
+                            r = Err(e);
+                            None
+                        }
+                    }
+                }
+                _ => None,
+            };
+            temps.push(temp);
+        }
+        if r.is_ok() {
+            r = self.library.group_start();
+        }
+        if r.is_ok() {
+            for (t, temp) in transfers.iter().zip(&temps) {
+                let (ty, dtype) = (&t.out.1, t.out.1.dtype);
+                let call = match (&t.call, &t.input, temp) {
+                    (CommCall::Send { dest, tag }, Some((x, tx)), _) => NcclCall::Send {
+                        buf: *x,
+                        count: tx.num_elements(),
+                        dtype: tx.dtype,
+                        peer: *dest,
+                        tag: Some(*tag),
+                    },
+                    (CommCall::Receive { src, tag }, _, Some(buf)) => NcclCall::Recv {
+                        buf: *buf,
+                        count: ty.num_elements(),
+                        dtype,
+                        peer: *src,
+                        tag: Some(*tag),
+                    },
+                    (other, ..) => {
+                        r = Err(CudaError::Other(format!(
+                            "{other:?} is not a send with its tensor or a receive"
+                        )));
+                        break;
+                    }
+                };
+                r = library::check_dtype(call.dtype())
+                    .and_then(|_| self.library.issue(c, &call, Stream::Compute));
+                if r.is_err() {
+                    break;
+                }
+            }
+            // Closed even when a call failed, so NCCL is usable after.
+            let ended = self.library.group_end();
+            r = r.and(ended);
+        }
+        if r.is_ok() {
+            for (t, temp) in transfers.iter().zip(&temps) {
+                let bytes = t.out.1.num_elements() * t.out.1.dtype.size_bytes();
+                let src = match (temp, &t.input) {
+                    (Some(p), _) => *p,
+                    (None, Some((x, _))) => *x,
+                    (None, None) => continue,
+                };
+                r = self.device.copy(t.out.0, src, bytes);
+                if r.is_err() {
+                    break;
+                }
+            }
+        }
+        let synced = self.device.synchronize();
+        for p in temps.into_iter().flatten() {
+            self.device.free(p);
+        }
+        r.and(synced)
     }
 
     /// Whether every member of `group` calls `collective` with the same input type and
