@@ -199,8 +199,8 @@ pub fn train_both(
 }
 
 /// Trains on `device_num` NCCL ranks as the CPU ranks: data parallel (a gradient bucket on
-/// the communication stream, replayed steps), then random strategies of an MLP and a
-/// transformer. Returns the collectives the rank graphs held.
+/// the communication stream, replayed steps), then random strategies of an MLP, a
+/// transformer and LeNet. Returns the collectives the rank graphs held.
 pub fn nccl_ranks_train_as_the_cpu_ranks(
     device_num: usize,
     open: OpenRank<'_>,
@@ -224,12 +224,12 @@ pub fn nccl_ranks_train_as_the_cpu_ranks(
     );
     seen.extend(found);
     // Model parallel with random strategies: gathers and scatters along other axes.
-    for seed in 0..3u64 {
+    for seed in 0..4u64 {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let mut g = if seed == 2 {
-            transformer(&TransformerConfig::new(1, 8, 2, 4, 4).ffn(16)).expect("transformer")
-        } else {
-            zoo::mlp(8, &[12, 16, 16, 4]).expect("mlp")
+        let mut g = match seed {
+            2 => transformer(&TransformerConfig::new(1, 8, 2, 4, 4).ffn(16)).expect("transformer"),
+            3 => zoo::lenet(8).expect("lenet"),
+            _ => zoo::mlp(8, &[12, 16, 16, 4]).expect("mlp"),
         };
         annotate(&mut rng, &mut g, device_num);
         let (found, _) = train_both(g, device_num, seed == 1, open);
