@@ -495,6 +495,19 @@ impl GpuExecutor {
                 keys += 1;
             }
         }
+        if let Some(n) = &nccl {
+            let world: Vec<usize> = (0..n.size()).collect();
+            let mut groups: Vec<Vec<usize>> = buckets.iter().map(|b| b.group.clone()).collect();
+            groups.extend(calls.iter().flatten().map(|c| match c {
+                CommCall::AllReduce { group, .. }
+                | CommCall::Broadcast { group, .. }
+                | CommCall::AllGather { group, .. }
+                | CommCall::ReduceScatter { group, .. }
+                | CommCall::AllToAll { group, .. } => group.clone(),
+                CommCall::Send { .. } | CommCall::Receive { .. } => world.clone(),
+            }));
+            n.prepare(&groups)?;
+        }
         let mut ex = GpuExecutor {
             replay,
             dropout_keys: 0,

@@ -119,6 +119,21 @@ impl NcclComm {
         Ok(c)
     }
 
+    /// Creates the communicators of `groups` now (each sorted, holding this rank), in one
+    /// order every rank shares (sorted), so that no rank waits in one group's creation for a
+    /// member that waits in another's: the executor's groups before its first step, not in
+    /// the middle of one.
+    pub fn prepare(&self, groups: &[Vec<usize>]) -> CudaResult<()> {
+        let mut groups: Vec<&Vec<usize>> =
+            groups.iter().filter(|g| g.contains(&self.rank)).collect();
+        groups.sort();
+        groups.dedup();
+        for g in groups {
+            self.comm_for(g)?;
+        }
+        Ok(())
+    }
+
     /// NCCL's version (`2.28.3` as 22803).
     pub fn version() -> CudaResult<i32> {
         probe::require(Library::Nccl)?;
