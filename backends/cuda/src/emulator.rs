@@ -102,6 +102,21 @@ pub struct EmulatedDevice {
     capture: Mutex<Option<Capture>>,
     /// Recorded graphs by number (None once dropped).
     graphs: Mutex<Vec<Option<Arc<Vec<Recorded>>>>>,
+    /// The communication stream: work issued on it and not yet run, which runs when the
+    /// compute stream is made to wait for it (or at a synchronisation), so that a reader
+    /// that forgets to wait sees what a GPU may show it: the values from before.
+    comm: Mutex<CommStream>,
+}
+
+/// See [`EmulatedDevice::run_on_comm_stream`].
+#[derive(Default)]
+struct CommStream {
+    /// How many pieces of work have been issued.
+    issued: u64,
+    /// Those not run yet, by number.
+    pending: std::collections::VecDeque<(u64, HostWork)>,
+    /// Per event slot, the number of work it was recorded after.
+    events: HashMap<usize, u64>,
 }
 
 impl std::fmt::Debug for EmulatedDevice {
@@ -300,6 +315,7 @@ impl EmulatedDevice {
             marks: Mutex::new(Vec::new()),
             capture: Mutex::new(None),
             graphs: Mutex::new(Vec::new()),
+            comm: Mutex::new(CommStream::default()),
         })
     }
 
@@ -390,6 +406,40 @@ impl EmulatedDevice {
             return Ok(());
         }
         work(self)
+    }
+
+    /// Issues `work` on the communication stream: it runs when the compute stream waits for an
+    /// event recorded after it ([`Device::compute_after_comm`]), at a synchronisation, or
+    /// before later work of [`EmulatedDevice::flush_comm`]'s callers; recorded in order while
+    /// a recording is in progress. Work on the compute stream runs at once, so whatever it
+    /// issued before is done when this runs ([`Device::comm_after_compute`] holds).
+    pub fn run_on_comm_stream(&self, work: HostWork) -> CudaResult<()> {
+        if self.recorded(|| Recorded::Host(work.clone())) {
+            return Ok(());
+        }
+        let mut c = self.comm.lock().unwrap_or_else(|p| p.into_inner());
+        c.issued += 1;
+        let n = c.issued;
+        c.pending.push_back((n, work));
+        Ok(())
+    }
+
+    /// Runs the communication stream's pending work numbered up to `upto` (all: `u64::MAX`),
+    /// in order.
+    pub fn flush_comm(&self, upto: u64) -> CudaResult<()> {
+        loop {
+            let next = {
+                let mut c = self.comm.lock().unwrap_or_else(|p| p.into_inner());
+                match c.pending.front() {
+                    Some((n, _)) if *n <= upto => c.pending.pop_front(),
+                    _ => None,
+                }
+            };
+            match next {
+                Some((_, work)) => work(self)?,
+                None => return Ok(()),
+            }
+        }
     }
 
     /// `bytes` bytes of device memory at `ptr` (checked against the allocations), for work
@@ -756,7 +806,27 @@ impl Device for EmulatedDevice {
     }
 
     fn synchronize(&self) -> CudaResult<()> {
-        self.not_while_recording("a synchronization")
+        self.not_while_recording("a synchronization")?;
+        self.flush_comm(u64::MAX)
+    }
+
+    fn comm_record(&self, slot: usize) -> CudaResult<()> {
+        let mut c = self.comm.lock().unwrap_or_else(|p| p.into_inner());
+        let n = c.issued;
+        c.events.insert(slot, n);
+        Ok(())
+    }
+
+    fn compute_after_comm(&self, slot: usize) -> CudaResult<()> {
+        let upto = self
+            .comm
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .events
+            .get(&slot)
+            .copied()
+            .unwrap_or(0);
+        self.flush_comm(upto)
     }
 
     fn begin_capture(&self) -> CudaResult<bool> {

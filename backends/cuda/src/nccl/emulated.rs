@@ -16,7 +16,9 @@
 //!   default) with an error saying who never came, instead of hanging a test.
 //!
 //! Work issued while the device records a graph is recorded (as CUDA Graphs record NCCL's
-//! kernels) and carried out at each replay. Data move through host memory; the device's
+//! kernels) and carried out at each replay. Work on the communication stream waits until the
+//! compute stream waits for it ([`EmulatedDevice::run_on_comm_stream`]), so a reader that does
+//! not wait reads the old values. Data move through host memory; the device's
 //! ranges are checked.
 
 use super::library::{CommHandle, NcclCall, NcclLibrary, Stream, UniqueId, ID_BYTES};
@@ -171,11 +173,20 @@ impl EmulatedNccl {
             .ok_or_else(|| emu(format!("communicator {comm} does not exist (destroyed?)")))
     }
 
-    /// Runs `calls` (one call, or a group) on the device now, or records them.
-    fn submit(&self, calls: Vec<(Member, NcclCall)>) -> CudaResult<()> {
+    /// Runs `calls` (one call, or a group) on the device's `stream`, or records them. Work on
+    /// the communication stream waits there until the compute stream waits for it; anything
+    /// on the compute stream first lets it run, so every member meets its collectives in
+    /// the order it issued them (where a GPU would run both streams at once).
+    fn submit(&self, calls: Vec<(Member, NcclCall)>, stream: Stream) -> CudaResult<()> {
         let timeout = self.timeout;
         let work: HostWork = Arc::new(move |dev: &EmulatedDevice| carry_out(dev, &calls, timeout));
-        self.device.run_or_record(work)
+        match stream {
+            Stream::Comm => self.device.run_on_comm_stream(work),
+            Stream::Compute => {
+                self.device.flush_comm(u64::MAX)?;
+                self.device.run_or_record(work)
+            }
+        }
     }
 }
 
@@ -257,7 +268,7 @@ impl NcclLibrary for EmulatedNccl {
         Ok(comms.len() - 1)
     }
 
-    fn issue(&self, comm: CommHandle, call: &NcclCall, _stream: Stream) -> CudaResult<()> {
+    fn issue(&self, comm: CommHandle, call: &NcclCall, stream: Stream) -> CudaResult<()> {
         let m = self.member(comm)?;
         let peer = match call {
             NcclCall::Send { peer, .. } | NcclCall::Recv { peer, .. } => Some(*peer),
@@ -279,7 +290,7 @@ impl NcclLibrary for EmulatedNccl {
             }
             None => {
                 drop(group);
-                self.submit(vec![(m, call.clone())])
+                self.submit(vec![(m, call.clone())], stream)
             }
         }
     }
@@ -303,7 +314,7 @@ impl NcclLibrary for EmulatedNccl {
         if calls.is_empty() {
             return Ok(());
         }
-        self.submit(calls)
+        self.submit(calls, Stream::Compute)
     }
 
     fn destroy(&self, comm: CommHandle) {
