@@ -6,7 +6,10 @@
 //! host memory; copies are checked against the allocations; GEMM is a column-major reference
 //! loop with cuBLAS's argument conventions. Everything the executor does on a GPU (kernel
 //! choice, arguments, grids, the memory plan, the GEMM mapping) runs the same here; only the
-//! driver, cuBLAS and NCCL calls themselves are not exercised.
+//! driver, cuBLAS and NCCL calls themselves are not exercised (NCCL's are emulated between
+//! the devices of one process by [`crate::nccl::emulated`]). The compute stream runs each
+//! operation as it is issued; the communication stream keeps its work until the compute
+//! stream waits for it ([`EmulatedDevice::run_on_comm_stream`]).
 //!
 //! [`EmulatedDevice::with_reference_library`] adds a stand-in for cuDNN: convolutions that
 //! cuDNN would take ([`crate::cudnn::unsupported`]) run as reference loops through
