@@ -232,7 +232,13 @@ pub fn nccl_ranks_train_as_the_cpu_ranks(
             _ => zoo::mlp(8, &[12, 16, 16, 4]).expect("mlp"),
         };
         annotate(&mut rng, &mut g, device_num);
-        let (found, _) = train_both(g, device_num, seed == 1, open);
+        let (found, s) = train_both(g, device_num, seed == 1, open);
+        // Rearranged collectives (other axes, AlltoAll) work in the executor's scratch
+        // memory: the steps replay too.
+        assert!(
+            s.contains(&format!("{} of {STEPS} steps ran as one replay", STEPS - 1)),
+            "seed {seed}: {s}"
+        );
         seen.extend(found);
     }
     seen

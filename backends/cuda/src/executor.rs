@@ -1467,7 +1467,12 @@ impl GpuExecutor {
         };
         if let Some(nccl) = &self.nccl {
             return nccl
-                .run_on_device(call, input.as_ref().map(|(p, t)| (*p, t)), (out, &ty))
+                .run_on_device_in(
+                    call,
+                    input.as_ref().map(|(p, t)| (*p, t)),
+                    (out, &ty),
+                    Some(&self.workspace),
+                )
                 .map_err(|e| op_err(e.to_string()));
         }
         let comm = self

@@ -71,12 +71,14 @@ pub(crate) fn replay_blocker(
     for (i, call) in calls.iter().enumerate() {
         let Some(call) = call else { continue };
         let node = &graph.nodes[i];
+        // Collectives rearranged around NCCL (axes other than 0, AllToAll) do so in the
+        // executor's scratch memory, at fixed addresses.
         let why = match call {
-            CommCall::AllReduce { .. } | CommCall::Broadcast { .. } => None,
-            CommCall::AllGather { axis, .. } | CommCall::ReduceScatter { axis, .. } => {
-                (*axis != 0).then_some("goes through a temporary buffer")
-            }
-            CommCall::AllToAll { .. } => Some("goes through temporary buffers"),
+            CommCall::AllReduce { .. }
+            | CommCall::Broadcast { .. }
+            | CommCall::AllGather { .. }
+            | CommCall::ReduceScatter { .. }
+            | CommCall::AllToAll { .. } => None,
             CommCall::Send { .. } | CommCall::Receive { .. } => {
                 Some("is a point-to-point transfer, which is not recorded")
             }

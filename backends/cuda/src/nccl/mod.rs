@@ -267,12 +267,27 @@ impl NcclComm {
     }
 
     /// Runs a resolved collective on device memory: `input` (absent for Receive) into `out`
-    /// of type `out_ty`, ordered on the device's stream after the kernels before it.
+    /// of type `out_ty`, ordered on the device's stream after the kernels before it. The
+    /// rearrangements around NCCL (axes other than 0, AllToAll) use temporary buffers,
+    /// allocated and freed here.
     pub fn run_on_device(
         &self,
         call: &CommCall,
         input: Option<(DevPtr, &TensorType)>,
+        out: (DevPtr, &TensorType),
+    ) -> CudaResult<()> {
+        self.run_on_device_in(call, input, out, None)
+    }
+
+    /// [`NcclComm::run_on_device`] with the rearrangements' buffers in `scratch` (the
+    /// executor's, reused in stream order): nothing allocated, freed or waited for, so a step
+    /// with these collectives can be recorded and replayed.
+    pub(crate) fn run_on_device_in(
+        &self,
+        call: &CommCall,
+        input: Option<(DevPtr, &TensorType)>,
         (out, out_ty): (DevPtr, &TensorType),
+        scratch: Option<&crate::ops::Workspace>,
     ) -> CudaResult<()> {
         let dtype = out_ty.dtype;
         library::check_dtype(dtype)?;
@@ -280,8 +295,20 @@ impl NcclComm {
         let need = || input.ok_or_else(|| CudaError::Other("the collective has no operand".into()));
         let elem = dtype.size_bytes();
         let issue = |c: CommHandle, call: NcclCall| self.library.issue(c, &call, Stream::Compute);
-        // Temporary buffers, freed once the stream has passed their use.
+        // Temporary buffers: in the scratch memory, or allocated and freed once the stream
+        // has passed their use.
         let with_temps = |sizes: &[usize], f: &dyn Fn(&[DevPtr]) -> CudaResult<()>| {
+            if let Some(ws) = scratch {
+                let aligned: Vec<usize> = sizes.iter().map(|b| b.next_multiple_of(256)).collect();
+                let base = ws.get(self.device.as_ref(), aligned.iter().sum())?;
+                let mut at = base;
+                let mut temps = Vec::with_capacity(sizes.len());
+                for b in aligned {
+                    temps.push(at);
+                    at += b as u64;
+                }
+                return f(&temps);
+            }
             let mut temps = Vec::new();
             let mut r = Ok(());
             for &bytes in sizes {
