@@ -356,6 +356,34 @@ fn carry_out(
     calls: &[(Member, NcclCall)],
     timeout: Duration,
 ) -> CudaResult<()> {
+    // On a GPU a group's transfers run at once: a receive into memory a send reads races.
+    let range = |call: &NcclCall| match *call {
+        NcclCall::Send {
+            buf, count, dtype, ..
+        }
+        | NcclCall::Recv {
+            buf, count, dtype, ..
+        } => Some((buf, buf + (count * dtype.size_bytes()) as u64)),
+        _ => None,
+    };
+    for (_, recv) in calls
+        .iter()
+        .filter(|(_, c)| matches!(c, NcclCall::Recv { .. }))
+    {
+        for (_, send) in calls
+            .iter()
+            .filter(|(_, c)| matches!(c, NcclCall::Send { .. }))
+        {
+            if let (Some(r), Some(s)) = (range(recv), range(send)) {
+                if r.0 < s.1 && s.0 < r.1 {
+                    return Err(emu(format!(
+                        "a group's ncclRecv into {:#x}..{:#x} overlaps its ncclSend from {:#x}..{:#x}: on a GPU they race",
+                        r.0, r.1, s.0, s.1
+                    )));
+                }
+            }
+        }
+    }
     let mut sent = Vec::new();
     for (m, call) in calls {
         if let NcclCall::Send {
