@@ -271,8 +271,25 @@ pub fn train_rank(
                 .unwrap_or(local_rank.unwrap_or(rank) % count);
             let cuda = open_cuda(ordinal)?;
             let dev: Arc<dyn Device> = cuda.clone();
+            let mut shared = match a.device.device_id {
+                None => {
+                    shardc_backend_cuda::nccl::shared_gpu(local_rank.unwrap_or(rank), count, size)
+                }
+                Some(_) => None,
+            };
+            // Every rank must decide alike: a rank that joins NCCL waits for all the others.
+            if a.device.gpu_comm == GpuComm::Nccl && size > 1 {
+                shared = shardc_backend_cuda::nccl::why_not_nccl(comm.as_ref(), shared)
+                    .map_err(|e| anyhow!("rank {rank}: {e}"))?;
+            }
+            if let (GpuComm::Nccl, Some(why)) = (a.device.gpu_comm, &shared) {
+                eprintln!("rank {rank}: {why}: collectives staged through the host");
+            }
             match a.device.gpu_comm {
                 GpuComm::Host => GpuExecutor::with_communicator(graph, dev, host_backend(a), comm)?,
+                GpuComm::Nccl if shared.is_some() => {
+                    GpuExecutor::with_communicator(graph, dev, host_backend(a), comm)?
+                }
                 GpuComm::Nccl => {
                     let nccl =
                         NcclComm::new(cuda, comm).map_err(|e| anyhow!("rank {rank}: NCCL: {e}"))?;

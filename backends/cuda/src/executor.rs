@@ -1695,11 +1695,25 @@ pub fn gpu_executor(
                 ));
             }
             let rank = comm.as_ref().map_or(0, |c| c.rank());
-            let ordinal = ordinal.unwrap_or(local_rank.unwrap_or(rank) % count);
+            let local = local_rank.unwrap_or(rank);
+            // With the default mapping, more ranks than GPUs on a host share GPUs.
+            let mut shared = match (ordinal, &comm) {
+                (None, Some(c)) => crate::nccl::shared_gpu(local, count, c.size()),
+                _ => None,
+            };
+            if let (true, Some(c)) = (nccl, &comm) {
+                if c.size() > 1 {
+                    shared = crate::nccl::why_not_nccl(c.as_ref(), shared)?;
+                }
+            }
+            let ordinal = ordinal.unwrap_or(local % count);
             let cuda = Arc::new(crate::cuda::CudaDevice::new(ordinal)?);
             let dev: Arc<dyn Device> = cuda.clone();
+            if let (true, Some(why)) = (nccl, &shared) {
+                eprintln!("rank {rank}: {why}: collectives staged through the host");
+            }
             match comm {
-                Some(c) if nccl && c.size() > 1 => {
+                Some(c) if nccl && c.size() > 1 && shared.is_none() => {
                     let n = NcclComm::new(cuda, c)?;
                     GpuExecutor::with_nccl(graph, dev, host, Arc::new(n))
                 }

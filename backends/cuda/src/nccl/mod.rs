@@ -71,6 +71,38 @@ impl std::fmt::Debug for NcclComm {
     }
 }
 
+/// Why rank `local_rank` of its host, on the GPU the default mapping gives it (its local
+/// rank modulo the host's `gpus`), cannot use NCCL with the `world` ranks of its job, or
+/// None: where a host runs more ranks than it has GPUs, two ranks share one, and NCCL
+/// refuses that ("Duplicate GPU detected").
+pub fn shared_gpu(local_rank: usize, gpus: usize, world: usize) -> Option<String> {
+    (world > 1 && local_rank >= gpus).then(|| {
+        format!(
+            "local rank {local_rank} shares GPU {} with local rank {} ({gpus} GPU(s) on this host); NCCL needs a GPU per rank",
+            local_rank % gpus.max(1),
+            local_rank % gpus.max(1)
+        )
+    })
+}
+
+/// Whether every rank of `comm`'s world can use NCCL, given this rank's own obstacle
+/// (`mine`, from [`shared_gpu`]): they must all decide alike, or the ones that join NCCL wait
+/// for the others forever. None where all can; else why not (this rank's reason, or that
+/// another rank has one). Every rank must call it, at the same point.
+pub fn why_not_nccl(comm: &dyn Communicator, mine: Option<String>) -> CudaResult<Option<String>> {
+    let world: Vec<usize> = (0..comm.size()).collect();
+    let mut flag = Tensor::from_i32(vec![1], vec![i32::from(mine.is_some())])
+        .ok_or_else(|| CudaError::Other("a flag tensor".into()))?;
+    comm.all_reduce(&world, ReduceOp::Max, &mut flag)
+        .map_err(|e| CudaError::Other(format!("agreeing on NCCL: {e}")))?;
+    let any = matches!(&flag.data, shardc_runtime::Data::I32(v) if v.first() == Some(&1));
+    Ok(match (any, mine) {
+        (_, Some(why)) => Some(why),
+        (true, None) => Some("another rank of the job shares a GPU".into()),
+        (false, None) => None,
+    })
+}
+
 /// One send or receive of a group ([`NcclComm::run_transfers`]): the resolved call, the
 /// input (a send's) and the result's buffer and type.
 #[derive(Clone, Debug)]
@@ -858,5 +890,51 @@ impl Drop for NcclComm {
         for (_, c) in comms {
             self.library.destroy(c);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shardc_runtime::InProcessWorld;
+
+    #[test]
+    fn ranks_beyond_the_gpus_of_their_host_share_one() {
+        assert_eq!(shared_gpu(3, 4, 8), None);
+        assert_eq!(shared_gpu(0, 1, 1), None, "a world of one needs no NCCL");
+        let why = shared_gpu(5, 4, 8).expect("local rank 5 of 4 GPUs");
+        assert!(why.contains("shares GPU 1 with local rank 1"), "{why}");
+    }
+
+    #[test]
+    fn every_rank_stages_through_the_host_when_one_rank_cannot_use_nccl() {
+        let decisions: Vec<Option<String>> = std::thread::scope(|s| {
+            let hs: Vec<_> = InProcessWorld::new(4)
+                .into_iter()
+                .enumerate()
+                .map(|(rank, c)| {
+                    s.spawn(move || {
+                        let mine = shared_gpu(rank + 1, 4, 4);
+                        why_not_nccl(c.as_ref(), mine).expect("agrees")
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().expect("joins")).collect()
+        });
+        // Only rank 3 (local rank 4 of 4 GPUs) shares one; all four stage.
+        assert!(decisions.iter().all(Option::is_some), "{decisions:?}");
+        assert!(decisions[3].as_deref().is_some_and(|w| w.contains("shares GPU 0")));
+        assert_eq!(
+            decisions[0].as_deref(),
+            Some("another rank of the job shares a GPU")
+        );
+        let all_fine: Vec<Option<String>> = std::thread::scope(|s| {
+            let hs: Vec<_> = InProcessWorld::new(2)
+                .into_iter()
+                .map(|c| s.spawn(move || why_not_nccl(c.as_ref(), None).expect("agrees")))
+                .collect();
+            hs.into_iter().map(|h| h.join().expect("joins")).collect()
+        });
+        assert_eq!(all_fine, vec![None, None]);
     }
 }
