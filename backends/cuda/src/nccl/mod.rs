@@ -923,7 +923,9 @@ mod tests {
         });
         // Only rank 3 (local rank 4 of 4 GPUs) shares one; all four stage.
         assert!(decisions.iter().all(Option::is_some), "{decisions:?}");
-        assert!(decisions[3].as_deref().is_some_and(|w| w.contains("shares GPU 0")));
+        assert!(decisions[3]
+            .as_deref()
+            .is_some_and(|w| w.contains("shares GPU 0")));
         assert_eq!(
             decisions[0].as_deref(),
             Some("another rank of the job shares a GPU")
