@@ -164,6 +164,13 @@ fn the_emulated_gpu_trains_one_device_and_in_process_ranks_as_the_cpu() {
     let gpu = run_emulated(&four, "3", &["--stats"]);
     assert!(gpu.status.success(), "{}", text(&gpu));
     assert!(text(&gpu).contains("collectives"), "{}", text(&gpu));
+    // A device per rank, NCCL (emulated) between them: the steps replay, collectives in them.
+    for want in [
+        "8 ranks, a device each, collectives through NCCL",
+        "graph replay: 2 of 3 steps ran as one replay",
+    ] {
+        assert!(text(&gpu).contains(want), "{want}: {}", text(&gpu));
+    }
     same_losses(
         &losses(&text(&cpu)),
         &losses(&text(&gpu)),

@@ -167,21 +167,17 @@ pub fn run(a: &RunArgs, art: Artifact) -> Result<()> {
         }
         return Ok(());
     }
-    // Several ranks in threads on one device, collectives staged through the host. As on
-    // the CPU, every rank loads its file of the newest complete checkpoint step (before any
-    // rank runs, so none saves and prunes first) and saves its own.
+    // Several ranks in threads: a device each with NCCL between them where there are enough
+    // GPUs (or emulated devices), else all on one device, collectives staged through the
+    // host. As on the CPU, every rank loads its file of the newest complete checkpoint step
+    // (before any rank runs, so none saves and prunes first) and saves its own.
     let (data, inputs) = crate::commands::distributed_data(a, &art)?;
     let n = art.graphs.len();
-    let comms = InProcessWorld::new(n);
-    let mut execs = Vec::with_capacity(n);
+    let mut execs = in_process_executors(a, &art, dev)?;
     let mut start = 0;
-    for (rank, (g, comm)) in art.graphs.iter().cloned().zip(comms).enumerate() {
-        let comm: Arc<dyn Communicator> = comm;
-        let mut exec = GpuExecutor::with_communicator(g, dev.clone(), host_backend(a), comm)
-            .with_context(|| format!("rank {rank}: preparing its graph"))?;
-        // No profiling here: the ranks share one device, whose marks would interleave.
-        start = resume(a, &art, &mut exec, rank, n)?;
-        execs.push(exec);
+    for (rank, exec) in execs.iter_mut().enumerate() {
+        // No profiling here: the ranks' marks would interleave on a shared device.
+        start = resume(a, &art, exec, rank, n)?;
     }
     let savers: Vec<Option<crate::ckpt::Saver>> = (0..n)
         .map(|r| crate::ckpt::Saver::new(&a.checkpoint, &art.manifest.model, per_epoch, r, n))
@@ -235,6 +231,89 @@ pub fn run(a: &RunArgs, art: Artifact) -> Result<()> {
         println!("rank 0: {summary}");
     }
     Ok(())
+}
+
+/// The executors of in-process ranks: with `--gpu-comm nccl` (the default), a device each and
+/// NCCL between them where the host has a GPU per rank (`--device-id` unset; the emulator:
+/// a device per rank, NCCL emulated between them); otherwise every rank on `dev`, collectives
+/// staged through the host.
+fn in_process_executors(
+    a: &RunArgs,
+    art: &Artifact,
+    dev: Arc<dyn Device>,
+) -> Result<Vec<GpuExecutor>> {
+    let n = art.graphs.len();
+    let comms = InProcessWorld::new(n);
+    let per_rank = a.device.gpu_comm == GpuComm::Nccl
+        && match a.device.gpu {
+            GpuKind::Emulator => true,
+            GpuKind::Cuda => a.device.device_id.is_none() && device_count().unwrap_or(0) >= n,
+        };
+    if !per_rank {
+        if a.device.gpu_comm == GpuComm::Nccl && a.device.gpu == GpuKind::Cuda {
+            println!("{n} ranks share one GPU: collectives staged through the host (NCCL needs a GPU per rank)");
+        }
+        let mut execs = Vec::with_capacity(n);
+        for (rank, (g, comm)) in art.graphs.iter().cloned().zip(comms).enumerate() {
+            let comm: Arc<dyn Communicator> = comm;
+            execs.push(
+                GpuExecutor::with_communicator(g, dev.clone(), host_backend(a), comm)
+                    .with_context(|| format!("rank {rank}: preparing its graph"))?,
+            );
+        }
+        return Ok(execs);
+    }
+    // Every device first (a rank that cannot open one must not leave the others waiting in
+    // NCCL's initialisation), then NCCL and the executors, a thread per rank.
+    let mut devices: Vec<(
+        Arc<dyn Device>,
+        Arc<dyn shardc_backend_cuda::nccl::library::NcclLibrary>,
+    )> = Vec::with_capacity(n);
+    for rank in 0..n {
+        devices.push(match a.device.gpu {
+            GpuKind::Cuda => {
+                let cuda = open_cuda(rank)?;
+                let lib = shardc_backend_cuda::nccl::library::SystemNccl::new(cuda.clone());
+                (cuda as Arc<dyn Device>, Arc::new(lib) as _)
+            }
+            GpuKind::Emulator => {
+                let emu =
+                    Arc::new(EmulatedDevice::new(64).map_err(|e| anyhow!("--gpu emulator: {e}"))?);
+                let lib = shardc_backend_cuda::nccl::emulated::EmulatedNccl::new(emu.clone());
+                (emu as Arc<dyn Device>, Arc::new(lib) as _)
+            }
+        });
+    }
+    if a.device.gpu == GpuKind::Cuda {
+        shardc_backend_cuda::probe::require(shardc_backend_cuda::Library::Nccl)
+            .map_err(|e| anyhow!("--device-target GPU with {n} ranks on {n} GPUs: {e}"))?;
+    }
+    println!("{n} ranks, a device each, collectives through NCCL");
+    drop(dev);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = devices
+            .into_iter()
+            .zip(comms)
+            .zip(art.graphs.iter().cloned())
+            .enumerate()
+            .map(|(rank, (((dev, lib), comm), g))| {
+                s.spawn(move || -> Result<GpuExecutor> {
+                    let comm: Arc<dyn Communicator> = comm;
+                    let nccl = NcclComm::with_library(dev.clone(), lib, comm)
+                        .map_err(|e| anyhow!("rank {rank}: NCCL: {e}"))?;
+                    GpuExecutor::with_nccl(g, dev, host_backend(a), Arc::new(nccl))
+                        .with_context(|| format!("rank {rank}: preparing its graph"))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow!("a rank thread panicked")))
+            })
+            .collect()
+    })
 }
 
 /// One rank of a cluster on its GPU.
