@@ -208,13 +208,7 @@ pub fn run(a: &RunArgs, art: Artifact) -> Result<()> {
                 })
             })
             .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(anyhow!("a rank thread panicked")))
-            })
-            .collect()
+        join_ranks(handles)
     });
     let mut rank0 = None;
     for (rank, r) in results.into_iter().enumerate() {
@@ -231,6 +225,17 @@ pub fn run(a: &RunArgs, art: Artifact) -> Result<()> {
         println!("rank 0: {summary}");
     }
     Ok(())
+}
+
+/// The results of rank threads, by rank (a panicked thread as an error).
+fn join_ranks<T>(handles: Vec<std::thread::ScopedJoinHandle<'_, Result<T>>>) -> Vec<Result<T>> {
+    handles
+        .into_iter()
+        .map(|h| {
+            h.join()
+                .unwrap_or_else(|_| Err(anyhow!("a rank thread panicked")))
+        })
+        .collect()
 }
 
 /// The executors of in-process ranks: with `--gpu-comm nccl` (the default), a device each and
@@ -306,13 +311,7 @@ fn in_process_executors(
                 })
             })
             .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(anyhow!("a rank thread panicked")))
-            })
-            .collect()
+        join_ranks(handles).into_iter().collect()
     })
 }
 
