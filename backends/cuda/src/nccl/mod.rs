@@ -736,6 +736,19 @@ impl NcclComm {
         };
         run().map_err(fail)
     }
+
+    /// Stages a collective whose result replaces its input (AllReduce, Broadcast).
+    fn staged_in_place(
+        &self,
+        collective: Collective,
+        group: &[usize],
+        call: CommCall,
+        tensor: &mut Tensor,
+    ) -> Result<(), CommError> {
+        let ty = tensor.ty();
+        *tensor = self.staged(collective, group, call, Some(tensor), ty)?;
+        Ok(())
+    }
 }
 
 impl Communicator for NcclComm {
@@ -757,14 +770,7 @@ impl Communicator for NcclComm {
             group: group.to_vec(),
             op,
         };
-        *tensor = self.staged(
-            Collective::AllReduce,
-            group,
-            call,
-            Some(tensor),
-            tensor.ty(),
-        )?;
-        Ok(())
+        self.staged_in_place(Collective::AllReduce, group, call, tensor)
     }
 
     fn all_gather(
@@ -858,14 +864,7 @@ impl Communicator for NcclComm {
             group: group.to_vec(),
             root,
         };
-        *tensor = self.staged(
-            Collective::Broadcast,
-            group,
-            call,
-            Some(tensor),
-            tensor.ty(),
-        )?;
-        Ok(())
+        self.staged_in_place(Collective::Broadcast, group, call, tensor)
     }
 
     /// Host tensors go over the bootstrap, which matches tags (NCCL pairs a send with the
