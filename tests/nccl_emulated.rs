@@ -128,6 +128,60 @@ fn members_that_disagree_get_errors_naming_both_calls_instead_of_hanging() {
 }
 
 #[test]
+fn a_step_waiting_past_the_timeout_for_a_member_fails_naming_its_collective() {
+    if !emulator_available() {
+        return;
+    }
+    // Rank 1 builds its executor (the communicators exist) but never steps: on a GPU, rank
+    // 0's AllReduce kernel would wait for ever. The watchdog (0.5 s here, SHARDC_COMM_TIMEOUT
+    // in a job) aborts rank 0's communicators long before the emulation's own 60 s bound.
+    let text = "%para1_x : <Tensor[Float32], (4)>
+
+subgraph @Sum(%para1_x) {
+  %1(total) = AllReduce(%para1_x) {instance name: total} primitive_attrs: {group: (0, 1), op: sum}
+  Return(%1)
+}";
+    let graph = || {
+        let mut g = shardc::ir::text::parse_graph(text, "sum.ir").expect("parses");
+        shardc::passes::infer::infer_graph(&mut g).expect("types");
+        g
+    };
+    let host = Arc::new(CpuBackend::with_threads(1));
+    let done = std::sync::Barrier::new(2);
+    let results = on_emulated_gpus(2, Duration::from_secs(60), |rank, dev, comm| {
+        let comm = Arc::new(comm.with_timeout(Duration::from_millis(500)));
+        let mut e =
+            GpuExecutor::with_nccl(graph(), dev, host.clone(), comm).map_err(|e| e.to_string())?;
+        let mut errors = Vec::new();
+        if rank == 0 {
+            let x = Tensor::zeros(&TensorType::new(DType::Float32, vec![4]));
+            let start = std::time::Instant::now();
+            for _ in 0..2 {
+                let e = e.step(&[("x", x.clone())]).err();
+                errors.push(e.map(|e| e.to_string()).unwrap_or_default());
+            }
+            errors.push(format!("{:.1}", start.elapsed().as_secs_f64()));
+        }
+        done.wait();
+        Ok(errors)
+    });
+    let errors = results[0].as_ref().expect("rank 0 ran");
+    assert!(
+        errors[0].contains("rank 0 waited more than 0.5 s (SHARDC_COMM_TIMEOUT)")
+            && errors[0].contains("AllReduce 'total' on ranks [0, 1]")
+            && errors[0].contains("communicators were aborted"),
+        "{errors:?}"
+    );
+    assert!(
+        errors[1].contains("aborted after an earlier wait outlasted 0.5 s"),
+        "{errors:?}"
+    );
+    let secs: f64 = errors[2].parse().expect("seconds");
+    assert!(secs < 30.0, "the steps took {secs} s: {errors:?}");
+    assert!(results[1].is_ok(), "{:?}", results[1]);
+}
+
+#[test]
 fn ranks_on_emulated_gpus_with_nccl_train_as_the_cpu_ranks() {
     if !emulator_available() {
         return;

@@ -248,18 +248,7 @@ fn data_plane_tls(config: &WorkerConfig) -> Result<Option<DataPlaneTls>> {
 
 /// `SHARDC_COMM_TIMEOUT` (seconds; default 300): how long a collective waits for its peers.
 fn comm_timeout() -> Result<Duration> {
-    match std::env::var("SHARDC_COMM_TIMEOUT") {
-        Err(_) => Ok(Duration::from_secs(300)),
-        Ok(v) => v
-            .trim()
-            .parse::<f64>()
-            .ok()
-            .filter(|s| s.is_finite() && *s > 0.0)
-            .map(Duration::from_secs_f64)
-            .ok_or_else(|| {
-                anyhow!("SHARDC_COMM_TIMEOUT = {v}: expected a positive number of seconds")
-            }),
-    }
+    shardc_runtime::comm::comm_timeout_from_env().map_err(|e| anyhow!(e))
 }
 
 /// `shardc run` in a cluster: the scheduler serves; a worker trains its own rank of the

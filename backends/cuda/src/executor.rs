@@ -820,8 +820,52 @@ impl GpuExecutor {
     }
 
     /// Runs one step: uploads the feeds (by input name), runs every node, returns the graph's
-    /// outputs copied to the host.
+    /// outputs copied to the host. With NCCL the step runs under its watchdog: where it waits
+    /// past the communicator's timeout for a member that never comes, the communicators are
+    /// aborted and the step fails, naming its collectives ([`NcclComm::arm`]).
     pub fn step(&mut self, feeds: &[(&str, Tensor)]) -> CudaResult<Vec<Tensor>> {
+        let Some(nccl) = self.nccl.clone() else {
+            return self.run_step(feeds);
+        };
+        let armed = nccl.arm();
+        let r = self.run_step(feeds);
+        if armed.fired() {
+            return Err(nccl.timed_out(&self.collectives_named()));
+        }
+        r
+    }
+
+    /// The step's collectives, in graph order (the first eight), for an error.
+    fn collectives_named(&self) -> String {
+        let named: Vec<String> = self
+            .calls
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| {
+                let n = &self.graph.nodes[i];
+                let whom = match c.as_ref()? {
+                    CommCall::AllReduce { group, .. }
+                    | CommCall::AllGather { group, .. }
+                    | CommCall::ReduceScatter { group, .. }
+                    | CommCall::AllToAll { group, .. }
+                    | CommCall::Broadcast { group, .. } => format!("on ranks {group:?}"),
+                    CommCall::Send { dest, .. } => format!("to rank {dest}"),
+                    CommCall::Receive { src, .. } => format!("from rank {src}"),
+                };
+                Some(format!("{} '{}' {whom}", n.op, n.instance))
+            })
+            .collect();
+        match named.len() {
+            0 => "the step's collectives".into(),
+            k if k <= 8 => format!("the step's collectives ({})", named.join(", ")),
+            k => format!(
+                "the step's {k} collectives ({}, ...)",
+                named[..8].join(", ")
+            ),
+        }
+    }
+
+    fn run_step(&mut self, feeds: &[(&str, Tensor)]) -> CudaResult<Vec<Tensor>> {
         for (name, t) in feeds {
             let i = self
                 .graph

@@ -28,6 +28,28 @@ use shardc_ir::{ReduceOp, TensorType};
 use std::fmt;
 use std::time::Duration;
 
+/// How long a rank waits for its peers in one collective (or, with NCCL, in one step's
+/// collectives) where `SHARDC_COMM_TIMEOUT` does not say.
+pub const DEFAULT_COMM_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// `SHARDC_COMM_TIMEOUT` (seconds; default [`DEFAULT_COMM_TIMEOUT`]): how long a launched
+/// rank waits for its peers, on every communicator. An error names the value when it is not
+/// a positive number of seconds.
+pub fn comm_timeout_from_env() -> Result<Duration, String> {
+    match std::env::var("SHARDC_COMM_TIMEOUT") {
+        Err(_) => Ok(DEFAULT_COMM_TIMEOUT),
+        Ok(v) => v
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|s| s.is_finite() && *s > 0.0)
+            .map(Duration::from_secs_f64)
+            .ok_or_else(|| {
+                format!("SHARDC_COMM_TIMEOUT = {v}: expected a positive number of seconds")
+            }),
+    }
+}
+
 /// The collective (or point-to-point operation) an error concerns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Collective {

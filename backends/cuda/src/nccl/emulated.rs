@@ -14,6 +14,8 @@
 //!   receives wait, so a group that exchanges with every peer completes.
 //! - Whatever waits on other members gives up after [`EmulatedNccl::with_timeout`] (60 s by
 //!   default) with an error saying who never came, instead of hanging a test.
+//! - `ncclCommAbort` by one member ends every wait on that communicator, the other members'
+//!   too (on a GPU they would go on waiting until their own watchdogs abort).
 //!
 //! Work issued while the device records a graph is recorded (as CUDA Graphs record NCCL's
 //! kernels) and carried out at each replay. Work on the communication stream waits until the
@@ -78,6 +80,8 @@ struct CliqueState {
     posted: HashMap<(usize, usize), u64>,
     received: HashMap<(usize, usize), u64>,
     destroyed: usize,
+    /// The member that aborted the communicator (`ncclCommAbort`), if one did.
+    aborted: Option<usize>,
 }
 
 /// The members of one unique id.
@@ -103,6 +107,11 @@ impl Clique {
     ) -> CudaResult<MutexGuard<'a, CliqueState>> {
         let deadline = Instant::now() + timeout;
         loop {
+            if let Some(r) = s.aborted {
+                return Err(emu(format!(
+                    "the communicator was aborted by its member {r} (ncclCommAbort)"
+                )));
+            }
             if ready(&mut s) {
                 return Ok(s);
             }
@@ -315,6 +324,14 @@ impl NcclLibrary for EmulatedNccl {
             return Ok(());
         }
         self.submit(calls, Stream::Compute)
+    }
+
+    fn abort(&self, comm: CommHandle) {
+        if let Ok(m) = self.member(comm) {
+            let mut s = m.clique.lock();
+            s.aborted.get_or_insert(m.rank);
+            m.clique.changed.notify_all();
+        }
     }
 
     fn destroy(&self, comm: CommHandle) {

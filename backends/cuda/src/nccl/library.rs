@@ -164,6 +164,10 @@ pub trait NcclLibrary: Send + Sync {
 
     /// `ncclCommDestroy`.
     fn destroy(&self, comm: CommHandle);
+
+    /// `ncclCommAbort`: ends whatever `comm`'s kernels wait for, and frees it (it is not
+    /// destroyed afterwards). Called from another thread than the one that waits.
+    fn abort(&self, comm: CommHandle);
 }
 
 fn nccl_err(call: &'static str) -> impl Fn(nccl::NcclError) -> CudaError {
@@ -311,6 +315,14 @@ impl NcclLibrary for SystemNccl {
         if self.device.bind().is_ok() {
             // SAFETY: a communicator from `init_rank`, destroyed once.
             let _ = unsafe { nccl::comm_destroy(comm as nccl_sys::ncclComm_t) };
+        }
+    }
+
+    fn abort(&self, comm: CommHandle) {
+        if self.device.bind().is_ok() {
+            // SAFETY: a communicator from `init_rank`, aborted once and never used or
+            // destroyed afterwards (the watchdog's contract).
+            let _ = unsafe { nccl::comm_abort(comm as nccl_sys::ncclComm_t) };
         }
     }
 }

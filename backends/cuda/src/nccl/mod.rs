@@ -12,6 +12,11 @@
 //! reads past a buffer); host sends and receives go over the bootstrap, which matches tags.
 //! The executor calls [`NcclComm::run_on_device`] on its buffers directly.
 //!
+//! Whatever waits for NCCL on the host (a step's end, a staged collective) runs under the
+//! rank's [`watchdog::Watchdog`]: past `SHARDC_COMM_TIMEOUT` (300 s by default, as the CPU's
+//! communicators wait) the rank's communicators are aborted and the wait fails, naming what
+//! was in flight, where NCCL alone would wait for ever for a member that never comes.
+//!
 //! The NCCL calls themselves go through an [`library::NcclLibrary`]: NCCL on a GPU
 //! ([`library::SystemNccl`]), or its emulation between the emulated devices of one process
 //! ([`emulated::EmulatedNccl`]), where CI runs everything above the calls with several ranks.
@@ -21,6 +26,7 @@
 
 pub mod emulated;
 pub mod library;
+pub mod watchdog;
 
 use crate::cuda::CudaDevice;
 use crate::device::Device;
@@ -34,6 +40,8 @@ use shardc_runtime::executor::CommCall;
 use shardc_runtime::{CommError, Communicator, Tensor};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use watchdog::{Armed, Watchdog};
 
 /// The bootstrap tags NCCL ids travel under: this base plus 32 bits of a hash of the group
 /// (far from the graph's own tags). Derived from the group, not from how many communicators
@@ -55,6 +63,8 @@ pub struct NcclComm {
     bootstrap: Arc<dyn Communicator>,
     /// Each group's communicator (sorted global ranks -> handle), made on first use.
     comms: Mutex<HashMap<Vec<usize>, CommHandle>>,
+    /// Aborts the communicators when a wait outlasts the timeout.
+    watchdog: Watchdog,
     rank: usize,
     size: usize,
 }
@@ -139,8 +149,10 @@ impl NcclComm {
         bootstrap: Arc<dyn Communicator>,
     ) -> CudaResult<NcclComm> {
         let (rank, size) = (bootstrap.rank(), bootstrap.size());
+        let timeout = shardc_runtime::comm::comm_timeout_from_env().map_err(CudaError::Other)?;
         let c = NcclComm {
             device,
+            watchdog: Watchdog::new(library.clone(), timeout),
             library,
             bootstrap,
             comms: Mutex::new(HashMap::new()),
@@ -149,6 +161,31 @@ impl NcclComm {
         };
         c.comm_for(&(0..size).collect::<Vec<_>>())?;
         Ok(c)
+    }
+
+    /// The same, waiting at most `timeout` for NCCL (instead of `SHARDC_COMM_TIMEOUT`).
+    pub fn with_timeout(mut self, timeout: Duration) -> NcclComm {
+        self.watchdog.set_timeout(timeout);
+        self
+    }
+
+    /// Starts a host wait for NCCL under the watchdog (see the module doc); once the
+    /// returned arming says it [`Armed::fired`], the wait's error is
+    /// [`NcclComm::timed_out`].
+    pub fn arm(&self) -> Armed<'_> {
+        self.watchdog.arm()
+    }
+
+    /// The error of a wait the watchdog ended: `what` names what was in flight.
+    pub fn timed_out(&self, what: &str) -> CudaError {
+        CudaError::Nccl {
+            call: "a wait for the collectives",
+            reason: format!(
+                "rank {} waited more than {:.1} s (SHARDC_COMM_TIMEOUT) for {what}: a member never issued them, or issued others or in another order; the rank's NCCL communicators were aborted",
+                self.rank,
+                self.watchdog.timeout().as_secs_f64()
+            ),
+        }
     }
 
     /// Creates the communicators of `groups` now (each sorted, holding this rank), in one
@@ -179,6 +216,16 @@ impl NcclComm {
     /// first use: the lowest member makes the id and sends it, with the group, to the others
     /// over the bootstrap.
     fn comm_for(&self, group: &[usize]) -> CudaResult<CommHandle> {
+        if self.watchdog.aborted() {
+            return Err(CudaError::Nccl {
+                call: "a collective",
+                reason: format!(
+                    "rank {}'s NCCL communicators were aborted after an earlier wait outlasted {:.1} s (SHARDC_COMM_TIMEOUT)",
+                    self.rank,
+                    self.watchdog.timeout().as_secs_f64()
+                ),
+            });
+        }
         let mut comms = self.comms.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(&c) = comms.get(group) {
             return Ok(c);
@@ -231,6 +278,7 @@ impl NcclComm {
             id
         };
         let comm = self.library.init_rank(group.len(), &id, me)?;
+        self.watchdog.register(comm);
         comms.insert(group.to_vec(), comm);
         Ok(comm)
     }
@@ -712,6 +760,7 @@ impl NcclComm {
             rank: self.rank,
             reason: e.to_string(),
         };
+        let armed = self.arm();
         let run = || -> CudaResult<Tensor> {
             let inp = match input {
                 Some(t) => {
@@ -734,7 +783,13 @@ impl NcclComm {
             d?;
             Ok(crate::executor::tensor_of(&out_ty, &bytes))
         };
-        run().map_err(fail)
+        let r = run();
+        if armed.fired() {
+            return Err(fail(
+                self.timed_out(&format!("{collective} on group {group:?}")),
+            ));
+        }
+        r.map_err(fail)
     }
 
     /// Stages a collective whose result replaces its input (AllReduce, Broadcast).
@@ -886,6 +941,10 @@ impl Communicator for NcclComm {
 impl Drop for NcclComm {
     fn drop(&mut self) {
         let comms = std::mem::take(&mut *self.comms.lock().unwrap_or_else(|p| p.into_inner()));
+        if self.watchdog.aborted() {
+            // ncclCommAbort freed them.
+            return;
+        }
         for (_, c) in comms {
             self.library.destroy(c);
         }
