@@ -90,6 +90,9 @@ unsafe impl Send for Handles {}
 /// A GPU (see the module doc).
 pub struct CudaDevice {
     handles: Mutex<Handles>,
+    /// The primary context (as `handles.ctx`), for [`CudaDevice::bind_from_another_thread`],
+    /// which must not wait for `handles`.
+    context: usize,
     functions: Mutex<HashMap<String, usize>>,
     /// The NVRTC architecture of the device (`compute_90`).
     arch: String,
@@ -286,6 +289,7 @@ impl CudaDevice {
         };
         let dnn = DnnState::open(stream);
         Ok(CudaDevice {
+            context: ctx as usize,
             handles: Mutex::new(Handles {
                 ctx,
                 stream,
@@ -430,6 +434,14 @@ impl CudaDevice {
     /// Makes the context current on this thread (for NCCL calls made outside this type).
     pub fn bind(&self) -> CudaResult<()> {
         self.current().map(drop)
+    }
+
+    /// Makes the context current on this thread without taking the device's lock, which a
+    /// thread blocked in a stream wait holds: for the NCCL watchdog's abort.
+    pub fn bind_from_another_thread(&self) -> CudaResult<()> {
+        // SAFETY: the primary context, retained until the device is dropped.
+        unsafe { drv::ctx::set_current(self.context as drv_sys::CUcontext) }
+            .map_err(driver("cuCtxSetCurrent"))
     }
 }
 

@@ -319,7 +319,8 @@ impl NcclLibrary for SystemNccl {
     }
 
     fn abort(&self, comm: CommHandle) {
-        if self.device.bind().is_ok() {
+        // Not `bind`: the thread waiting for NCCL's kernels holds the device's lock.
+        if self.device.bind_from_another_thread().is_ok() {
             // SAFETY: a communicator from `init_rank`, aborted once and never used or
             // destroyed afterwards (the watchdog's contract).
             let _ = unsafe { nccl::comm_abort(comm as nccl_sys::ncclComm_t) };
