@@ -176,6 +176,27 @@ fn the_emulated_gpu_trains_one_device_and_in_process_ranks_as_the_cpu() {
         &losses(&text(&gpu)),
         "8 ranks in process",
     );
+    // NCCL's watchdog takes its bound from SHARDC_COMM_TIMEOUT, which must be seconds.
+    let bad = Command::new(env!("CARGO_BIN_EXE_shardc"))
+        .args([
+            "run",
+            four.to_str().unwrap(),
+            "--steps",
+            "1",
+            "--device-target",
+            "GPU",
+            "--gpu",
+            "emulator",
+        ])
+        .env("SHARDC_COMM_TIMEOUT", "soon")
+        .output()
+        .expect("the shardc binary runs");
+    assert!(!bad.status.success(), "{}", text(&bad));
+    assert!(
+        text(&bad).contains("SHARDC_COMM_TIMEOUT = soon: expected a positive number of seconds"),
+        "{}",
+        text(&bad)
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

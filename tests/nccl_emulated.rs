@@ -167,13 +167,13 @@ subgraph @Sum(%para1_x) {
     });
     let errors = results[0].as_ref().expect("rank 0 ran");
     assert!(
-        errors[0].contains("rank 0 waited more than 0.5 s (SHARDC_COMM_TIMEOUT)")
+        errors[0].contains("rank 0 waited more than 500ms (SHARDC_COMM_TIMEOUT)")
             && errors[0].contains("AllReduce 'total' on ranks [0, 1]")
             && errors[0].contains("communicators were aborted"),
         "{errors:?}"
     );
     assert!(
-        errors[1].contains("aborted after an earlier wait outlasted 0.5 s"),
+        errors[1].contains("aborted after an earlier wait outlasted 500ms"),
         "{errors:?}"
     );
     let secs: f64 = errors[2].parse().expect("seconds");

@@ -181,9 +181,9 @@ impl NcclComm {
         CudaError::Nccl {
             call: "a wait for the collectives",
             reason: format!(
-                "rank {} waited more than {:.1} s (SHARDC_COMM_TIMEOUT) for {what}: a member never issued them, or issued others or in another order; the rank's NCCL communicators were aborted",
+                "rank {} waited more than {:?} (SHARDC_COMM_TIMEOUT) for {what}: a member never issued them, or issued others or in another order; the rank's NCCL communicators were aborted",
                 self.rank,
-                self.watchdog.timeout().as_secs_f64()
+                self.watchdog.timeout()
             ),
         }
     }
@@ -220,9 +220,9 @@ impl NcclComm {
             return Err(CudaError::Nccl {
                 call: "a collective",
                 reason: format!(
-                    "rank {}'s NCCL communicators were aborted after an earlier wait outlasted {:.1} s (SHARDC_COMM_TIMEOUT)",
+                    "rank {}'s NCCL communicators were aborted after an earlier wait outlasted {:?} (SHARDC_COMM_TIMEOUT)",
                     self.rank,
-                    self.watchdog.timeout().as_secs_f64()
+                    self.watchdog.timeout()
                 ),
             });
         }
