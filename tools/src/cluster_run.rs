@@ -182,6 +182,8 @@ fn join_native(env: &ClusterEnv) -> Result<Joined> {
         } else {
             eprintln!("rank {r}: aborting: {reason}");
         }
+        // NCCL kernels waiting for a lost peer would otherwise wait through the exit.
+        shardc_backend_cuda::nccl::abort_every_communicator();
         std::process::exit(1);
     });
     let config = WorkerConfig::from_env(env)?;

@@ -28,6 +28,8 @@ pub mod emulated;
 pub mod library;
 pub mod watchdog;
 
+pub use watchdog::abort_every_communicator;
+
 use crate::cuda::CudaDevice;
 use crate::device::Device;
 use crate::error::{CudaError, CudaResult};

@@ -12,9 +12,13 @@
 //!
 //! Arming costs a lock and a clock reading: the thread is woken only when it sleeps unarmed.
 //! It is started on the first arming and stopped when the watchdog is dropped.
+//!
+//! [`abort_every_communicator`] aborts every live watchdog's communicators of the process at
+//! once: a worker the job aborts calls it before it exits, so that no NCCL kernel is left
+//! waiting for a peer that is gone while the process tears down.
 
 use super::library::{CommHandle, NcclLibrary};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -39,9 +43,44 @@ struct Shared {
     handles: Mutex<Vec<CommHandle>>,
 }
 
+/// Every watchdog of the process (for [`abort_every_communicator`]).
+fn live() -> &'static Mutex<Vec<Weak<Shared>>> {
+    static LIVE: OnceLock<Mutex<Vec<Weak<Shared>>>> = OnceLock::new();
+    LIVE.get_or_init(|| Mutex::new(Vec::new()))
+}
+
+/// Aborts the communicators of every watchdog of the process that has not fired yet (see
+/// the module doc); returns how many watchdogs fired.
+pub fn abort_every_communicator() -> usize {
+    let dogs: Vec<Arc<Shared>> = live()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .filter_map(Weak::upgrade)
+        .collect();
+    dogs.iter().filter(|d| d.fire()).count()
+}
+
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Aborts every communicator, once; whether this call did.
+    fn fire(&self) -> bool {
+        {
+            let mut s = self.lock();
+            if s.fired {
+                return false;
+            }
+            s.fired = true;
+            s.deadline = None;
+        }
+        let handles = self.handles.lock().unwrap_or_else(|p| p.into_inner());
+        for &h in handles.iter() {
+            self.library.abort(h);
+        }
+        true
     }
 
     /// The thread: sleeps until the outermost arming's deadline, aborts if it is still open.
@@ -55,14 +94,8 @@ impl Shared {
                 Some(deadline) if !s.fired => {
                     let now = Instant::now();
                     if now >= deadline {
-                        s.fired = true;
-                        s.deadline = None;
                         drop(s);
-                        let handles = self.handles.lock().unwrap_or_else(|p| p.into_inner());
-                        for &h in handles.iter() {
-                            self.library.abort(h);
-                        }
-                        drop(handles);
+                        self.fire();
                         s = self.lock();
                         continue;
                     }
@@ -93,13 +126,18 @@ pub struct Watchdog {
 impl Watchdog {
     /// A watchdog over the communicators [`Watchdog::register`]ed, made by `library`.
     pub fn new(library: Arc<dyn NcclLibrary>, timeout: Duration) -> Watchdog {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::default()),
+            wake: Condvar::new(),
+            library,
+            handles: Mutex::new(Vec::new()),
+        });
+        let mut all = live().lock().unwrap_or_else(|p| p.into_inner());
+        all.retain(|w| w.strong_count() > 0);
+        all.push(Arc::downgrade(&shared));
+        drop(all);
         Watchdog {
-            shared: Arc::new(Shared {
-                state: Mutex::new(State::default()),
-                wake: Condvar::new(),
-                library,
-                handles: Mutex::new(Vec::new()),
-            }),
+            shared,
             timeout,
             thread: Mutex::new(None),
         }
@@ -206,6 +244,14 @@ mod tests {
     use crate::nccl::library::{NcclCall, Stream, UniqueId};
     use std::sync::atomic::{AtomicUsize, Ordering};
 
+    /// Held by each test: one aborts every watchdog of the process (under `cargo test` the
+    /// tests share one).
+    static SERIAL: Mutex<()> = Mutex::new(());
+
+    fn serial() -> MutexGuard<'static, ()> {
+        SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Counts aborts; nothing else is called.
     #[derive(Default)]
     struct Aborts(AtomicUsize);
@@ -237,6 +283,7 @@ mod tests {
 
     #[test]
     fn short_waits_do_not_fire_and_a_long_one_aborts_every_communicator() {
+        let _serial = serial();
         let lib = Arc::new(Aborts::default());
         let dog = Watchdog::new(lib.clone(), Duration::from_millis(200));
         dog.register(0);
@@ -271,7 +318,26 @@ mod tests {
     }
 
     #[test]
+    fn aborting_every_communicator_fires_each_live_watchdog_once() {
+        let _serial = serial();
+        let lib = Arc::new(Aborts::default());
+        let dogs: Vec<Watchdog> = (0..3)
+            .map(|k| {
+                let d = Watchdog::new(lib.clone(), Duration::from_secs(60));
+                d.register(k);
+                d
+            })
+            .collect();
+        abort_every_communicator();
+        assert!(dogs.iter().all(Watchdog::aborted));
+        assert_eq!(lib.0.load(Ordering::SeqCst), 3);
+        abort_every_communicator();
+        assert_eq!(lib.0.load(Ordering::SeqCst), 3);
+    }
+
+    #[test]
     fn a_nested_arming_keeps_the_outer_deadline() {
+        let _serial = serial();
         let lib = Arc::new(Aborts::default());
         let dog = Watchdog::new(lib.clone(), Duration::from_secs(60));
         let outer = dog.arm();
