@@ -216,12 +216,12 @@ resnet50() {
 
 # NCCL with a rank on each of the GPUs: the sanity program, then the quickstart net and the
 # ResNet-50 example. A rehearsal runs the same launches with 2 ranks on the CPU and the
-# emulated GPU (host-staged collectives).
+# emulated GPU (NCCL emulated over the cluster's communicator, one process per rank).
 multi_gpu() {
   local g=$1 s="$bin/shardc" want target=() comm=(--gpu-comm nccl)
   if [ -n "$rehearse" ]; then
     target=(--device-target CPU)
-    comm=(--gpu emulator --gpu-comm host)
+    comm=(--gpu emulator --gpu-comm nccl)
   fi
   want=$("$python" -c "print('[' + ', '.join('[%d.]' % r for r in range($g)) + ']')")
   PATH="$bin:$PATH" "$s" launch --worker-num "$g" --local-worker-num "$g" \

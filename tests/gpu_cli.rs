@@ -3,8 +3,10 @@
 //! with the same losses as the CPU, on one device, on ranks in one process, and on a
 //! cluster of worker processes under `shardc launch`.
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 fn shardc(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_shardc"))
@@ -253,6 +255,159 @@ fn launched_workers_on_the_emulated_gpu_print_the_cpu_losses() {
         &losses(&rank0),
         "2 launched workers",
     );
+
+    // NCCL (the default) between 8 worker processes, emulated over the cluster's
+    // communicator: model-parallel collectives on sub-groups, the CPU's losses.
+    let eight = dir.join("eight");
+    compile(
+        &eight,
+        &["--device-num", "8", "--parallel-mode", "semi_auto_parallel"],
+    );
+    let reference = shardc(&["run", eight.to_str().unwrap(), "--steps", "3"]);
+    let log = dir.join("log8");
+    let port = free_port().to_string();
+    let o = shardc(&[
+        "launch",
+        "--worker-num",
+        "8",
+        "--local-worker-num",
+        "8",
+        "--master-port",
+        &port,
+        "--log-dir",
+        log.to_str().unwrap(),
+        "--join",
+        "--",
+        "shardc",
+        "run",
+        eight.to_str().unwrap(),
+        "--steps",
+        "3",
+        "--device-target",
+        "GPU",
+        "--gpu",
+        "emulator",
+    ]);
+    let rank0 = std::fs::read_to_string(log.join("1/rank.0/stdout")).unwrap_or_default();
+    let err0 = std::fs::read_to_string(log.join("1/rank.0/stderr")).unwrap_or_default();
+    assert!(o.status.success(), "{}\n{rank0}\n{err0}", text(&o));
+    assert!(
+        err0.contains(
+            "8 ranks, collectives through NCCL (emulated over the cluster's communicator)"
+        ),
+        "{err0}"
+    );
+    same_losses(
+        &losses(&text(&reference)),
+        &losses(&rank0),
+        "8 launched workers with NCCL",
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_killed_nccl_worker_on_the_emulated_gpu_ends_the_job_naming_its_rank() {
+    if !emulator_available() {
+        return;
+    }
+    let dir = tmp("kill");
+    let art = dir.join("art");
+    compile(
+        &art,
+        &["--device-num", "4", "--parallel-mode", "data_parallel"],
+    );
+    let log = dir.join("log");
+    let port = free_port().to_string();
+    let mut launcher = Command::new(env!("CARGO_BIN_EXE_shardc"))
+        .args([
+            "launch",
+            "--worker-num",
+            "4",
+            "--local-worker-num",
+            "4",
+            "--master-port",
+            &port,
+            "--log-dir",
+            log.to_str().unwrap(),
+            "--join",
+            "--",
+            "shardc",
+            "run",
+            art.to_str().unwrap(),
+            "--steps",
+            "100000000",
+            "--device-target",
+            "GPU",
+            "--gpu",
+            "emulator",
+        ])
+        .env("SHARDC_HEARTBEAT_TIMEOUT", "5")
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the launcher starts");
+    let mut err = BufReader::new(launcher.stderr.take().expect("stderr"));
+    let mut victim = None;
+    let mut seen = String::new();
+    while victim.is_none() {
+        let mut line = String::new();
+        if err.read_line(&mut line).unwrap_or(0) == 0 {
+            break;
+        }
+        seen += &line;
+        if let Some(pid) = line.trim().strip_prefix("launch: started rank 1 (pid ") {
+            victim = pid.trim_end_matches(')').parse::<i32>().ok();
+        }
+    }
+    let victim = victim.unwrap_or_else(|| panic!("no pid for rank 1 in: {seen}"));
+    let stdout = |r: usize| {
+        std::fs::read_to_string(log.join(format!("1/rank.{r}/stdout"))).unwrap_or_default()
+    };
+    let stderr = |r: usize| {
+        std::fs::read_to_string(log.join(format!("1/rank.{r}/stderr"))).unwrap_or_default()
+    };
+    // Training under way on every rank (its steps replayed, collectives in them).
+    let t0 = Instant::now();
+    while (0..4).any(|r| losses(&stdout(r)).len() < 3) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "training never started: {}",
+            stderr(0)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        stderr(0).contains("collectives through NCCL"),
+        "{}",
+        stderr(0)
+    );
+    let killed_at = Instant::now();
+    assert!(Command::new("kill")
+        .args(["-9", &victim.to_string()])
+        .status()
+        .expect("kill runs")
+        .success());
+    let limit = Duration::from_secs(60);
+    let status = loop {
+        if let Some(st) = launcher.try_wait().expect("waits") {
+            break st;
+        }
+        if killed_at.elapsed() > limit {
+            let _ = launcher.kill();
+            let _ = launcher.wait();
+            panic!("the job still ran {limit:?} after rank 1 was killed");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let took = killed_at.elapsed();
+    assert!(!status.success());
+    assert!(
+        took < Duration::from_secs(30),
+        "the job took {took:?} to end"
+    );
+    for r in [0, 2, 3] {
+        let e = stderr(r);
+        assert!(e.contains("rank 1"), "rank {r}: {e}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -16,6 +16,7 @@ use shardc::cpu::CpuBackend;
 use shardc::cuda::device::Device;
 use shardc::cuda::emulator::EmulatedDevice;
 use shardc::cuda::nccl::emulated::EmulatedNccl;
+use shardc::cuda::nccl::over_host::HostNccl;
 use shardc::cuda::nccl::NcclComm;
 use shardc::cuda::GpuExecutor;
 use shardc::ir::{DType, Graph, ReduceOp, TensorType};
@@ -63,6 +64,30 @@ fn nccl_on_two_to_four_ranks_passes_the_communicator_conformance_suite() {
         let results = on_emulated_gpus(n, Duration::from_secs(60), |_, _, comm| {
             conformance::run(&comm)
         });
+        for (rank, r) in results.into_iter().enumerate() {
+            match r {
+                Ok(checks) => assert!(checks > 20, "{n} ranks, rank {rank}: {checks} checks"),
+                Err(e) => panic!("{n} ranks, rank {rank}: {e}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn nccl_emulated_over_the_host_communicator_passes_the_conformance_suite() {
+    if !emulator_available() {
+        return;
+    }
+    // As launched workers run it: the NCCL calls carried out over the bootstrap itself.
+    let open = |_rank: usize, boot: Arc<dyn Communicator>| {
+        let dev = Arc::new(EmulatedDevice::new(64).map_err(|e| e.to_string())?);
+        let nccl = HostNccl::new(dev.clone(), boot.clone());
+        let comm =
+            NcclComm::with_library(dev.clone(), Arc::new(nccl), boot).map_err(|e| e.to_string())?;
+        Ok((dev as Arc<dyn Device>, comm))
+    };
+    for n in [2, 3] {
+        let results = on_nccl_ranks(n, &open, |_, _, comm| conformance::run(&comm));
         for (rank, r) in results.into_iter().enumerate() {
             match r {
                 Ok(checks) => assert!(checks > 20, "{n} ranks, rank {rank}: {checks} checks"),

@@ -294,7 +294,7 @@ impl Model {
                 })?,
             ),
             DeviceTarget::GpuEmulated => Box::new(
-                gpu_executor(GpuChoice::Emulated, graph, backend, comm, false, None).map_err(
+                gpu_executor(GpuChoice::Emulated, graph, backend, comm, true, None).map_err(
                     |e| {
                         TrainError::Cluster(format!(
                             "Model({}) on the emulated GPU: {e}",

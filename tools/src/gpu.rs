@@ -15,6 +15,7 @@ use clap::{Args, ValueEnum};
 use shardc_backend_cpu::CpuBackend;
 use shardc_backend_cuda::cuda::{device_count, CudaDevice};
 use shardc_backend_cuda::emulator::EmulatedDevice;
+use shardc_backend_cuda::nccl::over_host::HostNccl;
 use shardc_backend_cuda::nccl::NcclComm;
 use shardc_backend_cuda::{Device, GpuExecutor};
 use shardc_ir::artifact::Artifact;
@@ -335,6 +336,18 @@ pub fn train_rank(
     let graph: Graph = art.graphs[rank].clone();
     let cluster = comm.clone();
     let mut exec = match a.device.gpu {
+        GpuKind::Emulator if a.device.gpu_comm == GpuComm::Nccl && size > 1 => {
+            // One process per rank: NCCL emulated over the cluster's communicator.
+            let dev =
+                Arc::new(EmulatedDevice::new(64).map_err(|e| anyhow!("--gpu emulator: {e}"))?);
+            let lib = Arc::new(HostNccl::new(dev.clone(), comm.clone()));
+            let nccl = NcclComm::with_library(dev.clone(), lib, comm)
+                .map_err(|e| anyhow!("rank {rank}: NCCL: {e}"))?;
+            if rank == 0 {
+                eprintln!("{size} ranks, collectives through NCCL (emulated over the cluster's communicator)");
+            }
+            GpuExecutor::with_nccl(graph, dev, host_backend(a), Arc::new(nccl))?
+        }
         GpuKind::Emulator => {
             GpuExecutor::with_communicator(graph, emulator()?, host_backend(a), comm)?
         }

@@ -1713,7 +1713,8 @@ pub enum GpuChoice {
 
 /// A rank's executor on a GPU, as a training program needs it: the device opened (probed
 /// first: a missing library is an error naming it), collectives through NCCL bootstrapped
-/// over `comm` when `nccl` (a real GPU and several ranks), else staged through `comm`.
+/// over `comm` when `nccl` and there are several ranks (on the emulated GPU, NCCL emulated
+/// over `comm`: [`crate::nccl::over_host::HostNccl`]), else staged through `comm`.
 /// `local_rank` picks the GPU when the choice does not.
 pub fn gpu_executor(
     choice: GpuChoice,
@@ -1725,8 +1726,14 @@ pub fn gpu_executor(
 ) -> CudaResult<GpuExecutor> {
     match choice {
         GpuChoice::Emulated => {
-            let dev: Arc<dyn Device> = Arc::new(crate::emulator::EmulatedDevice::new(64)?);
+            let emulated = Arc::new(crate::emulator::EmulatedDevice::new(64)?);
+            let dev: Arc<dyn Device> = emulated.clone();
             match comm {
+                Some(c) if nccl && c.size() > 1 => {
+                    let lib = Arc::new(crate::nccl::over_host::HostNccl::new(emulated, c.clone()));
+                    let n = NcclComm::with_library(dev.clone(), lib, c)?;
+                    GpuExecutor::with_nccl(graph, dev, host, Arc::new(n))
+                }
                 Some(c) => GpuExecutor::with_communicator(graph, dev, host, c),
                 None => GpuExecutor::new(graph, dev, host),
             }

@@ -189,12 +189,18 @@ impl EmulatedNccl {
     fn submit(&self, calls: Vec<(Member, NcclCall)>, stream: Stream) -> CudaResult<()> {
         let timeout = self.timeout;
         let work: HostWork = Arc::new(move |dev: &EmulatedDevice| carry_out(dev, &calls, timeout));
-        match stream {
-            Stream::Comm => self.device.run_on_comm_stream(work),
-            Stream::Compute => {
-                self.device.flush_comm(u64::MAX)?;
-                self.device.run_or_record(work)
-            }
+        submit_on(&self.device, work, stream)
+    }
+}
+
+/// Runs `work` (NCCL calls carried out on the host) on `device`'s `stream`, or records it
+/// (see [`EmulatedNccl`]'s `submit`).
+pub(super) fn submit_on(device: &EmulatedDevice, work: HostWork, stream: Stream) -> CudaResult<()> {
+    match stream {
+        Stream::Comm => device.run_on_comm_stream(work),
+        Stream::Compute => {
+            device.flush_comm(u64::MAX)?;
+            device.run_or_record(work)
         }
     }
 }

@@ -153,6 +153,13 @@ pub trait NcclLibrary: Send + Sync {
     /// member `rank`; returns once every member has joined.
     fn init_rank(&self, nranks: usize, id: &UniqueId, rank: usize) -> CudaResult<CommHandle>;
 
+    /// [`NcclLibrary::init_rank`] for the communicator of `group` (the members' global
+    /// ranks, sorted) as member `me`. NCCL needs only the size; a library that carries the
+    /// calls over another communicator needs the members.
+    fn init_group(&self, group: &[usize], id: &UniqueId, me: usize) -> CudaResult<CommHandle> {
+        self.init_rank(group.len(), id, me)
+    }
+
     /// Issues `call` on `comm`, ordered on `stream`.
     fn issue(&self, comm: CommHandle, call: &NcclCall, stream: Stream) -> CudaResult<()>;
 

@@ -19,13 +19,16 @@
 //!
 //! The NCCL calls themselves go through an [`library::NcclLibrary`]: NCCL on a GPU
 //! ([`library::SystemNccl`]), or its emulation between the emulated devices of one process
-//! ([`emulated::EmulatedNccl`]), where CI runs everything above the calls with several ranks.
+//! ([`emulated::EmulatedNccl`]), where CI runs everything above the calls with several ranks,
+//! or between emulated devices of separate processes over the cluster's host communicator
+//! ([`over_host::HostNccl`]: launched workers on the emulated GPU).
 //! NCCL reduces in its algorithms' order, which with three ranks or more need not be member
 //! order: floating-point results may then differ from the host communicators' in the last
 //! bits (the emulation reduces in member order).
 
 pub mod emulated;
 pub mod library;
+pub mod over_host;
 pub mod watchdog;
 
 pub use watchdog::abort_every_communicator;
@@ -279,7 +282,7 @@ impl NcclComm {
             }
             id
         };
-        let comm = self.library.init_rank(group.len(), &id, me)?;
+        let comm = self.library.init_group(group, &id, me)?;
         self.watchdog.register(comm);
         comms.insert(group.to_vec(), comm);
         Ok(comm)
