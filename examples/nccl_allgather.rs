@@ -11,11 +11,14 @@
 //! ```
 //!
 //! `--device-target CPU` gathers with the cluster's own communicator (shared memory, TCP or
-//! MPI), to check a launch on a machine without GPUs. A machine without CUDA gets the probe's
-//! error naming the missing library.
+//! MPI), to check a launch on a machine without GPUs; `--gpu emulator` runs the GPU path on
+//! the emulated GPU, NCCL emulated over the cluster's communicator. A machine without CUDA
+//! gets the probe's error naming the missing library.
 
 use shardc::communication::{self, Communication};
 use shardc::cuda::cuda::{device_count, CudaDevice};
+use shardc::cuda::emulator::EmulatedDevice;
+use shardc::cuda::nccl::over_host::HostNccl;
 use shardc::cuda::nccl::NcclComm;
 use shardc::runtime::{Communicator, InProcessWorld, Tensor};
 use shardc::train::TrainError;
@@ -49,22 +52,36 @@ fn numpy_text(t: &Tensor) -> String {
     format!("[{}]", rows.join(", "))
 }
 
-fn gather(c: &Communication, on_gpu: bool) -> Result<(), TrainError> {
+/// Where the gather runs.
+#[derive(Clone, Copy, PartialEq)]
+enum Target {
+    Cpu,
+    Gpu,
+    EmulatedGpu,
+}
+
+fn gather(c: &Communication, target: Target) -> Result<(), TrainError> {
     let (rank, size) = (c.get_rank(), c.get_group_size());
     let boot: Arc<dyn Communicator> = match c.communicator() {
         Some(comm) => comm.clone(),
         None => InProcessWorld::new(1).remove(0),
     };
-    let comm: Arc<dyn Communicator> = if on_gpu {
-        let err = |e: shardc::cuda::CudaError| TrainError::Cluster(format!("rank {rank}: {e}"));
-        let gpus = device_count().map_err(err)?;
-        if gpus == 0 {
-            return Err(TrainError::Cluster("the CUDA driver sees no GPU".into()));
+    let err = |e: shardc::cuda::CudaError| TrainError::Cluster(format!("rank {rank}: {e}"));
+    let comm: Arc<dyn Communicator> = match target {
+        Target::Gpu => {
+            let gpus = device_count().map_err(err)?;
+            if gpus == 0 {
+                return Err(TrainError::Cluster("the CUDA driver sees no GPU".into()));
+            }
+            let dev = Arc::new(CudaDevice::new(local_rank(rank) % gpus).map_err(err)?);
+            Arc::new(NcclComm::new(dev, boot).map_err(err)?)
         }
-        let dev = Arc::new(CudaDevice::new(local_rank(rank) % gpus).map_err(err)?);
-        Arc::new(NcclComm::new(dev, boot).map_err(err)?)
-    } else {
-        boot
+        Target::EmulatedGpu => {
+            let dev = Arc::new(EmulatedDevice::new(64).map_err(err)?);
+            let lib = Arc::new(HostNccl::new(dev.clone(), boot.clone()));
+            Arc::new(NcclComm::with_library(dev, lib, boot).map_err(err)?)
+        }
+        Target::Cpu => boot,
     };
     let x = Tensor::from_f32(vec![1, 1], vec![rank as f32])
         .ok_or_else(|| TrainError::Mismatch("a (1, 1) tensor holds one value".into()))?;
@@ -78,16 +95,27 @@ fn gather(c: &Communication, on_gpu: bool) -> Result<(), TrainError> {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
-    let on_gpu = match args.iter().position(|a| a == "--device-target") {
-        Some(i) => match args.get(i + 1).map(String::as_str) {
-            Some("GPU") | Some("gpu") => true,
-            Some("CPU") | Some("cpu") => false,
-            other => {
-                eprintln!("error: --device-target must be GPU or CPU, got {other:?}");
-                return ExitCode::from(2);
-            }
-        },
-        None => true,
+    let value = |flag: &str| {
+        let i = args.iter().position(|a| a == flag)?;
+        Some(args.get(i + 1).map_or("", String::as_str))
     };
-    communication::main(|c| gather(c, on_gpu))
+    let mut target = match value("--device-target") {
+        Some("GPU") | Some("gpu") | None => Target::Gpu,
+        Some("CPU") | Some("cpu") => Target::Cpu,
+        Some(other) => {
+            eprintln!("error: --device-target must be GPU or CPU, got {other:?}");
+            return ExitCode::from(2);
+        }
+    };
+    match (value("--gpu"), target) {
+        (None, _) | (Some("cuda"), _) => {}
+        (Some("emulator"), Target::Gpu) => target = Target::EmulatedGpu,
+        (Some(other), _) => {
+            eprintln!(
+                "error: --gpu must be cuda or emulator (with --device-target GPU), got {other:?}"
+            );
+            return ExitCode::from(2);
+        }
+    }
+    communication::main(|c| gather(c, target))
 }

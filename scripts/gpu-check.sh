@@ -220,7 +220,7 @@ resnet50() {
 multi_gpu() {
   local g=$1 s="$bin/shardc" want target=() comm=(--gpu-comm nccl)
   if [ -n "$rehearse" ]; then
-    target=(--device-target CPU)
+    target=(--device-target GPU --gpu emulator)
     comm=(--gpu emulator --gpu-comm nccl)
   fi
   want=$("$python" -c "print('[' + ', '.join('[%d.]' % r for r in range($g)) + ']')")

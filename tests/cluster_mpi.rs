@@ -158,15 +158,22 @@ mod with_mpi {
             .and_then(Path::parent)
             .expect("target/<profile>/deps/..")
             .join("examples/nccl_allgather");
-        let m = mpirun_program(4, &bin, &["--device-target", "CPU"]);
-        let t = text(&m);
-        assert!(m.status.success(), "{t}");
-        assert_eq!(
-            String::from_utf8_lossy(&m.stdout)
-                .matches("[[0.], [1.], [2.], [3.]]")
-                .count(),
-            4,
-            "{t}"
-        );
+        let mut targets = vec![&["--device-target", "CPU"][..]];
+        // NCCL emulated over MPI between the ranks' emulated GPUs.
+        if shardc::cuda::emulator::EmulatedDevice::new(64).is_ok() {
+            targets.push(&["--device-target", "GPU", "--gpu", "emulator"][..]);
+        }
+        for target in targets {
+            let m = mpirun_program(4, &bin, target);
+            let t = text(&m);
+            assert!(m.status.success(), "{target:?}: {t}");
+            assert_eq!(
+                String::from_utf8_lossy(&m.stdout)
+                    .matches("[[0.], [1.], [2.], [3.]]")
+                    .count(),
+                4,
+                "{target:?}: {t}"
+            );
+        }
     }
 }

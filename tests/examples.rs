@@ -418,11 +418,30 @@ fn nccl_allgather_prints_every_rank_id_on_every_rank() {
     let bin = example("nccl_allgather");
     let dir = tmp("allgather");
     let log = dir.join("log");
-    // Without GPUs the cluster's own communicator stands in for NCCL.
-    run(launch(4, &log).arg(&bin).args(["--device-target", "CPU"]));
-    for r in 0..4 {
-        let out = read(&log.join(format!("1/rank.{r}/stdout")));
-        assert_eq!(out.trim(), "[[0.], [1.], [2.], [3.]]", "rank {r}");
+    // Without GPUs the cluster's own communicator stands in for NCCL; on the emulated GPU,
+    // NCCL is emulated over it (one process per rank, as on GPUs).
+    let emulated = shardc::cuda::emulator::EmulatedDevice::new(64).is_ok();
+    for (k, target) in [
+        &["--device-target", "CPU"][..],
+        &["--device-target", "GPU", "--gpu", "emulator"][..],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        if k == 1 && !emulated {
+            eprintln!("SKIP: no emulated GPU here");
+            continue;
+        }
+        let log = log.join(k.to_string());
+        run(launch(4, &log).arg(&bin).args(target));
+        for r in 0..4 {
+            let out = read(&log.join(format!("1/rank.{r}/stdout")));
+            assert_eq!(
+                out.trim(),
+                "[[0.], [1.], [2.], [3.]]",
+                "{target:?}, rank {r}"
+            );
+        }
     }
     if !shardc::cuda::probe::Library::Driver.present() {
         let o = Command::new(&bin).output().expect("runs");
