@@ -182,8 +182,11 @@ fn join_native(env: &ClusterEnv) -> Result<Joined> {
         } else {
             eprintln!("rank {r}: aborting: {reason}");
         }
-        // NCCL kernels waiting for a lost peer would otherwise wait through the exit.
-        shardc_backend_cuda::nccl::abort_every_communicator();
+        // NCCL kernels waiting for a lost peer would otherwise wait through the exit; an
+        // abort that blocks gets 5 s.
+        let _ = shardc_backend_cuda::nccl::abort_every_communicator_within(
+            std::time::Duration::from_secs(5),
+        );
         std::process::exit(1);
     });
     let config = WorkerConfig::from_env(env)?;

@@ -31,7 +31,7 @@ pub mod library;
 pub mod over_host;
 pub mod watchdog;
 
-pub use watchdog::abort_every_communicator;
+pub use watchdog::{abort_every_communicator, abort_every_communicator_within};
 
 use crate::cuda::CudaDevice;
 use crate::device::Device;

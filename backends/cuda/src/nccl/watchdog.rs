@@ -61,6 +61,20 @@ pub fn abort_every_communicator() -> usize {
     dogs.iter().filter(|d| d.fire()).count()
 }
 
+/// [`abort_every_communicator`] on another thread, waiting for it at most `limit` (an abort
+/// that blocks must not keep a failing process from exiting); how many watchdogs fired, or
+/// None where the aborts had not finished by then.
+pub fn abort_every_communicator_within(limit: Duration) -> Option<usize> {
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("nccl-abort".into())
+        .spawn(move || {
+            let _ = done.send(abort_every_communicator());
+        })
+        .ok()?;
+    finished.recv_timeout(limit).ok()
+}
+
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
@@ -333,6 +347,54 @@ mod tests {
         assert_eq!(lib.0.load(Ordering::SeqCst), 3);
         abort_every_communicator();
         assert_eq!(lib.0.load(Ordering::SeqCst), 3);
+        assert_eq!(
+            abort_every_communicator_within(Duration::from_secs(10)),
+            Some(0)
+        );
+    }
+
+    /// An abort that never returns.
+    struct Stuck;
+
+    impl NcclLibrary for Stuck {
+        fn description(&self) -> String {
+            "stuck".into()
+        }
+        fn unique_id(&self) -> CudaResult<UniqueId> {
+            unreachable!()
+        }
+        fn init_rank(&self, _: usize, _: &UniqueId, _: usize) -> CudaResult<CommHandle> {
+            unreachable!()
+        }
+        fn issue(&self, _: CommHandle, _: &NcclCall, _: Stream) -> CudaResult<()> {
+            unreachable!()
+        }
+        fn group_start(&self) -> CudaResult<()> {
+            unreachable!()
+        }
+        fn group_end(&self) -> CudaResult<()> {
+            unreachable!()
+        }
+        fn destroy(&self, _: CommHandle) {}
+        fn abort(&self, _: CommHandle) {
+            loop {
+                std::thread::park();
+            }
+        }
+    }
+
+    #[test]
+    fn a_blocking_abort_does_not_hold_the_caller_past_its_limit() {
+        let _serial = serial();
+        let dog = Watchdog::new(Arc::new(Stuck), Duration::from_secs(60));
+        dog.register(0);
+        let start = Instant::now();
+        assert_eq!(
+            abort_every_communicator_within(Duration::from_millis(200)),
+            None
+        );
+        assert!(start.elapsed() < Duration::from_secs(5));
+        assert!(dog.aborted());
     }
 
     #[test]
