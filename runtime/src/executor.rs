@@ -20,7 +20,7 @@
 //! inputs appear, into one flat buffer per bucket; when the last member is packed, ONE
 //! AllReduce of the flat buffer is submitted and compute goes on. The first node that reads a
 //! member's result waits for that bucket (and only then) and unpacks the member. A bucket that
-//! the last step found with little to hide behind (less than [`INLINE_BUCKET_BELOW`] of
+//! the last step found with little to hide behind (less than `INLINE_BUCKET_BELOW` of
 //! compute between its launch and its first reader, or of its own time) runs on the main
 //! thread instead, when the communication thread is idle: the hand-off would cost more than
 //! the overlap wins. So does every bucket whose communicator says it would take turns with

@@ -5,7 +5,7 @@
 //! seeded with `OnesLike(loss)`. Only values that depend on a weight with `requires_grad`
 //! through differentiable operands and that reach the loss are differentiated; several
 //! contributions to one value are summed with `Add`. Each forward op has its gradient rule in
-//! [`rules`] (MindSpore's gradient kernels where they exist: `ReluGrad`, `Conv2DBackpropInput`,
+//! `rules` (MindSpore's gradient kernels where they exist: `ReluGrad`, `Conv2DBackpropInput`,
 //! `BatchNormGrad`, ...; basic ops elsewhere).
 //!
 //! [`training_graph`] adds the optimizer update ([`Optimizer`]): state parameters named as

@@ -1,7 +1,7 @@
 //! The cluster: MindSpore's dynamic-cluster rendezvous (a scheduler and N workers over TCP),
 //! with a shared token, optional TLS, heartbeats and fault propagation.
 //!
-//! - [`env`]: the environment (`MS_ROLE`, `MS_WORKER_NUM`, `MS_SCHED_HOST`, `MS_SCHED_PORT`,
+//! - [`env`](mod@env): the environment (`MS_ROLE`, `MS_WORKER_NUM`, `MS_SCHED_HOST`, `MS_SCHED_PORT`,
 //!   `OMPI_COMM_WORLD_*`, `PMI_*`, the token, the timeouts) as a [`ClusterEnv`].
 //! - [`frame`]: the control protocol's frames and messages; a pure, fuzzable decoder.
 //! - [`auth`]: the shared [`Token`] and the HMAC-SHA256 challenge-response.

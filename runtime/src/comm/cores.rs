@@ -212,7 +212,7 @@ impl CoreMoves {
 
     /// Moves the calling thread from core `here` to an allowed core that no core in `taken`
     /// is (the cores the other local ranks last ran on), unless it moved within
-    /// [`MIN_MOVE_INTERVAL`]; returns the core it now runs on, or `None` if it stayed.
+    /// `MIN_MOVE_INTERVAL`; returns the core it now runs on, or `None` if it stayed.
     ///
     /// `announce(target)` runs before the move: the peer left behind on `here` runs as soon
     /// as this thread leaves, and must already see that it is alone there (otherwise it too

@@ -52,8 +52,9 @@
 //! `r` the repetition (mixed radix, outermost repeat most significant).
 //!
 //! 1. The order of the whole data set is `P = [0, 1, .., n-1]` without `shuffle`; with
-//!    `shuffle`, `P` is a Fisher–Yates permutation drawn from `ChaCha8Rng::seed_from_u64(seed
-//!    + p)` (wrapping add): for `i` from `n-1` down to `1`, `j = rng.random_range(0..=i)`,
+//!    `shuffle`, `P` is a Fisher–Yates permutation drawn from
+//!    `ChaCha8Rng::seed_from_u64(seed + p)` (wrapping add): for `i` from `n-1` down to `1`,
+//!    `j = rng.random_range(0..=i)`,
 //!    swap `P[i]` and `P[j]`. Every shard draws the same `P`.
 //! 2. Every shard gets `m = ceil(n / K)` rows. The padded order is `P` followed by `P[0],
 //!    P[1], ..` until it has `m * K` entries (global position `g` holds row `P[g % n]`).

@@ -355,7 +355,7 @@ fn solve(cg: &CostGraph, lambda: f64, condition: bool) -> Solved {
     }
 }
 
-/// The work [`condition_on_cut`] may spend, in the unit of [`IMPROVE_BUDGET`] (about two
+/// The work `condition_on_cut` may spend, in the unit of [`IMPROVE_BUDGET`] (about two
 /// seconds of one core here, shared by the threads).
 pub const CUT_BUDGET: usize = 2 * IMPROVE_BUDGET;
 
