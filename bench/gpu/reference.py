@@ -8,7 +8,7 @@ build). Every result is one line of ``key=value`` fields starting with ``ref=``:
         ref=torch gemm precision=f32 n=1024 tflops=19.1 ms=0.112 runs=200
         (precisions f32 with TF32 off, tf32, bf16)
 
-    reference.py train --models mlp,resnet18,transformer --batch 32 [--quick]
+    reference.py train --models mlp,resnet18,transformer --batch 32 [--quick] [--modes eager,compile]
         ref=torch train model=mlp mode=eager step_ms=0.41 steps=200 loss=2.30
         ref=torch train model=mlp mode=compile step_ms=0.30 steps=200 loss=2.30
 
@@ -128,7 +128,7 @@ def train(args):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     for model in args.models:
-        for mode in ("eager", "compile"):
+        for mode in args.modes:
             torch.manual_seed(0)
             net, loss_fn, opt, x, y = train_case(model, args.batch)
             net = net.to(dev)
@@ -176,6 +176,7 @@ def main():
     t.add_argument("--models", type=lambda s: s.split(","), default=["mlp", "resnet18", "transformer"])
     t.add_argument("--batch", type=int, default=32)
     t.add_argument("--quick", action="store_true")
+    t.add_argument("--modes", type=lambda s: s.split(","), default=["eager", "compile"])
     a = p.parse_args()
     if not torch.cuda.is_available():
         emit("ref=error reason=no_cuda_device")

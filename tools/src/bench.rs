@@ -210,7 +210,8 @@ pub struct BenchArgs {
     /// After each training case, print where shardc's time went (per op kind, on stderr).
     #[arg(long)]
     pub stats: bool,
-    /// Training cases: rounds of both sides, alternating (shardc, then the reference); each
+    /// Training cases (CPU and `bench gpu`): rounds of both sides, alternating (shardc, then
+    /// the reference); each
     /// side's figure is its best round's median (default 3; 1 with --quick). This machine's
     /// speed drifts over seconds, and one round may catch one side in a slow phase.
     #[arg(long, value_parser = parse_positive)]
