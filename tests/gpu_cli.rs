@@ -209,6 +209,20 @@ fn free_port() -> u16 {
         .expect("a free port")
 }
 
+/// `shardc launch` of `workers` local workers, logs under `log`, each running `shardc run
+/// ART --steps STEPS --device-target GPU --gpu emulator EXTRA...`.
+fn launch_emulated(workers: usize, log: &Path, art: &Path, steps: &str, extra: &[&str]) -> Command {
+    let n = workers.to_string();
+    let mut c = Command::new(env!("CARGO_BIN_EXE_shardc"));
+    c.args(["launch", "--worker-num", &n, "--local-worker-num", &n])
+        .args(["--master-port", &free_port().to_string()])
+        .args(["--log-dir", log.to_str().unwrap(), "--join", "--"])
+        .args(["shardc", "run", art.to_str().unwrap(), "--steps", steps])
+        .args(["--device-target", "GPU", "--gpu", "emulator"])
+        .args(extra);
+    c
+}
+
 #[test]
 fn launched_workers_on_the_emulated_gpu_print_the_cpu_losses() {
     if !emulator_available() {
@@ -222,31 +236,9 @@ fn launched_workers_on_the_emulated_gpu_print_the_cpu_losses() {
     );
     let reference = shardc(&["run", art.to_str().unwrap(), "--steps", "3"]);
     let log = dir.join("log");
-    let port = free_port().to_string();
-    let o = shardc(&[
-        "launch",
-        "--worker-num",
-        "2",
-        "--local-worker-num",
-        "2",
-        "--master-port",
-        &port,
-        "--log-dir",
-        log.to_str().unwrap(),
-        "--join",
-        "--",
-        "shardc",
-        "run",
-        art.to_str().unwrap(),
-        "--steps",
-        "3",
-        "--device-target",
-        "GPU",
-        "--gpu",
-        "emulator",
-        "--gpu-comm",
-        "host",
-    ]);
+    let o = launch_emulated(2, &log, &art, "3", &["--gpu-comm", "host"])
+        .output()
+        .expect("the launcher runs");
     let rank0 = std::fs::read_to_string(log.join("1/rank.0/stdout")).unwrap_or_default();
     let err0 = std::fs::read_to_string(log.join("1/rank.0/stderr")).unwrap_or_default();
     assert!(o.status.success(), "{}\n{rank0}\n{err0}", text(&o));
@@ -265,29 +257,9 @@ fn launched_workers_on_the_emulated_gpu_print_the_cpu_losses() {
     );
     let reference = shardc(&["run", eight.to_str().unwrap(), "--steps", "3"]);
     let log = dir.join("log8");
-    let port = free_port().to_string();
-    let o = shardc(&[
-        "launch",
-        "--worker-num",
-        "8",
-        "--local-worker-num",
-        "8",
-        "--master-port",
-        &port,
-        "--log-dir",
-        log.to_str().unwrap(),
-        "--join",
-        "--",
-        "shardc",
-        "run",
-        eight.to_str().unwrap(),
-        "--steps",
-        "3",
-        "--device-target",
-        "GPU",
-        "--gpu",
-        "emulator",
-    ]);
+    let o = launch_emulated(8, &log, &eight, "3", &[])
+        .output()
+        .expect("the launcher runs");
     let rank0 = std::fs::read_to_string(log.join("1/rank.0/stdout")).unwrap_or_default();
     let err0 = std::fs::read_to_string(log.join("1/rank.0/stderr")).unwrap_or_default();
     assert!(o.status.success(), "{}\n{rank0}\n{err0}", text(&o));
@@ -317,30 +289,7 @@ fn a_killed_nccl_worker_on_the_emulated_gpu_ends_the_job_naming_its_rank() {
         &["--device-num", "4", "--parallel-mode", "data_parallel"],
     );
     let log = dir.join("log");
-    let port = free_port().to_string();
-    let mut launcher = Command::new(env!("CARGO_BIN_EXE_shardc"))
-        .args([
-            "launch",
-            "--worker-num",
-            "4",
-            "--local-worker-num",
-            "4",
-            "--master-port",
-            &port,
-            "--log-dir",
-            log.to_str().unwrap(),
-            "--join",
-            "--",
-            "shardc",
-            "run",
-            art.to_str().unwrap(),
-            "--steps",
-            "100000000",
-            "--device-target",
-            "GPU",
-            "--gpu",
-            "emulator",
-        ])
+    let mut launcher = launch_emulated(4, &log, &art, "100000000", &[])
         .env("SHARDC_HEARTBEAT_TIMEOUT", "5")
         .stderr(Stdio::piped())
         .spawn()

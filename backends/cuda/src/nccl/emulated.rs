@@ -151,8 +151,67 @@ pub struct EmulatedNccl {
     device: Arc<EmulatedDevice>,
     timeout: Duration,
     comms: Mutex<Vec<Option<Member>>>,
-    /// The calls of the open group, if one is open.
-    group: Mutex<Option<Vec<(Member, NcclCall)>>>,
+    group: OpenGroup<Member>,
+}
+
+/// The calls of an open NCCL group (issued between `ncclGroupStart` and `ncclGroupEnd`), for
+/// both emulations; member `M` is the emulation's view of a communicator.
+pub(super) struct OpenGroup<M>(Mutex<Option<Vec<(M, NcclCall)>>>);
+
+impl<M> OpenGroup<M> {
+    /// No group open.
+    pub(super) fn new() -> OpenGroup<M> {
+        OpenGroup(Mutex::new(None))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Option<Vec<(M, NcclCall)>>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Checks that `call`'s peer or root is one of the communicator's `members`, then adds it
+    /// to the open group (None), or hands it back to be carried out now where none is open.
+    pub(super) fn add(
+        &self,
+        m: M,
+        call: &NcclCall,
+        members: usize,
+    ) -> CudaResult<Option<Vec<(M, NcclCall)>>> {
+        let peer = match call {
+            NcclCall::Send { peer, .. } | NcclCall::Recv { peer, .. } => Some(*peer),
+            NcclCall::Broadcast { root, .. } => Some(*root),
+            _ => None,
+        };
+        if let Some(p) = peer.filter(|&p| p >= members) {
+            return Err(emu(format!(
+                "{}: rank {p} is outside the communicator of {members} members",
+                call.name(),
+            )));
+        }
+        match self.lock().as_mut() {
+            Some(calls) => {
+                calls.push((m, call.clone()));
+                Ok(None)
+            }
+            None => Ok(Some(vec![(m, call.clone())])),
+        }
+    }
+
+    /// `ncclGroupStart` (not nested here).
+    pub(super) fn start(&self) -> CudaResult<()> {
+        let mut group = self.lock();
+        if group.is_some() {
+            return Err(emu("ncclGroupStart inside a group (not nested here)".into()));
+        }
+        *group = Some(Vec::new());
+        Ok(())
+    }
+
+    /// `ncclGroupEnd`: the group's calls.
+    pub(super) fn end(&self) -> CudaResult<Vec<(M, NcclCall)>> {
+        self.lock()
+            .take()
+            .ok_or_else(|| emu("ncclGroupEnd without ncclGroupStart".into()))
+    }
 }
 
 impl EmulatedNccl {
@@ -162,7 +221,7 @@ impl EmulatedNccl {
             device,
             timeout: DEFAULT_TIMEOUT,
             comms: Mutex::new(Vec::new()),
-            group: Mutex::new(None),
+            group: OpenGroup::new(),
         }
     }
 
@@ -285,47 +344,19 @@ impl NcclLibrary for EmulatedNccl {
 
     fn issue(&self, comm: CommHandle, call: &NcclCall, stream: Stream) -> CudaResult<()> {
         let m = self.member(comm)?;
-        let peer = match call {
-            NcclCall::Send { peer, .. } | NcclCall::Recv { peer, .. } => Some(*peer),
-            NcclCall::Broadcast { root, .. } => Some(*root),
-            _ => None,
-        };
-        if let Some(p) = peer.filter(|&p| p >= m.clique.nranks) {
-            return Err(emu(format!(
-                "{}: rank {p} is outside the communicator of {} members",
-                call.name(),
-                m.clique.nranks
-            )));
-        }
-        let mut group = self.group.lock().unwrap_or_else(|p| p.into_inner());
-        match group.as_mut() {
-            Some(calls) => {
-                calls.push((m, call.clone()));
-                Ok(())
-            }
-            None => {
-                drop(group);
-                self.submit(vec![(m, call.clone())], stream)
-            }
+        let members = m.clique.nranks;
+        match self.group.add(m, call, members)? {
+            Some(now) => self.submit(now, stream),
+            None => Ok(()),
         }
     }
 
     fn group_start(&self) -> CudaResult<()> {
-        let mut group = self.group.lock().unwrap_or_else(|p| p.into_inner());
-        if group.is_some() {
-            return Err(emu("ncclGroupStart inside a group (not nested here)".into()));
-        }
-        *group = Some(Vec::new());
-        Ok(())
+        self.group.start()
     }
 
     fn group_end(&self) -> CudaResult<()> {
-        let calls = self
-            .group
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-            .ok_or_else(|| emu("ncclGroupEnd without ncclGroupStart".into()))?;
+        let calls = self.group.end()?;
         if calls.is_empty() {
             return Ok(());
         }

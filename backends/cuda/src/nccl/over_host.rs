@@ -18,7 +18,7 @@
 //! the host communicator says of it. Every wait is bounded by the host communicator's
 //! timeout (`SHARDC_COMM_TIMEOUT`).
 
-use super::emulated::submit_on;
+use super::emulated::{submit_on, OpenGroup};
 use super::library::{CommHandle, NcclCall, NcclLibrary, Stream, UniqueId, ID_BYTES};
 use crate::emulator::{EmulatedDevice, HostWork};
 use crate::error::{CudaError, CudaResult};
@@ -53,8 +53,7 @@ pub struct HostNccl {
     device: Arc<EmulatedDevice>,
     host: Arc<dyn Communicator>,
     comms: Mutex<Vec<Option<Member>>>,
-    /// The calls of the open group, if one is open.
-    group: Mutex<Option<Vec<(Member, NcclCall)>>>,
+    group: OpenGroup<Member>,
 }
 
 impl HostNccl {
@@ -64,7 +63,7 @@ impl HostNccl {
             device,
             host,
             comms: Mutex::new(Vec::new()),
-            group: Mutex::new(None),
+            group: OpenGroup::new(),
         }
     }
 
@@ -128,47 +127,19 @@ impl NcclLibrary for HostNccl {
 
     fn issue(&self, comm: CommHandle, call: &NcclCall, stream: Stream) -> CudaResult<()> {
         let m = self.member(comm)?;
-        let peer = match call {
-            NcclCall::Send { peer, .. } | NcclCall::Recv { peer, .. } => Some(*peer),
-            NcclCall::Broadcast { root, .. } => Some(*root),
-            _ => None,
-        };
-        if let Some(p) = peer.filter(|&p| p >= m.group.len()) {
-            return Err(emu(format!(
-                "{}: rank {p} is outside the communicator of {} members",
-                call.name(),
-                m.group.len()
-            )));
-        }
-        let mut group = self.group.lock().unwrap_or_else(|p| p.into_inner());
-        match group.as_mut() {
-            Some(calls) => {
-                calls.push((m, call.clone()));
-                Ok(())
-            }
-            None => {
-                drop(group);
-                self.submit(vec![(m, call.clone())], stream)
-            }
+        let members = m.group.len();
+        match self.group.add(m, call, members)? {
+            Some(now) => self.submit(now, stream),
+            None => Ok(()),
         }
     }
 
     fn group_start(&self) -> CudaResult<()> {
-        let mut group = self.group.lock().unwrap_or_else(|p| p.into_inner());
-        if group.is_some() {
-            return Err(emu("ncclGroupStart inside a group (not nested here)".into()));
-        }
-        *group = Some(Vec::new());
-        Ok(())
+        self.group.start()
     }
 
     fn group_end(&self) -> CudaResult<()> {
-        let calls = self
-            .group
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-            .ok_or_else(|| emu("ncclGroupEnd without ncclGroupStart".into()))?;
+        let calls = self.group.end()?;
         if calls.is_empty() {
             return Ok(());
         }

@@ -266,9 +266,9 @@ mod tests {
         SERIAL.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Counts aborts; nothing else is called.
+    /// Counts aborts (and, if `.1`, never returns from one); nothing else is called.
     #[derive(Default)]
-    struct Aborts(AtomicUsize);
+    struct Aborts(AtomicUsize, bool);
 
     impl NcclLibrary for Aborts {
         fn description(&self) -> String {
@@ -292,6 +292,11 @@ mod tests {
         fn destroy(&self, _: CommHandle) {}
         fn abort(&self, _: CommHandle) {
             self.0.fetch_add(1, Ordering::SeqCst);
+            if self.1 {
+                loop {
+                    std::thread::park();
+                }
+            }
         }
     }
 
@@ -353,40 +358,11 @@ mod tests {
         );
     }
 
-    /// An abort that never returns.
-    struct Stuck;
-
-    impl NcclLibrary for Stuck {
-        fn description(&self) -> String {
-            "stuck".into()
-        }
-        fn unique_id(&self) -> CudaResult<UniqueId> {
-            unreachable!()
-        }
-        fn init_rank(&self, _: usize, _: &UniqueId, _: usize) -> CudaResult<CommHandle> {
-            unreachable!()
-        }
-        fn issue(&self, _: CommHandle, _: &NcclCall, _: Stream) -> CudaResult<()> {
-            unreachable!()
-        }
-        fn group_start(&self) -> CudaResult<()> {
-            unreachable!()
-        }
-        fn group_end(&self) -> CudaResult<()> {
-            unreachable!()
-        }
-        fn destroy(&self, _: CommHandle) {}
-        fn abort(&self, _: CommHandle) {
-            loop {
-                std::thread::park();
-            }
-        }
-    }
-
     #[test]
     fn a_blocking_abort_does_not_hold_the_caller_past_its_limit() {
         let _serial = serial();
-        let dog = Watchdog::new(Arc::new(Stuck), Duration::from_secs(60));
+        let stuck = Arc::new(Aborts(AtomicUsize::new(0), true));
+        let dog = Watchdog::new(stuck, Duration::from_secs(60));
         dog.register(0);
         let start = Instant::now();
         assert_eq!(
