@@ -153,6 +153,52 @@ fn members_that_disagree_get_errors_naming_both_calls_instead_of_hanging() {
 }
 
 #[test]
+fn members_that_disagree_over_the_host_get_errors_instead_of_hanging() {
+    if !emulator_available() {
+        return;
+    }
+    // As launched workers run NCCL on the emulated GPU: rank 1 reduces 5 elements where rank
+    // 0 reduces 4; the host communicator refuses the pair on both ranks.
+    let boots = shardc::runtime::InProcessWorld::with_timeout(2, Duration::from_secs(20));
+    let results: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = boots
+            .into_iter()
+            .enumerate()
+            .map(|(rank, boot)| {
+                s.spawn(move || {
+                    let boot: Arc<dyn Communicator> = boot;
+                    let dev = Arc::new(EmulatedDevice::new(64).expect("device"));
+                    let nccl = HostNccl::new(dev.clone(), boot.clone());
+                    let comm =
+                        NcclComm::with_library(dev.clone(), Arc::new(nccl), boot).expect("joins");
+                    let ty = TensorType::new(DType::Float32, vec![4 + rank]);
+                    let x = upload(dev.as_ref(), &Tensor::zeros(&ty));
+                    let call = CommCall::AllReduce {
+                        group: vec![0, 1],
+                        op: ReduceOp::Sum,
+                    };
+                    let r = comm.run_on_device(&call, Some((x, &ty)), (x, &ty));
+                    r.err().map(|e| e.to_string()).unwrap_or_default()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("joins"))
+            .collect()
+    });
+    for (rank, e) in results.iter().enumerate() {
+        assert!(
+            e.contains("ncclAllReduce")
+                && e.contains("members disagree")
+                && e.contains("<Tensor[Float32], (5)>")
+                && e.contains("<Tensor[Float32], (4)>"),
+            "rank {rank}: {e}"
+        );
+    }
+}
+
+#[test]
 fn a_step_waiting_past_the_timeout_for_a_member_fails_naming_its_collective() {
     if !emulator_available() {
         return;

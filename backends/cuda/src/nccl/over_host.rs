@@ -14,8 +14,8 @@
 //! in-process emulation's.
 //!
 //! Less strict than the in-process emulation: an ungrouped send returns before it is
-//! received (the host communicator buffers it), and members whose calls disagree get what
-//! the host communicator says of it. Every wait is bounded by the host communicator's
+//! received (the host communicator buffers it), and members whose calls disagree get the
+//! host communicator's error (every member, naming both tensors' types, where they differ). Every wait is bounded by the host communicator's
 //! timeout (`SHARDC_COMM_TIMEOUT`).
 
 use super::emulated::{submit_on, OpenGroup};
