@@ -40,7 +40,7 @@ use crate::kernels::{contiguous_strides, DevPtr, KernelArg, Strided};
 use crate::probe::{self, Library};
 use library::{CommHandle, NcclCall, NcclLibrary, Stream, SystemNccl, UniqueId, ID_BYTES};
 use shardc_ir::{DType, ReduceOp, TensorType};
-use shardc_runtime::comm::{check_group, Collective};
+use shardc_runtime::comm::{arguments, check_group, Collective};
 use shardc_runtime::executor::CommCall;
 use shardc_runtime::{CommError, Communicator, Tensor};
 use std::collections::HashMap;
@@ -797,6 +797,25 @@ impl NcclComm {
         r.map_err(fail)
     }
 
+    /// `InvalidArgument` for `collective` on `group` where `reason` says why (the
+    /// runtime's [`arguments`] checks, worded as every communicator words them).
+    fn invalid_if(
+        &self,
+        collective: Collective,
+        group: &[usize],
+        reason: Option<String>,
+    ) -> Result<(), CommError> {
+        match reason {
+            Some(reason) => Err(CommError::InvalidArgument {
+                collective,
+                group: group.to_vec(),
+                rank: self.rank,
+                reason,
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// Stages a collective whose result replaces its input (AllReduce, Broadcast).
     fn staged_in_place(
         &self,
@@ -840,14 +859,11 @@ impl Communicator for NcclComm {
         input: &Tensor,
     ) -> Result<Tensor, CommError> {
         let mut ty = input.ty();
-        if axis >= ty.shape.len() {
-            return Err(CommError::InvalidArgument {
-                collective: Collective::AllGather,
-                group: group.to_vec(),
-                rank: self.rank,
-                reason: format!("axis {axis} is out of range for {ty}"),
-            });
-        }
+        self.invalid_if(
+            Collective::AllGather,
+            group,
+            arguments::axis_out_of_range(&ty, axis, "axis"),
+        )?;
         ty.shape[axis] *= group.len();
         let call = CommCall::AllGather {
             group: group.to_vec(),
@@ -864,17 +880,9 @@ impl Communicator for NcclComm {
         input: &Tensor,
     ) -> Result<Tensor, CommError> {
         let mut ty = input.ty();
-        if axis >= ty.shape.len() || ty.shape[axis] % group.len().max(1) != 0 {
-            return Err(CommError::InvalidArgument {
-                collective: Collective::ReduceScatter,
-                group: group.to_vec(),
-                rank: self.rank,
-                reason: format!(
-                    "axis {axis} of {ty} does not split into {} parts",
-                    group.len()
-                ),
-            });
-        }
+        let invalid = arguments::axis_out_of_range(&ty, axis, "axis")
+            .or_else(|| arguments::not_divisible(&ty, axis, group.len(), "axis"));
+        self.invalid_if(Collective::ReduceScatter, group, invalid)?;
         ty.shape[axis] /= group.len();
         let call = CommCall::ReduceScatter {
             group: group.to_vec(),
@@ -893,17 +901,10 @@ impl Communicator for NcclComm {
     ) -> Result<Tensor, CommError> {
         let mut ty = input.ty();
         let g = group.len().max(1);
-        if split_dim >= ty.shape.len()
-            || concat_dim >= ty.shape.len()
-            || ty.shape[split_dim] % g != 0
-        {
-            return Err(CommError::InvalidArgument {
-                collective: Collective::AllToAll,
-                group: group.to_vec(),
-                rank: self.rank,
-                reason: format!("{ty} does not split along {split_dim} into {g} parts"),
-            });
-        }
+        let invalid = arguments::axis_out_of_range(&ty, split_dim, "split_dim")
+            .or_else(|| arguments::axis_out_of_range(&ty, concat_dim, "concat_dim"))
+            .or_else(|| arguments::not_divisible(&ty, split_dim, group.len(), "split_dim"));
+        self.invalid_if(Collective::AllToAll, group, invalid)?;
         ty.shape[split_dim] /= g;
         ty.shape[concat_dim] *= g;
         let call = CommCall::AllToAll {
