@@ -13,7 +13,7 @@
 //! 16 trains the same 50-layer structure at a size a laptop runs in seconds),
 //! `--num-samples N` (at most N images per rank and epoch), `--checkpoint-dir DIR`
 //! (ModelCheckpoint every epoch's end into `DIR/{rank_id}/`), `--data-path DIR` (instead of `DATA_PATH`),
-//! `--device-target CPU|GPU` (the GPU tutorial's `set_context(device_target="GPU")`: one GPU per
+//! `--learning-rate 0.01` (Momentum's, momentum 0.9), `--device-target CPU|GPU` (the GPU tutorial's `set_context(device_target="GPU")`: one GPU per
 //! rank, the rank on its host modulo the GPUs, gradients through NCCL; `GPU-emulated` runs the
 //! CUDA backend's kernels on the host).
 
@@ -37,6 +37,7 @@ struct Config {
     image_size: usize,
     width_divisor: usize,
     num_samples: Option<usize>,
+    learning_rate: f64,
     checkpoint_dir: Option<PathBuf>,
     device_target: DeviceTarget,
 }
@@ -52,6 +53,7 @@ fn config() -> Result<Config, TrainError> {
         image_size: 224,
         width_divisor: 1,
         num_samples: None,
+        learning_rate: 0.01,
         checkpoint_dir: None,
         device_target: DeviceTarget::Cpu,
     };
@@ -68,6 +70,14 @@ fn config() -> Result<Config, TrainError> {
             "--image-size" => c.image_size = num(value()?, &a)?,
             "--width-divisor" => c.width_divisor = num(value()?, &a)?,
             "--num-samples" => c.num_samples = Some(num(value()?, &a)?),
+            "--learning-rate" => {
+                let v = value()?;
+                c.learning_rate = v
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|lr| lr.is_finite() && *lr >= 0.0)
+                    .ok_or_else(|| bad(format!("{a} {v}: expected a finite number >= 0")))?;
+            }
             "--checkpoint-dir" => c.checkpoint_dir = Some(PathBuf::from(value()?)),
             "--data-path" => c.data_path = PathBuf::from(value()?),
             "--device-target" => c.device_target = value()?.parse()?,
@@ -120,7 +130,7 @@ fn train_resnet50_with_cifar10(comm: &Communication) -> Result<(), TrainError> {
     let dataset = create_dataset(&c, comm, 1)?;
     let net = ResNet50::new(10).width_divisor(c.width_divisor);
     let loss = SoftmaxCrossEntropyExpand::new(true);
-    let opt = Momentum::new(0.01, 0.9);
+    let opt = Momentum::new(c.learning_rate, 0.9);
     let context = ParallelContext {
         parallel_mode: ParallelMode::DataParallel,
         gradients_mean: true,

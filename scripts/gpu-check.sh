@@ -146,9 +146,9 @@ same_losses() { # NAME STEPS ART EXTRA...
 
 compare_losses() { # CPU_LOG GPU_LOG [TOL [LATER_TOL]]: the ", loss is X" lines agree to TOL
   # (default 1e-5; LATER_TOL, default TOL, for every loss after the first), relative to
-  # max(|x|, 1)
+  # max(|x|, 1); every GPU loss is finite (LATER_TOL `inf`: finite is all the later ones need)
   "$python" - "$1" "$2" "${3:-1e-5}" "${4:-${3:-1e-5}}" << 'EOF'
-import sys
+import math, sys
 def losses(p):
     return [float(l.split(", loss is ")[1]) for l in open(p) if ", loss is " in l]
 a, b = losses(sys.argv[1]), losses(sys.argv[2])
@@ -156,7 +156,7 @@ print("cpu", a)
 print("gpu", b)
 tols = [float(sys.argv[3])] + [float(sys.argv[4])] * max(len(a) - 1, 0)
 ok = len(a) == len(b) > 0 and all(
-    abs(x - y) <= t * max(abs(x), 1.0) for x, y, t in zip(a, b, tols)
+    math.isfinite(y) and abs(x - y) <= t * max(abs(x), 1.0) for x, y, t in zip(a, b, tols)
 )
 print("same losses" if ok else "LOSSES DIFFER")
 sys.exit(0 if ok else 1)
@@ -195,23 +195,32 @@ conv_suite_on_cudnn() {
 resnet50() {
   local data="$work/cifar" batch images size divisor
   read -r batch images size divisor <<< "$resnet_shape"
-  "$bin/shardc" data synth --format cifar10 --out "$data" --images 256 &&
+  "$bin/shardc" data synth --format cifar10 --out "$data" --images 256 || return 1
+  # RUN LR IMAGES: the example on the CPU and on the GPU, logs resnet50.RUN.{CPU,GPU}.
+  r50() {
     for target in CPU "$resnet_gpu"; do
-      "$bin/resnet50_distributed_training" --data-path "$data" \
-        --device-target "$target" --epochs 1 --batch-size "$batch" --num-samples "$images" \
-        --image-size "$size" --width-divisor "$divisor" > "$work/resnet50.$target" 2>&1 || {
-        cat "$work/resnet50.$target"
+      "$bin/resnet50_distributed_training" --data-path "$data" --device-target "$target" \
+        --epochs 1 --batch-size "$batch" --num-samples "$3" --image-size "$size" \
+        --width-divisor "$divisor" --learning-rate "$2" > "$work/resnet50.$1.$target" 2>&1 || {
+        cat "$work/resnet50.$1.$target"
         return 1
       }
-    done &&
-    cat "$work/resnet50.$resnet_gpu" &&
-    # The first loss to 1e-4 (the forward of 50 layers; tests/cuda_conv_emulated.rs compares
-    # it so too), the later ones to 1e-2: they follow updates of a net that amplifies rounding
-    # (an H200 gave 2.8082628 then 2.219419 where the CPU gave 2.8082635 then 2.222806; on the
-    # CPU alone, changing ResNet-18's weights by 1e-7 moves its next loss by 2e-4 and the one
-    # after by 2e-2). The kernels are compared one by one in steps 3 and 4, and
-    # tests/cuda_gpu.rs compares ResNet-18 step by step from the same weights.
-    compare_losses "$work/resnet50.CPU" "$work/resnet50.$resnet_gpu" 1e-4 1e-2
+    done
+    cat "$work/resnet50.$1.$resnet_gpu"
+  }
+  # The tutorial's learning rate: the first loss to 1e-4 (the forward of 50 layers;
+  # tests/cuda_conv_emulated.rs compares it so too); the later ones need only be finite. After
+  # an update at 0.01 they cannot be compared: on the CPU alone, one pixel's lowest bit moves
+  # the second loss by 3 % (2.249 to 2.175), and the GPU's rounding moved it by up to 4 %
+  # (an H200: 2.219 where the CPU gave 2.223; an H100: 2.310; the emulated GPU: 2.321). The
+  # kernels are compared one by one in steps 3 and 4, and tests/cuda_gpu.rs compares
+  # ResNet-18 step by step from the same weights.
+  r50 tutorial 0.01 "$images" &&
+    compare_losses "$work/resnet50.tutorial.CPU" "$work/resnet50.tutorial.$resnet_gpu" 1e-4 inf &&
+    # Learning rate 0: every step the forward of a new batch through the data pipeline, the
+    # recorded step replayed on new inputs, every loss to 1e-4.
+    r50 frozen 0 "$((2 * images))" &&
+    compare_losses "$work/resnet50.frozen.CPU" "$work/resnet50.frozen.$resnet_gpu" 1e-4 1e-4
 }
 
 # NCCL with a rank on each of the GPUs: the sanity program, then the quickstart net and the
@@ -250,7 +259,7 @@ multi_gpu() {
     cat "$work/dp-launch/1/rank.0/stdout" &&
     compare_losses "$work/dp.cpu" "$work/dp-launch/1/rank.0/stdout" || return 1
   # The ResNet-50 example on up to 4 launched ranks, on the CPU and on the GPUs: the first
-  # loss to 1e-4, the later ones to 1e-2 (as step 07).
+  # loss to 1e-4, the later ones finite (as step 07).
   local r=$((g < 4 ? g : 4)) data="$work/cifar-mg" batch images size divisor target
   read -r batch images size divisor <<< "$resnet_shape"
   "$s" data synth --format cifar10 --out "$data" --images 256 || return 1
@@ -262,7 +271,7 @@ multi_gpu() {
       --width-divisor "$divisor" || return 1
   done
   cat "$work/r50-$resnet_gpu/1/rank.0/stdout"
-  compare_losses "$work/r50-CPU/1/rank.0/stdout" "$work/r50-$resnet_gpu/1/rank.0/stdout" 1e-4 1e-2
+  compare_losses "$work/r50-CPU/1/rank.0/stdout" "$work/r50-$resnet_gpu/1/rank.0/stdout" 1e-4 inf
 }
 
 export bin work python resnet_gpu resnet_shape gpu_flags rehearse

@@ -274,6 +274,19 @@ fn resnet50_tutorial_script_trains_with_a_scheduler_and_workers_from_ms_variable
         w.contains("nowhere") && w.contains("data_batch_1.bin"),
         "{w}"
     );
+    // A learning rate that is not a finite number >= 0 is named.
+    let lr = Command::new(example("resnet50_distributed_training"))
+        .arg("--data-path")
+        .arg(&data)
+        .args(["--learning-rate", "-0.5"])
+        .output()
+        .expect("runs");
+    assert!(!lr.status.success());
+    assert!(
+        text(&lr).contains("--learning-rate -0.5: expected a finite number >= 0"),
+        "{}",
+        text(&lr)
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -77,5 +77,8 @@ fn the_gpu_check_script_rehearses_on_the_emulated_gpu() {
     assert!(x.success());
     let cli = std::fs::read_to_string(dir.join("logs/06-quickstart-cli.log")).unwrap_or_default();
     assert_eq!(cli.matches("same losses").count(), 3, "{cli}");
+    // The ResNet-50 example twice: at the tutorial's learning rate, and frozen (rate 0).
+    let r50 = std::fs::read_to_string(dir.join("logs/07-resnet50-example.log")).unwrap_or_default();
+    assert_eq!(r50.matches("same losses").count(), 2, "{r50}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -11,6 +11,9 @@ build). Every result is one line of ``key=value`` fields starting with ``ref=``:
     reference.py train --models mlp,resnet18,transformer --batch 32 [--quick] [--modes eager,compile]
         ref=torch train model=mlp mode=eager step_ms=0.41 steps=200 loss=2.30
         ref=torch train model=mlp mode=compile step_ms=0.30 steps=200 loss=2.30
+        (modes: eager; compile, torch.compile; deterministic, eager with
+        torch.backends.cudnn.deterministic = True, cuDNN's deterministic algorithms only, as
+        shardc's convolutions run unless SHARDC_CUDNN_DETERMINISTIC=0)
 
 The models are shardc's benchmark models (``bench/reference.py`` for the MLP and ResNet-18;
 the transformer as ``compiler/src/transformer.rs`` builds it: 2 layers, hidden 256, 4 heads,
@@ -130,6 +133,7 @@ def train(args):
     for model in args.models:
         for mode in args.modes:
             torch.manual_seed(0)
+            torch.backends.cudnn.deterministic = mode == "deterministic"
             net, loss_fn, opt, x, y = train_case(model, args.batch)
             net = net.to(dev)
             opt = type(opt)(net.parameters(), **opt.defaults)
@@ -176,7 +180,12 @@ def main():
     t.add_argument("--models", type=lambda s: s.split(","), default=["mlp", "resnet18", "transformer"])
     t.add_argument("--batch", type=int, default=32)
     t.add_argument("--quick", action="store_true")
-    t.add_argument("--modes", type=lambda s: s.split(","), default=["eager", "compile"])
+    t.add_argument(
+        "--modes",
+        type=lambda s: s.split(","),
+        default=["eager", "compile"],
+        help="eager, compile, deterministic (eager with cuDNN's deterministic algorithms)",
+    )
     a = p.parse_args()
     if not torch.cuda.is_available():
         emit("ref=error reason=no_cuda_device")

@@ -7,9 +7,11 @@
 //! both sides, alternating (3 by default, 1 with `--quick`), each side's figure its best
 //! round's median. Each line prints both figures and the ratio, and in parentheses shardc's step without graph replay (every
 //! kernel launched by the host, as PyTorch eager does); the GPU's name heads the output.
-//! Where convolutions go through cuDNN, ResNet-18 runs twice more: with cuDNN's
-//! non-deterministic algorithms allowed (`resnet18 *`), as PyTorch's reference runs by
-//! default, and with im2col + cuBLAS instead of cuDNN (`resnet18 +`). With `--stats`, each model's
+//! Where convolutions go through cuDNN, ResNet-18's rows compare like with like: shardc's
+//! default keeps to cuDNN's deterministic algorithms (`resnet18 =`), against PyTorch eager with
+//! `torch.backends.cudnn.deterministic = True`; with non-deterministic algorithms allowed
+//! (`resnet18 *`) against PyTorch's default; and with im2col + cuBLAS instead of cuDNN
+//! (`resnet18 +`) against PyTorch's default too. With `--stats`, each model's
 //! measured steps are followed by a few profiled ones: the GPU time per op kind. Needs a GPU
 //! (`shardc gpu info`).
 
@@ -228,6 +230,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let mut ours: Vec<(f64, f64, f64)> = vec![(f64::INFINITY, f64::NAN, f64::INFINITY); rows.len()];
     let mut eager: HashMap<String, f64> = HashMap::new();
     let mut compiled: HashMap<String, f64> = HashMap::new();
+    let mut deterministic: HashMap<String, f64> = HashMap::new();
     for round in 0..rounds {
         for (k, (_, convs, graph)) in rows.iter().enumerate() {
             dev.set_deterministic_convolutions(*convs != Convs::AnyAlgorithm);
@@ -258,9 +261,30 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         if args.quick {
             sub.push("--quick");
         }
-        let refs = reference(args, &sub)?;
+        let mut refs = reference(args, &sub)?;
+        if with_cudnn {
+            // shardc's ResNet-18 row keeps to cuDNN's deterministic algorithms: its like is
+            // PyTorch with `torch.backends.cudnn.deterministic = True`.
+            let mut sub = vec![
+                "train",
+                "--models",
+                "resnet18",
+                "--batch",
+                &batch,
+                "--modes",
+                "deterministic",
+            ];
+            if args.quick {
+                sub.push("--quick");
+            }
+            refs.extend(reference(args, &sub)?);
+        }
         for name in models.split(',') {
-            for (mode, best) in [("eager", &mut eager), ("compile", &mut compiled)] {
+            for (mode, best) in [
+                ("eager", &mut eager),
+                ("compile", &mut compiled),
+                ("deterministic", &mut deterministic),
+            ] {
                 if let Some(v) = field(&refs, &[("model", name), ("mode", mode)], "step_ms") {
                     let e = best.entry(name.to_string()).or_insert(f64::INFINITY);
                     *e = e.min(v);
@@ -272,12 +296,19 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         "training step            shardc ms   torch eager ms   ratio   torch.compile ms   goal <= 1.0 x eager   (no graph replay ms)   best of {rounds} alternating round(s)"
     );
     for ((name, convs, _), (ms, loss, launched)) in rows.iter().zip(&ours) {
-        let eager = eager.get(*name).copied();
+        // The deterministic cuDNN row against PyTorch's deterministic cuDNN.
+        let like = if *convs == Convs::Default && with_cudnn && *name == "resnet18" {
+            &deterministic
+        } else {
+            &eager
+        };
+        let eager = like.get(*name).copied();
         let compiled = compiled.get(*name).copied();
         let ratio = eager.map(|e| ms / e);
         println!(
             "{:<12} batch {:<4}     {ms:>9.3}   {:>14}   {:>5}   {:>16}   {:<6}   ({launched:.3}; loss {loss:.4})",
             match convs {
+                Convs::Default if with_cudnn && *name == "resnet18" => "resnet18 =",
                 Convs::Default => *name,
                 Convs::AnyAlgorithm => "resnet18 *",
                 Convs::Im2col => "resnet18 +",
@@ -295,8 +326,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     if with_cudnn {
         println!(
-            "* with cuDNN's non-deterministic algorithms allowed (SHARDC_CUDNN_DETERMINISTIC=0; \
-             PyTorch's default); the other rows keep to deterministic ones"
+            "= cuDNN's deterministic algorithms only on both sides (shardc's default; PyTorch \
+             eager with torch.backends.cudnn.deterministic = True; torch.compile as PyTorch's \
+             default)"
+        );
+        println!(
+            "* with cuDNN's non-deterministic algorithms allowed on both sides \
+             (SHARDC_CUDNN_DETERMINISTIC=0; PyTorch's default)"
         );
         println!("+ convolutions as im2col + cuBLAS (SHARDC_CUDNN=0) instead of cuDNN");
     }
