@@ -458,8 +458,10 @@ pub enum GemmPrecision {
 
 impl CudaDevice {
     /// The median seconds of an `n x n x n` GEMM at `precision` (cuBLAS `GemmEx`), over
-    /// `reps` products after one warm-up, each timed to the stream's completion. For
-    /// `shardc bench gpu`.
+    /// `reps` products after one warm-up, each timed on the GPU between events recorded around
+    /// it and waited for, as `bench/gpu/reference.py` times `torch.matmul`. The inputs are
+    /// random (zeros would let the GPU draw less power and keep higher clocks than PyTorch's
+    /// `randn` inputs). For `shardc bench gpu`.
     pub fn time_gemm(&self, precision: GemmPrecision, n: usize, reps: usize) -> CudaResult<f64> {
         use cublas_sys::cublasComputeType_t::{CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F_FAST_TF32};
         use cublas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT as CUBLAS_GEMM_DEFAULT;
@@ -472,11 +474,14 @@ impl CudaDevice {
         };
         let bytes = n * n * elem;
         let bufs = [self.alloc(bytes)?, self.alloc(bytes)?, self.alloc(bytes)?];
-        // Inputs: zero bytes are valid numbers of both types.
-        let zeros = vec![0u8; bytes];
         let mut result = Ok(());
-        for &b in &bufs[..2] {
-            result = result.and_then(|_| self.upload(b, &zeros));
+        for (seed, &b) in bufs[..2].iter().enumerate() {
+            result = result.and_then(|_| {
+                self.upload(
+                    b,
+                    &gemm_operand(n * n, seed as u64, precision == GemmPrecision::Bf16),
+                )
+            });
         }
         let (alpha, beta) = (1.0f32, 0.0f32);
         let mut samples = Vec::with_capacity(reps);
@@ -484,8 +489,8 @@ impl CudaDevice {
             if result.is_err() {
                 break;
             }
-            let t = std::time::Instant::now();
             result = (|| {
+                let start = self.mark()?;
                 let h = self.current()?;
                 // SAFETY: three n x n device buffers of this element type.
                 unsafe {
@@ -516,11 +521,18 @@ impl CudaDevice {
                     reason: format!("{e:?}"),
                 })?;
                 drop(h);
-                self.synchronize()
+                let end = self.mark()?;
+                self.synchronize()?;
+                let seconds = match (start, end) {
+                    (Some(a), Some(b)) => self.seconds_between(a, b),
+                    _ => Err(CudaError::Other("no timing marks on this device".into())),
+                };
+                self.reset_marks();
+                if i > 0 {
+                    samples.push(seconds?);
+                }
+                Ok(())
             })();
-            if i > 0 {
-                samples.push(t.elapsed().as_secs_f64());
-            }
         }
         for b in bufs {
             self.free(b);
@@ -528,6 +540,30 @@ impl CudaDevice {
         result?;
         samples.sort_by(f64::total_cmp);
         Ok(samples.get(samples.len() / 2).copied().unwrap_or(f64::NAN))
+    }
+}
+
+/// The bytes of a GEMM operand of `count` elements for [`CudaDevice::time_gemm`]: from a fixed
+/// hash of the index and `seed`, a random sign, magnitude in [1/16, 1) and every bit of the
+/// mantissa random (as in PyTorch's `randn` operands), as Float32 or, where `bf16`, BFloat16.
+fn gemm_operand(count: usize, seed: u64, bf16: bool) -> Vec<u8> {
+    let value = |i: usize| {
+        // SplitMix64's finaliser of the index: a well-mixed 64-bit word per element.
+        let mut z = (i as u64 ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            .wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        // Sign bit 63, exponent 2^-1 to 2^-4 from bits 61-62, mantissa from bits 0-22.
+        let exponent = 126 - ((z >> 61) & 3) as u32;
+        f32::from_bits(((z >> 63) as u32) << 31 | exponent << 23 | (z as u32 & 0x7f_ffff))
+    };
+    if bf16 {
+        (0..count)
+            .flat_map(|i| half::bf16::from_f32(value(i)).to_le_bytes())
+            .collect()
+    } else {
+        (0..count).flat_map(|i| value(i).to_le_bytes()).collect()
     }
 }
 
@@ -924,5 +960,42 @@ impl Device for CudaDevice {
             )
         }
         .map_err(driver("cuStreamWaitEvent"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gemm_operand;
+
+    #[test]
+    fn gemm_operands_are_random_values_below_one_of_either_type() {
+        let n = 1 << 16;
+        let f32s: Vec<f32> = gemm_operand(n, 0, false)
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        assert_eq!(f32s.len(), n);
+        assert!(
+            f32s.iter().all(|v| (1.0 / 16.0..1.0).contains(&v.abs())),
+            "a magnitude out of [1/16, 1)"
+        );
+        let mean = f32s.iter().map(|&v| f64::from(v)).sum::<f64>() / n as f64;
+        assert!(mean.abs() < 0.01, "mean {mean}");
+        // Half the signs negative, half the mantissas odd: the low bits toggle too.
+        let count = |f: &dyn Fn(&f32) -> bool| f32s.iter().filter(|v| f(v)).count();
+        for (what, c) in [
+            ("negative", count(&|v| *v < 0.0)),
+            ("odd", count(&|v| v.to_bits() & 1 == 1)),
+        ] {
+            assert!((n * 9 / 20..n * 11 / 20).contains(&c), "{c} of {n} {what}");
+        }
+        // The second operand differs; BFloat16 holds the same values rounded.
+        assert_ne!(gemm_operand(16, 1, false), gemm_operand(16, 0, false));
+        let bf16s = gemm_operand(n, 0, true);
+        assert_eq!(bf16s.len(), 2 * n);
+        for (b, &v) in bf16s.chunks_exact(2).zip(&f32s) {
+            let x = half::bf16::from_le_bytes([b[0], b[1]]).to_f32();
+            assert!((x - v).abs() <= v.abs() / 128.0, "{x} for {v}");
+        }
     }
 }
