@@ -11,7 +11,8 @@
 //! default keeps to cuDNN's deterministic algorithms (`resnet18 =`), against PyTorch eager with
 //! `torch.backends.cudnn.deterministic = True`; with non-deterministic algorithms allowed
 //! (`resnet18 *`) against PyTorch's default; and with im2col + cuBLAS instead of cuDNN
-//! (`resnet18 +`) against PyTorch's default too. With `--stats`, each model's
+//! (`resnet18 +`) against PyTorch's default too. `--models mlp,resnet18` (either or both)
+//! limits the training rows to those models. With `--stats`, each model's
 //! measured steps are followed by a few profiled ones: the GPU time per op kind. Needs a GPU
 //! (`shardc gpu info`).
 
@@ -151,6 +152,25 @@ enum Convs {
     Im2col,
 }
 
+/// The training rows' models: all three, or those `--models` names (the transformer has no
+/// name there: it is measured when `--models` is not given).
+fn gpu_models(chosen: &[TrainModel]) -> Result<Vec<&'static str>> {
+    if chosen.is_empty() {
+        return Ok(vec!["mlp", "resnet18", "transformer"]);
+    }
+    chosen
+        .iter()
+        .map(|m| match m {
+            TrainModel::Mlp | TrainModel::Resnet18 => Ok(m.name()),
+            other => bail!(
+                "shardc bench gpu has no {} row: its models are mlp and resnet18 (--models \
+                 mlp,resnet18), and the transformer when --models is not given",
+                other.name()
+            ),
+        })
+        .collect()
+}
+
 /// Runs the benchmark (see the module doc).
 pub fn run(args: &BenchArgs) -> Result<()> {
     let dev = Arc::new(CudaDevice::new(0).map_err(|e| anyhow!("shardc bench gpu: {e}"))?);
@@ -198,7 +218,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             }
         }
     }
-    let models = "mlp,resnet18,transformer";
+    let names = gpu_models(&args.models)?;
+    let models = names.join(",");
+    let models = models.as_str();
+    let resnet = names.contains(&"resnet18");
     let batch = args.batch.to_string();
     let (warmup, steps) = if args.quick { (3, 20) } else { (10, 100) };
     // Where convolutions go through cuDNN, ResNet-18 again with its non-deterministic
@@ -209,10 +232,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         ("resnet18", Convs::AnyAlgorithm),
         ("resnet18", Convs::Im2col),
     ];
-    let rows: Vec<(&str, Convs, Graph)> = ["mlp", "resnet18", "transformer"]
-        .into_iter()
-        .map(|name| (name, Convs::Default))
-        .chain(extra.into_iter().filter(|_| with_cudnn))
+    let rows: Vec<(&str, Convs, Graph)> = names
+        .iter()
+        .map(|&name| (name, Convs::Default))
+        .chain(extra.into_iter().filter(|_| with_cudnn && resnet))
         .map(|(name, convs)| {
             let graph = match name {
                 "mlp" => TrainModel::Mlp.training_graph(args.batch)?,
@@ -262,7 +285,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             sub.push("--quick");
         }
         let mut refs = reference(args, &sub)?;
-        if with_cudnn {
+        if with_cudnn && resnet {
             // shardc's ResNet-18 row keeps to cuDNN's deterministic algorithms: its like is
             // PyTorch with `torch.backends.cudnn.deterministic = True`.
             let mut sub = vec![
@@ -337,4 +360,20 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         println!("+ convolutions as im2col + cuBLAS (SHARDC_CUDNN=0) instead of cuDNN");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gpu_models;
+    use crate::bench::TrainModel;
+
+    #[test]
+    fn models_select_the_training_rows_and_a_model_without_a_row_is_named() {
+        assert_eq!(gpu_models(&[]).unwrap(), ["mlp", "resnet18", "transformer"]);
+        assert_eq!(gpu_models(&[TrainModel::Resnet18]).unwrap(), ["resnet18"]);
+        let e = gpu_models(&[TrainModel::Mlp, TrainModel::Quickstart])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no quickstart row"), "{e}");
+    }
 }
