@@ -347,7 +347,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             }
         );
     }
-    if with_cudnn {
+    if with_cudnn && resnet {
         println!(
             "= cuDNN's deterministic algorithms only on both sides (shardc's default; PyTorch \
              eager with torch.backends.cudnn.deterministic = True; torch.compile as PyTorch's \
