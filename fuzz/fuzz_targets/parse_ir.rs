@@ -1,7 +1,7 @@
 //! Fuzz target: the text parser never panics; what parses prints and parses back to the same
 //! graph; errors have the `file:line:column: expected ..., found ...` form.
 //!
-//! Seed it with valid files: `mkdir -p corpus/parse_ir && cp ../../shared/models/quickstart.ir corpus/parse_ir/`.
+//! Seed it with valid files, from `fuzz/`: `mkdir -p corpus/parse_ir && cp ../models/quickstart.ir corpus/parse_ir/`.
 
 #![no_main]
 

@@ -3,7 +3,7 @@
 //! A [`Graph`] holds parameters (data inputs and weights), [`Node`]s in execution order and
 //! the returned values. Nodes carry MindSpore op names ([`OpKind`]), attributes ([`Attrs`]),
 //! instance names, scopes and per-op strategies. The text form (see `text`) prints exactly the
-//! grammar of `shared/ir-format.md` and parses it back; the binary form is serde + bincode.
+//! grammar of `docs/ir-format.md` and parses it back; the binary form is serde + bincode.
 //!
 //! This crate imports nothing else of shardc's. Shape rules, verification and every graph
 //! transformation live in `shardc-passes`.

@@ -1,7 +1,7 @@
-//! The text form of a graph: the grammar of MindSpore's IR dumps (`shared/ir-format.md`).
+//! The text form of a graph: the grammar of MindSpore's IR dumps (`docs/ir-format.md`).
 //!
 //! [`print_graph`] writes a graph; [`parse_graph`] reads it back (and reads hand-written files
-//! such as `shared/models/quickstart.ir`). For every graph, `print(parse(print(g)))` equals
+//! such as `models/quickstart.ir`). For every graph, `print(parse(print(g)))` equals
 //! `print(g)`, and `parse(print(g))` equals `g`.
 //!
 //! # Printed form

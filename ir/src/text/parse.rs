@@ -1,4 +1,4 @@
-//! The parser: text in the grammar of `shared/ir-format.md` to a graph.
+//! The parser: text in the grammar of `docs/ir-format.md` to a graph.
 //!
 //! A hand-written recursive-descent parser over a byte cursor. It never panics, recurses only
 //! into nested attribute values (at most [`MAX_NESTING`] deep) and does linear work per input

@@ -1,4 +1,4 @@
-//! The printer: a graph to the text of `shared/ir-format.md`.
+//! The printer: a graph to the text of `docs/ir-format.md`.
 
 use super::{format_float, is_bare_name, is_bare_string, name_text, quote};
 use crate::attr::{Attr, Attrs, Const};
@@ -6,7 +6,7 @@ use crate::graph::{Graph, Init, Node, Operand, Param, ParamKind};
 use crate::types::{ShapeDisplay, TensorType, Type};
 use std::fmt::Write;
 
-/// Prints a graph in the dump grammar of `shared/ir-format.md` (see the module documentation
+/// Prints a graph in the dump grammar of `docs/ir-format.md` (see the module documentation
 /// for the decisions the grammar leaves open). Never panics, even on an invalid graph (an
 /// operand naming a missing parameter prints as `%paraK_"<missing>"`).
 pub fn print_graph(g: &Graph) -> String {

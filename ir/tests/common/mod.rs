@@ -7,15 +7,15 @@ use shardc_ir::{
     Strategy, TensorType, Type,
 };
 
-/// The path of `shared/models/quickstart.ir`.
+/// The path of `models/quickstart.ir`, the tutorial's net written by hand (in the repository).
 pub const QUICKSTART: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../../shared/models/quickstart.ir"
+    "/../models/quickstart.ir"
 );
 
-/// The text of `shared/models/quickstart.ir`.
+/// The text of `models/quickstart.ir`.
 pub fn quickstart_text() -> String {
-    std::fs::read_to_string(QUICKSTART).expect("shared/models/quickstart.ir is readable")
+    std::fs::read_to_string(QUICKSTART).expect("models/quickstart.ir is readable")
 }
 
 fn t(dtype: DType, shape: &[usize]) -> TensorType {
