@@ -260,7 +260,13 @@ fn launch_workers(
         env: vec![("SHARDC_CLUSTER_TOKEN".into(), token)],
     };
     let launched = launcher::start(&opts)?;
-    let outcome = launcher::wait(launched, Duration::from_secs(5));
+    let outcome = launcher::wait(
+        launched,
+        &launcher::WaitOptions {
+            grace: Duration::from_secs(5),
+            ..launcher::WaitOptions::default()
+        },
+    );
     if outcome.status != 0 {
         bail!(
             "the shardc workers failed (status {}):\n{}",

@@ -31,7 +31,10 @@ pub struct LaunchArgs {
     #[arg(long, alias = "log_dir", default_value = ".")]
     pub log_dir: PathBuf,
     /// Wait for every process and exit with the first non-zero status; without it the
-    /// launcher returns once the processes are started (as msrun does).
+    /// launcher returns once the processes are started (as msrun does). A joined launcher
+    /// forwards SIGINT / SIGTERM / SIGHUP to every process it started, kills what still runs
+    /// after SHARDC_KILL_TIMEOUT seconds (default 5), says how each one ended and exits
+    /// 128 + the signal (130, 143); its processes die with it if it is killed.
     #[arg(long, num_args = 0..=1, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
     pub join: Option<bool>,
     /// Seconds to wait for every worker to join the cluster.
@@ -90,6 +93,12 @@ pub fn launch(a: &LaunchArgs) -> Result<i32> {
         program,
         env,
     };
+    // A joined launch owns its job: a stop signal is forwarded to every process, and what
+    // outlives the kill timeout is killed (read first, so a bad value starts nothing).
+    let kill_timeout = launcher::kill_timeout_from_env()?;
+    if opts.join {
+        launcher::catch_stop_signals()?;
+    }
     let launched = launcher::start(&opts)?;
     for l in &launched {
         eprintln!("launch: started {} (pid {})", l.name, l.child.id());
@@ -105,14 +114,24 @@ pub fn launch(a: &LaunchArgs) -> Result<i32> {
         .iter()
         .map(|l| (l.name.clone(), l.stderr_path.clone()))
         .collect();
-    let outcome = launcher::wait(launched, Duration::from_secs(a.grace));
+    let outcome = launcher::wait(
+        launched,
+        &launcher::WaitOptions {
+            grace: Duration::from_secs(a.grace),
+            kill_timeout,
+            ..launcher::WaitOptions::default()
+        },
+    );
     if outcome.status != 0 {
         for line in &outcome.summary {
             eprintln!("launch: {line}");
         }
         // Quote the failed processes' last words.
         for ((name, path), line) in logs.iter().zip(&outcome.summary) {
-            if line.contains("exited with status") && !line.ends_with("status 0") {
+            if outcome.signal.is_none()
+                && line.contains("exited with status")
+                && !line.ends_with("status 0")
+            {
                 for l in launcher::tail(path, 5) {
                     eprintln!("launch: {name}: {l}");
                 }

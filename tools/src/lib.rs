@@ -7,6 +7,7 @@
 
 mod bench;
 pub mod ckpt;
+pub mod closed_output;
 pub mod cluster_run;
 mod commands;
 mod data_cmd;
@@ -76,8 +77,11 @@ pub enum Command {
     Gpu(gpu::GpuArgs),
 }
 
-/// Runs the command line and returns the process exit status (0 success, 1 failure, 2 usage).
+/// Runs the command line and returns the process exit status (0 success, 1 failure, 2 usage,
+/// 141 when standard output was closed under it, 128 + a signal that stopped `launch`).
 pub fn main() -> i32 {
+    // A closed stdout ends every subcommand quietly (`shardc run ART | head -1`).
+    closed_output::install();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
@@ -113,6 +117,7 @@ pub fn main() -> i32 {
     };
     match result {
         Ok(()) => 0,
+        Err(e) if closed_output::is_closed_output(&e) => closed_output::CLOSED_OUTPUT_STATUS,
         Err(e) => {
             eprintln!("error: {}", error_text(&e));
             1

@@ -8,10 +8,7 @@ use shardc_ir::{
 };
 
 /// The path of `models/quickstart.ir`, the tutorial's net written by hand (in the repository).
-pub const QUICKSTART: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../models/quickstart.ir"
-);
+pub const QUICKSTART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../models/quickstart.ir");
 
 /// The text of `models/quickstart.ir`.
 pub fn quickstart_text() -> String {
