@@ -8,7 +8,7 @@
 //! those axes completes. Devices along an axis that neither splits a dimension nor is partial
 //! hold the same block: that is repeated (replicated) computation.
 //!
-//! Worked example (DESIGN.md): 8 devices, `x[16, 32]` with strategy `(2, 4)` under MatMul's
+//! Worked example (docs/design.md): 8 devices, `x[16, 32]` with strategy `(2, 4)` under MatMul's
 //! device matrix `[2, 4, 1]`: tensor map `[2, 1]`; rank 5 sits at `(1, 1, 0)` and holds
 //! `x[8..16, 8..16]`.
 
