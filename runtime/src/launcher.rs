@@ -563,7 +563,13 @@ pub fn wait(mut launched: Vec<Launched>, opts: &WaitOptions) -> LaunchOutcome {
                 if running.len() == 1 { "1 process".to_string() } else { format!("{} processes", running.len()) },
                 fmt_duration(opts.kill_timeout)
             ));
-            for (i, l) in launched.iter().enumerate() {
+            // The workers first, the scheduler last: a worker that loses the scheduler before
+            // its own signal lands aborts on its own, which reads as a failure of its own.
+            let order = (0..launched.len())
+                .filter(|&i| launched[i].name != "scheduler")
+                .chain((0..launched.len()).filter(|&i| launched[i].name == "scheduler"));
+            for i in order {
+                let l = &launched[i];
                 if ended[i].is_none() {
                     l.send(sig);
                     endings[i] = Ending::Forwarded(sig);
