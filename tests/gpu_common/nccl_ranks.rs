@@ -98,6 +98,7 @@ pub const STEPS: u64 = 4;
 pub fn train_both(
     annotated: Graph,
     device_num: usize,
+    mode: Mode,
     alltoall: bool,
     open: OpenRank<'_>,
 ) -> (BTreeSet<String>, String) {
@@ -107,7 +108,7 @@ pub fn train_both(
         &CompileOptions {
             optimizer: Some(opt),
             parallel: Some(ParallelOptions {
-                mode: Mode::SemiAutoParallel,
+                mode,
                 device_num,
                 dataset: DatasetLayout::DataParallel,
                 gradients_mean: true,
@@ -210,6 +211,7 @@ pub fn nccl_ranks_train_as_the_cpu_ranks(
     let (found, s) = train_both(
         zoo::mlp(8, &[12, 16, 16, 4]).expect("mlp"),
         device_num,
+        Mode::DataParallel,
         false,
         open,
     );
@@ -232,7 +234,7 @@ pub fn nccl_ranks_train_as_the_cpu_ranks(
             _ => zoo::mlp(8, &[12, 16, 16, 4]).expect("mlp"),
         };
         annotate(&mut rng, &mut g, device_num);
-        let (found, s) = train_both(g, device_num, seed == 1, open);
+        let (found, s) = train_both(g, device_num, Mode::SemiAutoParallel, seed == 1, open);
         // Rearranged collectives (other axes, AlltoAll) work in the executor's scratch
         // memory: the steps replay too.
         assert!(

@@ -299,11 +299,9 @@ mod tests {
         for r in &results {
             assert!(r.logical_nodes > 2 * 2 * 31, "{r:?}");
             assert!(r.rank0_nodes >= r.logical_nodes, "{r:?}");
-            // At least the mirror AllReduce of the replicated weights' gradients.
-            assert!(
-                r.comm_rank0.get("AllReduce").copied().unwrap_or(0) > 0,
-                "{r:?}"
-            );
+            // Some communication: the gradients of replicated weights are reduced, or the
+            // activations they need gathered, as the plan finds cheaper.
+            assert!(r.comm_rank0.values().sum::<usize>() > 0, "{r:?}");
             assert!(r.comm_all_ranks >= r.devices, "{r:?}");
             let line = r.line(&bench.model);
             assert!(line.contains("ratio_vs_goal="), "{line}");

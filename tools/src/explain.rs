@@ -57,7 +57,7 @@ pub fn decisions_json(p: &ParallelCompiled) -> Value {
                     "compute": c.compute,
                     "memory": c.memory,
                 })).collect::<Vec<_>>(),
-                "searched": matches!(d.source, Source::Searched { .. }),
+                "searched": matches!(d.source, Source::Searched { .. } | Source::Completed { .. }),
         });
         if let (Some(o), Some(e)) = (&d.sharding.out_strategy, entry.as_object_mut()) {
             e.insert("out_strategy".into(), Value::String(o.to_string()));

@@ -77,6 +77,11 @@ struct Conversion {
     edge: Edge,
     /// `edge: producer -> user input k: FROM -> TO`, the comment on each inserted op.
     text: String,
+    /// The conversion whose result this one starts from, instead of the value itself: a
+    /// partial value is completed once, for its first reader, and every other reader converts
+    /// from that completed value, so that all of them see the same sums (sums completed by
+    /// different groups round differently, and `Equal(x, ReduceMax(x))` would then miss).
+    after: Option<usize>,
 }
 
 /// What every edge of the logical graph needs, computed once for all ranks: for each node
@@ -145,6 +150,8 @@ struct EdgeBuilder<'a> {
     /// may be scaled (`gradients_mean` false) and is bucketed by `grad_fusion`.
     by_target: HashMap<((u8, u32), Placement, bool), usize>,
     plans: HashMap<(TensorLayout, TensorLayout, usize), Plan>,
+    /// Per partial value: the conversion that completed it first and the layout it gave.
+    completions: HashMap<(u8, u32), (usize, TensorLayout)>,
 }
 
 impl EdgeBuilder<'_> {
@@ -167,6 +174,11 @@ impl EdgeBuilder<'_> {
         if let Some(&c) = self.by_target.get(&(key, target.clone(), mirror)) {
             return Some(c);
         }
+        // A partial value completed before: convert from what that completion gave.
+        let (have, after) = match self.completions.get(&key) {
+            Some((first, done)) if have.is_partial() && !mirror => (done.clone(), Some(*first)),
+            _ => (have, None),
+        };
         let bytes = self
             .g
             .operand_tensor_type(o)
@@ -194,10 +206,27 @@ impl EdgeBuilder<'_> {
         };
         let id = self.edges.convs.len();
         let text = format!(
-            "edge: {} -> {} input {}: {} -> {}",
-            edge.producer, edge.user, edge.input, have, want
+            "edge: {} -> {} input {}: {} -> {}{}",
+            edge.producer,
+            edge.user,
+            edge.input,
+            have,
+            want,
+            if after.is_some() {
+                " (from the value as completed for its first reader)"
+            } else {
+                ""
+            }
         );
-        self.edges.convs.push(Conversion { plan, edge, text });
+        if have.is_partial() && !mirror {
+            self.completions.insert(key, (id, want));
+        }
+        self.edges.convs.push(Conversion {
+            plan,
+            edge,
+            text,
+            after,
+        });
         self.by_target.insert((key, target, mirror), id);
         Some(id)
     }
@@ -224,6 +253,7 @@ pub fn edges(g: &Graph, a: &Assignment, opts: &ParallelOptions) -> Edges {
         },
         by_target: HashMap::new(),
         plans: HashMap::new(),
+        completions: HashMap::new(),
     };
     for (i, node) in g.nodes.iter().enumerate() {
         let Some(d) = a.decisions[i].as_ref() else {
@@ -331,7 +361,10 @@ impl RankBuilder<'_> {
         let edges = self.edges;
         let c = &edges.convs[conv];
         let (p, edge, edge_text) = (&c.plan, &c.edge, &c.text);
-        let mut x = x;
+        let mut x = match c.after {
+            Some(first) => self.redistribute(x, first)?,
+            None => x,
+        };
         for (k, step) in p.steps.iter().enumerate() {
             self.counter += 1;
             let c = self.counter;

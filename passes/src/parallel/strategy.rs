@@ -41,7 +41,19 @@ pub enum Source {
         /// The op's own predicted seconds: compute plus the communication it takes part in.
         seconds: f64,
     },
-    /// Sharding propagation chose it: the least cost to the named settled neighbours.
+    /// Sharding propagation completed the plan around the fixed ops by solving the cost
+    /// graph ([`complete`]): the op's choice is part of the least predicted step.
+    Completed {
+        /// Whether the solver proved the whole plan optimal under the cost model.
+        exact: bool,
+        /// The op's own predicted seconds: compute plus the communication it takes part in.
+        seconds: f64,
+        /// The neighbour and edge that decided it (where its best alternative would cost the
+        /// most more), for `shardc explain`.
+        decided_by: Option<String>,
+    },
+    /// Breadth-first sharding propagation chose it: the least cost to the named settled
+    /// neighbours.
     Propagated {
         /// The settled neighbours it was weighed against (instance names).
         from: Vec<String>,
@@ -74,6 +86,27 @@ impl std::fmt::Display for Source {
                 },
                 cost.round()
             ),
+            Source::Completed {
+                exact,
+                seconds,
+                decided_by,
+            } => {
+                write!(
+                    f,
+                    "sharding propagation, solved {} with the fixed ops kept: {:.3} us \
+                     predicted (compute + communication)",
+                    if *exact {
+                        "exactly"
+                    } else {
+                        "by dynamic programming (not proven optimal)"
+                    },
+                    seconds * 1e6
+                )?;
+                match decided_by {
+                    Some(d) => write!(f, "; decided by {d}"),
+                    None => Ok(()),
+                }
+            }
             Source::Searched { searcher, seconds } => write!(
                 f,
                 "searched by {searcher}: {:.3} us predicted (compute + communication)",
@@ -575,6 +608,17 @@ fn dataset_layout(
 /// `semi_auto_parallel` and `auto_parallel`): every forward op splits the batch over all
 /// devices, weights stay replicated, and the decision's source says which annotation was
 /// ignored ([`Source::AnnotationIgnored`]).
+///
+/// In `semi_auto_parallel`, and in `auto_parallel` with `sharding_propagation`, the plan is
+/// **completed exactly** ([`complete`]): the ops the user fixed (annotations; in
+/// `semi_auto_parallel` also the batch-split defaults of the forward ops the user wrote) stay
+/// as they are, and every other op (the backward pass, the loss's gradient, and in
+/// `auto_parallel` the unannotated forward ops) is solved by dynamic programming over the
+/// cost graph, so that a backward op takes its forward op's layout where that is cheaper, as
+/// MindSpore's bprop of a distributed operator does. The breadth-first propagation is the
+/// fallback for cost graphs too large to solve ([`COMPLETION_BUDGET`]) and a baseline: the
+/// plan kept is never predicted slower than it (nor, in `auto_parallel`, than the
+/// `semi_auto_parallel` plan of the same annotations).
 pub fn assign(g: &Graph, opts: &ParallelOptions) -> Result<Assignment, ParallelError> {
     let n = g.nodes.len();
     let ignored: Vec<Option<String>> = if opts.mode == Mode::DataParallel {
@@ -596,53 +640,87 @@ pub fn assign(g: &Graph, opts: &ParallelOptions) -> Result<Assignment, ParallelE
     } else {
         g
     };
-    let mut st = State {
-        plan_costs: Default::default(),
-        g,
-        opts,
-        users: g.users(),
-        decisions: vec![None; n],
-        params: vec![None; g.params.len()],
-    };
     // Data inputs.
+    let mut inputs = vec![None; g.params.len()];
     let mut k = 0;
     for (i, p) in g.params.iter().enumerate() {
         if matches!(p.kind, ParamKind::Input) {
-            st.params[i] = Some(dataset_layout(&p.name, &p.ty.shape, k, opts)?);
+            inputs[i] = Some(dataset_layout(&p.name, &p.ty.shape, k, opts)?);
             k += 1;
         }
     }
-    // 0. A searcher decides every op but the weight updates (annotations stay fixed).
-    let mut report = None;
-    if opts.mode == Mode::AutoParallel && opts.search.mode != SearchMode::ShardingPropagation {
-        let problem = Problem::new(g, opts, st.params.clone())?;
-        let found = search::run(&problem, opts.search.mode)?;
-        for (k, (sh, weighed)) in found.shardings.into_iter().zip(found.weighed).enumerate() {
-            let own = weighed
-                .iter()
-                .find(|c| c.strategy == sh.strategy && c.out_strategy == sh.out_strategy)
-                .map_or(0.0, |c| c.compute + c.communication);
-            let source = if problem.fixed[k].is_some() {
-                Source::User
-            } else {
-                Source::Searched {
-                    searcher: found.report.searcher,
-                    seconds: own,
-                }
-            };
-            st.settle(
-                problem.ops[k],
-                Decision {
-                    sharding: sh,
-                    source,
-                    candidates: weighed,
-                },
-            );
+    match opts.mode {
+        Mode::AutoParallel if opts.search.mode != SearchMode::ShardingPropagation => {
+            searched(g, opts, inputs)
         }
-        report = Some(found.report);
+        Mode::DataParallel => propagate(g, opts, inputs, &ignored),
+        _ => {
+            let bfs = propagate(g, opts, inputs.clone(), &ignored)?;
+            complete(g, opts, inputs, bfs)
+        }
     }
+}
+
+impl<'g> State<'g> {
+    fn new(g: &'g Graph, opts: &'g ParallelOptions, inputs: Vec<Option<TensorLayout>>) -> Self {
+        State {
+            plan_costs: Default::default(),
+            g,
+            opts,
+            users: g.users(),
+            decisions: vec![None; g.nodes.len()],
+            params: inputs,
+        }
+    }
+}
+
+/// `auto_parallel` with a searcher: it decides every op but the weight updates (annotations
+/// stay fixed); the updates then follow their weights.
+fn searched(
+    g: &Graph,
+    opts: &ParallelOptions,
+    inputs: Vec<Option<TensorLayout>>,
+) -> Result<Assignment, ParallelError> {
+    let mut st = State::new(g, opts, inputs);
+    let problem = Problem::new(g, opts, st.params.clone())?;
+    let found = search::run(&problem, opts.search.mode)?;
+    for (k, (sh, weighed)) in found.shardings.into_iter().zip(found.weighed).enumerate() {
+        let own = weighed
+            .iter()
+            .find(|c| c.strategy == sh.strategy && c.out_strategy == sh.out_strategy)
+            .map_or(0.0, |c| c.compute + c.communication);
+        let source = if problem.fixed[k].is_some() {
+            Source::User
+        } else {
+            Source::Searched {
+                searcher: found.report.searcher,
+                seconds: own,
+            }
+        };
+        st.settle(
+            problem.ops[k],
+            Decision {
+                sharding: sh,
+                source,
+                candidates: weighed,
+            },
+        );
+    }
+    finish(st, Some(found.report))
+}
+
+/// The breadth-first sharding propagation: annotations and semi-auto defaults first, in
+/// program order, then every other op from its settled neighbours (see the module
+/// documentation).
+fn propagate(
+    g: &Graph,
+    opts: &ParallelOptions,
+    inputs: Vec<Option<TensorLayout>>,
+    ignored: &[Option<String>],
+) -> Result<Assignment, ParallelError> {
+    let mut st = State::new(g, opts, inputs);
     // 1./2. Annotations and semi-auto defaults, in program order.
-    for i in 0..n {
+    for i in 0..g.nodes.len() {
         let node = &g.nodes[i];
         if node.op == OpKind::TupleGetItem || st.decisions[i].is_some() {
             continue;
@@ -674,6 +752,14 @@ pub fn assign(g: &Graph, opts: &ParallelOptions) -> Result<Assignment, ParallelE
             },
         );
     }
+    finish(st, None)
+}
+
+/// Settles every op still open: weight updates follow their weights, the rest propagates
+/// from its settled neighbours; then every parameter without a layout stays whole.
+fn finish(mut st: State<'_>, report: Option<SearchReport>) -> Result<Assignment, ParallelError> {
+    let (g, opts) = (st.g, st.opts);
+    let n = g.nodes.len();
     // 3./4. Propagation.
     loop {
         let mut changed = false;
@@ -777,4 +863,278 @@ pub fn assign(g: &Graph, opts: &ParallelOptions) -> Result<Assignment, ParallelE
         param_layouts,
         search: report,
     })
+}
+
+/// The exact completion solves a cost graph of at most this many entries (candidate pairs of
+/// its edges plus candidates of its nodes); a larger one keeps the breadth-first plan, and
+/// the report says so.
+pub const COMPLETION_BUDGET: usize = 4_000_000;
+
+/// The name sharding propagation reports as its searcher.
+const PROPAGATION: &str = "sharding_propagation";
+
+/// Completes a plan exactly: the ops the user fixed stay (annotations; in
+/// `semi_auto_parallel` also the batch-split defaults of the forward ops the user wrote), the
+/// others are solved by dynamic programming over the cost graph ([`search::dynamic`]). The
+/// breadth-first plan `bfs` is the fallback when the cost graph exceeds
+/// [`COMPLETION_BUDGET`] and a baseline; in `auto_parallel` so is the `semi_auto_parallel`
+/// plan. The plan predicted fastest within the memory limit is kept, and the report says
+/// which and why.
+fn complete(
+    g: &Graph,
+    opts: &ParallelOptions,
+    inputs: Vec<Option<TensorLayout>>,
+    bfs: Assignment,
+) -> Result<Assignment, ParallelError> {
+    let start = std::time::Instant::now();
+    let n = opts.device_num;
+    let semi_auto = opts.mode == Mode::SemiAutoParallel;
+    let problem = Problem::with_fixed(g, opts, inputs.clone(), |node| match &node.in_strategy {
+        Some(s) => sharding(g, node, s, n).map(Some),
+        None if semi_auto && !is_generated(node) => {
+            let s = rules::default_strategy(g, node, n)?;
+            sharding(g, node, &s, n).map(Some)
+        }
+        None => Ok(None),
+    })?;
+    let limit = opts.search.memory_limit();
+    let mut notes = Vec::new();
+    let of = |a: &Assignment| -> Option<Vec<OpSharding>> {
+        problem
+            .ops
+            .iter()
+            .map(|id| a.decisions[id.index()].as_ref().map(|d| d.sharding.clone()))
+            .collect()
+    };
+    // The exact completion, where the cost graph fits the budget.
+    let open = problem.fixed.iter().filter(|f| f.is_none()).count();
+    let mut exact_plan: Option<(Vec<OpSharding>, bool, Vec<Vec<OpSharding>>)> = None;
+    if open > 0 {
+        let cands = problem.all_candidates()?;
+        let size: usize = cands.iter().map(Vec::len).sum::<usize>()
+            + problem
+                .terms
+                .iter()
+                .map(|t| t.ops().iter().map(|&k| cands[k].len()).product::<usize>())
+                .sum::<usize>();
+        if size > COMPLETION_BUDGET {
+            notes.push(format!(
+                "fell back to breadth-first propagation: the cost graph of the {open} open ops \
+                 has {size} entries, over the exact completion's budget of {COMPLETION_BUDGET}"
+            ));
+        } else {
+            let cg = problem.cost_graph(&cands);
+            match search::dynamic::search(&cg, Some(limit)) {
+                Ok(r) => {
+                    notes.extend(r.notes);
+                    let plan = r
+                        .choice
+                        .iter()
+                        .zip(&cands)
+                        .map(|(&c, cs)| cs[c].clone())
+                        .collect();
+                    exact_plan = Some((plan, r.exact, cands));
+                }
+                Err(e) => notes.push(format!(
+                    "the exact completion found no plan ({e}); breadth-first propagation kept"
+                )),
+            }
+        }
+    }
+    // The baselines.
+    let semi = (opts.mode == Mode::AutoParallel
+        && problem.ops.len().saturating_mul(n) <= search::SEMI_AUTO_BASELINE_BUDGET)
+        .then(|| {
+            let o = ParallelOptions {
+                mode: Mode::SemiAutoParallel,
+                ..opts.clone()
+            };
+            assign(g, &o).ok()
+        })
+        .flatten();
+    enum Kept {
+        Exact,
+        BreadthFirst,
+        SemiAuto,
+    }
+    let price = |plan: &[OpSharding]| problem.step_seconds(&plan.iter().collect::<Vec<_>>());
+    let mut options: Vec<(Kept, Vec<OpSharding>, search::problem::Breakdown)> = Vec::new();
+    if let Some((plan, _, _)) = &exact_plan {
+        let b = price(plan);
+        options.push((Kept::Exact, plan.clone(), b));
+    }
+    if let Some(plan) = of(&bfs) {
+        let b = price(&plan);
+        options.push((Kept::BreadthFirst, plan, b));
+    }
+    if let Some(plan) = semi.as_ref().and_then(of) {
+        let b = price(&plan);
+        options.push((Kept::SemiAuto, plan, b));
+    }
+    let fits = options.iter().any(|(_, _, b)| b.memory <= limit);
+    if !fits && !options.is_empty() {
+        notes.push(format!(
+            "no plan fits the memory limit of {limit:.0} bytes per device; the fastest is kept"
+        ));
+    }
+    // The fastest that fits; on a tie the earlier (the exact completion first).
+    let best = options
+        .iter()
+        .enumerate()
+        .filter(|(_, (_, _, b))| !fits || b.memory <= limit)
+        .min_by(|(i, (_, _, a)), (j, (_, _, b))| {
+            let (ta, tb) = (a.seconds(), b.seconds());
+            if (ta - tb).abs() <= 1e-12 * ta.abs().max(tb.abs()) {
+                i.cmp(j)
+            } else {
+                ta.total_cmp(&tb)
+            }
+        })
+        .map(|(i, _)| i);
+    let Some(best) = best else {
+        return Ok(bfs);
+    };
+    let exact_seconds = options
+        .iter()
+        .find(|(k, _, _)| matches!(k, Kept::Exact))
+        .map(|(_, _, b)| b.seconds());
+    let (kept, plan, predicted) = options.swap_remove(best);
+    let mut report = SearchReport {
+        searcher: PROPAGATION,
+        predicted,
+        memory_limit: limit,
+        exact: false,
+        notes,
+        search_seconds: 0.0,
+        searched_ops: open,
+    };
+    let describe = |what: &str| match exact_seconds {
+        Some(e) => format!(
+            "the {what} plan is predicted faster ({:.6} ms) than the exact completion \
+             ({:.6} ms, which counts a conversion that several readers share once per reader) \
+             and was kept",
+            predicted.seconds() * 1e3,
+            e * 1e3
+        ),
+        None => format!("the {what} plan was kept"),
+    };
+    let mut assignment = match kept {
+        Kept::BreadthFirst => {
+            if exact_plan.is_some() {
+                report.notes.push(describe("breadth-first"));
+            }
+            bfs
+        }
+        Kept::SemiAuto => {
+            report.notes.push(describe("semi_auto_parallel"));
+            semi.expect("the semi-auto plan was priced")
+        }
+        Kept::Exact => {
+            let (_, exact, cands) = exact_plan.expect("the exact plan was priced");
+            report.exact = exact;
+            let refs: Vec<&OpSharding> = plan.iter().collect();
+            let weighed = search::weigh(&problem, Some(&cands), &refs);
+            let mut st = State::new(g, opts, inputs);
+            for (k, (sh, weighed)) in plan.iter().zip(weighed).enumerate() {
+                let node = g.node(problem.ops[k]);
+                let source = match &problem.fixed[k] {
+                    Some(_) if node.in_strategy.is_some() => Source::User,
+                    Some(_) => Source::SemiAutoDefault,
+                    None => {
+                        let own = problem.op_breakdown(k, sh, &refs).seconds();
+                        Source::Completed {
+                            exact,
+                            seconds: own,
+                            decided_by: deciding_term(&problem, k, &cands[k], &refs),
+                        }
+                    }
+                };
+                st.settle(
+                    problem.ops[k],
+                    Decision {
+                        sharding: sh.clone(),
+                        source,
+                        candidates: weighed,
+                    },
+                );
+            }
+            finish(st, None)?
+        }
+    };
+    report.search_seconds = start.elapsed().as_secs_f64();
+    assignment.search = Some(report);
+    Ok(assignment)
+}
+
+/// What decided op `k`'s choice in a completed plan: among the terms it takes part in, the
+/// one where its best alternative candidate would cost the most more; `None` where the choice
+/// is its own compute's (or it had no alternative).
+fn deciding_term(
+    p: &Problem<'_>,
+    k: usize,
+    cands: &[OpSharding],
+    choice: &[&OpSharding],
+) -> Option<String> {
+    if cands.len() < 2 || p.ops.len().saturating_mul(cands.len()) > search::EXPLAIN_BUDGET {
+        return None;
+    }
+    let chosen = choice[k];
+    let total = |s: &OpSharding| p.op_breakdown(k, s, choice).seconds();
+    let runner_up = cands
+        .iter()
+        .filter(|s| s.strategy != chosen.strategy || s.out_strategy != chosen.out_strategy)
+        .min_by(|a, b| total(a).total_cmp(&total(b)))?;
+    let with = |s: &OpSharding, t: &search::problem::Term| {
+        p.term_seconds(t, |x| if x == k { s } else { choice[x] })
+    };
+    let (delta, t) = p.op_terms[k]
+        .iter()
+        .map(|&t| {
+            let t = &p.terms[t];
+            (with(runner_up, t) - with(chosen, t), t)
+        })
+        .max_by(|a, b| a.0.total_cmp(&b.0))?;
+    let compute = p.compute_seconds(k, runner_up) - p.compute_seconds(k, chosen);
+    if delta <= 0.0 || compute > delta {
+        return Some(format!(
+            "its own compute: the runner-up {} would compute {:.3} us longer",
+            runner_up.strategy,
+            compute * 1e6
+        ));
+    }
+    use search::problem::Term;
+    let edge = match t {
+        Term::Flow {
+            from,
+            out,
+            to,
+            operand,
+            ..
+        } => format!(
+            "the edge {} result {out} -> {} input {operand}",
+            p.name(*from),
+            p.name(*to)
+        ),
+        Term::SharedWeight { first, to, .. } => format!(
+            "the weight {} shares with {}",
+            if *first == k { "it" } else { p.name(*first) },
+            if *to == k { "it" } else { p.name(*to) }
+        ),
+        Term::IntoWeight { from, first, .. } => match first {
+            Some((f, _)) => format!(
+                "the gradient {} writes into the weight {} lays out",
+                p.name(*from),
+                p.name(*f)
+            ),
+            None => format!("the gradient {} writes into a whole weight", p.name(*from)),
+        },
+        Term::FromInput { param, .. } => {
+            format!("the data input {}", p.g.params[*param].name)
+        }
+    };
+    Some(format!(
+        "{edge}: the runner-up {} would spend {:.3} us more there",
+        runner_up.strategy,
+        delta * 1e6
+    ))
 }

@@ -204,43 +204,7 @@ pub fn run(p: &Problem, mode: SearchMode) -> Result<Searched, ParallelError> {
     let (shardings, notes) = keep_the_better_of_data_parallel(p, shardings, exact, notes, limit);
     let refs: Vec<&OpSharding> = shardings.iter().collect();
     let predicted = p.step_seconds(&refs);
-    let total_cands: usize = cands
-        .as_ref()
-        .map_or(usize::MAX, |c| c.iter().map(Vec::len).sum());
-    let weighed = match &cands {
-        Some(cands) if total_cands <= EXPLAIN_BUDGET => cands
-            .iter()
-            .enumerate()
-            .map(|(k, cs)| {
-                cs.iter()
-                    .map(|s| {
-                        let b = p.op_breakdown(k, s, &refs);
-                        Candidate {
-                            strategy: s.strategy.clone(),
-                            out_strategy: s.out_strategy.clone(),
-                            communication: b.communication,
-                            compute: b.compute,
-                            memory: b.memory,
-                        }
-                    })
-                    .collect()
-            })
-            .collect(),
-        _ => shardings
-            .iter()
-            .enumerate()
-            .map(|(k, s)| {
-                let b = p.op_breakdown(k, s, &refs);
-                vec![Candidate {
-                    strategy: s.strategy.clone(),
-                    out_strategy: s.out_strategy.clone(),
-                    communication: b.communication,
-                    compute: b.compute,
-                    memory: b.memory,
-                }]
-            })
-            .collect(),
-    };
+    let weighed = weigh(p, cands.as_deref(), &refs);
     Ok(Searched {
         shardings,
         weighed,
@@ -254,6 +218,39 @@ pub fn run(p: &Problem, mode: SearchMode) -> Result<Searched, ParallelError> {
             searched_ops: n,
         },
     })
+}
+
+/// Per searched op of `p`: its candidates (`cands`, when given and within
+/// [`EXPLAIN_BUDGET`]; else only the chosen one) weighed against the neighbours of `choice`,
+/// with the seconds and bytes of each (for `shardc explain`).
+pub fn weigh(
+    p: &Problem,
+    cands: Option<&[Vec<OpSharding>]>,
+    choice: &[&OpSharding],
+) -> Vec<Vec<Candidate>> {
+    let weigh_one = |k: usize, s: &OpSharding| {
+        let b = p.op_breakdown(k, s, choice);
+        Candidate {
+            strategy: s.strategy.clone(),
+            out_strategy: s.out_strategy.clone(),
+            communication: b.communication,
+            compute: b.compute,
+            memory: b.memory,
+        }
+    };
+    let total_cands: usize = cands.map_or(usize::MAX, |c| c.iter().map(Vec::len).sum());
+    match cands {
+        Some(cands) if total_cands <= EXPLAIN_BUDGET => cands
+            .iter()
+            .enumerate()
+            .map(|(k, cs)| cs.iter().map(|s| weigh_one(k, s)).collect())
+            .collect(),
+        _ => choice
+            .iter()
+            .enumerate()
+            .map(|(k, s)| vec![weigh_one(k, s)])
+            .collect(),
+    }
 }
 
 /// One op of the cost graph.

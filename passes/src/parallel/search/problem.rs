@@ -30,7 +30,7 @@ use super::super::strategy::{is_generated, like_weight, updated_weight, MAX_SPLI
 use super::super::{ParallelError, ParallelOptions};
 use super::{CostGraph, SearchEdge, SearchNode};
 use shardc_ir::{Graph, NodeId, OpKind, Operand, TensorLayout};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 /// Candidate lists longer than this keep only the strategies that use every device (as
 /// MindSpore's `fully_use_devices`), and then at most this many, in [`rules::candidates`]'
@@ -139,7 +139,8 @@ pub struct Problem<'g> {
     pub ops: Vec<NodeId>,
     /// Per node: its index among the searched ops.
     pub index_of: Vec<Option<usize>>,
-    /// Per searched op: the user's strategy, which the search keeps.
+    /// Per searched op: the sharding the search keeps (the user's strategy, or in
+    /// `semi_auto_parallel` the default of an op the user wrote); `None` for a searched one.
     pub fixed: Vec<Option<OpSharding>>,
     /// Every term.
     pub terms: Vec<Term>,
@@ -222,6 +223,21 @@ impl<'g> Problem<'g> {
         opts: &'g ParallelOptions,
         input_layouts: Vec<Option<TensorLayout>>,
     ) -> Result<Problem<'g>, ParallelError> {
+        Problem::with_fixed(g, opts, input_layouts, |node| match &node.in_strategy {
+            Some(s) => sharding(g, node, s, opts.device_num).map(Some),
+            None => Ok(None),
+        })
+    }
+
+    /// As [`Problem::new`], with `fix` saying which ops the search keeps as they are (and
+    /// with which sharding): the user's annotations, and in `semi_auto_parallel` the
+    /// batch-split defaults of the ops the user wrote.
+    pub fn with_fixed(
+        g: &'g Graph,
+        opts: &'g ParallelOptions,
+        input_layouts: Vec<Option<TensorLayout>>,
+        fix: impl Fn(&shardc_ir::Node) -> Result<Option<OpSharding>, ParallelError>,
+    ) -> Result<Problem<'g>, ParallelError> {
         let mut ops = Vec::new();
         let mut index_of = vec![None; g.nodes.len()];
         for (i, node) in g.nodes.iter().enumerate() {
@@ -233,11 +249,7 @@ impl<'g> Problem<'g> {
         }
         let mut fixed = Vec::with_capacity(ops.len());
         for &n in &ops {
-            let node = g.node(n);
-            fixed.push(match &node.in_strategy {
-                Some(s) => Some(sharding(g, node, s, opts.device_num)?),
-                None => None,
-            });
+            fixed.push(fix(g.node(n))?);
         }
         let users = g.users();
         // Weights: first searched user, other readers, updates.
@@ -638,13 +650,43 @@ impl<'g> Problem<'g> {
     /// there ([`Problem::conversion`]), as the partition makes it once.
     pub fn step_seconds(&self, choice: &[&OpSharding]) -> Breakdown {
         let mut converted = HashSet::new();
+        // A partial result is completed once, for its first reader; the other readers convert
+        // from the layout that completion gave (as the partition does, so that every reader
+        // sees the same sums).
+        let mut completed: HashMap<(usize, usize), TensorLayout> = HashMap::new();
         let communication = self
             .terms
             .iter()
             .map(|t| {
+                let s = match *t {
+                    Term::Flow {
+                        from,
+                        out,
+                        to,
+                        operand,
+                        elem,
+                    } => match (
+                        choice[from].outputs.get(out),
+                        choice[to].inputs.get(operand),
+                    ) {
+                        (Some(have), Some(Some(want))) if have.is_partial() => {
+                            match completed.get(&(from, out)) {
+                                Some(done) => self.comm.seconds(done, want, elem),
+                                None => {
+                                    let s = self.comm.seconds(have, want, elem);
+                                    if s > 0.0 {
+                                        completed.insert((from, out), want.clone());
+                                    }
+                                    s
+                                }
+                            }
+                        }
+                        _ => self.term_seconds(t, |k| choice[k]),
+                    },
+                    _ => self.term_seconds(t, |k| choice[k]),
+                };
                 // A term that costs nothing needs no key: every reader sharing its conversion
                 // would cost nothing too (one value, one placement, one plan).
-                let s = self.term_seconds(t, |k| choice[k]);
                 let first = s == 0.0
                     || self
                         .conversion(t, |k| choice[k])
