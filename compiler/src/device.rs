@@ -113,8 +113,9 @@ impl DeviceDescription {
     /// The names of the presets.
     pub const PRESETS: &'static [&'static str] = &["cpu", "8xh100", "ascend910"];
 
-    /// A preset: `cpu` (one worker process per core of a small x86 host, shared memory
-    /// between them, Ethernet between hosts: the machine class shardc's CI runs on),
+    /// A preset: `cpu` (worker processes on a small x86 host, up to 8 of them sharing its
+    /// memory, as the tutorials run their 8 ranks on one machine; Ethernet between hosts: the
+    /// machine class shardc's CI runs on),
     /// `8xh100` (a DGX-class host: 8 H100 SXM, NVLink 4, 400 Gb/s InfiniBand per GPU) or
     /// `ascend910` (an Atlas 800 host: 8 Ascend 910, HCCS, 100 Gb/s RoCE per NPU). Figures are
     /// vendor peaks derated to what collectives and dense kernels reach; calibrate for real
@@ -123,7 +124,7 @@ impl DeviceDescription {
         let d = match name {
             "cpu" => DeviceDescription {
                 name: "cpu".into(),
-                devices_per_host: 2,
+                devices_per_host: 8,
                 flops: 1.0e11,
                 memory_bytes: 12 << 30,
                 memory_bandwidth_gbs: Some(10.0),

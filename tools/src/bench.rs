@@ -45,6 +45,8 @@ pub mod bench_compile;
 pub mod bench_ddp;
 #[path = "bench_gpu.rs"]
 pub mod bench_gpu;
+#[path = "bench_plans.rs"]
+pub mod bench_plans;
 #[path = "bench_search.rs"]
 pub mod bench_search;
 #[path = "bench_strategies.rs"]
@@ -92,6 +94,9 @@ pub enum BenchWhat {
     /// quickstart net, the MLP and a 2-layer transformer at 2, 4, 8 ranks (see
     /// [`bench_strategies`]).
     Strategies,
+    /// The default modes' plans (semi-auto, sharding propagation) against the full searcher
+    /// and MindSpore's rules, on the quickstart net at two sizes (see [`bench_plans`]).
+    Plans,
 }
 
 /// A model of the training-step benchmark.
@@ -240,6 +245,10 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 25.0)]
     pub bucket_mb: f64,
     /// `calibrate`: where to write the device description.
+    /// `bench plans`: the machine the plans are priced on, a preset (cpu, 8xh100,
+    /// ascend910) or a device description file (default: cpu, as `shardc compile`).
+    #[arg(long)]
+    pub device: Option<String>,
     #[arg(long, default_value = "device.toml")]
     pub device_file: PathBuf,
     /// Untimed warm-up steps of a data-parallel worker (set by the parent).
@@ -272,6 +281,7 @@ impl Default for BenchArgs {
             python: None,
             ranks: 1,
             bucket_mb: 25.0,
+            device: None,
             device_file: PathBuf::from("device.toml"),
             warmup: 0,
             worker_artifact: None,
@@ -309,6 +319,9 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
     }
     if args.what == BenchWhat::Strategies {
         return bench_strategies::run(args);
+    }
+    if args.what == BenchWhat::Plans {
+        return bench_plans::run(args);
     }
     if args.what == BenchWhat::Gpu {
         return bench_gpu::run(args);

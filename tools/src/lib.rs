@@ -17,6 +17,7 @@ pub mod gpu;
 pub mod in_process;
 mod launch;
 mod parallel_args;
+pub mod plan_compare;
 mod verify;
 mod zoo_cmd;
 

@@ -103,21 +103,27 @@ fn memory_size_parser(s: &str) -> Result<u64, ParallelContextError> {
     parse_memory_size(s)
 }
 
+/// The device description `--device NAME` names: a preset, or a device description file (the
+/// `cpu` preset when `None`).
+pub fn device_description(name: Option<&str>) -> anyhow::Result<DeviceDescription> {
+    let name = name.unwrap_or("cpu");
+    if DeviceDescription::PRESETS.contains(&name) {
+        return Ok(DeviceDescription::preset(name)?);
+    }
+    let path = std::path::Path::new(name);
+    if !path.exists() {
+        anyhow::bail!(
+            "--device {name}: neither a preset ({}) nor an existing file",
+            DeviceDescription::PRESETS.join(", ")
+        );
+    }
+    Ok(DeviceDescription::load(path)?)
+}
+
 impl ParallelArgs {
     /// The device description `--device` names (the `cpu` preset by default).
     pub fn device_description(&self) -> anyhow::Result<DeviceDescription> {
-        let name = self.device.as_deref().unwrap_or("cpu");
-        if DeviceDescription::PRESETS.contains(&name) {
-            return Ok(DeviceDescription::preset(name)?);
-        }
-        let path = std::path::Path::new(name);
-        if !path.exists() {
-            anyhow::bail!(
-                "--device {name}: neither a preset ({}) nor an existing file",
-                DeviceDescription::PRESETS.join(", ")
-            );
-        }
-        Ok(DeviceDescription::load(path)?)
+        device_description(self.device.as_deref())
     }
 
     /// The parallel passes' options of `ctx` with `--device`'s machine (`None` for one

@@ -23,7 +23,8 @@
 //!   (charged to the weight's first user), and every result that the backward pass reads
 //!   (charged to the op that produces it).
 
-use super::redistribute::{group, plan, Canon, Step};
+use super::redistribute::{greedy_plan, group, plan, Canon, Step};
+use super::simplify::simplify;
 use shardc_ir::{DType, TensorLayout};
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -101,10 +102,11 @@ pub struct Machine {
 }
 
 impl Default for Machine {
-    /// The `cpu` preset: one worker per core of a small x86 host, shared memory between them.
+    /// The `cpu` preset: worker processes on a small x86 host, up to 8 sharing its memory (as
+    /// the tutorials run their 8 ranks on one machine), Ethernet between hosts.
     fn default() -> Machine {
         Machine {
-            devices_per_host: 2,
+            devices_per_host: 8,
             flops: 1.0e11,
             vector_flops: 2.7e9,
             memory_bandwidth: 1.0e10,
@@ -202,14 +204,33 @@ impl CommCost {
         &self.machine
     }
 
-    /// Seconds to turn a value laid out as `from` into `to` (`elem_bytes` per element).
+    /// Seconds to turn a value laid out as `from` into `to` (`elem_bytes` per element), as
+    /// the partition converts it: the cheapest chain ([`plan`]), simplified. The prediction
+    /// of a plan prices its conversions so.
     pub fn seconds(&self, from: &TensorLayout, to: &TensorLayout, elem_bytes: usize) -> f64 {
+        self.memoised(from, to, elem_bytes, true)
+    }
+
+    /// As [`CommCost::seconds`], by the greedy order of the redistribution planner
+    /// ([`greedy_plan`]): never cheaper than the partition's chain, and fast enough to price
+    /// every pair of candidates a searcher weighs.
+    pub fn estimate(&self, from: &TensorLayout, to: &TensorLayout, elem_bytes: usize) -> f64 {
+        self.memoised(from, to, elem_bytes, false)
+    }
+
+    fn memoised(
+        &self,
+        from: &TensorLayout,
+        to: &TensorLayout,
+        elem_bytes: usize,
+        exact: bool,
+    ) -> f64 {
         if from == to && !from.is_partial() {
             return 0.0;
         }
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
-        (from, to, elem_bytes).hash(&mut h);
+        (from, to, elem_bytes, exact).hash(&mut h);
         let key = h.finish();
         if let Some(&s) = self
             .memo
@@ -219,7 +240,7 @@ impl CommCost {
         {
             return s;
         }
-        let s = self.plan_seconds(from, to, elem_bytes);
+        let s = self.plan_seconds(from, to, elem_bytes, exact);
         self.memo
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -227,8 +248,24 @@ impl CommCost {
         s
     }
 
-    fn plan_seconds(&self, from: &TensorLayout, to: &TensorLayout, elem_bytes: usize) -> f64 {
-        let p = plan(from, to, elem_bytes, self.enable_alltoall);
+    fn plan_seconds(
+        &self,
+        from: &TensorLayout,
+        to: &TensorLayout,
+        elem_bytes: usize,
+        exact: bool,
+    ) -> f64 {
+        let p = if exact {
+            // The plan the partition emits: the planner's chain, simplified.
+            simplify(
+                plan(from, to, elem_bytes, self.enable_alltoall),
+                &from.slice_shape(),
+                elem_bytes,
+                self.enable_alltoall,
+            )
+        } else {
+            greedy_plan(from, to, elem_bytes, self.enable_alltoall)
+        };
         let eb = elem_bytes as f64;
         let bytes = |shape: &[usize]| shape.iter().product::<usize>() as f64 * eb;
         let mut before = Canon::of(from).local_shape();

@@ -189,7 +189,12 @@ impl EdgeBuilder<'_> {
             Some(p) => p.clone(),
             None => {
                 let direct = plan(&have, &want, bytes, self.opts.enable_alltoall);
-                let p = simplify(direct, &have.slice_shape(), bytes);
+                let p = simplify(
+                    direct,
+                    &have.slice_shape(),
+                    bytes,
+                    self.opts.enable_alltoall,
+                );
                 self.plans.insert(pkey, p.clone());
                 p
             }

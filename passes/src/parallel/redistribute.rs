@@ -6,9 +6,10 @@
 //! both the axes `(2, 2, 2)` with ranks numbered row-major, and a tensor dimension is split by
 //! a list of prime axes, major first. Over a common set of prime axes the plan is, in order:
 //!
-//! 1. complete partial values: a partial axis that the target splits dimension 0 by next
-//!    becomes a **ReduceScatter** (MindSpore's scatters dimension 0); the other partial axes
-//!    one **AllReduce** (followed by a slice where the target splits another dimension by it);
+//! 1. complete partial values: a partial axis that the target splits a dimension by next
+//!    becomes a **ReduceScatter** along that dimension (MindSpore's scatters dimension 0 only;
+//!    shardc's takes an `axis`, so no transpose is needed); the other partial axes one
+//!    **AllReduce** (followed by a slice where the target splits a dimension by it);
 //! 2. local **slices** for every split the target adds on an axis the value does not use;
 //! 3. axes that move from one dimension to another: **AllToAll** when enabled, else an
 //!    AllGather followed by a slice;
@@ -317,7 +318,550 @@ impl Builder<'_> {
 
 /// Plans the conversion of a value from layout `from` to layout `to` (same logical shape).
 /// `to` may not be partial. `elem_bytes` sizes the cost.
+///
+/// Over one prime-axis space the plan is the cheapest chain ([`search`]: a shortest path over
+/// the states of the prime axes, each step a collective or a slice the runtime has, cut off
+/// at the cost of the greedy order of the module documentation); the greedy plan is kept when
+/// nothing cheaper exists, when the space is too large to search ([`SEARCH_STATES`]), and
+/// between two different prime-axis spaces.
 pub fn plan(
+    from: &TensorLayout,
+    to: &TensorLayout,
+    elem_bytes: usize,
+    enable_alltoall: bool,
+) -> Plan {
+    let greedy = greedy_plan(from, to, elem_bytes, enable_alltoall);
+    // Nothing to do, or a slice alone (free): nothing is cheaper.
+    if greedy.spaces.len() != 1
+        || greedy.steps.is_empty()
+        || (greedy.steps.len() == 1 && matches!(greedy.steps[0], Step::Slice { .. }))
+    {
+        return greedy;
+    }
+    let (src, dst) = (Canon::of(from), Canon::of(to));
+    match search(&src, &dst, elem_bytes as f64, enable_alltoall, greedy.cost) {
+        Some(p) if p.cost < greedy.cost - 1e-9 => p,
+        _ => greedy,
+    }
+}
+
+/// The shortest-path search gives up past this many states, or this many moves weighed (the
+/// greedy plan is used then): a few milliseconds at most per pair of layouts.
+pub const SEARCH_STATES: usize = 4_096;
+/// See [`SEARCH_STATES`].
+pub const SEARCH_MOVES: usize = 5_000;
+
+/// The most prime axes and tensor dimensions a search handles (the greedy plan beyond).
+const MAX_AXES: usize = 16;
+const MAX_DIMS: usize = 8;
+
+/// Where a prime axis is in a search state: `dim << 4 | position` for an axis splitting a
+/// dimension, or one of these.
+const PARTIAL: u8 = 0xE0;
+const FREE: u8 = 0xF0;
+
+/// A state of the search: per prime axis, where it is. Sixteen bytes, copied and hashed as
+/// one number.
+type Where = [u8; MAX_AXES];
+
+/// One step of a move, allocation-free: the kind and its axes in order.
+#[derive(Clone, Copy)]
+struct Mv {
+    /// 0 AllReduce, 1 ReduceScatter, 2 Slice, 3 AllGather, 4 AllToAll.
+    kind: u8,
+    /// The dimension (ReduceScatter, Slice, AllGather; AllToAll's split dimension).
+    dim: u8,
+    /// AllToAll's concatenated dimension.
+    concat: u8,
+    axes: [u8; MAX_AXES],
+    n: u8,
+}
+
+impl Mv {
+    fn new(kind: u8, dim: u8, concat: u8, axes: &[u8]) -> Mv {
+        let mut a = [0u8; MAX_AXES];
+        a[..axes.len()].copy_from_slice(axes);
+        Mv {
+            kind,
+            dim,
+            concat,
+            axes: a,
+            n: axes.len() as u8,
+        }
+    }
+
+    fn step(&self, op: ReduceOp) -> Step {
+        let axes: Vec<usize> = self.axes[..self.n as usize]
+            .iter()
+            .map(|&a| a as usize)
+            .collect();
+        let dim = self.dim as usize;
+        match self.kind {
+            0 => Step::AllReduce { space: 0, axes, op },
+            1 => Step::ReduceScatter {
+                space: 0,
+                dim,
+                axes,
+                op,
+            },
+            2 => Step::Slice {
+                space: 0,
+                dim,
+                axes,
+            },
+            3 => Step::AllGather {
+                space: 0,
+                dim,
+                axes,
+            },
+            _ => Step::AllToAll {
+                space: 0,
+                split_dim: dim,
+                concat_dim: self.concat as usize,
+                axes,
+            },
+        }
+    }
+}
+
+/// A move of the search: up to two parked slices and a step.
+#[derive(Clone, Copy)]
+struct Move {
+    steps: [Mv; 3],
+    n: u8,
+}
+
+/// The per-dimension axis lists of a state (stack arrays).
+struct Dims {
+    axes: [[u8; MAX_AXES]; MAX_DIMS],
+    lens: [u8; MAX_DIMS],
+}
+
+impl Dims {
+    fn of(w: &Where, naxes: usize) -> Dims {
+        let mut d = Dims {
+            axes: [[0; MAX_AXES]; MAX_DIMS],
+            lens: [0; MAX_DIMS],
+        };
+        for (a, &x) in w.iter().enumerate().take(naxes) {
+            if x < PARTIAL {
+                let (dim, pos) = ((x >> 4) as usize, (x & 15) as usize);
+                d.axes[dim][pos] = a as u8;
+                d.lens[dim] = d.lens[dim].max(pos as u8 + 1);
+            }
+        }
+        d
+    }
+
+    fn get(&self, dim: usize) -> &[u8] {
+        &self.axes[dim][..self.lens[dim] as usize]
+    }
+}
+
+fn key_of(w: &Where) -> u128 {
+    u128::from_le_bytes(*w)
+}
+
+/// A hasher for the search's `u128` keys (the keys are small and distinct; SipHash dominated
+/// the search).
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(5) ^ b as u64).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+        }
+    }
+    fn write_u128(&mut self, v: u128) {
+        let x = (v as u64) ^ ((v >> 64) as u64).rotate_left(29);
+        self.0 = (x ^ (x >> 31)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+/// The cheapest chain from `src` to `dst` (same prime axes; `dst` not partial) under the
+/// planner's pricing (bytes each rank sends on a ring plus [`COLLECTIVE_LATENCY_BYTES`] per
+/// collective), if one costs less than `bound`; `None` otherwise or past [`SEARCH_STATES`]
+/// states or [`SEARCH_MOVES`] moves.
+/// What a dimension shares with the target as a leading run of axes stays; the moves, each
+/// as the runtime runs it (several axes in one collective only in ascending order, as one
+/// ordered group):
+/// - **AllReduce** over a set of partial axes;
+/// - **ReduceScatter** of partial axes that the target splits a dimension by next, along it,
+///   or of other partial axes along any dimension (parked there until gathered);
+/// - **Slice** by free axes the target splits a dimension by next (no communication), or by
+///   one or two free axes along any dimension right before a collective (parked: it moves
+///   less; parking for nothing never pays, so no state is a parked slice alone);
+/// - **AllGather** of a dimension's trailing axes beyond what it shares with the target;
+/// - **AllToAll** (when enabled) moving such trailing axes to any other dimension.
+fn search(src: &Canon, dst: &Canon, eb: f64, enable_alltoall: bool, bound: f64) -> Option<Plan> {
+    use std::collections::{BinaryHeap, HashMap};
+    let primes = &src.primes;
+    let naxes = primes.len();
+    let ndims = dst.dims.len();
+    if naxes > MAX_AXES || ndims > MAX_DIMS {
+        return None;
+    }
+    let place = |dims: &[Vec<usize>], partial: &[usize]| -> Where {
+        let mut w = [FREE; MAX_AXES];
+        for (d, axes) in dims.iter().enumerate() {
+            for (k, &a) in axes.iter().enumerate() {
+                w[a] = ((d as u8) << 4) | k as u8;
+            }
+        }
+        for &a in partial {
+            w[a] = PARTIAL;
+        }
+        w
+    };
+    let keep: Vec<usize> = (0..ndims)
+        .map(|d| {
+            src.dims[d]
+                .iter()
+                .zip(&dst.dims[d])
+                .take_while(|(a, b)| a == b)
+                .count()
+        })
+        .collect();
+    let target: Vec<Vec<u8>> = dst
+        .dims
+        .iter()
+        .map(|ax| ax.iter().map(|&a| a as u8).collect())
+        .collect();
+    let total: f64 = src.shape.iter().product::<usize>() as f64 * eb;
+    let pr = |a: u8| primes[a as usize] as f64;
+    let g = |axes: &[u8]| axes.iter().map(|&a| pr(a)).product::<f64>();
+    let ascending = |axes: &[u8]| axes.windows(2).all(|w| w[0] < w[1]);
+    // The moves out of `w` (its dims `ds`), into `out` as (state, move, cost).
+    let moves = |w: &Where, ds: &Dims, out: &mut Vec<(Where, Mv, f64)>| {
+        let split: f64 = (0..ndims).flat_map(|d| ds.get(d)).map(|&a| pr(a)).product();
+        let sz = total / split;
+        let next = |d: usize| -> Option<&[u8]> {
+            let (cur, want) = (ds.get(d), &target[d]);
+            (cur.len() <= want.len() && want[..cur.len()] == *cur).then(|| &want[cur.len()..])
+        };
+        let divides = |d: usize, extra: &[u8]| -> bool {
+            let s: f64 = ds.get(d).iter().chain(extra).map(|&a| pr(a)).product();
+            src.shape[d] % s as usize == 0
+        };
+        let mut partial = [0u8; MAX_AXES];
+        let mut np = 0;
+        for (a, _) in w.iter().enumerate().take(naxes).filter(|(_, &x)| x == PARTIAL) {
+            partial[np] = a as u8;
+            np += 1;
+        }
+        let partial = &partial[..np];
+        // Sets of partial axes as bit masks over `partial`: all while there are few, else the
+        // whole and each one.
+        let sets: Vec<u32> = if np <= 4 {
+            (1..(1u32 << np)).collect()
+        } else {
+            std::iter::once((1u32 << np) - 1)
+                .chain((0..np).map(|i| 1u32 << i))
+                .collect()
+        };
+        let members = |m: u32| -> ([u8; MAX_AXES], usize) {
+            let mut a = [0u8; MAX_AXES];
+            let mut n = 0;
+            for (i, &x) in partial.iter().enumerate() {
+                if m >> i & 1 == 1 {
+                    a[n] = x;
+                    n += 1;
+                }
+            }
+            (a, n)
+        };
+        for &m in &sets {
+            let (a, n) = members(m);
+            let axes = &a[..n];
+            let gs = g(axes);
+            let mut nw = *w;
+            for &x in axes {
+                nw[x as usize] = FREE;
+            }
+            out.push((
+                nw,
+                Mv::new(0, 0, 0, axes),
+                2.0 * (gs - 1.0) / gs * sz + COLLECTIVE_LATENCY_BYTES,
+            ));
+        }
+        for (d, &kept) in keep.iter().enumerate() {
+            let nx: &[u8] = next(d).unwrap_or(&[]);
+            let len = ds.lens[d] as usize;
+            let put = |nw: &mut Where, axes: &[u8], from: usize| {
+                for (k, &x) in axes.iter().enumerate() {
+                    nw[x as usize] = ((d as u8) << 4) | (from + k) as u8;
+                }
+            };
+            // ReduceScatter: the target's next partial axes (an ascending run), or parked sets.
+            let mut run = 0;
+            while run < nx.len()
+                && w[nx[run] as usize] == PARTIAL
+                && (run == 0 || nx[run - 1] < nx[run])
+            {
+                run += 1;
+            }
+            let mut scatter = |axes: &[u8]| {
+                if !divides(d, axes) {
+                    return;
+                }
+                let mut nw = *w;
+                put(&mut nw, axes, len);
+                let gs = g(axes);
+                out.push((
+                    nw,
+                    Mv::new(1, d as u8, 0, axes),
+                    (gs - 1.0) / gs * sz + COLLECTIVE_LATENCY_BYTES,
+                ));
+            };
+            for k in 1..=run {
+                scatter(&nx[..k]);
+            }
+            for &m in &sets {
+                let (a, n) = members(m);
+                let axes = &a[..n];
+                if ascending(axes) && !nx.starts_with(axes) {
+                    scatter(axes);
+                }
+            }
+            // A slice by the target's next free axes.
+            let mut k = 0;
+            while k < nx.len() && w[nx[k] as usize] == FREE {
+                k += 1;
+            }
+            if k > 0 {
+                let mut nw = *w;
+                put(&mut nw, &nx[..k], len);
+                out.push((nw, Mv::new(2, d as u8, 0, &nx[..k]), SLICE));
+            }
+            // AllGather (or AllToAll) of trailing axes beyond what the dimension keeps.
+            for k in 1..=len.saturating_sub(kept) {
+                let axes = &ds.get(d)[len - k..];
+                if !ascending(axes) {
+                    break;
+                }
+                let gs = g(axes);
+                let mut nw = *w;
+                for &x in axes {
+                    nw[x as usize] = FREE;
+                }
+                out.push((
+                    nw,
+                    Mv::new(3, d as u8, 0, axes),
+                    (gs - 1.0) * sz + COLLECTIVE_LATENCY_BYTES,
+                ));
+                if enable_alltoall {
+                    for e in (0..ndims).filter(|&e| e != d) {
+                        if !divides(e, axes) {
+                            continue;
+                        }
+                        let mut m = nw;
+                        let at = ds.lens[e] as usize;
+                        for (i, &x) in axes.iter().enumerate() {
+                            m[x as usize] = ((e as u8) << 4) | (at + i) as u8;
+                        }
+                        out.push((
+                            m,
+                            Mv::new(4, e as u8, d as u8, axes),
+                            (gs - 1.0) / gs * sz + COLLECTIVE_LATENCY_BYTES,
+                        ));
+                    }
+                }
+            }
+        }
+    };
+    // Parking one free axis `a` on dimension `d` of `w`, if the target does not split `d` by
+    // it next and the split still divides.
+    let park = |w: &Where, ds: &Dims, a: u8, d: usize| -> Option<Where> {
+        let (cur, want) = (ds.get(d), &target[d]);
+        if cur.len() < want.len() && want[..cur.len()] == *cur && want[cur.len()] == a {
+            return None;
+        }
+        let s: f64 = cur.iter().map(|&x| pr(x)).product::<f64>() * pr(a);
+        if src.shape[d] % s as usize != 0 {
+            return None;
+        }
+        let mut nw = *w;
+        nw[a as usize] = ((d as u8) << 4) | cur.len() as u8;
+        Some(nw)
+    };
+    #[derive(PartialEq)]
+    struct Entry(f64, u32);
+    impl Eq for Entry {}
+    impl PartialOrd for Entry {
+        fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+            Some(self.cmp(o))
+        }
+    }
+    impl Ord for Entry {
+        fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+            o.0.total_cmp(&self.0).then_with(|| o.1.cmp(&self.1))
+        }
+    }
+    let start = place(&src.dims, &src.partial);
+    let goal = key_of(&place(&dst.dims, &[]));
+    let mut states: Vec<Where> = vec![start];
+    let mut index: HashMap<u128, u32, std::hash::BuildHasherDefault<KeyHasher>> =
+        HashMap::default();
+    index.insert(key_of(&start), 0);
+    let mut best: Vec<f64> = vec![0.0];
+    let mut came: Vec<Option<(u32, Move)>> = vec![None];
+    let mut heap = BinaryHeap::from([Entry(0.0, 0)]);
+    let mut buf = Vec::new();
+    let mut all: Vec<(Where, Move, f64)> = Vec::new();
+    let mut weighed = 0usize;
+    let found = loop {
+        let Entry(c, i) = heap.pop()?;
+        // Nothing left cheaper than the bound: the greedy plan stands.
+        if c >= bound - 1e-9 {
+            return None;
+        }
+        if c > best[i as usize] {
+            continue;
+        }
+        let here = states[i as usize];
+        if key_of(&here) == goal {
+            break i as usize;
+        }
+        all.clear();
+        let ds = Dims::of(&here, naxes);
+        buf.clear();
+        moves(&here, &ds, &mut buf);
+        let blank = Mv::new(2, 0, 0, &[]);
+        for (n, mv, w) in buf.drain(..) {
+            all.push((
+                n,
+                Move {
+                    steps: [mv, blank, blank],
+                    n: 1,
+                },
+                w,
+            ));
+        }
+        // One or two free axes parked, then a collective.
+        let free: Vec<u8> = (0..naxes as u8)
+            .filter(|&a| here[a as usize] == FREE)
+            .collect();
+        for (fi, &a) in free.iter().enumerate() {
+            for d in 0..ndims {
+                let Some(p1) = park(&here, &ds, a, d) else {
+                    continue;
+                };
+                let s1 = Mv::new(2, d as u8, 0, &[a]);
+                let ds1 = Dims::of(&p1, naxes);
+                let mut seconds: Vec<(Where, [Mv; 2], u8)> = vec![(p1, [s1, blank], 1)];
+                for &b in &free[fi + 1..] {
+                    for e in 0..ndims {
+                        if let Some(p2) = park(&p1, &ds1, b, e) {
+                            seconds.push((p2, [s1, Mv::new(2, e as u8, 0, &[b])], 2));
+                        }
+                    }
+                }
+                for (parked, slices, k) in seconds {
+                    let dp = Dims::of(&parked, naxes);
+                    buf.clear();
+                    moves(&parked, &dp, &mut buf);
+                    for (n, mv, w) in buf.drain(..) {
+                        if mv.kind == 2 {
+                            continue;
+                        }
+                        let mut steps = [slices[0], slices[1], blank];
+                        steps[k as usize] = mv;
+                        all.push((n, Move { steps, n: k + 1 }, w + SLICE * k as f64));
+                    }
+                }
+            }
+        }
+        weighed += all.len();
+        if weighed > SEARCH_MOVES {
+            return None;
+        }
+        for &(n, mv, w) in &all {
+            let nc = c + w;
+            if nc >= bound - 1e-9 {
+                continue;
+            }
+            let key = key_of(&n);
+            let j = match index.get(&key) {
+                Some(&j) => j as usize,
+                None => {
+                    if states.len() >= SEARCH_STATES {
+                        return None;
+                    }
+                    states.push(n);
+                    best.push(f64::INFINITY);
+                    came.push(None);
+                    index.insert(key, (states.len() - 1) as u32);
+                    states.len() - 1
+                }
+            };
+            if nc < best[j] - 1e-9 {
+                best[j] = nc;
+                came[j] = Some((i, mv));
+                heap.push(Entry(nc, j as u32));
+            }
+        }
+    };
+    let mut moves_back = Vec::new();
+    let mut cur = found;
+    while let Some((prev, mv)) = came[cur] {
+        moves_back.push(mv);
+        cur = prev as usize;
+    }
+    let steps: Vec<Step> = moves_back
+        .iter()
+        .rev()
+        .flat_map(|m| m.steps[..m.n as usize].iter().map(|s| s.step(src.op)))
+        .collect();
+    // Shapes and the cost as `plan` prices it (slices free).
+    let mut state = src.clone();
+    let mut shapes = Vec::with_capacity(steps.len());
+    for step in &steps {
+        match step {
+            Step::AllReduce { axes, .. } => state.partial.retain(|a| !axes.contains(a)),
+            Step::ReduceScatter { dim, axes, .. } => {
+                state.partial.retain(|a| !axes.contains(a));
+                state.dims[*dim].extend(axes);
+            }
+            Step::Slice { dim, axes, .. } => state.dims[*dim].extend(axes),
+            Step::AllGather { dim, axes, .. } => {
+                let len = state.dims[*dim].len();
+                state.dims[*dim].truncate(len - axes.len());
+            }
+            Step::AllToAll {
+                split_dim,
+                concat_dim,
+                axes,
+                ..
+            } => {
+                let len = state.dims[*concat_dim].len();
+                state.dims[*concat_dim].truncate(len - axes.len());
+                state.dims[*split_dim].extend(axes);
+            }
+        }
+        shapes.push(state.local_shape());
+    }
+    let slices = steps
+        .iter()
+        .filter(|s| matches!(s, Step::Slice { .. }))
+        .count() as f64;
+    Some(Plan {
+        spaces: vec![primes.clone()],
+        steps,
+        cost: best[found] - slices * SLICE,
+        shapes,
+    })
+}
+
+/// A tiny cost per slice in the search keeps chains from growing for nothing.
+const SLICE: f64 = 1e-3;
+
+/// The greedy plan (see the module documentation): the bound and fallback of [`plan`], the
+/// plan between two different prime-axis spaces, and the searchers' fast estimate.
+pub fn greedy_plan(
     from: &TensorLayout,
     to: &TensorLayout,
     elem_bytes: usize,
@@ -403,10 +947,9 @@ pub fn plan(
         let partial = b.state.partial.clone();
         let mut rs: Vec<(usize, Vec<usize>)> = Vec::new();
         for a in partial {
-            // ReduceScatter splits dimension 0 (MindSpore's op); elsewhere the AllReduce and a
-            // slice are kept.
-            let target = (0..ndims)
-                .find(|&d| d == 0 && to_gather[d] == 0 && to_slice[d].first() == Some(&a));
+            // A ReduceScatter along any dimension (shardc's takes an `axis`; MindSpore's only
+            // scatters dimension 0, and keeps an AllReduce and a slice elsewhere).
+            let target = (0..ndims).find(|&d| to_gather[d] == 0 && to_slice[d].first() == Some(&a));
             match target {
                 Some(d) => {
                     to_slice[d].remove(0);
@@ -553,15 +1096,15 @@ mod tests {
     }
 
     #[test]
-    fn tutorial_matmul_to_relu_is_allreduce_then_slice() {
+    fn tutorial_matmul_to_relu_is_one_reduce_scatter_along_the_columns() {
         // matmul out: dev [2,4,1], map [2, 0], partial over axis 1 (the k axis).
         let from = lay(&[2, 4, 1], &[2, 0], &[16, 16], &[1]);
-        // relu (2, 4): dev [2, 4], map [1, 0].
+        // relu (2, 4): dev [2, 4], map [1, 0]. MindSpore prints AllReduce + StridedSlice
+        // (its ReduceScatter scatters dimension 0 only); shardc's scatters the columns.
         let to = lay(&[2, 4], &[1, 0], &[16, 16], &[]);
         let p = plan(&from, &to, 4, false);
-        assert_eq!(p.steps.len(), 2, "{:?}", p.steps);
-        assert!(matches!(p.steps[0], Step::AllReduce { .. }));
-        assert!(matches!(p.steps[1], Step::Slice { dim: 1, .. }));
+        assert_eq!(p.steps.len(), 1, "{:?}", p.steps);
+        assert!(matches!(p.steps[0], Step::ReduceScatter { dim: 1, .. }));
         assert_eq!(p.shapes.last().unwrap(), &vec![8, 4]);
     }
 

@@ -6,12 +6,19 @@
 //!
 //! - `(sl d a (ag d a x)) => x`: an AllGather followed by a slice of one's own block is
 //!   nothing;
-//! - `(sl 0 a (ar op a x)) => (rs op 0 a x)`: an AllReduce followed by a slice of one's own
-//!   block of dimension 0 is a ReduceScatter (MindSpore's scatters dimension 0);
+//! - `(sl d a (ar op a x)) => (rs op d a x)`: an AllReduce followed by a slice of one's own
+//!   block of any dimension is a ReduceScatter along that dimension (MindSpore's scatters
+//!   dimension 0 only; shardc's takes an `axis`);
 //! - `(sl d a (ar op b x)) => (ar op b (sl d a x))` for `a != b`: ranks that reduce together
 //!   over `b` share their coordinate on `a`, so slicing first is the same and sends less;
 //! - `(ar op a (ar op b x)) => (ar op b (ar op a x))`: reductions over different axes commute
 //!   (which exposes the ReduceScatter above);
+//! - `(rs op d a (ar op b x)) => (ar op b (rs op d a x))` for `a != b`: scattering first
+//!   leaves the AllReduce a smaller buffer;
+//! - with `enable_alltoall`, `(sl e a (ag d a x)) => (a2a1 e d a x)` for `d != e`: gathering
+//!   a dimension over an axis and keeping one's own block of another by the same axis moves
+//!   the split from `d` to `e`, one AllToAll that sends the input's share instead of the
+//!   gathered result's;
 //!
 //! and extraction takes the term that sends the fewest bytes (the sizes come from an e-class
 //! analysis: a slice divides the local size by its axis, a gather multiplies it). Adjacent
@@ -35,6 +42,8 @@ define_language! {
         "ag" = Ag([Id; 3]),
         "sl" = Sl([Id; 3]),
         "a2a" = A2a([Id; 4]),
+        // `(a2a1 SPLIT CONCAT AXIS x)`: an AllToAll over one prime axis.
+        "a2a1" = A2a1([Id; 4]),
         Num(i64),
         Name(Symbol),
     }
@@ -71,7 +80,7 @@ impl Analysis<Chain> for Sizes {
             Chain::Rs([_, _, a, x]) => egraph[*x].data.map(|s| s / p(egraph, *a)),
             Chain::Sl([_, a, x]) => egraph[*x].data.map(|s| s / p(egraph, *a)),
             Chain::Ag([_, a, x]) => egraph[*x].data.map(|s| s * p(egraph, *a)),
-            Chain::A2a([_, _, _, x]) => egraph[*x].data,
+            Chain::A2a([_, _, _, x]) | Chain::A2a1([_, _, _, x]) => egraph[*x].data,
         }
     }
 
@@ -117,6 +126,9 @@ impl CostFunction<Chain> for BytesSent<'_> {
                     .unwrap_or(1) as f64;
                 (g - 1.0) / g * size(*x) + COLLECTIVE_LATENCY_BYTES
             }
+            Chain::A2a1([_, _, a, x]) => {
+                (p(*a) - 1.0) / p(*a) * size(*x) + COLLECTIVE_LATENCY_BYTES
+            }
             // A tiny cost keeps slices from multiplying for nothing.
             Chain::Sl(_) => 1e-3,
             Chain::Num(_) | Chain::Name(_) => 0.0,
@@ -125,18 +137,27 @@ impl CostFunction<Chain> for BytesSent<'_> {
     }
 }
 
-fn rules() -> Vec<Rewrite<Chain, Sizes>> {
+fn rules(enable_alltoall: bool) -> Vec<Rewrite<Chain, Sizes>> {
     let distinct = |a: &'static str, b: &'static str| {
         let (a, b) = (a.parse().expect("var"), b.parse().expect("var"));
         move |eg: &mut EGraph<Chain, Sizes>, _: Id, s: &egg::Subst| eg.find(s[a]) != eg.find(s[b])
     };
-    vec![
+    let mut rules = vec![
         rw!("gather-slice"; "(sl ?d ?a (ag ?d ?a ?x))" => "?x"),
-        rw!("reduce-scatter"; "(sl 0 ?a (ar ?op ?a ?x))" => "(rs ?op 0 ?a ?x)"),
+        rw!("reduce-scatter"; "(sl ?d ?a (ar ?op ?a ?x))" => "(rs ?op ?d ?a ?x)"),
         rw!("slice-first"; "(sl ?d ?a (ar ?op ?b ?x))" => "(ar ?op ?b (sl ?d ?a ?x))"
             if distinct("?a", "?b")),
         rw!("reduce-commute"; "(ar ?op ?a (ar ?op ?b ?x))" => "(ar ?op ?b (ar ?op ?a ?x))"),
-    ]
+        rw!("scatter-first"; "(rs ?op ?d ?a (ar ?op ?b ?x))" => "(ar ?op ?b (rs ?op ?d ?a ?x))"
+            if distinct("?a", "?b")),
+    ];
+    if enable_alltoall {
+        rules.push(
+            rw!("gather-slice-alltoall"; "(sl ?e ?a (ag ?d ?a ?x))" => "(a2a1 ?e ?d ?a ?x)"
+                if distinct("?d", "?e")),
+        );
+    }
+    rules
 }
 
 fn op_name(op: ReduceOp) -> &'static str {
@@ -259,6 +280,15 @@ fn from_term(e: &RecExpr<Chain>, a2a_axes: &[Vec<usize>]) -> Vec<Step> {
                 },
                 *x,
             ),
+            Chain::A2a1([s, c, a, x]) => (
+                Step::AllToAll {
+                    space: 0,
+                    split_dim: num(*s),
+                    concat_dim: num(*c),
+                    axes: vec![num(*a)],
+                },
+                *x,
+            ),
             Chain::Num(_) | Chain::Name(_) => break,
         };
         chain.push(step.0);
@@ -352,9 +382,9 @@ fn shapes_of(primes: &[usize], start: &[usize], steps: &[Step]) -> Vec<Vec<usize
 }
 
 /// The plan with its chain simplified; `start` is the local shape before the first step and
-/// `elem_bytes` the element size. A plan over two axis spaces (gather whole, then slice) is
-/// returned as it is.
-pub fn simplify(plan: Plan, start: &[usize], elem_bytes: usize) -> Plan {
+/// `elem_bytes` the element size; `enable_alltoall` allows AllToAll. A plan over two axis
+/// spaces (gather whole, then slice) is returned as it is.
+pub fn simplify(plan: Plan, start: &[usize], elem_bytes: usize, enable_alltoall: bool) -> Plan {
     if plan.steps.len() < 2 {
         return plan;
     }
@@ -375,7 +405,7 @@ pub fn simplify(plan: Plan, start: &[usize], elem_bytes: usize) -> Plan {
     .with_expr(&expr)
     .with_iter_limit(8)
     .with_node_limit(2_000)
-    .run(&rules());
+    .run(&rules(enable_alltoall));
     let root = runner.roots[0];
     let (_, best) = Extractor::new(
         &runner.egraph,
@@ -475,7 +505,7 @@ mod tests {
             ],
             vec![2, 2, 2],
         );
-        let s = simplify(plan, &[16, 16], 4);
+        let s = simplify(plan, &[16, 16], 4, false);
         assert_eq!(
             s.steps,
             vec![Step::ReduceScatter {
@@ -486,6 +516,102 @@ mod tests {
             }]
         );
         assert_eq!(s.shapes, vec![vec![8, 16]]);
+    }
+
+    #[test]
+    fn allreduce_then_own_slice_of_a_later_dim_is_a_reduce_scatter_along_it() {
+        let plan = p(
+            vec![
+                Step::AllReduce {
+                    space: 0,
+                    axes: vec![2],
+                    op: ReduceOp::Sum,
+                },
+                Step::Slice {
+                    space: 0,
+                    dim: 1,
+                    axes: vec![2],
+                },
+            ],
+            vec![2, 2, 2],
+        );
+        let s = simplify(plan, &[16, 16], 4, false);
+        assert_eq!(
+            s.steps,
+            vec![Step::ReduceScatter {
+                space: 0,
+                dim: 1,
+                axes: vec![2],
+                op: ReduceOp::Sum
+            }]
+        );
+        assert_eq!(s.shapes, vec![vec![16, 8]]);
+    }
+
+    #[test]
+    fn scattering_before_a_reduction_over_another_axis_leaves_it_less_to_send() {
+        // AllReduce over axis 0, then ReduceScatter of dim 0 over axis 1: scatter first.
+        let plan = p(
+            vec![
+                Step::AllReduce {
+                    space: 0,
+                    axes: vec![0],
+                    op: ReduceOp::Sum,
+                },
+                Step::ReduceScatter {
+                    space: 0,
+                    dim: 0,
+                    axes: vec![1],
+                    op: ReduceOp::Sum,
+                },
+            ],
+            vec![2, 2],
+        );
+        let s = simplify(plan, &[1024, 1024], 4, false);
+        assert!(
+            matches!(
+                s.steps[..],
+                [Step::ReduceScatter { dim: 0, .. }, Step::AllReduce { .. }]
+            ),
+            "{:?}",
+            s.steps
+        );
+        assert_eq!(s.shapes.last().unwrap(), &vec![512, 1024]);
+    }
+
+    #[test]
+    fn a_gather_then_a_slice_of_another_dim_is_one_alltoall_when_enabled() {
+        let plan = || {
+            p(
+                vec![
+                    Step::AllGather {
+                        space: 0,
+                        dim: 0,
+                        axes: vec![1],
+                    },
+                    Step::Slice {
+                        space: 0,
+                        dim: 1,
+                        axes: vec![1],
+                    },
+                ],
+                vec![2, 2],
+            )
+        };
+        let s = simplify(plan(), &[8, 16], 4, true);
+        assert_eq!(
+            s.steps,
+            vec![Step::AllToAll {
+                space: 0,
+                split_dim: 1,
+                concat_dim: 0,
+                axes: vec![1]
+            }]
+        );
+        assert_eq!(s.shapes, vec![vec![16, 8]]);
+        // Without AllToAll the chain stays.
+        let kept = simplify(plan(), &[8, 16], 4, false);
+        assert_eq!(kept.steps.len(), 2, "{:?}", kept.steps);
     }
 
     #[test]
@@ -505,7 +631,7 @@ mod tests {
             ],
             vec![2, 2, 2],
         );
-        let s = simplify(plan, &[4, 4], 4);
+        let s = simplify(plan, &[4, 4], 4, false);
         assert!(s.steps.is_empty(), "{:?}", s.steps);
     }
 
@@ -529,7 +655,7 @@ mod tests {
             vec![2, 2],
         );
         // (Large enough that bytes, not the latency of a second collective, decide.)
-        let s = simplify(plan, &[1024, 1024], 4);
+        let s = simplify(plan, &[1024, 1024], 4, false);
         assert_eq!(s.steps.len(), 2, "{:?}", s.steps);
         assert!(s
             .steps
@@ -558,10 +684,13 @@ mod tests {
                 lay(&[2, 4], &[-1, 0], &[16, 16], &[]),
             ),
         ];
-        for (from, to) in cases {
-            let direct = plan(&from, &to, 4, false);
+        for ((from, to), alltoall) in cases
+            .iter()
+            .flat_map(|c| [(c.clone(), false), (c.clone(), true)])
+        {
+            let direct = plan(&from, &to, 4, alltoall);
             let start = from.slice_shape();
-            let s = simplify(direct.clone(), &start, 4);
+            let s = simplify(direct.clone(), &start, 4, alltoall);
             assert!(
                 s.cost <= direct.cost + 1e-6,
                 "{from} -> {to}: {:?} vs {:?}",

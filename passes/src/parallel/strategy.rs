@@ -17,7 +17,7 @@
 //! `dataset_strategy`. Every decision is recorded with its source and the costs of the
 //! candidates that were weighed, for the dumps and `shardc explain`.
 
-use super::redistribute::plan;
+use super::redistribute::greedy_plan;
 use super::rules::{self, candidates, dims_of, sharding, OpSharding};
 use super::search::{self, problem::Problem, SearchReport};
 use super::{DatasetLayout, Mode, ParallelError, ParallelOptions, SearchMode};
@@ -295,7 +295,7 @@ impl<'g> State<'g> {
         if let Some(&c) = self.plan_costs.borrow().get(&key) {
             return c;
         }
-        let c = plan(from, to, 4, self.opts.enable_alltoall).cost;
+        let c = greedy_plan(from, to, 4, self.opts.enable_alltoall).cost;
         self.plan_costs.borrow_mut().insert(key, c);
         c
     }

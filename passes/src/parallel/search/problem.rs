@@ -523,8 +523,26 @@ impl<'g> Problem<'g> {
         m
     }
 
-    /// Seconds of term `t` when every op it depends on has the sharding `of` gives.
+    /// Seconds of term `t` when every op it depends on has the sharding `of` gives, its
+    /// conversion priced as the partition makes it ([`CommCost::seconds`]).
     pub fn term_seconds<'a>(&self, t: &Term, of: impl Fn(usize) -> &'a OpSharding) -> f64 {
+        self.term_priced(t, of, true)
+    }
+
+    /// As [`Problem::term_seconds`], priced by the planner's fast greedy order
+    /// ([`CommCost::estimate`]): what the searchers weigh their many candidates by.
+    pub fn term_estimate<'a>(&self, t: &Term, of: impl Fn(usize) -> &'a OpSharding) -> f64 {
+        self.term_priced(t, of, false)
+    }
+
+    fn term_priced<'a>(&self, t: &Term, of: impl Fn(usize) -> &'a OpSharding, exact: bool) -> f64 {
+        let seconds = |have: &TensorLayout, want: &TensorLayout, elem: usize| {
+            if exact {
+                self.comm.seconds(have, want, elem)
+            } else {
+                self.comm.estimate(have, want, elem)
+            }
+        };
         match t {
             Term::Flow {
                 from,
@@ -533,7 +551,7 @@ impl<'g> Problem<'g> {
                 operand,
                 elem,
             } => match (of(*from).outputs.get(*out), of(*to).inputs.get(*operand)) {
-                (Some(have), Some(Some(want))) => self.comm.seconds(have, want, *elem),
+                (Some(have), Some(Some(want))) => seconds(have, want, *elem),
                 _ => 0.0,
             },
             Term::SharedWeight {
@@ -546,7 +564,7 @@ impl<'g> Problem<'g> {
                 of(*first).inputs.get(*first_operand),
                 of(*to).inputs.get(*operand),
             ) {
-                (Some(Some(have)), Some(Some(want))) => self.comm.seconds(have, want, *elem),
+                (Some(Some(have)), Some(Some(want))) => seconds(have, want, *elem),
                 _ => 0.0,
             },
             Term::IntoWeight {
@@ -567,7 +585,7 @@ impl<'g> Problem<'g> {
                     },
                     None => TensorLayout::replicated(weight_shape, self.opts.device_num),
                 };
-                self.comm.seconds(have, &like_weight(&w, shape), *elem)
+                seconds(have, &like_weight(&w, shape), *elem)
             }
             Term::FromInput {
                 param,
@@ -578,7 +596,7 @@ impl<'g> Problem<'g> {
                 self.input_layouts.get(*param).and_then(Option::as_ref),
                 of(*to).inputs.get(*operand),
             ) {
-                (Some(have), Some(Some(want))) => self.comm.seconds(have, want, *elem),
+                (Some(have), Some(Some(want))) => seconds(have, want, *elem),
                 _ => 0.0,
             },
         }
@@ -605,13 +623,13 @@ impl<'g> Problem<'g> {
                 let cost = match ops[..] {
                     [k] => cands[k]
                         .iter()
-                        .map(|s| self.term_seconds(t, |_| s))
+                        .map(|s| self.term_estimate(t, |_| s))
                         .collect(),
                     [a, b] => {
                         let mut cost = Vec::with_capacity(cands[a].len() * cands[b].len());
                         for sa in &cands[a] {
                             for sb in &cands[b] {
-                                cost.push(self.term_seconds(t, |x| if x == a { sa } else { sb }));
+                                cost.push(self.term_estimate(t, |x| if x == a { sa } else { sb }));
                             }
                         }
                         cost
@@ -704,12 +722,13 @@ impl<'g> Problem<'g> {
     /// The searchers' objective for a choice, the total of the [`CostGraph`] they search:
     /// as [`Problem::step_seconds`], but every term on its own, so that a conversion several
     /// readers share is counted once per reader (a cost graph's edges join two ops, and
-    /// sharing is a property of all the readers of a value at once).
+    /// sharing is a property of all the readers of a value at once), and priced by the fast
+    /// estimate ([`Problem::term_estimate`]).
     pub fn objective_seconds(&self, choice: &[&OpSharding]) -> Breakdown {
         let communication = self
             .terms
             .iter()
-            .map(|t| self.term_seconds(t, |k| choice[k]))
+            .map(|t| self.term_estimate(t, |k| choice[k]))
             .sum();
         self.breakdown(choice, communication)
     }

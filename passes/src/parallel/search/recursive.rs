@@ -80,7 +80,7 @@ fn search_with(p: &Problem, lambda: f64) -> Result<Vec<OpSharding>, ParallelErro
                 for &t in &p.op_terms[k] {
                     let term = &p.terms[t];
                     if term.ops().iter().all(|&x| x == k || visited[x]) {
-                        c += p.term_seconds(term, |x| if x == k { s } else { &cur[x] });
+                        c += p.term_estimate(term, |x| if x == k { s } else { &cur[x] });
                     }
                 }
                 c
