@@ -21,13 +21,11 @@
 //! A summary line per size counts the rows that meet the goals.
 
 use super::BenchArgs;
-use crate::plan_compare::{mindspore_rule_plan, rank_comm, CommSummary};
+use crate::plan_compare::{mindspore_rule_plan, options, plan, CommSummary, PlanFigures};
 use anyhow::{Context, Result};
-use shardc_compiler::optim::Momentum;
-use shardc_compiler::pipeline::{compile, CompileOptions, ParallelCompiled};
 use shardc_ir::{text, Graph, Strategy};
 use shardc_passes::parallel::cost::Machine;
-use shardc_passes::parallel::{search, DatasetLayout, Mode, ParallelOptions, SearchMode};
+use shardc_passes::parallel::{Mode, SearchMode};
 
 /// The goal: propagation's predicted step at most this times dynamic programming's.
 pub const GOAL_PROPAGATION_RATIO: f64 = 1.05;
@@ -83,61 +81,6 @@ pub fn full_matmul_strategies(devices: usize) -> Vec<Strategy> {
         }
     }
     out
-}
-
-/// The parallel options of one plan on `machine`.
-pub fn options(
-    devices: usize,
-    mode: Mode,
-    search: SearchMode,
-    machine: Machine,
-) -> ParallelOptions {
-    ParallelOptions {
-        mode,
-        device_num: devices,
-        dataset: DatasetLayout::DataParallel,
-        gradients_mean: true,
-        enable_alltoall: false,
-        search: shardc_passes::parallel::SearchOptions {
-            mode: search,
-            machine,
-            max_device_memory: None,
-        },
-    }
-}
-
-/// One compiled plan: its predicted step (seconds) and rank 0's communication.
-#[derive(Clone, Debug)]
-pub struct PlanFigures {
-    /// The compiled plan.
-    pub compiled: ParallelCompiled,
-    /// Predicted step, seconds (compute + communication).
-    pub predicted: f64,
-    /// Predicted compute, seconds.
-    pub compute: f64,
-    /// Rank 0's collectives and bytes per step.
-    pub rank0: CommSummary,
-}
-
-/// Compiles `forward` (with `Momentum(0.01, 0.9)`) under `opts` and measures the plan.
-pub fn plan(forward: &Graph, opts: &ParallelOptions) -> Result<PlanFigures> {
-    let c = compile(
-        forward.clone(),
-        &CompileOptions {
-            optimizer: Some(Momentum::new(0.01, 0.9).to_spec()),
-            parallel: Some(opts.clone()),
-            ..Default::default()
-        },
-    )?;
-    let compiled = c.parallel.context("no parallel plan")?;
-    let b = search::predict(&compiled.begin, opts, &compiled.assignment)?;
-    let rank0 = rank_comm(&compiled.ranks[0]);
-    Ok(PlanFigures {
-        compiled,
-        predicted: b.seconds(),
-        compute: b.compute,
-        rank0,
-    })
 }
 
 /// One row: the three plans of one annotation and MindSpore's rule plan.
@@ -273,4 +216,50 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The issue's goals on the quickstart net, every annotation, both sizes, on the default
+    /// machine: propagation within 5 % of dynamic programming, and neither the semi-auto nor
+    /// the propagation plan dominated by MindSpore's rule plan.
+    #[test]
+    fn the_quickstart_plans_meet_the_goals_at_both_sizes() {
+        let machine = Machine::default();
+        let mut failures = Vec::new();
+        for dims in [(512, 4096, 8192, 4096), (16, 32, 16, 16)] {
+            for s in full_matmul_strategies(8) {
+                let r = row(8, dims, &s, machine).unwrap();
+                let ratio = r.propagation.predicted / r.dynamic.predicted;
+                if ratio > GOAL_PROPAGATION_RATIO {
+                    failures.push(format!("{dims:?} {s}: propagation / dp = {ratio:.3}"));
+                }
+                for (what, p) in [("semi-auto", &r.semi), ("propagation", &r.propagation)] {
+                    if p.rank0.dominated_by(&r.mindspore) {
+                        failures.push(format!(
+                            "{dims:?} {s}: the {what} plan ({} collectives, {:.0} bytes) is \
+                             dominated by MindSpore's ({}, {:.0})",
+                            p.rank0.collectives,
+                            p.rank0.bytes,
+                            r.mindspore.collectives,
+                            r.mindspore.bytes
+                        ));
+                    }
+                }
+            }
+        }
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
+
+    #[test]
+    fn every_full_matmul_strategy_is_listed() {
+        let s = full_matmul_strategies(8);
+        assert_eq!(s.len(), 10);
+        assert!(s.iter().all(|s| {
+            let (a, b, c) = (s.0[0][0], s.0[0][1], s.0[1][1]);
+            a * b * c == 8 && s.0[1][0] == b
+        }));
+    }
 }

@@ -20,10 +20,14 @@
 //! AllGather `(p − 1)/p` of its result, ReduceScatter and AlltoAll `(p − 1)/p` of their
 //! input), as [`crate::explain::comm_bytes`] counts the emitted collectives of a rank graph.
 
+use anyhow::{Context, Result};
+use shardc_compiler::optim::Momentum;
+use shardc_compiler::pipeline::{compile, CompileOptions, ParallelCompiled};
 use shardc_ir::{Graph, OpKind, Operand, TensorLayout};
 use shardc_passes::parallel::cost::{elem_bytes, Machine};
-use shardc_passes::parallel::redistribute::{group, plan, Canon, Step};
+use shardc_passes::parallel::redistribute::{self, group, Canon, Step};
 use shardc_passes::parallel::strategy::{is_generated, updated_weight, Assignment};
+use shardc_passes::parallel::{search, DatasetLayout, Mode, ParallelOptions, SearchMode};
 
 /// The communication of a plan: how many collectives and the bytes one rank sends per step;
 /// `seconds` prices them with a machine (α–β per group, as the cost model prices a
@@ -196,7 +200,7 @@ pub fn mindspore_rule_plan(
             };
             let data = matches!(o, Operand::Param(p) if !g.param(*p).is_weight());
             let elem = elem_of(o);
-            let pl = plan(&have, want, elem, enable_alltoall);
+            let pl = redistribute::plan(&have, want, elem, enable_alltoall);
             let mut before = Canon::of(&have).local_shape();
             for (step, after) in pl.steps.iter().zip(&pl.shapes) {
                 let bytes = |shape: &[usize]| shape.iter().product::<usize>() as f64 * elem as f64;
@@ -246,4 +250,59 @@ pub fn mindspore_rule_plan(
         );
     }
     s
+}
+
+/// The parallel options of one plan on `machine`.
+pub fn options(
+    devices: usize,
+    mode: Mode,
+    search: SearchMode,
+    machine: Machine,
+) -> ParallelOptions {
+    ParallelOptions {
+        mode,
+        device_num: devices,
+        dataset: DatasetLayout::DataParallel,
+        gradients_mean: true,
+        enable_alltoall: false,
+        search: shardc_passes::parallel::SearchOptions {
+            mode: search,
+            machine,
+            max_device_memory: None,
+        },
+    }
+}
+
+/// One compiled plan: its predicted step (seconds) and rank 0's communication.
+#[derive(Clone, Debug)]
+pub struct PlanFigures {
+    /// The compiled plan.
+    pub compiled: ParallelCompiled,
+    /// Predicted step, seconds (compute + communication).
+    pub predicted: f64,
+    /// Predicted compute, seconds.
+    pub compute: f64,
+    /// Rank 0's collectives and bytes per step.
+    pub rank0: CommSummary,
+}
+
+/// Compiles `forward` (with `Momentum(0.01, 0.9)`) under `opts` and measures the plan.
+pub fn plan(forward: &Graph, opts: &ParallelOptions) -> Result<PlanFigures> {
+    let c = compile(
+        forward.clone(),
+        &CompileOptions {
+            optimizer: Some(Momentum::new(0.01, 0.9).to_spec()),
+            parallel: Some(opts.clone()),
+            ..Default::default()
+        },
+    )?;
+    let compiled = c.parallel.context("no parallel plan")?;
+    let b = search::predict(&compiled.begin, opts, &compiled.assignment)?;
+    let rank0 = rank_comm(&compiled.ranks[0]);
+    Ok(PlanFigures {
+        compiled,
+        predicted: b.seconds(),
+        compute: b.compute,
+        rank0,
+    })
 }

@@ -549,7 +549,12 @@ fn search(src: &Canon, dst: &Canon, eb: f64, enable_alltoall: bool, bound: f64) 
         };
         let mut partial = [0u8; MAX_AXES];
         let mut np = 0;
-        for (a, _) in w.iter().enumerate().take(naxes).filter(|(_, &x)| x == PARTIAL) {
+        for (a, _) in w
+            .iter()
+            .enumerate()
+            .take(naxes)
+            .filter(|(_, &x)| x == PARTIAL)
+        {
             partial[np] = a as u8;
             np += 1;
         }
