@@ -375,6 +375,13 @@ fn reached(rank0: &Graph) -> Reached {
 
 /// Runs one case; `Err` describes the failure.
 fn run_case(seed: u64) -> Result<Reached, String> {
+    let (what, model, annotated, case) = case_of(seed)?;
+    check_case(&what, model, annotated, &case)
+}
+
+/// The random case of `seed`: its description, the model, the annotated model and how it
+/// compiles.
+fn case_of(seed: u64) -> Result<(String, Graph, Graph, Case), String> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let device_num = *pick(&mut rng, &[2usize, 4, 8]);
     let batch = device_num * *pick(&mut rng, &[1usize, 2]);
@@ -420,7 +427,7 @@ fn run_case(seed: u64) -> Result<Reached, String> {
         alltoall,
         search,
     };
-    check_case(&what, model, annotated, &case)
+    Ok((what, model, annotated, case))
 }
 
 /// How one case compiles.
@@ -825,4 +832,118 @@ fn convolutions_with_split_rows_and_columns_equal_the_single_device() {
         grads >= 8,
         "only {grads} cases split a convolution gradient's rows or columns"
     );
+}
+
+/// The program every rank runs, written once, materializes each rank into exactly the graph
+/// the per-rank partition gives it (then gradient fusion on each), on every random case of
+/// the invariant and every rank, and on the convolution cases with split rows and columns
+/// (whose windows differ from rank to rank).
+#[test]
+fn every_rank_materialized_from_the_program_is_its_per_rank_partition() {
+    use shardc::passes::grad_fusion::{fuse_owned, fuse_program, GradFusion};
+    use shardc::passes::parallel::{partition, strategy, sync_bn};
+    let mut failures = Vec::new();
+    let (mut ranks, mut variants) = (0, 0);
+    let mut check = |what: &str, annotated: Graph, case: &Case| {
+        let opt = Momentum::new(0.1, 0.9).to_spec();
+        let train = match compile(
+            annotated,
+            &CompileOptions {
+                optimizer: Some(opt),
+                ..Default::default()
+            },
+        ) {
+            Ok(c) => c.graph,
+            Err(e) => return failures.push(format!("{what}: {e}")),
+        };
+        let opts = ParallelOptions {
+            mode: case.mode,
+            device_num: case.device_num,
+            dataset: case.dataset.clone(),
+            gradients_mean: true,
+            enable_alltoall: case.alltoall,
+            search: SearchOptions {
+                mode: case.search,
+                ..Default::default()
+            },
+        };
+        let result = (|| -> Result<(), String> {
+            let g = sync_bn::sync_batch_norm(&train).map_err(|e| e.to_string())?;
+            let a = strategy::assign(&g, &opts).map_err(|e| e.to_string())?;
+            let program = partition::program(&g, &a, &opts).map_err(|e| e.to_string())?;
+            let (program, _) =
+                fuse_program(program, &GradFusion::Each).map_err(|e| e.to_string())?;
+            variants += program
+                .patches
+                .iter()
+                .filter(|p| matches!(p, shardc::ir::spmd::Patch::Variants { .. }))
+                .count();
+            for r in 0..case.device_num {
+                let rg = partition::rank_graph(&g, &a, &opts, r).map_err(|e| e.to_string())?;
+                let (reference, _) =
+                    fuse_owned(rg, &GradFusion::Each).map_err(|e| e.to_string())?;
+                let materialized = program.materialize(r).map_err(|e| e.to_string())?;
+                if materialized != reference {
+                    let (x, y) = (
+                        shardc::ir::text::print_graph(&materialized),
+                        shardc::ir::text::print_graph(&reference),
+                    );
+                    let line = x
+                        .lines()
+                        .zip(y.lines())
+                        .find(|(a, b)| a != b)
+                        .map(|(a, b)| format!("materialized `{a}`, partition `{b}`"))
+                        .unwrap_or_else(|| "the graphs differ in length".into());
+                    return Err(format!("rank {r}: {line}"));
+                }
+                ranks += 1;
+            }
+            Ok(())
+        })();
+        if let Err(e) = result {
+            failures.push(format!("{what}: {e}"));
+        }
+    };
+    for seed in 0..CASES {
+        let (what, _, annotated, case) = case_of(seed).unwrap();
+        check(&what, annotated, &case);
+    }
+    for (k, split) in [[1i64, 1, 2, 2], [1, 1, 4, 1], [2, 1, 2, 1]]
+        .iter()
+        .enumerate()
+    {
+        let block = ConvBlock {
+            cin: 2,
+            cout: 4,
+            hw: 8,
+            pool: k % 3,
+            classes: 4,
+            bn: k == 2,
+            frozen_bn: false,
+            window: k,
+        };
+        let mut annotated = conv_with(block, 4).unwrap();
+        let conv = annotated
+            .nodes
+            .iter_mut()
+            .find(|n| n.op == OpKind::Conv2D)
+            .unwrap();
+        conv.in_strategy = Some(Strategy(vec![split.to_vec(), vec![1, 1, 1, 1]]));
+        let case = Case {
+            seed: 200 + k as u64,
+            device_num: 4,
+            mode: Mode::SemiAutoParallel,
+            dataset: DatasetLayout::DataParallel,
+            alltoall: false,
+            search: SearchMode::ShardingPropagation,
+        };
+        check(&format!("conv {split:?}"), annotated, &case);
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(ranks > 1000, "only {ranks} ranks compared");
+    assert!(
+        variants > 0,
+        "no case had windows that differ between ranks"
+    );
+    eprintln!("{ranks} ranks materialized and compared; {variants} window variant patches");
 }

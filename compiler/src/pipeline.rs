@@ -5,13 +5,14 @@
 //! | 00    | `infer_types` | fills every node's type by the shape rules, then verifies   |
 //! | 01    | `autodiff`    | forward + backward + optimizer update (only with an optimizer) |
 //! | 02    | `step_parallel_begin` | training-mode BatchNorm as SyncBatchNorm pairs (`passes::parallel::sync_bn`), then a strategy for every op, a layout for every parameter (`passes::parallel::strategy`) |
-//! | 03    | `step_parallel_end`   | one graph per rank: sliced shapes, inserted communication (`passes::parallel::partition`) |
-//! | 04    | `execute`     | the graph each rank runs, after `grad_fusion` (`passes::grad_fusion`: gradient AllReduces moved to just after their gradients and grouped into `fusion: k` buckets by [`CompileOptions::grad_fusion`]) |
+//! | 03    | `step_parallel_end`   | the program every rank runs, once (SPMD): rank 0's graph with sliced shapes and inserted communication, and what differs per rank (`passes::parallel::partition::program`) |
+//! | 04    | `execute`     | the program after `grad_fusion` (`passes::grad_fusion::fuse_program`: gradient AllReduces moved to just after their gradients and grouped into `fusion: k` buckets by [`CompileOptions::grad_fusion`]); each rank's graph is materialized from it |
 //!
 //! Stages 02-04 run only with [`CompileOptions::parallel`] set (more than one device). Their
-//! dumps are per rank, as MindSpore's: `DIR/rank_R/step_parallel_begin_NNNN.ir` (the logical
-//! graph with every op's `in_strategy` and where it came from), `step_parallel_end_NNNN.ir`
-//! and `04_execute_NNNN.ir` (rank R's graph). Without parallelism the final graph is dumped as
+//! dumps are per rank, as MindSpore's, for the ranks [`CompileOptions::materialize`] names:
+//! `DIR/rank_R/step_parallel_begin_NNNN.ir` (the logical graph with every op's `in_strategy`
+//! and where it came from), `step_parallel_end_NNNN.ir` and `04_execute_NNNN.ir` (rank R's
+//! graph, materialized from the program). Without parallelism the final graph is dumped as
 //! `04_execute_NNNN.ir` too.
 //!
 //! The input graph is always verified after its types are inferred (it may come from a file a
@@ -29,6 +30,7 @@ use crate::parallel_context::{
 };
 use crate::strategy_file::{StrategyFile, StrategyFileError};
 use rayon::prelude::*;
+use shardc_ir::spmd::SpmdProgram;
 use shardc_ir::Graph;
 use shardc_passes::autodiff::{self, Optimizer};
 use shardc_passes::grad_fusion::{self, GradFusion};
@@ -60,6 +62,19 @@ pub struct CompileOptions {
     /// How the gradient AllReduces of each rank are bucketed (MindSpore's `comm_fusion`;
     /// see [`grad_fusion_of`]). `None`: no `comm_fusion`, every gradient its own bucket.
     pub grad_fusion: Option<GradFusion>,
+    /// Which ranks' graphs to materialize from the program (and dump): every rank by default
+    /// (for in-process runs); `shardc compile` asks for the ranks to inspect only.
+    pub materialize: Materialize,
+}
+
+/// Which ranks a compilation materializes from the program every rank runs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Materialize {
+    /// Every rank.
+    #[default]
+    All,
+    /// These ranks (each below the device count), in this order.
+    Ranks(Vec<usize>),
 }
 
 /// The parallel part of a compilation.
@@ -71,7 +86,12 @@ pub struct ParallelCompiled {
     pub assignment: strategy::Assignment,
     /// The logical graph with every op's strategy (the `step_parallel_begin` dump).
     pub begin: Graph,
-    /// One graph per rank.
+    /// The program every rank runs, written once: rank 0's graph and what differs per rank
+    /// (each worker materializes its own rank from it).
+    pub program: SpmdProgram,
+    /// The ranks materialized ([`CompileOptions::materialize`]), in order.
+    pub rank_ids: Vec<usize>,
+    /// Their graphs, in the order of `rank_ids` (every rank's, `0..device_num`, by default).
     pub ranks: Vec<Graph>,
 }
 
@@ -337,16 +357,6 @@ pub fn grad_fusion_of(c: &CommFusion) -> GradFusion {
     }
 }
 
-/// Runs `passes::grad_fusion` on rank `rank`'s graph.
-fn run_grad_fusion(g: Graph, rank: usize, opts: &CompileOptions) -> Result<Graph, CompileError> {
-    let mode = opts.grad_fusion.clone().unwrap_or(GradFusion::Each);
-    let (out, _) = grad_fusion::fuse_owned(g, &mode).map_err(|e| CompileError::Parallel {
-        stage: "grad_fusion",
-        error: ParallelError::Options(format!("rank {rank}: {e}")),
-    })?;
-    Ok(out)
-}
-
 /// The `NN` of the execute dump.
 const EXECUTE_INDEX: usize = 4;
 
@@ -417,35 +427,51 @@ fn compile_parallel(
         error: source,
     })?;
     let begin = annotated(g, &assignment);
-    let partitioned =
-        partition::partition(g, &assignment, p).map_err(|source| CompileError::Parallel {
+    // Partition once: rank 0's graph and what differs per rank.
+    let unfused =
+        partition::program(g, &assignment, p).map_err(|source| CompileError::Parallel {
             stage: "step_parallel_end",
             error: source,
         })?;
-    let fuse = |r: usize, rg: Graph| -> Result<Graph, CompileError> {
-        if cfg!(debug_assertions) {
-            check(&rg, "step_parallel_end")?;
-        }
-        let fused = run_grad_fusion(rg, r, opts)?;
-        if cfg!(debug_assertions) {
-            check(&fused, "grad_fusion")?;
-        }
-        Ok(fused)
+    if cfg!(debug_assertions) {
+        check(&unfused.template, "step_parallel_end")?;
+    }
+    let mode = opts.grad_fusion.clone().unwrap_or(GradFusion::Each);
+    let (program, _) =
+        grad_fusion::fuse_program(unfused.clone(), &mode).map_err(|e| CompileError::Parallel {
+            stage: "grad_fusion",
+            error: ParallelError::Options(e.to_string()),
+        })?;
+    if cfg!(debug_assertions) {
+        check(&program.template, "grad_fusion")?;
+    }
+    let rank_ids: Vec<usize> = match &opts.materialize {
+        Materialize::All => (0..p.device_num).collect(),
+        Materialize::Ranks(r) => r.clone(),
+    };
+    let materialize = |prog: &SpmdProgram, r: usize| -> Result<Graph, CompileError> {
+        prog.materialize(r).map_err(|e| CompileError::Parallel {
+            stage: "execute",
+            error: ParallelError::Partition {
+                rank: r,
+                instance: String::new(),
+                reason: e.reason,
+            },
+        })
     };
     let ranks: Vec<Graph> = match dump_dir {
         // The ranks are independent; dumps are numbered in rank order, so they go one by one.
-        None => partitioned
-            .into_par_iter()
-            .enumerate()
-            .map(|(r, rg)| fuse(r, rg))
+        None => rank_ids
+            .par_iter()
+            .map(|&r| materialize(&program, r))
             .collect::<Result<_, _>>()?,
         Some(dir) => {
-            let mut ranks = Vec::with_capacity(partitioned.len());
-            for (r, rg) in partitioned.iter().enumerate() {
-                let fused = fuse(r, rg.clone())?;
+            let mut ranks = Vec::with_capacity(rank_ids.len());
+            for &r in &rank_ids {
+                let fused = materialize(&program, r)?;
                 let rd = dir.join(format!("rank_{r}"));
                 write_named_dump(&rd, "step_parallel_begin", &begin)?;
-                write_named_dump(&rd, "step_parallel_end", rg)?;
+                write_named_dump(&rd, "step_parallel_end", &materialize(&unfused, r)?)?;
                 write_dump(&rd, EXECUTE_INDEX, "execute", &fused)?;
                 ranks.push(fused);
             }
@@ -456,6 +482,8 @@ fn compile_parallel(
         options: p.clone(),
         assignment,
         begin,
+        program,
+        rank_ids,
         ranks,
     };
     if let Some(path) = &opts.save_strategy {

@@ -1,12 +1,20 @@
-//! A compiled artifact: a directory holding `manifest.json` and one binary graph per rank
-//! (`rank_0.graph`, ... in the format of [`crate::binary`]): the "per-rank executables".
+//! A compiled artifact: a directory holding `manifest.json` and the program every rank runs,
+//! once (`program.spmd`, an [`SpmdProgram`] in the format of [`crate::binary`]): rank 0's
+//! graph and what differs per rank. A worker materializes its own rank's graph when it loads
+//! ([`Artifact::rank_graph`]), so an artifact for 4096 ranks is the size of one for 8.
+//!
+//! Ranks asked for at compile time (`--global-rank R`, `--ranks 0-7`) are also written,
+//! materialized, as text IR (`rank_R.ir`, listed in the manifest's `ranks`) for people to read;
+//! nothing reads them back.
 //!
 //! [`Artifact::write`] writes every file to a temporary name in the directory and renames it
-//! into place, graphs first and the manifest last, so a reader never sees a half-written file
-//! and a directory without a manifest is not an artifact.
+//! into place, the manifest last, so a reader never sees a half-written file and a directory
+//! without a manifest is not an artifact. An artifact of an older format (format version 1:
+//! one graph per rank) gets an error naming its version.
 
 use crate::binary::{self, BinaryError};
 use crate::graph::Graph;
+use crate::spmd::{SpmdError, SpmdProgram};
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 use std::io::Write;
@@ -15,8 +23,11 @@ use std::path::{Path, PathBuf};
 /// The manifest's file name inside an artifact directory.
 pub const MANIFEST_FILE: &str = "manifest.json";
 
-/// The manifest format version this build writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The manifest format version this build writes and reads (2: one program for every rank).
+pub const FORMAT_VERSION: u32 = 2;
+
+/// The program's file name inside an artifact directory.
+pub const PROGRAM_FILE: &str = "program.spmd";
 
 /// `manifest.json`: what the artifact holds and how to run it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -27,11 +38,14 @@ pub struct Manifest {
     pub shardc_version: String,
     /// The model's (graph's) name.
     pub model: String,
-    /// Number of devices (ranks) the model was compiled for; equals `ranks.len()`.
+    /// Number of devices (ranks) the model was compiled for.
     pub device_num: u32,
     /// `stand_alone`, `data_parallel`, `semi_auto_parallel` or `auto_parallel`.
     pub parallel_mode: String,
-    /// One entry per rank.
+    /// The program's file ([`PROGRAM_FILE`]).
+    pub program: String,
+    /// The ranks written out, materialized, for inspection (text IR; may be empty).
+    #[serde(default)]
     pub ranks: Vec<RankEntry>,
     /// The data inputs fed every step, in parameter order.
     pub inputs: Vec<IoEntry>,
@@ -45,21 +59,22 @@ pub struct Manifest {
     pub extra: serde_json::Map<String, serde_json::Value>,
 }
 
-/// One rank of an artifact.
+/// A rank written out for inspection.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RankEntry {
     /// The rank.
     pub rank: u32,
-    /// The file name of its graph inside the artifact directory (`rank_0.graph`).
+    /// The file name of its materialized graph, text IR, inside the artifact directory
+    /// (`rank_0.ir`).
     pub graph: String,
 }
 
 impl RankEntry {
-    /// The entry of `rank` with the conventional file name `rank_{rank}.graph`.
+    /// The entry of `rank` with the conventional file name `rank_{rank}.ir`.
     pub fn new(rank: u32) -> Self {
         RankEntry {
             rank,
-            graph: format!("rank_{rank}.graph"),
+            graph: format!("rank_{rank}.ir"),
         }
     }
 }
@@ -75,13 +90,13 @@ pub struct IoEntry {
     pub shape: Vec<usize>,
 }
 
-/// An artifact in memory: the manifest and the graphs, in the order of `manifest.ranks`.
+/// An artifact in memory: the manifest and the program.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Artifact {
     /// The manifest.
     pub manifest: Manifest,
-    /// One graph per entry of `manifest.ranks`, in the same order.
-    pub graphs: Vec<Graph>,
+    /// The program every rank runs.
+    pub program: SpmdProgram,
 }
 
 /// Why an artifact could not be written or read. Every message names the file.
@@ -110,7 +125,7 @@ pub enum ArtifactError {
         source: serde_json::Error,
     },
     /// The manifest's format version is not the one this build reads.
-    #[error("{}: manifest format version {found} is not supported (this build reads version {supported})", path.display())]
+    #[error("{}: manifest format version {found} is not supported (this build reads version {supported}, one program for every rank): compile the model again with this shardc", path.display())]
     UnsupportedVersion {
         /// The manifest's path.
         path: PathBuf,
@@ -127,39 +142,59 @@ pub enum ArtifactError {
         /// What is wrong.
         reason: String,
     },
-    /// A rank's graph file listed in the manifest does not exist.
-    #[error("{}: graph file of rank {rank} is missing", path.display())]
-    MissingGraph {
-        /// The graph file's path.
+    /// The program file listed in the manifest does not exist.
+    #[error("{}: the program file is missing", path.display())]
+    MissingProgram {
+        /// The program file's path.
         path: PathBuf,
-        /// The rank.
-        rank: u32,
     },
-    /// A rank's graph file is not a valid binary graph.
-    #[error("{}: bad graph file of rank {rank}: {source}", path.display())]
-    BadGraph {
-        /// The graph file's path.
+    /// The program file is not a valid binary program (or could not be encoded).
+    #[error("{}: bad program file: {source}", path.display())]
+    BadProgram {
+        /// The program file's path.
         path: PathBuf,
-        /// The rank.
-        rank: u32,
         /// Why it could not be decoded (or encoded, when writing).
         source: BinaryError,
     },
+    /// The program does not run on the manifest's device count, or a rank could not be
+    /// materialized from it.
+    #[error("{}: {reason}", path.display())]
+    BadRank {
+        /// The program file's path.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+impl From<(PathBuf, SpmdError)> for ArtifactError {
+    fn from((path, e): (PathBuf, SpmdError)) -> Self {
+        ArtifactError::BadRank {
+            path,
+            reason: e.to_string(),
+        }
+    }
 }
 
 impl Artifact {
-    /// Writes the artifact into `dir` (created if needed): each rank's graph, then
-    /// `manifest.json`, each through a temporary file and a rename.
-    pub fn write(&self, dir: &Path) -> Result<(), ArtifactError> {
+    /// Writes the artifact into `dir` (created if needed): the program, the materialized
+    /// graphs of `inspect` as text IR (each `(rank, graph)` listed in the manifest's `ranks`),
+    /// then `manifest.json`, each through a temporary file and a rename.
+    pub fn write(&self, dir: &Path, inspect: &[(usize, &Graph)]) -> Result<(), ArtifactError> {
         let manifest_path = dir.join(MANIFEST_FILE);
-        check_manifest(&self.manifest, &manifest_path)?;
-        if self.graphs.len() != self.manifest.ranks.len() {
-            return Err(ArtifactError::BadRanks {
-                path: manifest_path,
+        let mut manifest = self.manifest.clone();
+        manifest.ranks = inspect
+            .iter()
+            .map(|&(r, _)| RankEntry::new(r as u32))
+            .collect();
+        check_manifest(&manifest, &manifest_path)?;
+        let program_path = dir.join(&manifest.program);
+        if self.program.device_num != manifest.device_num as usize {
+            return Err(ArtifactError::BadRank {
+                path: program_path,
                 reason: format!(
-                    "the manifest lists {} ranks but the artifact holds {} graphs",
-                    self.manifest.ranks.len(),
-                    self.graphs.len()
+                    "the program runs on {} ranks but the manifest says device_num {}",
+                    self.program.device_num, manifest.device_num
                 ),
             });
         }
@@ -167,26 +202,26 @@ impl Artifact {
             path: dir.to_path_buf(),
             source,
         })?;
-        for (entry, graph) in self.manifest.ranks.iter().zip(&self.graphs) {
-            let path = dir.join(&entry.graph);
-            let bytes = binary::encode_graph(graph).map_err(|source| ArtifactError::BadGraph {
-                path: path.clone(),
-                rank: entry.rank,
+        let bytes =
+            binary::encode_program(&self.program).map_err(|source| ArtifactError::BadProgram {
+                path: program_path.clone(),
                 source,
             })?;
-            write_atomic(&path, &bytes)?;
+        write_atomic(&program_path, &bytes)?;
+        for (entry, (_, graph)) in manifest.ranks.iter().zip(inspect) {
+            let text = crate::text::print_graph(graph);
+            write_atomic(&dir.join(&entry.graph), text.as_bytes())?;
         }
-        let mut json = serde_json::to_vec_pretty(&self.manifest).map_err(|source| {
-            ArtifactError::BadManifest {
+        let mut json =
+            serde_json::to_vec_pretty(&manifest).map_err(|source| ArtifactError::BadManifest {
                 path: manifest_path.clone(),
                 source,
-            }
-        })?;
+            })?;
         json.push(b'\n');
         write_atomic(&manifest_path, &json)
     }
 
-    /// Reads an artifact directory: the manifest, then every rank's graph.
+    /// Reads an artifact directory: the manifest, then the program.
     pub fn read(dir: &Path) -> Result<Artifact, ArtifactError> {
         let manifest_path = dir.join(MANIFEST_FILE);
         let text = match std::fs::read(&manifest_path) {
@@ -203,38 +238,75 @@ impl Artifact {
                 })
             }
         };
+        // The version first: an older manifest lacks this build's fields.
+        #[derive(Deserialize)]
+        struct Version {
+            format_version: u32,
+        }
+        let version: Version =
+            serde_json::from_slice(&text).map_err(|source| ArtifactError::BadManifest {
+                path: manifest_path.clone(),
+                source,
+            })?;
+        if version.format_version != FORMAT_VERSION {
+            return Err(ArtifactError::UnsupportedVersion {
+                path: manifest_path,
+                found: version.format_version,
+                supported: FORMAT_VERSION,
+            });
+        }
         let manifest: Manifest =
             serde_json::from_slice(&text).map_err(|source| ArtifactError::BadManifest {
                 path: manifest_path.clone(),
                 source,
             })?;
         check_manifest(&manifest, &manifest_path)?;
-        let mut graphs = Vec::with_capacity(manifest.ranks.len());
-        for entry in &manifest.ranks {
-            let path = dir.join(&entry.graph);
-            let bytes = match std::fs::read(&path) {
-                Ok(b) => b,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    return Err(ArtifactError::MissingGraph {
-                        path,
-                        rank: entry.rank,
-                    })
-                }
-                Err(source) => return Err(ArtifactError::Io { path, source }),
-            };
-            let graph = binary::decode_graph(&bytes).map_err(|source| ArtifactError::BadGraph {
+        let path = dir.join(&manifest.program);
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(ArtifactError::MissingProgram { path })
+            }
+            Err(source) => return Err(ArtifactError::Io { path, source }),
+        };
+        let program =
+            binary::decode_program(&bytes).map_err(|source| ArtifactError::BadProgram {
                 path: path.clone(),
-                rank: entry.rank,
                 source,
             })?;
-            graphs.push(graph);
+        if program.device_num != manifest.device_num as usize {
+            return Err(ArtifactError::BadRank {
+                path,
+                reason: format!(
+                    "the program runs on {} ranks but the manifest says device_num {}",
+                    program.device_num, manifest.device_num
+                ),
+            });
         }
-        Ok(Artifact { manifest, graphs })
+        Ok(Artifact { manifest, program })
+    }
+
+    /// The number of ranks.
+    pub fn device_num(&self) -> usize {
+        self.program.device_num
+    }
+
+    /// Rank `rank`'s graph, materialized from the program.
+    pub fn rank_graph(&self, rank: usize) -> Result<Graph, ArtifactError> {
+        self.program
+            .materialize(rank)
+            .map_err(|e| (PathBuf::from(&self.manifest.program), e).into())
+    }
+
+    /// Every rank's graph, `0..device_num` (for running all ranks in one process).
+    pub fn rank_graphs(&self) -> Result<Vec<Graph>, ArtifactError> {
+        (0..self.device_num()).map(|r| self.rank_graph(r)).collect()
     }
 }
 
-/// Checks the version, that there is one rank entry per device, that ranks are distinct and
-/// below `device_num`, and that graph file names are distinct plain file names.
+/// Checks the version, that the program's file name is a plain file name, that the ranks
+/// written out are distinct and below `device_num`, and that their file names are distinct
+/// plain file names.
 fn check_manifest(m: &Manifest, path: &Path) -> Result<(), ArtifactError> {
     if m.format_version != FORMAT_VERSION {
         return Err(ArtifactError::UnsupportedVersion {
@@ -247,11 +319,20 @@ fn check_manifest(m: &Manifest, path: &Path) -> Result<(), ArtifactError> {
         path: path.to_path_buf(),
         reason,
     };
-    if m.ranks.len() != m.device_num as usize {
+    let plain = |f: &str| {
+        !f.is_empty()
+            && f != "."
+            && f != ".."
+            && f != MANIFEST_FILE
+            && !f.contains(['/', '\\', '\0'])
+    };
+    if m.device_num == 0 {
+        return Err(bad("device_num is 0".into()));
+    }
+    if !plain(&m.program) {
         return Err(bad(format!(
-            "rank count mismatch: device_num is {} but {} ranks are listed",
-            m.device_num,
-            m.ranks.len()
+            "program file name {:?} is not a plain file name",
+            m.program
         )));
     }
     let mut ranks = HashSet::new();
@@ -266,12 +347,7 @@ fn check_manifest(m: &Manifest, path: &Path) -> Result<(), ArtifactError> {
         if !ranks.insert(e.rank) {
             return Err(bad(format!("rank {} is listed twice", e.rank)));
         }
-        let plain = !e.graph.is_empty()
-            && e.graph != "."
-            && e.graph != ".."
-            && e.graph != MANIFEST_FILE
-            && !e.graph.contains(['/', '\\', '\0']);
-        if !plain {
+        if !plain(&e.graph) || e.graph == m.program {
             return Err(bad(format!(
                 "graph file name {:?} of rank {} is not a plain file name",
                 e.graph, e.rank

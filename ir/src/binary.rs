@@ -118,74 +118,131 @@ struct WireGraph {
     outputs: Vec<Operand>,
 }
 
-/// Encodes a graph: header, then the bincode payload.
-pub fn encode_graph(g: &Graph) -> Result<Vec<u8>, BinaryError> {
-    let mut nodes = Vec::with_capacity(g.nodes.len());
-    for (i, n) in g.nodes.iter().enumerate() {
-        // Destructured so that a new field of `Node` does not go unnoticed here.
-        let Node {
-            op,
-            inputs,
-            attrs,
-            cnode_attrs,
-            ty,
-            name,
-            instance,
-            scope,
-            in_strategy,
-            out_strategy,
-            comments,
-        } = n;
-        nodes.push(WireNode {
-            op: *op,
-            inputs: inputs.clone(),
-            attrs: flatten_attrs(i, attrs)?,
-            cnode_attrs: flatten_attrs(i, cnode_attrs)?,
-            ty: ty.clone(),
-            name: name.clone(),
-            instance: instance.clone(),
-            scope: scope.clone(),
-            in_strategy: in_strategy.clone(),
-            out_strategy: out_strategy.clone(),
-            comments: comments.clone(),
-        });
-    }
-    let wire = WireGraph {
+/// A node on the wire (`i` numbers it in messages).
+fn wire_node(i: usize, n: &Node) -> Result<WireNode, BinaryError> {
+    // Destructured so that a new field of `Node` does not go unnoticed here.
+    let Node {
+        op,
+        inputs,
+        attrs,
+        cnode_attrs,
+        ty,
+        name,
+        instance,
+        scope,
+        in_strategy,
+        out_strategy,
+        comments,
+    } = n;
+    Ok(WireNode {
+        op: *op,
+        inputs: inputs.clone(),
+        attrs: flatten_attrs(i, attrs)?,
+        cnode_attrs: flatten_attrs(i, cnode_attrs)?,
+        ty: ty.clone(),
+        name: name.clone(),
+        instance: instance.clone(),
+        scope: scope.clone(),
+        in_strategy: in_strategy.clone(),
+        out_strategy: out_strategy.clone(),
+        comments: comments.clone(),
+    })
+}
+
+/// A node off the wire.
+fn node_of(i: usize, n: WireNode) -> Result<Node, BinaryError> {
+    Ok(Node {
+        op: n.op,
+        inputs: n.inputs,
+        attrs: unflatten_attrs(i, n.attrs)?,
+        cnode_attrs: unflatten_attrs(i, n.cnode_attrs)?,
+        ty: n.ty,
+        name: n.name,
+        instance: n.instance,
+        scope: n.scope,
+        in_strategy: n.in_strategy,
+        out_strategy: n.out_strategy,
+        comments: n.comments,
+    })
+}
+
+fn wire_graph(g: &Graph) -> Result<WireGraph, BinaryError> {
+    let nodes = g
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| wire_node(i, n))
+        .collect::<Result<_, _>>()?;
+    Ok(WireGraph {
         name: g.name.clone(),
         params: g.params.clone(),
         nodes,
         outputs: g.outputs.clone(),
-    };
-    let payload = bincode::serde::encode_to_vec(&wire, bincode::config::standard())?;
+    })
+}
+
+fn graph_of(wire: WireGraph) -> Result<Graph, BinaryError> {
+    let nodes = wire
+        .nodes
+        .into_iter()
+        .enumerate()
+        .map(|(i, n)| node_of(i, n))
+        .collect::<Result<_, _>>()?;
+    Ok(Graph {
+        name: wire.name,
+        params: wire.params,
+        nodes,
+        outputs: wire.outputs,
+    })
+}
+
+/// The header and the bincode payload of `wire`.
+fn frame<T: Serialize>(magic: &[u8; 8], version: u32, wire: &T) -> Result<Vec<u8>, BinaryError> {
+    let payload = bincode::serde::encode_to_vec(wire, bincode::config::standard())?;
     let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
-    out.extend_from_slice(&MAGIC);
-    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(magic);
+    out.extend_from_slice(&version.to_le_bytes());
     out.extend_from_slice(&payload);
     Ok(out)
+}
+
+/// Encodes a graph: header, then the bincode payload.
+pub fn encode_graph(g: &Graph) -> Result<Vec<u8>, BinaryError> {
+    frame(&MAGIC, FORMAT_VERSION, &wire_graph(g)?)
 }
 
 /// Decodes a graph written by [`encode_graph`]. Checks the magic and the version first, so a
 /// file of another kind gets a clear error; never panics and never allocates much more than
 /// the input's size, whatever the input.
 pub fn decode_graph(data: &[u8]) -> Result<Graph, BinaryError> {
+    graph_of(unframe(&MAGIC, FORMAT_VERSION, data)?)
+}
+
+/// The payload of a frame written by [`frame`], decoded: the magic, the version, the size
+/// and the payload's end checked first.
+fn unframe<T: serde::de::DeserializeOwned>(
+    magic_expected: &[u8; 8],
+    version_expected: u32,
+    data: &[u8],
+) -> Result<T, BinaryError> {
     if data.len() < HEADER_LEN {
-        if !MAGIC.starts_with(data) && !data.starts_with(&MAGIC) {
+        if !magic_expected.starts_with(data) && !data.starts_with(magic_expected) {
             return Err(BinaryError::BadMagic);
         }
         return Err(BinaryError::Truncated { len: data.len() });
     }
     let (magic, rest) = data.split_at(MAGIC.len());
-    if magic != MAGIC {
+    if magic != magic_expected {
         return Err(BinaryError::BadMagic);
     }
     let (version, payload) = rest.split_at(4);
     let mut v = [0u8; 4];
     v.copy_from_slice(version);
     let found = u32::from_le_bytes(v);
-    if found != FORMAT_VERSION {
+    if found != version_expected {
         return Err(BinaryError::UnsupportedVersion {
             found,
-            supported: FORMAT_VERSION,
+            supported: version_expected,
         });
     }
     if payload.len() > MAX_PAYLOAD {
@@ -197,33 +254,171 @@ pub fn decode_graph(data: &[u8]) -> Result<Graph, BinaryError> {
             extra: payload.len().saturating_sub(read),
         });
     }
-    let mut nodes = Vec::with_capacity(wire.nodes.len());
-    for (i, n) in wire.nodes.into_iter().enumerate() {
-        nodes.push(Node {
-            op: n.op,
-            inputs: n.inputs,
-            attrs: unflatten_attrs(i, n.attrs)?,
-            cnode_attrs: unflatten_attrs(i, n.cnode_attrs)?,
-            ty: n.ty,
-            name: n.name,
-            instance: n.instance,
-            scope: n.scope,
-            in_strategy: n.in_strategy,
-            out_strategy: n.out_strategy,
-            comments: n.comments,
-        });
-    }
-    Ok(Graph {
-        name: wire.name,
-        params: wire.params,
-        nodes,
-        outputs: wire.outputs,
+    Ok(wire)
+}
+
+/// The first bytes of every binary program ([`crate::spmd::SpmdProgram`]).
+pub const PROGRAM_MAGIC: [u8; 8] = *b"SHARDCP\0";
+
+/// The version of the binary program format this build writes and reads.
+pub const PROGRAM_FORMAT_VERSION: u32 = 1;
+
+#[derive(Serialize, Deserialize)]
+enum WirePatch {
+    Group {
+        node: u32,
+        primes: Vec<usize>,
+        axes: Vec<usize>,
+    },
+    Slice {
+        node: u32,
+        primes: Vec<usize>,
+        axes: Vec<usize>,
+        dim: usize,
+        shape: Vec<usize>,
+    },
+    ParamBlock {
+        param: u32,
+        layout: crate::TensorLayout,
+    },
+    NodeBlock {
+        node: u32,
+        layout: crate::TensorLayout,
+    },
+    Variants {
+        nodes: Vec<u32>,
+        layout: crate::TensorLayout,
+        dims: Vec<usize>,
+        keys: Vec<Vec<(usize, usize)>>,
+        variants: Vec<Vec<WireNode>>,
+    },
+}
+
+#[derive(Serialize, Deserialize)]
+struct WireProgram {
+    device_num: u64,
+    template: WireGraph,
+    patches: Vec<WirePatch>,
+}
+
+/// Encodes the program every rank runs: header (magic `SHARDCP\0`, version), then the
+/// bincode payload (the template as a graph is, the patches beside it).
+pub fn encode_program(p: &crate::spmd::SpmdProgram) -> Result<Vec<u8>, BinaryError> {
+    use crate::spmd::Patch;
+    let patches = p
+        .patches
+        .iter()
+        .map(|patch| {
+            Ok(match patch.clone() {
+                Patch::Group { node, primes, axes } => WirePatch::Group { node, primes, axes },
+                Patch::Slice {
+                    node,
+                    primes,
+                    axes,
+                    dim,
+                    shape,
+                } => WirePatch::Slice {
+                    node,
+                    primes,
+                    axes,
+                    dim,
+                    shape,
+                },
+                Patch::ParamBlock { param, layout } => WirePatch::ParamBlock { param, layout },
+                Patch::NodeBlock { node, layout } => WirePatch::NodeBlock { node, layout },
+                Patch::Variants {
+                    nodes,
+                    layout,
+                    dims,
+                    keys,
+                    variants,
+                } => WirePatch::Variants {
+                    variants: variants
+                        .iter()
+                        .map(|v| {
+                            v.iter()
+                                .zip(&nodes)
+                                .map(|(n, &i)| wire_node(i as usize, n))
+                                .collect::<Result<Vec<_>, _>>()
+                        })
+                        .collect::<Result<_, _>>()?,
+                    nodes,
+                    layout,
+                    dims,
+                    keys,
+                },
+            })
+        })
+        .collect::<Result<_, BinaryError>>()?;
+    let wire = WireProgram {
+        device_num: p.device_num as u64,
+        template: wire_graph(&p.template)?,
+        patches,
+    };
+    frame(&PROGRAM_MAGIC, PROGRAM_FORMAT_VERSION, &wire)
+}
+
+/// Decodes a program written by [`encode_program`], as [`decode_graph`] decodes a graph.
+pub fn decode_program(data: &[u8]) -> Result<crate::spmd::SpmdProgram, BinaryError> {
+    use crate::spmd::Patch;
+    let wire: WireProgram = unframe(&PROGRAM_MAGIC, PROGRAM_FORMAT_VERSION, data)?;
+    let patches = wire
+        .patches
+        .into_iter()
+        .map(|w| {
+            Ok(match w {
+                WirePatch::Group { node, primes, axes } => Patch::Group { node, primes, axes },
+                WirePatch::Slice {
+                    node,
+                    primes,
+                    axes,
+                    dim,
+                    shape,
+                } => Patch::Slice {
+                    node,
+                    primes,
+                    axes,
+                    dim,
+                    shape,
+                },
+                WirePatch::ParamBlock { param, layout } => Patch::ParamBlock { param, layout },
+                WirePatch::NodeBlock { node, layout } => Patch::NodeBlock { node, layout },
+                WirePatch::Variants {
+                    nodes,
+                    layout,
+                    dims,
+                    keys,
+                    variants,
+                } => Patch::Variants {
+                    variants: variants
+                        .into_iter()
+                        .map(|v| {
+                            v.into_iter()
+                                .zip(&nodes)
+                                .map(|(n, &i)| node_of(i as usize, n))
+                                .collect::<Result<Vec<_>, _>>()
+                        })
+                        .collect::<Result<_, _>>()?,
+                    nodes,
+                    layout,
+                    dims,
+                    keys,
+                },
+            })
+        })
+        .collect::<Result<_, BinaryError>>()?;
+    Ok(crate::spmd::SpmdProgram {
+        device_num: usize::try_from(wire.device_num).unwrap_or(usize::MAX),
+        template: graph_of(wire.template)?,
+        patches,
     })
 }
 
 /// Decodes the payload under a byte limit of about 64 times its length: bincode charges every
 /// container's in-memory size against the limit before allocating it.
-fn decode_payload(payload: &[u8]) -> Result<(WireGraph, usize), bincode::error::DecodeError> {
+fn decode_payload<T: serde::de::DeserializeOwned>(
+    payload: &[u8],
+) -> Result<(T, usize), bincode::error::DecodeError> {
     const MIB: usize = 1 << 20;
     const HUGE: usize = if usize::BITS >= 64 {
         (16u64 << 30) as usize

@@ -17,6 +17,7 @@ pub mod geometry;
 pub mod graph;
 pub mod layout;
 pub mod op;
+pub mod spmd;
 pub mod text;
 pub mod types;
 

@@ -32,6 +32,7 @@
 //! The pass is deterministic and depends only on the graph's structure and types, so every
 //! rank of a data-parallel job gets the same buckets in the same order.
 
+use shardc_ir::spmd::{Patch, SpmdProgram};
 use shardc_ir::{Attr, Graph, Node, NodeId, OpKind, Operand};
 use std::collections::HashMap;
 use thiserror::Error;
@@ -144,11 +145,52 @@ pub fn fuse(g: &Graph, mode: &GradFusion) -> Result<(Graph, Vec<Bucket>), GradFu
 /// As [`fuse`], on a graph it may take apart (no node is copied).
 pub fn fuse_owned(g: Graph, mode: &GradFusion) -> Result<(Graph, Vec<Bucket>), GradFusionError> {
     mode.validate()?;
-    let out = hoist(g);
-    let buckets = bucket(&out, mode)?;
-    let mut out = out;
+    let (out, _) = hoist(g);
+    let buckets = bucket(&out, mode, &|_| None)?;
+    Ok((mark(out, &buckets, mode), buckets))
+}
+
+/// The pass on the program every rank runs ([`SpmdProgram`]): its template is fused, the
+/// patches follow their nodes, and only AllReduces over the same group *on every rank* (the
+/// same prime axes of the same device space) share a bucket, so that every materialized rank
+/// has the buckets fusing its own graph would give.
+pub fn fuse_program(
+    p: SpmdProgram,
+    mode: &GradFusion,
+) -> Result<(SpmdProgram, Vec<Bucket>), GradFusionError> {
+    mode.validate()?;
+    let SpmdProgram {
+        device_num,
+        template,
+        mut patches,
+    } = p;
+    let (out, new_index) = hoist(template);
+    if let Some(new_index) = &new_index {
+        for patch in &mut patches {
+            patch.renumber(new_index);
+        }
+    }
+    let mut spec: HashMap<usize, String> = HashMap::new();
+    for patch in &patches {
+        if let Patch::Group { node, primes, axes } = patch {
+            spec.insert(*node as usize, format!("{primes:?}/{axes:?}"));
+        }
+    }
+    let buckets = bucket(&out, mode, &|i| spec.get(&i).cloned())?;
+    Ok((
+        SpmdProgram {
+            device_num,
+            template: mark(out, &buckets, mode),
+            patches,
+        },
+        buckets,
+    ))
+}
+
+/// Writes each bucket's id into its members (`fusion: k`) with a comment.
+fn mark(mut out: Graph, buckets: &[Bucket], mode: &GradFusion) -> Graph {
     let how = mode.describe();
-    for b in &buckets {
+    for b in buckets {
         for (k, m) in b.members.iter().enumerate() {
             let node = &mut out.nodes[m.index()];
             node.attrs.set("fusion", Attr::Int(b.id));
@@ -161,7 +203,7 @@ pub fn fuse_owned(g: Graph, mode: &GradFusion) -> Result<(Graph, Vec<Bucket>), G
             ));
         }
     }
-    Ok((out, buckets))
+    out
 }
 
 /// The new order [`hoist`] builds: nodes placed so far, and the hoisted nodes whose inputs
@@ -200,8 +242,8 @@ impl Schedule {
 }
 
 /// Moves every gradient AllReduce, and the `mirror_grad_*` nodes feeding it, to just after the
-/// last node it reads.
-fn hoist(g: Graph) -> Graph {
+/// last node it reads; with the new index of every old node, when any moved.
+fn hoist(g: Graph) -> (Graph, Option<Vec<u32>>) {
     let n = g.nodes.len();
     let mut hoisted = vec![false; n];
     let mut stack: Vec<usize> = (0..n)
@@ -221,7 +263,7 @@ fn hoist(g: Graph) -> Graph {
         }
     }
     if !hoisted.iter().any(|&h| h) {
-        return g;
+        return (g, None);
     }
     // New order: the other nodes in their order; each hoisted node as soon as every node it
     // reads is placed. Ready hoisted nodes are placed in passes over their old order (a node
@@ -289,12 +331,13 @@ fn hoist(g: Graph) -> Graph {
             node
         })
         .collect();
-    Graph {
+    let graph = Graph {
         name,
         params,
         nodes,
         outputs: outputs.iter().map(remap).collect(),
-    }
+    };
+    (graph, Some(new_index))
 }
 
 /// The trainable-parameter index of the weight whose gradient `instance` reduces
@@ -325,8 +368,13 @@ struct Open {
     segment: Option<usize>,
 }
 
-/// Groups the gradient AllReduces of `g` (already hoisted) into buckets.
-fn bucket(g: &Graph, mode: &GradFusion) -> Result<Vec<Bucket>, GradFusionError> {
+/// Groups the gradient AllReduces of `g` (already hoisted) into buckets; `group_of` names a
+/// node's group where its `rank_list` alone does not say it for every rank.
+fn bucket(
+    g: &Graph,
+    mode: &GradFusion,
+    group_of: &dyn Fn(usize) -> Option<String>,
+) -> Result<Vec<Bucket>, GradFusionError> {
     let users = g.users();
     let n = g.nodes.len();
     let mut open: HashMap<(String, String, String), Open> = HashMap::new();
@@ -345,10 +393,11 @@ fn bucket(g: &Graph, mode: &GradFusion) -> Result<Vec<Bucket>, GradFusionError> 
             .ty
             .as_tensor()
             .ok_or_else(|| err("its result is not a tensor".into()))?;
-        let group = node
-            .attrs
-            .get("rank_list")
-            .map_or_else(|| "world".to_string(), |a| a.to_string());
+        let group = group_of(i).unwrap_or_else(|| {
+            node.attrs
+                .get("rank_list")
+                .map_or_else(|| "world".to_string(), |a| a.to_string())
+        });
         let op = match node.attrs.get("op") {
             None => "sum".to_string(),
             Some(Attr::Str(s)) => s.clone(),

@@ -849,7 +849,22 @@ pub fn find_resume(
     graphs: &[&Graph],
     keep: &dyn Fn(usize) -> bool,
 ) -> Result<ResumePoint, CheckpointError> {
-    let n = graphs.len();
+    find_resume_with(
+        dir,
+        graphs.len(),
+        &|r| std::borrow::Cow::Borrowed(graphs[r]),
+        keep,
+    )
+}
+
+/// As [`find_resume`] for `n` ranks whose graphs `graph_of` gives one at a time (only the
+/// name and parameters are read: a program's ranks need not all be materialized at once).
+pub fn find_resume_with<'g>(
+    dir: &Path,
+    n: usize,
+    graph_of: &dyn Fn(usize) -> std::borrow::Cow<'g, Graph>,
+    keep: &dyn Fn(usize) -> bool,
+) -> Result<ResumePoint, CheckpointError> {
     if !dir.is_dir() {
         return Err(CheckpointError::NoCheckpoint {
             dir: dir.to_path_buf(),
@@ -877,17 +892,18 @@ pub fn find_resume(
     'step: for step in candidates {
         let mut files = Vec::with_capacity(n);
         let mut cps = Vec::with_capacity(n);
-        for (r, g) in graphs.iter().enumerate() {
-            let Some(paths) = by_rank[r].get(&step) else {
+        for (r, steps) in by_rank.iter().enumerate() {
+            let Some(paths) = steps.get(&step) else {
                 warnings.push(format!(
                     "skipping step {step}: rank {r} has no checkpoint of it in {}",
                     rank_dir(dir, r).display()
                 ));
                 continue 'step;
             };
+            let g = graph_of(r);
             let mut found = None;
             for p in paths {
-                match load(p).and_then(|cp| cp.check_against(p, g, r as u32, n as u32).map(|_| cp))
+                match load(p).and_then(|cp| cp.check_against(p, &g, r as u32, n as u32).map(|_| cp))
                 {
                     Ok(cp) => {
                         found = Some((p.clone(), cp));

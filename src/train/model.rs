@@ -231,6 +231,8 @@ impl Model {
             },
             mode_names: Some((ctx.parallel_mode.to_string(), ctx.search_mode.to_string())),
             grad_fusion: Some(pipeline::grad_fusion_of(&ctx.comm_fusion)),
+            // This process's own rank, materialized from the program (and dumped) only.
+            materialize: pipeline::Materialize::Ranks(vec![self.rank]),
         };
         let compiled = pipeline::compile(forward, &opts)?;
         let threads = match self.threads {
@@ -254,7 +256,7 @@ impl Model {
                     .zip(&p.assignment.param_layouts)
                     .map(|(param, l)| (param.name.clone(), l.clone()))
                     .collect();
-                let g = p.ranks.into_iter().nth(self.rank).ok_or_else(|| {
+                let g = p.ranks.into_iter().next().ok_or_else(|| {
                     TrainError::Mismatch(format!("no graph for rank {}", self.rank))
                 })?;
                 (g, layouts)

@@ -22,7 +22,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use shardc_backend_cpu::CpuBackend;
 use shardc_compiler::pipeline::{compile, CompileOptions};
-use shardc_ir::artifact::{Artifact, Manifest, RankEntry};
+use shardc_ir::artifact::{Artifact, Manifest};
 use shardc_ir::ReduceOp;
 use shardc_passes::grad_fusion::GradFusion;
 use shardc_passes::parallel::{DatasetLayout, Mode, ParallelOptions};
@@ -184,23 +184,24 @@ fn write_artifact(
     };
     let compiled = compile(forward, &opts)
         .with_context(|| format!("compiling {} for {ranks} ranks", model.name()))?;
-    let graphs = compiled
+    let program = compiled
         .parallel
-        .map(|p| p.ranks)
+        .map(|p| p.program)
         .ok_or_else(|| anyhow!("compiling for {ranks} ranks gave one graph"))?;
     let manifest = Manifest {
-        format_version: 1,
+        format_version: shardc_ir::artifact::FORMAT_VERSION,
         shardc_version: env!("CARGO_PKG_VERSION").to_string(),
         model: model.name().to_string(),
         device_num: ranks as u32,
         parallel_mode: "data_parallel".into(),
-        ranks: (0..ranks as u32).map(RankEntry::new).collect(),
+        program: shardc_ir::artifact::PROGRAM_FILE.into(),
+        ranks: Vec::new(),
         inputs: Vec::new(),
         outputs: vec!["loss".into()],
         optimizer: None,
         extra: serde_json::Map::new(),
     };
-    Artifact { manifest, graphs }.write(dir)?;
+    Artifact { manifest, program }.write(dir, &[])?;
     Ok(())
 }
 
@@ -346,11 +347,7 @@ fn measure(
 ) -> Result<Option<WorkerReport>> {
     let (rank, size) = (joined.rank, joined.size);
     let art = Artifact::read(artifact)?;
-    let graph = art
-        .graphs
-        .into_iter()
-        .nth(rank)
-        .ok_or_else(|| anyhow!("no graph for rank {rank}"))?;
+    let graph = art.rank_graph(rank)?;
     let data = SyntheticData::new(&graph, 1 + rank as u64, 1)?;
     let mut exec = Executor::with_communicator(
         graph,

@@ -151,8 +151,8 @@ pub fn strategy_of(art_dir: &Path, art: &Artifact) -> Result<StrategyFile> {
                 );
             }
         }
-        _ if art.graphs.len() == 1 => {
-            for p in &art.graphs[0].params {
+        _ if art.device_num() == 1 => {
+            for p in &art.program.template.params {
                 parameters.insert(
                     p.name.clone(),
                     ParamLayout {
@@ -166,7 +166,7 @@ pub fn strategy_of(art_dir: &Path, art: &Artifact) -> Result<StrategyFile> {
         _ => bail!(
             "{}: the manifest of a {}-rank artifact has no parameter layouts",
             art_dir.display(),
-            art.graphs.len()
+            art.device_num()
         ),
     }
     let mut ops = BTreeMap::new();
@@ -254,12 +254,29 @@ fn parse_strategy(s: &str) -> Result<Vec<Vec<i64>>> {
 /// keeps the checkpoints of the ranks `keep` selects.
 pub(crate) fn resume_point(
     dir: &Path,
-    graphs: &[&Graph],
+    ranks: &RankWeights<'_>,
     keep: &dyn Fn(usize) -> bool,
     who: &str,
     steps: u64,
 ) -> Result<ResumePoint> {
-    let rp = checkpoint::find_resume(dir, graphs, keep)?;
+    let rp = match ranks {
+        RankWeights::Graphs(graphs) => checkpoint::find_resume(dir, graphs, keep)?,
+        RankWeights::Program(p) => {
+            // Check every rank's weights first: a malformed program is an error here, not
+            // in the middle of the search.
+            for r in 0..p.device_num {
+                p.weights_of(r)?;
+            }
+            checkpoint::find_resume_with(
+                dir,
+                p.device_num,
+                &|r| {
+                    std::borrow::Cow::Owned(p.weights_of(r).unwrap_or_else(|_| p.template.clone()))
+                },
+                keep,
+            )?
+        }
+    };
     if rp.step >= steps {
         eprintln!(
             "{who}note: the checkpoint is at step {} and --steps is {steps} (the total): no step left to run",
@@ -279,6 +296,15 @@ pub(crate) fn resume_point(
             .join(", ")
     );
     Ok(rp)
+}
+
+/// The ranks a resume point is found for: their graphs, or the program every rank runs
+/// (whose ranks' weights are read one at a time).
+pub(crate) enum RankWeights<'a> {
+    /// The ranks' graphs.
+    Graphs(&'a [&'a Graph]),
+    /// The program.
+    Program(&'a shardc_ir::spmd::SpmdProgram),
 }
 
 /// Loads rank `rank`'s checkpoint of a resume point into its executor.

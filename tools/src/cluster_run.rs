@@ -281,19 +281,18 @@ fn train_rank(a: &RunArgs, art: Artifact, joined: &Joined) -> Result<()> {
         return crate::gpu::train_rank(a, art, joined.comm.clone(), joined.local_rank());
     }
     let (rank, size) = (joined.rank, joined.size);
-    if art.graphs.len() != size {
+    if art.device_num() != size {
         bail!(
-            "{}: the artifact has {} rank graph(s) but the job has {size} workers: compile with --device-num {size}",
+            "{}: the artifact is compiled for {} rank(s) but the job has {size} workers: compile with --device-num {size}",
             a.artifact.display(),
-            art.graphs.len()
+            art.device_num()
         );
     }
     let (data, inputs) = crate::commands::distributed_data(a, &art)?;
+    // This worker's own rank, materialized from the program every rank runs.
     let graph = art
-        .graphs
-        .get(rank)
-        .cloned()
-        .context("rank graph missing")?;
+        .rank_graph(rank)
+        .with_context(|| format!("rank {rank}: materializing its graph"))?;
     let threads = if a.threads == 0 { 1 } else { a.threads };
     let mut exec = Executor::with_communicator(
         graph,
@@ -307,9 +306,9 @@ fn train_rank(a: &RunArgs, art: Artifact, joined: &Joined) -> Result<()> {
     // keeps any rank from saving (and pruning) before all have chosen.
     let start = match &a.checkpoint.resume_from {
         Some(dir) => {
-            let graphs: Vec<&shardc_ir::Graph> = art.graphs.iter().collect();
             let who = format!("rank {rank}: ");
-            let mut rp = crate::ckpt::resume_point(dir, &graphs, &|r| r == rank, &who, a.steps)?;
+            let ranks = crate::ckpt::RankWeights::Program(&art.program);
+            let mut rp = crate::ckpt::resume_point(dir, &ranks, &|r| r == rank, &who, a.steps)?;
             crate::ckpt::apply(&mut rp, rank, size, &mut exec)?;
             let all: Vec<usize> = (0..size).collect();
             joined.comm.barrier(&all).map_err(|e| {

@@ -5,7 +5,8 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use shardc_backend_cpu::CpuBackend;
 use shardc_compiler::pipeline::{self, CompileOptions};
-use shardc_ir::artifact::{Artifact, IoEntry, Manifest, RankEntry};
+use shardc_ir::artifact::{self, Artifact, IoEntry, Manifest};
+use shardc_ir::spmd::SpmdProgram;
 use shardc_ir::{text, Graph, ParamKind, TensorLayout};
 use shardc_passes::autodiff::Optimizer;
 use shardc_runtime::data::{MnistData, SyntheticData};
@@ -37,10 +38,16 @@ pub struct CompileArgs {
     #[command(flatten)]
     pub optimizer: OptimizerArgs,
     /// Write every pipeline stage as `NN_name_NNNN.ir` into this directory; with several
-    /// devices, each rank's into `rank_R/` (`step_parallel_begin_NNNN.ir`,
-    /// `step_parallel_end_NNNN.ir`, `04_execute_NNNN.ir`).
+    /// devices, the ranks `--ranks` (or `--global-rank`) names each into `rank_R/`
+    /// (`step_parallel_begin_NNNN.ir`, `step_parallel_end_NNNN.ir`, `04_execute_NNNN.ir`).
     #[arg(long)]
     pub save_graphs_path: Option<PathBuf>,
+    /// The ranks to write out materialized for inspection (`rank_R.ir` in the artifact, and
+    /// their dumps): `0-7` (one host's), `0,3,5`, or `all`. Default: `--global-rank`, else 0.
+    /// The artifact holds the program every rank runs either way; each worker materializes
+    /// its own rank when it loads.
+    #[arg(long, value_name = "RANKS")]
+    pub ranks: Option<String>,
     /// The parallel context (MindSpore's `set_auto_parallel_context`).
     #[command(flatten)]
     pub parallel: ParallelArgs,
@@ -168,6 +175,11 @@ pub fn compile(a: &CompileArgs) -> Result<()> {
     let opt = optimizer_of(&a.optimizer);
     let ctx = a.parallel.to_context()?;
     let popts = a.parallel.options(&ctx)?;
+    let device_num = popts.as_ref().map_or(1, |p| p.device_num);
+    let inspect = match &a.ranks {
+        Some(spec) => parse_ranks(spec, device_num)?,
+        None => vec![ctx.global_rank],
+    };
     let opts = CompileOptions {
         optimizer: Some(opt),
         dump_dir: a.save_graphs_path.clone(),
@@ -176,11 +188,12 @@ pub fn compile(a: &CompileArgs) -> Result<()> {
         save_strategy: ctx.strategy_ckpt_config.save_file.clone(),
         mode_names: Some((ctx.parallel_mode.to_string(), ctx.search_mode.to_string())),
         grad_fusion: Some(pipeline::grad_fusion_of(&ctx.comm_fusion)),
+        materialize: pipeline::Materialize::Ranks(inspect.clone()),
     };
     let compiled = pipeline::compile(graph, &opts)?;
     let g = compiled.graph;
     let mut extra = serde_json::Map::new();
-    let (graphs, mode) = match compiled.parallel {
+    let (program, graphs, mode) = match compiled.parallel {
         Some(p) => {
             let layouts: serde_json::Map<String, serde_json::Value> = p
                 .begin
@@ -208,31 +221,75 @@ pub fn compile(a: &CompileArgs) -> Result<()> {
                     }),
                 );
             }
-            (p.ranks, ctx.parallel_mode.to_string())
+            let graphs: Vec<(usize, Graph)> = p.rank_ids.iter().copied().zip(p.ranks).collect();
+            (p.program, graphs, ctx.parallel_mode.to_string())
         }
-        None => (vec![g.clone()], "stand_alone".to_string()),
+        None => (
+            SpmdProgram::uniform(g.clone(), 1),
+            vec![(0, g.clone())],
+            "stand_alone".to_string(),
+        ),
     };
-    let n = graphs.len();
+    let n = program.device_num;
+    let nodes = program.template.nodes.len();
     let manifest = Manifest {
-        format_version: 1,
+        format_version: artifact::FORMAT_VERSION,
         shardc_version: env!("CARGO_PKG_VERSION").to_string(),
         model: g.name.clone(),
         device_num: n as u32,
         parallel_mode: mode,
-        ranks: (0..n as u32).map(RankEntry::new).collect(),
+        program: artifact::PROGRAM_FILE.to_string(),
+        ranks: Vec::new(),
         inputs: io_entries(&g),
         outputs: vec!["loss".into()],
         optimizer: Some(serde_json::to_value(format!("{opt:?}"))?),
         extra,
     };
-    let nodes = graphs[0].nodes.len();
-    Artifact { manifest, graphs }.write(&a.output)?;
+    let inspect: Vec<(usize, &Graph)> = graphs.iter().map(|(r, g)| (*r, g)).collect();
+    Artifact { manifest, program }.write(&a.output, &inspect)?;
     println!(
-        "compiled {} -> {} ({n} rank(s), {nodes} nodes in rank 0's training step)",
+        "compiled {} -> {} ({n} rank(s) from one program; {nodes} nodes in rank 0's training step)",
         a.model.display(),
         a.output.display(),
     );
     Ok(())
+}
+
+/// The ranks `--ranks` names: `all`, `A-B` (inclusive), or a comma-separated list of those.
+pub fn parse_ranks(spec: &str, device_num: usize) -> Result<Vec<usize>> {
+    let mut out = Vec::new();
+    let bad = |what: &str, why: String| anyhow::anyhow!("--ranks {spec}: {what}: {why}");
+    for part in spec.split(',').map(str::trim) {
+        if part == "all" {
+            out.extend(0..device_num);
+            continue;
+        }
+        let (lo, hi) = match part.split_once('-') {
+            Some((a, b)) => (a.trim(), b.trim()),
+            None => (part, part),
+        };
+        let num = |x: &str| -> Result<usize> {
+            x.parse::<usize>()
+                .map_err(|_| bad(part, format!("{x:?} is not a rank number")))
+        };
+        let (lo, hi) = (num(lo)?, num(hi)?);
+        if lo > hi {
+            return Err(bad(part, format!("{lo} is above {hi}")));
+        }
+        if hi >= device_num {
+            return Err(bad(
+                part,
+                format!("rank {hi} is not below the device count {device_num}"),
+            ));
+        }
+        out.extend(lo..=hi);
+    }
+    let mut seen = std::collections::HashSet::new();
+    out.retain(|r| seen.insert(*r));
+    if out.is_empty() {
+        return Err(bad(spec, "names no rank".into()));
+    }
+    Ok(out)
 }
 
 /// `shardc run`.
@@ -245,12 +302,10 @@ pub fn run(a: &RunArgs) -> Result<()> {
     if a.device.on_gpu()? {
         return crate::gpu::run(a, art);
     }
-    if art.graphs.len() > 1 {
+    if art.device_num() > 1 {
         return run_ranks_in_process(a, art);
     }
-    let Some(graph) = art.graphs.first().cloned() else {
-        bail!("{}: the artifact holds no graph", a.artifact.display());
-    };
+    let graph = art.rank_graph(0)?;
     let threads = if a.threads == 0 {
         std::thread::available_parallelism()
             .map(|n| n.get())
@@ -269,7 +324,13 @@ pub fn run(a: &RunArgs) -> Result<()> {
     // checkpoint; steps continue from there (`--steps` counts the total).
     let start = match &a.checkpoint.resume_from {
         Some(dir) => {
-            let mut rp = crate::ckpt::resume_point(dir, &[exec.graph()], &|_| true, "", a.steps)?;
+            let mut rp = crate::ckpt::resume_point(
+                dir,
+                &crate::ckpt::RankWeights::Graphs(&[exec.graph()]),
+                &|_| true,
+                "",
+                a.steps,
+            )?;
             crate::ckpt::apply(&mut rp, 0, 1, &mut exec)?;
             rp.step
         }
@@ -329,16 +390,8 @@ pub fn run(a: &RunArgs) -> Result<()> {
 pub fn print(a: &PrintArgs) -> Result<()> {
     let graph = if a.path.is_dir() {
         let art = Artifact::read(&a.path)?;
-        let idx = art
-            .manifest
-            .ranks
-            .iter()
-            .position(|r| r.rank == a.rank)
-            .with_context(|| format!("{}: no rank {} in the artifact", a.path.display(), a.rank))?;
-        art.graphs
-            .into_iter()
-            .nth(idx)
-            .context("rank graph missing")?
+        art.rank_graph(a.rank as usize)
+            .with_context(|| format!("{}: rank {}", a.path.display(), a.rank))?
     } else {
         let mut g = load_model(&a.path)?;
         shardc_passes::infer::infer_graph(&mut g)?;
@@ -363,14 +416,16 @@ fn run_ranks_in_process(a: &RunArgs, art: Artifact) -> Result<()> {
             .collect()
     };
     let per_epoch = a.steps_per_epoch.unwrap_or(a.data_pool as u64).max(1);
-    let n = art.graphs.len();
+    let n = art.device_num();
+    // Every rank's graph, materialized from the program.
+    let rank_graphs = art.rank_graphs()?;
     // Checkpoints: every rank loads its file of the newest complete step, saves its own.
     let mut resume = match &a.checkpoint.resume_from {
         Some(dir) => {
-            let graphs: Vec<&Graph> = art.graphs.iter().collect();
+            let graphs: Vec<&Graph> = rank_graphs.iter().collect();
             Some(crate::ckpt::resume_point(
                 dir,
-                &graphs,
+                &crate::ckpt::RankWeights::Graphs(&graphs),
                 &|_| true,
                 "",
                 a.steps,
@@ -417,7 +472,7 @@ fn run_ranks_in_process(a: &RunArgs, art: Artifact) -> Result<()> {
         after_step: &after_step,
     };
     let res =
-        crate::in_process::run_ranks_with(art.graphs, &inputs, &feeds, a.steps, 1, Some(&hooks))?;
+        crate::in_process::run_ranks_with(rank_graphs, &inputs, &feeds, a.steps, 1, Some(&hooks))?;
     for (i, outs) in res.outputs[0].iter().enumerate() {
         print_loss(outs, start + i as u64, per_epoch)?;
     }
@@ -480,11 +535,11 @@ pub(crate) fn distributed_data(
         _ => bail!(
             "{}: the manifest of a {}-rank artifact has no parameter layouts",
             a.artifact.display(),
-            art.graphs.len()
+            art.device_num()
         ),
     };
     // A graph with the global input shapes, for the data generator.
-    let mut global = art.graphs[0].clone();
+    let mut global = art.program.template.clone();
     for p in &mut global.params {
         if p.kind == ParamKind::Input {
             if let Some(e) = art.manifest.inputs.iter().find(|e| e.name == p.name) {

@@ -222,13 +222,9 @@ pub fn explain(a: &ExplainArgs) -> Result<()> {
             );
         }
     }
-    let idx = art
-        .manifest
-        .ranks
-        .iter()
-        .position(|r| r.rank == a.rank)
-        .with_context(|| format!("no rank {} in the artifact", a.rank))?;
-    let g = &art.graphs[idx];
+    let g = &art
+        .rank_graph(a.rank as usize)
+        .with_context(|| format!("rank {} of the artifact", a.rank))?;
     println!("  communication around it on rank {}:", a.rank);
     let mut total = 0.0;
     let mut any = false;

@@ -117,13 +117,13 @@ fn resume(
     let Some(dir) = &a.checkpoint.resume_from else {
         return Ok(0);
     };
-    let graphs: Vec<&Graph> = art.graphs.iter().collect();
+    let ranks = crate::ckpt::RankWeights::Program(&art.program);
     let who = if size > 1 {
         format!("rank {rank}: ")
     } else {
         String::new()
     };
-    let mut rp = crate::ckpt::resume_point(dir, &graphs, &|r| r == rank, &who, a.steps)?;
+    let mut rp = crate::ckpt::resume_point(dir, &ranks, &|r| r == rank, &who, a.steps)?;
     crate::ckpt::apply(&mut rp, rank, size, exec)?;
     Ok(rp.step)
 }
@@ -145,8 +145,8 @@ pub fn run(a: &RunArgs, art: Artifact) -> Result<()> {
     };
     println!("device: {}", dev.description());
     let per_epoch = a.steps_per_epoch.unwrap_or(a.data_pool as u64).max(1);
-    if art.graphs.len() == 1 {
-        let graph = art.graphs[0].clone();
+    if art.device_num() == 1 {
+        let graph = art.rank_graph(0)?;
         let data = SyntheticData::new(&graph, a.seed, a.data_pool)?;
         let mut exec = GpuExecutor::new(graph, dev, host_backend(a))?;
         exec.set_profiling(a.stats);
@@ -173,7 +173,7 @@ pub fn run(a: &RunArgs, art: Artifact) -> Result<()> {
     // host. As on the CPU, every rank loads its file of the newest complete checkpoint step
     // (before any rank runs, so none saves and prunes first) and saves its own.
     let (data, inputs) = crate::commands::distributed_data(a, &art)?;
-    let n = art.graphs.len();
+    let n = art.device_num();
     let mut execs = in_process_executors(a, &art, dev)?;
     let mut start = 0;
     for (rank, exec) in execs.iter_mut().enumerate() {
@@ -248,7 +248,8 @@ fn in_process_executors(
     art: &Artifact,
     dev: Arc<dyn Device>,
 ) -> Result<Vec<GpuExecutor>> {
-    let n = art.graphs.len();
+    let n = art.device_num();
+    let graphs = art.rank_graphs()?;
     let comms = InProcessWorld::new(n);
     let per_rank = a.device.gpu_comm == GpuComm::Nccl
         && match a.device.gpu {
@@ -260,7 +261,7 @@ fn in_process_executors(
             println!("{n} ranks share one GPU: collectives staged through the host (NCCL needs a GPU per rank)");
         }
         let mut execs = Vec::with_capacity(n);
-        for (rank, (g, comm)) in art.graphs.iter().cloned().zip(comms).enumerate() {
+        for (rank, (g, comm)) in graphs.into_iter().zip(comms).enumerate() {
             let comm: Arc<dyn Communicator> = comm;
             execs.push(
                 GpuExecutor::with_communicator(g, dev.clone(), host_backend(a), comm)
@@ -300,7 +301,7 @@ fn in_process_executors(
         let handles: Vec<_> = devices
             .into_iter()
             .zip(comms)
-            .zip(art.graphs.iter().cloned())
+            .zip(graphs)
             .enumerate()
             .map(|(rank, (((dev, lib), comm), g))| {
                 s.spawn(move || -> Result<GpuExecutor> {
@@ -325,15 +326,17 @@ pub fn train_rank(
 ) -> Result<()> {
     synthetic_only(a)?;
     let (rank, size) = (comm.rank(), comm.size());
-    if art.graphs.len() != size {
+    if art.device_num() != size {
         bail!(
-            "{}: the artifact has {} rank graph(s) but the job has {size} workers: compile with --device-num {size}",
+            "{}: the artifact is compiled for {} rank(s) but the job has {size} workers: compile with --device-num {size}",
             a.artifact.display(),
-            art.graphs.len()
+            art.device_num()
         );
     }
     let (data, inputs) = crate::commands::distributed_data(a, &art)?;
-    let graph: Graph = art.graphs[rank].clone();
+    let graph: Graph = art
+        .rank_graph(rank)
+        .with_context(|| format!("rank {rank}: materializing its graph"))?;
     let cluster = comm.clone();
     let mut exec = match a.device.gpu {
         GpuKind::Emulator if a.device.gpu_comm == GpuComm::Nccl && size > 1 => {

@@ -18,45 +18,14 @@ use super::strategy::{Assignment, Decision};
 use super::{ParallelError, ParallelOptions};
 use crate::infer;
 use rayon::prelude::*;
+use shardc_ir::spmd::{slice_bounds, Patch, SpmdProgram};
 use shardc_ir::{
-    Attr, Attrs, Const, Graph, Init, Node, NodeId, OpClass, OpKind, Operand, Param, ParamKind,
+    Attr, Const, Graph, Init, Node, NodeId, OpClass, OpKind, Operand, Param, ParamKind,
     TensorLayout, TensorType, Type,
 };
 use std::collections::HashMap;
 
-/// The group name MindSpore prints: the size, a dash, and a hash of the rank list.
-pub fn group_name(ranks: &[usize]) -> String {
-    // FNV-1a over the decimal rank list: stable across runs and platforms.
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in ranks
-        .iter()
-        .map(|r| r.to_string())
-        .collect::<Vec<_>>()
-        .join("-")
-        .bytes()
-    {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    format!("{}-{}", ranks.len(), h >> 1)
-}
-
-fn comm_attrs(ranks: &[usize]) -> Attrs {
-    let list: Vec<i64> = ranks.iter().map(|&r| r as i64).collect();
-    Attrs::new()
-        .with("group", Attr::Str(group_name(ranks)))
-        .with("rank_list", Attr::ints(&list))
-        .with(
-            "group_ranks",
-            Attr::Str(
-                ranks
-                    .iter()
-                    .map(|r| r.to_string())
-                    .collect::<Vec<_>>()
-                    .join("-"),
-            ),
-        )
-}
+pub use shardc_ir::spmd::{comm_attrs, group_name};
 
 fn shape_const(s: &[usize]) -> Operand {
     Operand::Const(Const::Ints(s.iter().map(|&x| x as i64).collect()))
@@ -306,6 +275,9 @@ struct RankBuilder<'a> {
     counter: usize,
     /// The scope of the logical node being partitioned (inserted ops take it).
     scope: String,
+    /// What of the rank graph depends on the rank, as computed from the rank id (the
+    /// program's [`Patch`]es, recorded while building any rank's graph).
+    patches: Vec<Patch>,
 }
 
 impl RankBuilder<'_> {
@@ -458,21 +430,13 @@ impl RankBuilder<'_> {
                     )
                 }
                 Step::Slice { dim, axes, .. } => {
-                    let (ranks, own) = group(primes, axes, self.rank);
-                    let parts = ranks.len();
-                    let sub = before[*dim] / parts;
-                    let begin: Vec<i64> = (0..before.len())
-                        .map(|d| if d == *dim { (own * sub) as i64 } else { 0 })
-                        .collect();
-                    let end: Vec<i64> = (0..before.len())
-                        .map(|d| {
-                            if d == *dim {
-                                ((own + 1) * sub) as i64
-                            } else {
-                                before[d] as i64
-                            }
-                        })
-                        .collect();
+                    // The bounds as the program computes them for any rank.
+                    let (begin, end) = slice_bounds(primes, axes, *dim, &before, self.rank)
+                        .map_err(|reason| ParallelError::Partition {
+                            rank: self.rank,
+                            instance: edge.user.clone(),
+                            reason,
+                        })?;
                     let n = Node::new(
                         OpKind::StridedSlice,
                         vec![
@@ -502,6 +466,24 @@ impl RankBuilder<'_> {
                     .map_or(shardc_ir::DType::Float32, |t| t.dtype);
                 let ty = Type::Tensor(TensorType::new(dtype, p.shapes[k].clone()));
                 x = self.emit_typed(node, ty)?;
+                let id = self.out.nodes.len() as u32 - 1;
+                self.patches.push(match step {
+                    Step::Slice { dim, axes, .. } => Patch::Slice {
+                        node: id,
+                        primes: primes.clone(),
+                        axes: axes.clone(),
+                        dim: *dim,
+                        shape: before.clone(),
+                    },
+                    Step::AllReduce { axes, .. }
+                    | Step::ReduceScatter { axes, .. }
+                    | Step::AllGather { axes, .. }
+                    | Step::AllToAll { axes, .. } => Patch::Group {
+                        node: id,
+                        primes: primes.clone(),
+                        axes: axes.clone(),
+                    },
+                });
                 if completes && edge.mirror_of.is_some() && !self.opts.gradients_mean {
                     let ty_x = self.type_of(&x).expect("a node's type");
                     let mut m = Node::new(
@@ -618,6 +600,50 @@ impl RankBuilder<'_> {
         self.emit_typed(place, Type::Tensor(full))
     }
 
+    /// Emits this rank's window op ([`RankBuilder::emit_window_op`]) and records, as a
+    /// [`Patch::Variants`], the nodes of every distinct window the ranks' blocks give (each
+    /// emitted, copied and taken back), so that any rank's graph follows from this one.
+    fn emit_window_variants(
+        &mut self,
+        node: &Node,
+        d: &Decision,
+        device_num: usize,
+        n: Node,
+        ty: Type,
+        own: &SpatialWindow,
+    ) -> Result<Operand, ParallelError> {
+        let base = self.out.nodes.len();
+        let mut keys: Vec<Vec<(usize, usize)>> = Vec::new();
+        let mut variants: Vec<Vec<Node>> = Vec::new();
+        for r in 0..device_num {
+            let Some(w) = spatial_window(node, d, r)? else {
+                continue;
+            };
+            let key = vec![w.out_rows, w.out_cols];
+            if keys.contains(&key) {
+                continue;
+            }
+            self.emit_window_op(n.clone(), ty.clone(), &w)?;
+            variants.push(self.out.nodes.split_off(base));
+            keys.push(key);
+        }
+        let v = self.emit_window_op(n, ty, own)?;
+        let count = self.out.nodes.len() - base;
+        if keys.len() > 1 {
+            let layout = window_output_layout(node, d).ok_or_else(|| {
+                self.partition_error(node, "the window op's output has no layout")
+            })?;
+            self.patches.push(Patch::Variants {
+                nodes: (base..base + count).map(|i| i as u32).collect(),
+                layout,
+                dims: vec![2, 3],
+                keys,
+                variants,
+            });
+        }
+        Ok(v)
+    }
+
     fn partition_error(&self, n: &Node, reason: &str) -> ParallelError {
         ParallelError::Partition {
             rank: self.rank,
@@ -643,6 +669,17 @@ struct SpatialWindow {
     rows: (usize, usize),
     cols: (usize, usize),
     pads: [usize; 4],
+}
+
+/// The layout whose block decides a window op's window: its output, or the dy it reads.
+fn window_output_layout(node: &Node, d: &Decision) -> Option<TensorLayout> {
+    use OpKind::*;
+    let input = |i: usize| d.sharding.inputs.get(i).cloned().flatten();
+    match node.op {
+        Conv2D | MaxPool | AvgPool => d.sharding.outputs.first().cloned(),
+        Conv2DBackpropInput | Conv2DBackpropFilter => input(0),
+        _ => input(1),
+    }
 }
 
 /// The window of a Conv2D, MaxPool or AvgPool (or one of their gradients) whose output (dy)
@@ -733,6 +770,7 @@ fn spatial_window(
 
 /// Marks a local op with the block of `layout` this rank holds: `global_shape` (the logical
 /// shape) and `offset` (the block's first index per dimension): see [`shardc_ir::block`].
+/// (The program records it as a [`Patch::NodeBlock`].)
 fn mark_block(node: &mut Node, layout: &TensorLayout, rank: usize) {
     shardc_ir::block::Block {
         global_shape: layout.tensor_shape.clone(),
@@ -741,7 +779,8 @@ fn mark_block(node: &mut Node, layout: &TensorLayout, rank: usize) {
     .set_on(&mut node.attrs);
 }
 
-fn localize(node: &mut Node, d: &Decision, rank: usize) {
+fn localize(node: &mut Node, d: &Decision, rank: usize) -> Option<TensorLayout> {
+    let mut marked = None;
     let out_local = d
         .sharding
         .outputs
@@ -789,6 +828,7 @@ fn localize(node: &mut Node, d: &Decision, rank: usize) {
                 let axis = infer::normalize_axis(axis, rank_of_table).unwrap_or(0);
                 if table.splits().get(axis).copied().unwrap_or(1) > 1 {
                     mark_block(node, &table, rank);
+                    marked = Some(table);
                 }
             }
         }
@@ -797,6 +837,7 @@ fn localize(node: &mut Node, d: &Decision, rank: usize) {
             if let Some(out) = d.sharding.outputs.first() {
                 if out.splits().first().copied().unwrap_or(1) > 1 {
                     mark_block(node, out, rank);
+                    marked = Some(out.clone());
                     if let Some(&n) = out_local.first() {
                         if node.inputs.len() > 2 {
                             node.inputs[2] = Operand::Const(Const::Int(n as i64));
@@ -809,6 +850,7 @@ fn localize(node: &mut Node, d: &Decision, rank: usize) {
             if let Some(l) = d.sharding.outputs.first() {
                 if l.splits().iter().any(|&s| s > 1) {
                     mark_block(node, l, rank);
+                    marked = Some(l.clone());
                 }
             }
         }
@@ -839,6 +881,7 @@ fn localize(node: &mut Node, d: &Decision, rank: usize) {
         }
         debug_assert!(bi < ei);
     }
+    marked
 }
 
 /// The graph of one rank.
@@ -859,8 +902,36 @@ pub fn rank_graph_with(
     edges: &Edges,
     rank: usize,
 ) -> Result<Graph, ParallelError> {
+    rank_graph_and_patches(g, a, opts, edges, rank).map(|(graph, _)| graph)
+}
+
+/// The program every rank runs ([`SpmdProgram`]): rank 0's graph and what differs per rank,
+/// with the edges' conversions planned once.
+pub fn program(
+    g: &Graph,
+    a: &Assignment,
+    opts: &ParallelOptions,
+) -> Result<SpmdProgram, ParallelError> {
+    let edges = edges(g, a, opts);
+    let (template, patches) = rank_graph_and_patches(g, a, opts, &edges, 0)?;
+    Ok(SpmdProgram {
+        device_num: opts.device_num,
+        template,
+        patches,
+    })
+}
+
+/// Rank `rank`'s graph, and the patches that turn it into any other rank's.
+fn rank_graph_and_patches(
+    g: &Graph,
+    a: &Assignment,
+    opts: &ParallelOptions,
+    edges: &Edges,
+    rank: usize,
+) -> Result<(Graph, Vec<Patch>), ParallelError> {
     let mut out = Graph::new(g.name.clone());
-    for (p, l) in g.params.iter().zip(&a.param_layouts) {
+    let mut patches = Vec::new();
+    for (pi, (p, l)) in g.params.iter().zip(&a.param_layouts).enumerate() {
         let local = TensorType::new(p.ty.dtype, l.slice_shape());
         let kind = match &p.kind {
             ParamKind::Input => ParamKind::Input,
@@ -871,6 +942,10 @@ pub fn rank_graph_with(
                 let init = if l.splits().iter().all(|&s| s == 1) {
                     init.clone()
                 } else {
+                    patches.push(Patch::ParamBlock {
+                        param: pi as u32,
+                        layout: l.clone(),
+                    });
                     Init::Block {
                         of: Box::new(init.clone()),
                         global_shape: p.ty.shape.clone(),
@@ -902,6 +977,7 @@ pub fn rank_graph_with(
         converted: vec![None; edges.convs.len()],
         counter: 0,
         scope: String::new(),
+        patches,
     };
     for (i, node) in g.nodes.iter().enumerate() {
         b.scope.clone_from(&node.scope);
@@ -945,7 +1021,7 @@ pub fn rank_graph_with(
             comments: node.comments.clone(),
         };
         n.comments.push(edges.sources[i].clone());
-        localize(&mut n, d, rank);
+        let marked = localize(&mut n, d, rank);
         let local = |t: &TensorType, l: Option<&TensorLayout>| {
             TensorType::new(
                 t.dtype,
@@ -962,9 +1038,15 @@ pub fn rank_graph_with(
             ),
         };
         let mut v = match spatial_window(node, d, rank)? {
-            Some(w) => b.emit_window_op(n, ty, &w)?,
+            Some(w) => b.emit_window_variants(node, d, opts.device_num, n, ty, &w)?,
             None => b.emit_typed(n, ty)?,
         };
+        if let Some(layout) = marked {
+            b.patches.push(Patch::NodeBlock {
+                node: b.out.nodes.len() as u32 - 1,
+                layout,
+            });
+        }
         if let Some(scale) = d.sharding.scale {
             let ty_v = b.type_of(&v).expect("a node's type");
             let mut m = Node::new(OpKind::Mul, vec![v, Operand::Const(Const::Float(scale))]);
@@ -987,7 +1069,7 @@ pub fn rank_graph_with(
         }
     }
     b.out.outputs = outputs;
-    Ok(b.out)
+    Ok((b.out, b.patches))
 }
 
 /// The graphs of all ranks, `0..device_num`.

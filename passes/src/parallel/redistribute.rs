@@ -1038,53 +1038,7 @@ pub fn greedy_plan(
     }
 }
 
-/// The coordinates of `rank` over the prime axes `primes` (row-major).
-pub fn coords(primes: &[usize], rank: usize) -> Vec<usize> {
-    let mut c = vec![0; primes.len()];
-    let mut r = rank;
-    for i in (0..primes.len()).rev() {
-        c[i] = r % primes[i];
-        r /= primes[i];
-    }
-    c
-}
-
-/// The ranks that share `rank`'s coordinates except on `axes`, ascending; and `rank`'s index
-/// among them (its mixed-radix coordinate over `axes`, major first).
-pub fn group(primes: &[usize], axes: &[usize], rank: usize) -> (Vec<usize>, usize) {
-    let c = coords(primes, rank);
-    let size: usize = axes.iter().map(|&a| primes[a]).product();
-    let mut strides = vec![1usize; primes.len()];
-    for i in (0..primes.len().saturating_sub(1)).rev() {
-        strides[i] = strides[i + 1] * primes[i + 1];
-    }
-    let base: usize = c
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| !axes.contains(i))
-        .map(|(i, &x)| x * strides[i])
-        .sum();
-    let mut ranks = Vec::with_capacity(size);
-    for k in 0..size {
-        // Mixed-radix digits of k over axes (major first).
-        let mut rem = k;
-        let mut r = base;
-        for &a in axes.iter().rev() {
-            r += (rem % primes[a]) * strides[a];
-            rem /= primes[a];
-        }
-        ranks.push(r);
-    }
-    let mut own = 0;
-    for &a in axes {
-        own = own * primes[a] + c[a];
-    }
-    let mut sorted = ranks.clone();
-    sorted.sort_unstable();
-    // With axes ascending, `ranks` is already sorted and `own` is the position in it.
-    debug_assert!(sorted == ranks || axes.windows(2).any(|w| w[0] > w[1]));
-    (ranks, own)
-}
+pub use shardc_ir::spmd::{coords, group};
 
 #[cfg(test)]
 mod tests {
@@ -1151,13 +1105,5 @@ mod tests {
         let c = lay(&[2, 4], &[1, 0], &[16, 32], &[]);
         assert!(is_noop(&a, &c));
         assert!(plan(&a, &c, 4, false).steps.is_empty());
-    }
-
-    #[test]
-    fn groups_are_row_major() {
-        let primes = vec![2, 2, 2];
-        assert_eq!(group(&primes, &[1, 2], 0), (vec![0, 1, 2, 3], 0));
-        assert_eq!(group(&primes, &[1, 2], 6), (vec![4, 5, 6, 7], 2));
-        assert_eq!(group(&primes, &[0], 5), (vec![1, 5], 1));
     }
 }
