@@ -18,7 +18,7 @@
 //!
 //! Bytes are what one rank sends per step on a ring (AllReduce `2(p − 1)/p` of its buffer,
 //! AllGather `(p − 1)/p` of its result, ReduceScatter and AlltoAll `(p − 1)/p` of their
-//! input), as [`crate::explain::comm_bytes`] counts the emitted collectives of a rank graph.
+//! input), as `shardc explain` counts the emitted collectives of a rank graph.
 
 use anyhow::{Context, Result};
 use shardc_compiler::optim::Momentum;
