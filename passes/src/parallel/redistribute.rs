@@ -319,7 +319,7 @@ impl Builder<'_> {
 /// Plans the conversion of a value from layout `from` to layout `to` (same logical shape).
 /// `to` may not be partial. `elem_bytes` sizes the cost.
 ///
-/// Over one prime-axis space the plan is the cheapest chain ([`search`]: a shortest path over
+/// Over one prime-axis space the plan is the cheapest chain (a shortest-path search over
 /// the states of the prime axes, each step a collective or a slice the runtime has, cut off
 /// at the cost of the greedy order of the module documentation); the greedy plan is kept when
 /// nothing cheaper exists, when the space is too large to search ([`SEARCH_STATES`]), and

@@ -42,7 +42,7 @@ pub enum Source {
         seconds: f64,
     },
     /// Sharding propagation completed the plan around the fixed ops by solving the cost
-    /// graph ([`complete`]): the op's choice is part of the least predicted step.
+    /// graph (see [`assign`]): the op's choice is part of the least predicted step.
     Completed {
         /// Whether the solver proved the whole plan optimal under the cost model.
         exact: bool,
@@ -610,7 +610,7 @@ fn dataset_layout(
 /// ignored ([`Source::AnnotationIgnored`]).
 ///
 /// In `semi_auto_parallel`, and in `auto_parallel` with `sharding_propagation`, the plan is
-/// **completed exactly** ([`complete`]): the ops the user fixed (annotations; in
+/// **completed exactly**: the ops the user fixed (annotations; in
 /// `semi_auto_parallel` also the batch-split defaults of the forward ops the user wrote) stay
 /// as they are, and every other op (the backward pass, the loss's gradient, and in
 /// `auto_parallel` the unannotated forward ops) is solved by dynamic programming over the
