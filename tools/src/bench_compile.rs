@@ -13,7 +13,8 @@
 //! Each case times, as the median of `repeats` runs: the single-device training step (types,
 //! autodiff: the pipeline's part before the parallel stages), (a) strategy assignment
 //! ([`shardc_passes::parallel::strategy::assign`]) on the training step, (b) the partition into
-//! every rank's graph ([`shardc_passes::parallel::partition::partition`]), (c) the whole
+//! the program of every rank ([`shardc_passes::parallel::partition::program`]: rank 0's graph
+//! and what differs per rank), (c) the whole
 //! pipeline ([`shardc_compiler::pipeline::compile`]: types, autodiff, both parallel stages and
 //! the verification of every rank's graph). It prints one line per case with the op counts
 //! (logical training-step nodes, rank 0's nodes, rank 0's inserted communication ops by kind
@@ -79,7 +80,7 @@ pub struct CaseResult {
     pub train_step: Duration,
     /// Strategy assignment (median).
     pub assign: Duration,
-    /// Partition into all ranks' graphs (median).
+    /// Partition into the program of all ranks (median).
     pub partition: Duration,
     /// The whole pipeline, forward graph to verified per-rank graphs (median).
     pub pipeline: Duration,
@@ -207,8 +208,8 @@ pub fn measure_case(
         strategy::assign(&step, &opts)
             .with_context(|| format!("{mode_name} on {devices} devices: strategy assignment"))
     })?;
-    let (partition, ranks) = timed(repeats, || {
-        partition::partition(&step, &a, &opts)
+    let (partition, program) = timed(repeats, || {
+        partition::program(&step, &a, &opts)
             .with_context(|| format!("{mode_name} on {devices} devices: partition"))
     })?;
     let (pipeline, _) = timed(repeats, || {
@@ -223,15 +224,18 @@ pub fn measure_case(
         .map(|c| c.parallel.map_or(0, |p| p.ranks.len()))
         .with_context(|| format!("{mode_name} on {devices} devices: the pipeline"))
     })?;
-    let rank0 = ranks.first().context("the partition produced no rank")?;
+    let rank0 = &program.template;
     let mut comm_rank0 = BTreeMap::new();
     for n in rank0.nodes.iter().filter(|n| n.op.is_communication()) {
         *comm_rank0.entry(n.op.name().to_string()).or_insert(0) += 1;
     }
-    let comm_all_ranks = ranks
-        .iter()
-        .map(|r| r.nodes.iter().filter(|n| n.op.is_communication()).count())
-        .sum();
+    let mut comm_all_ranks = 0;
+    for r in 0..devices {
+        let g = program
+            .materialize(r)
+            .with_context(|| format!("{mode_name} on {devices} devices: rank {r}"))?;
+        comm_all_ranks += g.nodes.iter().filter(|n| n.op.is_communication()).count();
+    }
     Ok(CaseResult {
         mode: mode_name,
         devices,

@@ -23,6 +23,14 @@
 //!
 //! The machine is the `8xh100` preset (8 devices per host, NVLink within, InfiniBand
 //! between), so that large device counts cross hosts as they would.
+//!
+//! Then the same through the command line users run ([`cli_compile`]): the 24-layer
+//! transformer written as IR text, and `shardc compile FILE --device-num N --parallel-mode
+//! auto_parallel --search-mode recursive_programming -o DIR` run as a child process at 512 and
+//! 4096 devices (the CLI's default machine, the `cpu` preset), measuring its wall time (every
+//! rank's program: search, partition, gradient fusion, artifact writing), its peak RSS and the
+//! artifact's size on disk, against the goals: 512 devices under 2 s, 1 GiB and 64 MiB; 4096
+//! devices under 4 s.
 
 use super::BenchArgs;
 use anyhow::{Context, Result};
@@ -42,6 +50,17 @@ pub const GOAL_TRANSFORMER_512_SECONDS: f64 = 2.0;
 pub const GOAL_GENERATED_SECONDS: f64 = 60.0;
 /// The memory goal, bytes.
 pub const GOAL_MEMORY_BYTES: f64 = 2.0 * (1u64 << 30) as f64;
+/// The goals of the command-line compile of the 24-layer transformer: (devices, seconds,
+/// peak RSS bytes, artifact bytes); `None` where the issue sets none.
+pub const GOAL_CLI: [(usize, f64, Option<f64>, Option<f64>); 2] = [
+    (
+        512,
+        2.0,
+        Some((1u64 << 30) as f64),
+        Some((64u64 << 20) as f64),
+    ),
+    (4096, 4.0, None, None),
+];
 
 /// The process's peak resident set (`VmHWM`), bytes; 0 where `/proc` is missing.
 pub fn peak_rss() -> f64 {
@@ -149,6 +168,158 @@ pub fn measure(name: &str, step: &Graph, devices: usize, mode: SearchMode) -> Re
     })
 }
 
+/// What one command-line compile took.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CliCompile {
+    /// Wall time of the child process, seconds.
+    pub seconds: f64,
+    /// The child's peak resident set, bytes.
+    pub peak_rss: f64,
+    /// The artifact directory's size on disk, bytes.
+    pub artifact_bytes: f64,
+}
+
+/// Runs `shardc compile ir --device-num devices --parallel-mode auto_parallel --search-mode
+/// recursive_programming -o out` as a child process of this executable (`shardc`), and measures
+/// it (wall time, peak RSS from `wait4`, the size of what it wrote).
+pub fn cli_compile(
+    ir: &std::path::Path,
+    devices: usize,
+    out: &std::path::Path,
+) -> Result<CliCompile> {
+    let exe = std::env::current_exe().context("finding the shardc executable")?;
+    let _ = std::fs::remove_dir_all(out);
+    let t = Instant::now();
+    let child = std::process::Command::new(&exe)
+        .arg("compile")
+        .arg(ir)
+        .args(["--device-num", &devices.to_string()])
+        .args(["--parallel-mode", "auto_parallel"])
+        .args(["--search-mode", "recursive_programming"])
+        .arg("-o")
+        .arg(out)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {} compile", exe.display()))?;
+    let pid = child.id() as libc::pid_t;
+    let mut stderr = child.stderr;
+    let mut status = 0;
+    // SAFETY: an all-zero `rusage` is a valid value of the plain C struct.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // The child's own usage (its peak RSS, not the largest of every child so far). Its
+    // stderr is short (the error, if any), so waiting before reading it cannot block.
+    // SAFETY: `pid` is our child, not yet waited for; `status` and `usage` are valid.
+    let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    let seconds = t.elapsed().as_secs_f64();
+    if r != pid {
+        anyhow::bail!(
+            "waiting for shardc compile ({devices} devices): {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
+        let mut msg = String::new();
+        if let Some(e) = stderr.as_mut() {
+            use std::io::Read;
+            let _ = e.read_to_string(&mut msg);
+        }
+        anyhow::bail!("shardc compile on {devices} devices failed (status {status}): {msg}");
+    }
+    Ok(CliCompile {
+        seconds,
+        peak_rss: usage.ru_maxrss as f64 * 1024.0,
+        artifact_bytes: dir_bytes(out)? as f64,
+    })
+}
+
+/// A directory under the system's temporary directory, removed when dropped.
+struct ScratchDir(std::path::PathBuf);
+
+impl ScratchDir {
+    fn new() -> Result<ScratchDir> {
+        let p = std::env::temp_dir().join(format!("shardc-bench-search-{}", std::process::id()));
+        std::fs::create_dir_all(&p).with_context(|| format!("creating {}", p.display()))?;
+        Ok(ScratchDir(p))
+    }
+    fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The bytes of every file under `dir`.
+fn dir_bytes(dir: &std::path::Path) -> Result<u64> {
+    let mut total = 0;
+    for e in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let e = e?;
+        let m = e.metadata()?;
+        total += if m.is_dir() {
+            dir_bytes(&e.path())?
+        } else {
+            m.len()
+        };
+    }
+    Ok(total)
+}
+
+/// The command-line compiles of the 24-layer transformer ([`GOAL_CLI`]), one line each.
+fn run_cli(cfg: &TransformerConfig) -> Result<()> {
+    let dir = ScratchDir::new()?;
+    let ir = dir.path().join("t24.ir");
+    std::fs::write(&ir, shardc_ir::text::print_graph(&transformer(cfg)?))
+        .with_context(|| format!("writing {}", ir.display()))?;
+    let mib = |b: f64| b / (1u64 << 20) as f64;
+    for (devices, secs, rss, size) in GOAL_CLI {
+        let c = cli_compile(&ir, devices, &dir.path().join(format!("out{devices}")))?;
+        let mut goals = vec![format!(
+            "{:.3} s <= {secs} s: {}",
+            c.seconds,
+            verdict(c.seconds <= secs)
+        )];
+        if let Some(r) = rss {
+            goals.push(format!(
+                "peak_rss {:.0} MiB <= {:.0} MiB: {}",
+                mib(c.peak_rss),
+                mib(r),
+                verdict(c.peak_rss <= r)
+            ));
+        }
+        if let Some(a) = size {
+            goals.push(format!(
+                "artifact {:.1} MiB <= {:.0} MiB: {}",
+                mib(c.artifact_bytes),
+                mib(a),
+                verdict(c.artifact_bytes <= a)
+            ));
+        }
+        let mindspore = if devices == 512 {
+            format!(
+                " (MindSpore 2.10 recursive_programming: 129 s, ratio {:.1}x faster)",
+                129.0 / c.seconds.max(1e-9)
+            )
+        } else {
+            String::new()
+        };
+        println!(
+            "cli shardc compile transformer_L{} devices={devices} --parallel-mode auto_parallel \
+             --search-mode recursive_programming: whole={:.3} s peak_rss={:.0} MiB \
+             artifact={:.1} MiB{mindspore}; goal {}",
+            cfg.layers,
+            c.seconds,
+            mib(c.peak_rss),
+            mib(c.artifact_bytes),
+            goals.join(", ")
+        );
+    }
+    Ok(())
+}
+
 fn verdict(ok: bool) -> &'static str {
     if ok {
         "met"
@@ -164,6 +335,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     } else {
         TransformerConfig::new(24, 1024, 16, 512, 8)
     };
+    if cfg.layers == 24 {
+        // First, while this process is small: a child's peak RSS starts from its parent's at
+        // the fork.
+        run_cli(&cfg)?;
+    }
     let t = Instant::now();
     let step = training_step(transformer(&cfg)?)?;
     let name = format!("transformer_L{}_H1024_A16_S512_B8", cfg.layers);

@@ -27,6 +27,7 @@ use super::redistribute::{greedy_plan, group, plan, Canon, Step};
 use super::simplify::simplify;
 use shardc_ir::{DType, TensorLayout};
 use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 use std::sync::Mutex;
 
 /// How the collectives of a link class move data (`algorithm = "ring"` or
@@ -186,7 +187,33 @@ pub struct CommCost {
     enable_alltoall: bool,
     /// Keyed by a hash of (from, to, element bytes): no clones on the hot path; a collision
     /// could only misprice a candidate, never change what a chosen strategy computes.
-    memo: Mutex<HashMap<u64, f64>>,
+    /// Sharded by the key's top bits, so that the searchers' threads seldom wait on each
+    /// other.
+    memo: [Mutex<HashMap<u64, f64, BuildHasherDefault<MemoKey>>>; MEMO_SHARDS],
+}
+
+/// How many locks the memo is split into.
+const MEMO_SHARDS: usize = 16;
+
+/// The seed of the memo's key hash (fixed, so that a compile prices alike on every run).
+const MEMO_SEED: u64 = 0x5348_4152_4443_0001;
+
+/// The memo's keys are already hashes: the map uses them as they are.
+#[derive(Default)]
+struct MemoKey(u64);
+
+impl std::hash::Hasher for MemoKey {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) | u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
 }
 
 impl CommCost {
@@ -195,7 +222,7 @@ impl CommCost {
         CommCost {
             machine,
             enable_alltoall,
-            memo: Mutex::new(HashMap::new()),
+            memo: std::array::from_fn(|_| Mutex::new(HashMap::default())),
         }
     }
 
@@ -228,20 +255,15 @@ impl CommCost {
         if from == to && !from.is_partial() {
             return 0.0;
         }
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        (from, to, elem_bytes, exact).hash(&mut h);
-        let key = h.finish();
-        if let Some(&s) = self
-            .memo
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&key)
-        {
+        use std::hash::BuildHasher;
+        let key = foldhash::quality::FixedState::with_seed(MEMO_SEED)
+            .hash_one((from, to, elem_bytes, exact));
+        let shard = &self.memo[(key >> 60) as usize % MEMO_SHARDS];
+        if let Some(&s) = shard.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
             return s;
         }
         let s = self.plan_seconds(from, to, elem_bytes, exact);
-        self.memo
+        shard
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(key, s);

@@ -493,8 +493,9 @@ impl std::hash::Hasher for KeyHasher {
 /// - **ReduceScatter** of partial axes that the target splits a dimension by next, along it,
 ///   or of other partial axes along any dimension (parked there until gathered);
 /// - **Slice** by free axes the target splits a dimension by next (no communication), or by
-///   one or two free axes along any dimension right before a collective (parked: it moves
-///   less; parking for nothing never pays, so no state is a parked slice alone);
+///   one free axis (two in small spaces, [`PARK_TWO_AXES`]) along any dimension right before
+///   a collective (parked: it moves less; parking for nothing never pays, so no state is a
+///   parked slice alone);
 /// - **AllGather** of a dimension's trailing axes beyond what it shares with the target;
 /// - **AllToAll** (when enabled) moving such trailing axes to any other dimension.
 fn search(src: &Canon, dst: &Canon, eb: f64, enable_alltoall: bool, bound: f64) -> Option<Plan> {
@@ -758,7 +759,13 @@ fn search(src: &Canon, dst: &Canon, eb: f64, enable_alltoall: bool, bound: f64) 
                 let s1 = Mv::new(2, d as u8, 0, &[a]);
                 let ds1 = Dims::of(&p1, naxes);
                 let mut seconds: Vec<(Where, [Mv; 2], u8)> = vec![(p1, [s1, blank], 1)];
-                for &b in &free[fi + 1..] {
+                // Two parked axes only in small spaces (their pairs grow as the square).
+                let pairs: &[u8] = if naxes <= PARK_TWO_AXES {
+                    &free[fi + 1..]
+                } else {
+                    &[]
+                };
+                for &b in pairs {
                     for e in 0..ndims {
                         if let Some(p2) = park(&p1, &ds1, b, e) {
                             seconds.push((p2, [s1, Mv::new(2, e as u8, 0, &[b])], 2));
@@ -860,6 +867,10 @@ fn search(src: &Canon, dst: &Canon, eb: f64, enable_alltoall: bool, bound: f64) 
         shapes,
     })
 }
+
+/// The search parks two axes before one collective only in spaces of at most this many prime
+/// axes (16 devices when every axis is 2).
+const PARK_TWO_AXES: usize = 4;
 
 /// A tiny cost per slice in the search keeps chains from growing for nothing.
 const SLICE: f64 = 1e-3;

@@ -620,6 +620,24 @@ fn dataset_layout(
 /// plan kept is never predicted slower than it (nor, in `auto_parallel`, than the
 /// `semi_auto_parallel` plan of the same annotations).
 pub fn assign(g: &Graph, opts: &ParallelOptions) -> Result<Assignment, ParallelError> {
+    assign_weighed(g, opts, Weighing::Explained)
+}
+
+/// Whether an assignment weighs every op's candidates for `shardc explain`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Weighing {
+    /// Each op's candidates and the term that decided it are priced (the plan that is kept).
+    Explained,
+    /// Only the plan (a baseline that a search prices and may discard).
+    PlanOnly,
+}
+
+/// [`assign`], weighing the candidates for `explain` or not.
+pub(crate) fn assign_weighed(
+    g: &Graph,
+    opts: &ParallelOptions,
+    weighing: Weighing,
+) -> Result<Assignment, ParallelError> {
     let n = g.nodes.len();
     let ignored: Vec<Option<String>> = if opts.mode == Mode::DataParallel {
         g.nodes
@@ -656,7 +674,7 @@ pub fn assign(g: &Graph, opts: &ParallelOptions) -> Result<Assignment, ParallelE
         Mode::DataParallel => propagate(g, opts, inputs, &ignored),
         _ => {
             let bfs = propagate(g, opts, inputs.clone(), &ignored)?;
-            complete(g, opts, inputs, bfs)
+            complete(g, opts, inputs, bfs, weighing)
         }
     }
 }
@@ -885,6 +903,7 @@ fn complete(
     opts: &ParallelOptions,
     inputs: Vec<Option<TensorLayout>>,
     bfs: Assignment,
+    weighing: Weighing,
 ) -> Result<Assignment, ParallelError> {
     let start = std::time::Instant::now();
     let n = opts.device_num;
@@ -949,7 +968,7 @@ fn complete(
                 mode: Mode::SemiAutoParallel,
                 ..opts.clone()
             };
-            assign(g, &o).ok()
+            assign_weighed(g, &o, Weighing::PlanOnly).ok()
         })
         .flatten();
     enum Kept {
@@ -1033,7 +1052,8 @@ fn complete(
             let (_, exact, cands) = exact_plan.expect("the exact plan was priced");
             report.exact = exact;
             let refs: Vec<&OpSharding> = plan.iter().collect();
-            let weighed = search::weigh(&problem, Some(&cands), &refs);
+            let explained = weighing == Weighing::Explained;
+            let weighed = search::weigh(&problem, explained.then_some(&cands[..]), &refs);
             let mut st = State::new(g, opts, inputs);
             for (k, (sh, weighed)) in plan.iter().zip(weighed).enumerate() {
                 let node = g.node(problem.ops[k]);
@@ -1045,7 +1065,9 @@ fn complete(
                         Source::Completed {
                             exact,
                             seconds: own,
-                            decided_by: deciding_term(&problem, k, &cands[k], &refs),
+                            decided_by: explained
+                                .then(|| deciding_term(&problem, k, &cands[k], &refs))
+                                .flatten(),
                         }
                     }
                 };

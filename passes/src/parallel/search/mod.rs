@@ -94,7 +94,9 @@ fn keep_the_better_of_data_parallel(
                 mode: super::Mode::SemiAutoParallel,
                 ..p.opts.clone()
             };
-            let a = super::strategy::assign(p.g, &opts).ok()?;
+            let a =
+                super::strategy::assign_weighed(p.g, &opts, super::strategy::Weighing::PlanOnly)
+                    .ok()?;
             p.ops
                 .iter()
                 .map(|id| a.decisions[id.index()].as_ref().map(|d| d.sharding.clone()))
