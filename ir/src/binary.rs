@@ -263,28 +263,11 @@ pub const PROGRAM_MAGIC: [u8; 8] = *b"SHARDCP\0";
 /// The version of the binary program format this build writes and reads.
 pub const PROGRAM_FORMAT_VERSION: u32 = 1;
 
+/// A patch as written: every kind as it is, but window variants, whose nodes are written as
+/// a graph's nodes are (their operands checked when read).
 #[derive(Serialize, Deserialize)]
 enum WirePatch {
-    Group {
-        node: u32,
-        primes: Vec<usize>,
-        axes: Vec<usize>,
-    },
-    Slice {
-        node: u32,
-        primes: Vec<usize>,
-        axes: Vec<usize>,
-        dim: usize,
-        shape: Vec<usize>,
-    },
-    ParamBlock {
-        param: u32,
-        layout: crate::TensorLayout,
-    },
-    NodeBlock {
-        node: u32,
-        layout: crate::TensorLayout,
-    },
+    Plain(crate::spmd::Patch),
     Variants {
         nodes: Vec<u32>,
         layout: crate::TensorLayout,
@@ -310,22 +293,6 @@ pub fn encode_program(p: &crate::spmd::SpmdProgram) -> Result<Vec<u8>, BinaryErr
         .iter()
         .map(|patch| {
             Ok(match patch.clone() {
-                Patch::Group { node, primes, axes } => WirePatch::Group { node, primes, axes },
-                Patch::Slice {
-                    node,
-                    primes,
-                    axes,
-                    dim,
-                    shape,
-                } => WirePatch::Slice {
-                    node,
-                    primes,
-                    axes,
-                    dim,
-                    shape,
-                },
-                Patch::ParamBlock { param, layout } => WirePatch::ParamBlock { param, layout },
-                Patch::NodeBlock { node, layout } => WirePatch::NodeBlock { node, layout },
                 Patch::Variants {
                     nodes,
                     layout,
@@ -347,6 +314,7 @@ pub fn encode_program(p: &crate::spmd::SpmdProgram) -> Result<Vec<u8>, BinaryErr
                     dims,
                     keys,
                 },
+                other => WirePatch::Plain(other),
             })
         })
         .collect::<Result<_, BinaryError>>()?;
@@ -367,22 +335,14 @@ pub fn decode_program(data: &[u8]) -> Result<crate::spmd::SpmdProgram, BinaryErr
         .into_iter()
         .map(|w| {
             Ok(match w {
-                WirePatch::Group { node, primes, axes } => Patch::Group { node, primes, axes },
-                WirePatch::Slice {
-                    node,
-                    primes,
-                    axes,
-                    dim,
-                    shape,
-                } => Patch::Slice {
-                    node,
-                    primes,
-                    axes,
-                    dim,
-                    shape,
-                },
-                WirePatch::ParamBlock { param, layout } => Patch::ParamBlock { param, layout },
-                WirePatch::NodeBlock { node, layout } => Patch::NodeBlock { node, layout },
+                WirePatch::Plain(Patch::Variants { .. }) => {
+                    return Err(BinaryError::Decode(
+                        bincode::error::DecodeError::OtherString(
+                            "a window-variants patch outside its wire form".into(),
+                        ),
+                    ))
+                }
+                WirePatch::Plain(p) => p,
                 WirePatch::Variants {
                     nodes,
                     layout,

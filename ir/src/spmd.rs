@@ -158,19 +158,33 @@ impl SpmdProgram {
         }
     }
 
-    /// Rank `rank`'s graph: the template with every patch applied for `rank`.
-    pub fn materialize(&self, rank: usize) -> Result<Graph, SpmdError> {
-        let fail = |reason: String| SpmdError {
+    /// An error of this program for `rank`.
+    fn error(&self, rank: usize, reason: String) -> SpmdError {
+        SpmdError {
             program: self.template.name.clone(),
             rank,
             reason,
-        };
-        if rank >= self.device_num {
-            return Err(fail(format!(
-                "no such rank: the program runs on {} ranks",
-                self.device_num
-            )));
         }
+    }
+
+    /// `rank` is one of the program's ranks.
+    fn check_rank(&self, rank: usize) -> Result<(), SpmdError> {
+        if rank >= self.device_num {
+            return Err(self.error(
+                rank,
+                format!(
+                    "no such rank: the program runs on {} ranks",
+                    self.device_num
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Rank `rank`'s graph: the template with every patch applied for `rank`.
+    pub fn materialize(&self, rank: usize) -> Result<Graph, SpmdError> {
+        let fail = |reason: String| self.error(rank, reason);
+        self.check_rank(rank)?;
         let mut g = self.template.clone();
         if rank == 0 {
             return Ok(g);
@@ -186,17 +200,8 @@ impl SpmdProgram {
     /// checkpoint of the rank is checked against (names, types, blocks), without copying the
     /// nodes.
     pub fn weights_of(&self, rank: usize) -> Result<Graph, SpmdError> {
-        let fail = |reason: String| SpmdError {
-            program: self.template.name.clone(),
-            rank,
-            reason,
-        };
-        if rank >= self.device_num {
-            return Err(fail(format!(
-                "no such rank: the program runs on {} ranks",
-                self.device_num
-            )));
-        }
+        let fail = |reason: String| self.error(rank, reason);
+        self.check_rank(rank)?;
         let mut g = Graph::new(self.template.name.clone());
         g.params = self.template.params.clone();
         for (k, p) in self.patches.iter().enumerate() {

@@ -23,7 +23,7 @@
 use anyhow::{Context, Result};
 use shardc_compiler::optim::Momentum;
 use shardc_compiler::pipeline::{compile, CompileOptions, ParallelCompiled};
-use shardc_ir::{Graph, OpKind, Operand, TensorLayout};
+use shardc_ir::{Graph, Operand, TensorLayout};
 use shardc_passes::parallel::cost::{elem_bytes, Machine};
 use shardc_passes::parallel::redistribute::{self, group, Canon, Step};
 use shardc_passes::parallel::strategy::{is_generated, updated_weight, Assignment};
@@ -118,34 +118,7 @@ pub fn mindspore_rule_plan(
     enable_alltoall: bool,
 ) -> CommSummary {
     let mut s = CommSummary::default();
-    let layout_of = |o: &Operand| -> Option<TensorLayout> {
-        match o {
-            Operand::Param(p) => Some(a.param_layouts[p.index()].clone()),
-            Operand::Node(n) => {
-                let node = g.node(*n);
-                if node.op == OpKind::TupleGetItem {
-                    let Some(Operand::Node(src)) = node.inputs.first() else {
-                        return None;
-                    };
-                    let k = node.inputs.get(1)?.as_const()?.as_int()? as usize;
-                    a.decisions[src.index()]
-                        .as_ref()?
-                        .sharding
-                        .outputs
-                        .get(k)
-                        .cloned()
-                } else {
-                    a.decisions[n.index()]
-                        .as_ref()?
-                        .sharding
-                        .outputs
-                        .first()
-                        .cloned()
-                }
-            }
-            Operand::Const(_) => None,
-        }
-    };
+    let layout_of = |o: &Operand| a.operand_layout(g, o);
     let elem_of = |o: &Operand| {
         g.operand_tensor_type(o)
             .map(|t| elem_bytes(t.dtype))

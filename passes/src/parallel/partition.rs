@@ -20,8 +20,8 @@ use crate::infer;
 use rayon::prelude::*;
 use shardc_ir::spmd::{slice_bounds, Patch, SpmdProgram};
 use shardc_ir::{
-    Attr, Const, Graph, Init, Node, NodeId, OpClass, OpKind, Operand, Param, ParamKind,
-    TensorLayout, TensorType, Type,
+    Attr, Const, Graph, Init, Node, OpClass, OpKind, Operand, Param, ParamKind, TensorLayout,
+    TensorType, Type,
 };
 use std::collections::HashMap;
 
@@ -69,27 +69,6 @@ fn operand_key(o: &Operand) -> Option<(u8, u32)> {
     match o {
         Operand::Node(n) => Some((0, n.0)),
         Operand::Param(p) => Some((1, p.0)),
-        Operand::Const(_) => None,
-    }
-}
-
-/// The layout of a logical operand.
-fn operand_layout(g: &Graph, a: &Assignment, o: &Operand) -> Option<TensorLayout> {
-    let decision = |n: NodeId| a.decisions[n.index()].as_ref();
-    match o {
-        Operand::Param(p) => Some(a.param_layouts[p.index()].clone()),
-        Operand::Node(n) => {
-            let node = g.node(*n);
-            if node.op == OpKind::TupleGetItem {
-                let Some(Operand::Node(src)) = node.inputs.first() else {
-                    return None;
-                };
-                let idx = node.inputs.get(1)?.as_const()?.as_int()? as usize;
-                decision(*src)?.sharding.outputs.get(idx).cloned()
-            } else {
-                decision(*n)?.sharding.outputs.first().cloned()
-            }
-        }
         Operand::Const(_) => None,
     }
 }
@@ -243,7 +222,7 @@ pub fn edges(g: &Graph, a: &Assignment, opts: &ParallelOptions) -> Edges {
         };
         let mut ins = Vec::with_capacity(node.inputs.len());
         for (j, o) in node.inputs.iter().enumerate() {
-            let need = match (operand_layout(g, a, o), d.sharding.inputs[j].clone()) {
+            let need = match (a.operand_layout(g, o), d.sharding.inputs[j].clone()) {
                 (Some(have), Some(want)) => {
                     b.need(o, have, want, &node.instance, j, mirror_of.as_ref())
                 }
@@ -254,7 +233,7 @@ pub fn edges(g: &Graph, a: &Assignment, opts: &ParallelOptions) -> Edges {
         b.edges.inputs[i] = ins;
     }
     for (k, o) in g.outputs.iter().enumerate() {
-        let need = operand_layout(g, a, o).and_then(|have| {
+        let need = a.operand_layout(g, o).and_then(|have| {
             let want = TensorLayout::replicated(&have.tensor_shape, opts.device_num);
             b.need(o, have, want, "Return", k, None)
         });

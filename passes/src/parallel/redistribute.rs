@@ -462,26 +462,6 @@ fn key_of(w: &Where) -> u128 {
     u128::from_le_bytes(*w)
 }
 
-/// A hasher for the search's `u128` keys (the keys are small and distinct; SipHash dominated
-/// the search).
-#[derive(Default)]
-struct KeyHasher(u64);
-
-impl std::hash::Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(5) ^ b as u64).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-        }
-    }
-    fn write_u128(&mut self, v: u128) {
-        let x = (v as u64) ^ ((v >> 64) as u64).rotate_left(29);
-        self.0 = (x ^ (x >> 31)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
-
 /// The cheapest chain from `src` to `dst` (same prime axes; `dst` not partial) under the
 /// planner's pricing (bytes each rank sends on a ring plus [`COLLECTIVE_LATENCY_BYTES`] per
 /// collective), if one costs less than `bound`; `None` otherwise or past [`SEARCH_STATES`]
@@ -710,8 +690,8 @@ fn search(src: &Canon, dst: &Canon, eb: f64, enable_alltoall: bool, bound: f64) 
     let start = place(&src.dims, &src.partial);
     let goal = key_of(&place(&dst.dims, &[]));
     let mut states: Vec<Where> = vec![start];
-    let mut index: HashMap<u128, u32, std::hash::BuildHasherDefault<KeyHasher>> =
-        HashMap::default();
+    // The keys are small and distinct; SipHash dominated the search.
+    let mut index: HashMap<u128, u32, foldhash::fast::FixedState> = HashMap::default();
     index.insert(key_of(&start), 0);
     let mut best: Vec<f64> = vec![0.0];
     let mut came: Vec<Option<(u32, Move)>> = vec![None];

@@ -488,64 +488,43 @@ mod tests {
         }
     }
 
-    #[test]
-    fn allreduce_then_own_slice_of_dim0_is_a_reduce_scatter() {
+    /// AllReduce over `axis` of a 16 × 16 value on 2 × 2 × 2 devices, then one's own slice of
+    /// `dim` by the same axis: one ReduceScatter along `dim`.
+    fn reduce_then_own_slice(axis: usize, dim: usize) -> Plan {
         let plan = p(
             vec![
                 Step::AllReduce {
                     space: 0,
-                    axes: vec![1],
+                    axes: vec![axis],
                     op: ReduceOp::Sum,
                 },
                 Step::Slice {
                     space: 0,
-                    dim: 0,
-                    axes: vec![1],
+                    dim,
+                    axes: vec![axis],
                 },
             ],
             vec![2, 2, 2],
         );
-        let s = simplify(plan, &[16, 16], 4, false);
-        assert_eq!(
-            s.steps,
-            vec![Step::ReduceScatter {
-                space: 0,
-                dim: 0,
-                axes: vec![1],
-                op: ReduceOp::Sum
-            }]
-        );
-        assert_eq!(s.shapes, vec![vec![8, 16]]);
+        simplify(plan, &[16, 16], 4, false)
     }
 
     #[test]
-    fn allreduce_then_own_slice_of_a_later_dim_is_a_reduce_scatter_along_it() {
-        let plan = p(
-            vec![
-                Step::AllReduce {
+    fn allreduce_then_own_slice_of_any_dim_is_a_reduce_scatter_along_it() {
+        for (axis, dim, shape) in [(1, 0, vec![8, 16]), (2, 1, vec![16, 8])] {
+            let s = reduce_then_own_slice(axis, dim);
+            assert_eq!(
+                s.steps,
+                vec![Step::ReduceScatter {
                     space: 0,
-                    axes: vec![2],
-                    op: ReduceOp::Sum,
-                },
-                Step::Slice {
-                    space: 0,
-                    dim: 1,
-                    axes: vec![2],
-                },
-            ],
-            vec![2, 2, 2],
-        );
-        let s = simplify(plan, &[16, 16], 4, false);
-        assert_eq!(
-            s.steps,
-            vec![Step::ReduceScatter {
-                space: 0,
-                dim: 1,
-                axes: vec![2],
-                op: ReduceOp::Sum
-            }]
-        );
-        assert_eq!(s.shapes, vec![vec![16, 8]]);
+                    dim,
+                    axes: vec![axis],
+                    op: ReduceOp::Sum
+                }],
+                "axis {axis}, dim {dim}"
+            );
+            assert_eq!(s.shapes, vec![shape]);
+        }
     }
 
     #[test]

@@ -170,6 +170,31 @@ pub struct Assignment {
     pub search: Option<SearchReport>,
 }
 
+impl Assignment {
+    /// The layout a logical operand of `g` has under this assignment: a parameter's, a node's
+    /// first result's, or the chosen result of a `TupleGetItem`; `None` for a constant or an
+    /// op without a decision.
+    pub fn operand_layout(&self, g: &Graph, o: &Operand) -> Option<TensorLayout> {
+        let decision = |n: NodeId| self.decisions[n.index()].as_ref();
+        match o {
+            Operand::Param(p) => Some(self.param_layouts[p.index()].clone()),
+            Operand::Node(n) => {
+                let node = g.node(*n);
+                if node.op == OpKind::TupleGetItem {
+                    let Some(Operand::Node(src)) = node.inputs.first() else {
+                        return None;
+                    };
+                    let idx = node.inputs.get(1)?.as_const()?.as_int()? as usize;
+                    decision(*src)?.sharding.outputs.get(idx).cloned()
+                } else {
+                    decision(*n)?.sharding.outputs.first().cloned()
+                }
+            }
+            Operand::Const(_) => None,
+        }
+    }
+}
+
 /// Whether `node` was made by autodiff or the optimizer (not written by the user).
 pub fn is_generated(node: &Node) -> bool {
     node.scope.starts_with("Gradients") || node.scope.starts_with("Default/optimizer")
