@@ -9,21 +9,31 @@
 //! ; CHECK-NEXT: ...
 //! ; CHECK-NOT: AllReduce
 //! ; error: expected message fragment
+//! ;; a comment
 //! ```
 //!
-//! `test:` names what to run on the parsed graph:
+//! `test:` names what to run on the parsed graph. The pipeline's stages run through the
+//! production pipeline (`compiler::pipeline::compile_until`, its verifier on after every
+//! pass), stopped after the stage whose result is printed:
 //! - `parse`: print the parsed graph back (the parser's own dump);
-//! - `infer`: fill the types by the shape rules, then print;
-//! - `verify`: infer, then verify: prints `ok` or the error;
-//! - `autodiff`: the gradient graph of the loss w.r.t. every trainable weight;
-//! - `train OPT [lr=..] [momentum=..]`: the whole training step (`momentum`, `sgd`, `adam`);
+//! - `infer`: the pipeline to `infer_types` (types filled by the shape rules), printed;
+//! - `verify`: the pipeline to `infer_types`, which verifies its input: prints `ok` or the
+//!   error;
+//! - `train OPT [lr=..] [momentum=..]`: the pipeline to `autodiff`, the whole training step
+//!   (`momentum`, `sgd`, `adam`);
 //! - `strategy device_num=N mode=MODE [dataset=..] [gradients_mean=..] [alltoall]`: the
-//!   training step (Momentum lr 0.2, momentum 0.1) with every op's strategy and its source —
-//!   the `step_parallel_begin` dump (MODE: `data_parallel`, `semi_auto_parallel`,
-//!   `auto_parallel`; dataset: `data_parallel`, `full_batch`; `search=` one of
-//!   `sharding_propagation`, `recursive_programming`, `dynamic_programming`, `ilp`, with
-//!   `device=PRESET` and `max_device_memory=BYTES` for the cost model);
-//! - `partition device_num=N mode=MODE rank=R [...]`: rank R's graph — the execute dump;
+//!   pipeline to `step_parallel_begin` on the training step (Momentum lr 0.2, momentum 0.1):
+//!   every op's strategy and its source, the `step_parallel_begin` dump (MODE:
+//!   `data_parallel`, `semi_auto_parallel`, `auto_parallel`; dataset: `data_parallel`,
+//!   `full_batch`; `search=` one of `sharding_propagation`, `recursive_programming`,
+//!   `dynamic_programming`, `ilp`, with `device=PRESET` and `max_device_memory=BYTES` for the
+//!   cost model);
+//! - `partition device_num=N mode=MODE rank=R [...]`: the pipeline to `step_parallel_end`,
+//!   rank R's graph (its `step_parallel_end` dump).
+//!
+//! Two commands run one pass on a hand-written input, as Cranelift's filetests do:
+//! - `autodiff`: `passes::autodiff::gradients`, the gradient graph of the loss w.r.t. every
+//!   trainable weight;
 //! - `grad_fusion auto|none|size:MB|index:I,J`: `passes::grad_fusion` on a per-rank graph
 //!   (a `step_parallel_end` dump): gradient AllReduces hoisted and bucketed;
 //!
@@ -33,7 +43,9 @@
 //! `SHARDC_BLESS=1 cargo nextest run --test filetests` rewrites the `.expected` files (and
 //! creates them for tests with neither expectations nor checks) and prints what changed.
 
+use shardc::compiler::pipeline::{compile_until, CompileOptions, CompileState};
 use shardc::ir::text::{parse_graph, print_graph};
+use shardc::ir::Graph;
 use shardc::passes::autodiff::{self, Optimizer};
 use shardc::passes::{infer, verify};
 use std::path::{Path, PathBuf};
@@ -88,35 +100,50 @@ fn parse_optimizer(words: &[&str]) -> Result<Optimizer, String> {
     })
 }
 
+/// The production pipeline on `g` up to the pass `last`, its verifier on.
+fn pipeline_until(g: Graph, opts: CompileOptions, last: &str) -> Result<CompileState, String> {
+    let opts = CompileOptions {
+        verify: true,
+        ..opts
+    };
+    compile_until(g, &opts, last)
+        .map(|(state, _)| state)
+        .map_err(|e| e.to_string())
+}
+
 /// Runs the test's command; `Err` carries the error text of a failing pass.
 fn run_command(command: &str, src: &str, file: &str) -> Result<String, String> {
-    let mut g = parse_graph(src, file).map_err(|e| e.to_string())?;
+    let g = parse_graph(src, file).map_err(|e| e.to_string())?;
     let words: Vec<&str> = command.split_whitespace().collect();
     let (&what, rest) = words.split_first().ok_or("empty test: line")?;
-    if what == "parse" {
-        return Ok(print_graph(&g));
-    }
-    infer::infer_graph(&mut g).map_err(|e| e.to_string())?;
     match what {
-        "infer" => Ok(print_graph(&g)),
-        "verify" => verify::verify(&g)
-            .map(|_| "ok\n".to_string())
-            .map_err(|e| e.to_string()),
+        "parse" => Ok(print_graph(&g)),
+        "infer" => {
+            let s = pipeline_until(g, CompileOptions::default(), "infer_types")?;
+            Ok(print_graph(&s.graph))
+        }
+        "verify" => {
+            pipeline_until(g, CompileOptions::default(), "infer_types").map(|_| "ok\n".into())
+        }
+        "train" => {
+            let opts = CompileOptions {
+                optimizer: Some(parse_optimizer(rest)?),
+                ..Default::default()
+            };
+            let s = pipeline_until(g, opts, "autodiff")?;
+            Ok(print_graph(&s.graph))
+        }
+        "strategy" | "partition" => run_parallel(what, rest, g),
         "autodiff" => {
-            verify::verify(&g).map_err(|e| e.to_string())?;
+            let g = pipeline_until(g, CompileOptions::default(), "infer_types")?.graph;
             let (grad, _) = autodiff::gradients(&g).map_err(|e| e.to_string())?;
             verify::verify(&grad).map_err(|e| e.to_string())?;
             Ok(print_graph(&grad))
         }
-        "train" => {
-            verify::verify(&g).map_err(|e| e.to_string())?;
-            let opt = parse_optimizer(rest)?;
-            let t = autodiff::training_graph(&g, &opt).map_err(|e| e.to_string())?;
-            verify::verify(&t).map_err(|e| e.to_string())?;
-            Ok(print_graph(&t))
-        }
         "grad_fusion" => {
             use shardc::passes::grad_fusion::{fuse, GradFusion};
+            let mut g = g;
+            infer::infer_graph(&mut g).map_err(|e| e.to_string())?;
             verify::verify(&g).map_err(|e| e.to_string())?;
             let mode = match rest {
                 ["auto"] => GradFusion::Auto,
@@ -140,19 +167,14 @@ fn run_command(command: &str, src: &str, file: &str) -> Result<String, String> {
             verify::verify(&out).map_err(|e| e.to_string())?;
             Ok(print_graph(&out))
         }
-        "strategy" | "partition" => {
-            verify::verify(&g).map_err(|e| e.to_string())?;
-            run_parallel(what, rest, &g)
-        }
         other => Err(format!("unknown test command '{other}'")),
     }
 }
 
-/// `strategy ...` / `partition ...` on an inferred, verified forward graph.
-fn run_parallel(what: &str, words: &[&str], g: &shardc::ir::Graph) -> Result<String, String> {
-    use shardc::passes::parallel::{
-        partition, strategy, DatasetLayout, Mode, ParallelOptions, SearchMode,
-    };
+/// `strategy ...` / `partition ...`: the pipeline to `step_parallel_begin` (the annotated
+/// graph) or `step_parallel_end` (rank R's graph).
+fn run_parallel(what: &str, words: &[&str], g: Graph) -> Result<String, String> {
+    use shardc::passes::parallel::{DatasetLayout, Mode, ParallelOptions, SearchMode};
     let mut opts = ParallelOptions {
         mode: Mode::SemiAutoParallel,
         device_num: 1,
@@ -207,30 +229,27 @@ fn run_parallel(what: &str, words: &[&str], g: &shardc::ir::Graph) -> Result<Str
             _ => return Err(format!("unknown option {k}")),
         }
     }
-    let opt = Optimizer::Momentum {
-        learning_rate: 0.2,
-        momentum: 0.1,
-        use_nesterov: false,
-    };
-    let t = autodiff::training_graph(g, &opt).map_err(|e| e.to_string())?;
-    // As the pipeline: for several devices, BatchNorm as SyncBatchNorm first.
-    let t = if opts.device_num > 1 {
-        shardc::passes::parallel::sync_bn::sync_batch_norm(&t).map_err(|e| e.to_string())?
-    } else {
-        t
-    };
-    let a = strategy::assign(&t, &opts).map_err(|e| e.to_string())?;
-    if what == "strategy" {
-        let mut out = t.clone();
-        for (n, d) in out.nodes.iter_mut().zip(&a.decisions) {
-            if let Some(d) = d {
-                n.in_strategy = Some(d.sharding.strategy.clone());
-                n.comments.push(format!("strategy from: {}", d.source));
-            }
-        }
-        return Ok(print_graph(&out));
+    if opts.device_num < 2 {
+        return Err(format!("{what} needs device_num=N with N >= 2"));
     }
-    let rg = partition::rank_graph(&t, &a, &opts, rank).map_err(|e| e.to_string())?;
+    let compile = CompileOptions {
+        optimizer: Some(Optimizer::Momentum {
+            learning_rate: 0.2,
+            momentum: 0.1,
+            use_nesterov: false,
+        }),
+        parallel: Some(opts),
+        ..Default::default()
+    };
+    if what == "strategy" {
+        let s = pipeline_until(g, compile, "step_parallel_begin")?;
+        return Ok(print_graph(
+            s.begin.as_ref().ok_or("no step_parallel_begin graph")?,
+        ));
+    }
+    let s = pipeline_until(g, compile, "step_parallel_end")?;
+    let program = s.unfused.as_ref().ok_or("no step_parallel_end program")?;
+    let rg = program.materialize(rank).map_err(|e| e.to_string())?;
     verify::verify(&rg).map_err(|e| e.to_string())?;
     Ok(print_graph(&rg))
 }
@@ -308,7 +327,9 @@ fn run_file(path: &Path, bless: bool) -> Result<(), String> {
     let mut error = None;
     let mut body = String::new();
     for line in text.lines() {
-        if let Some(d) = line.strip_prefix(';') {
+        if line.starts_with(";;") {
+            body.push('\n'); // a comment; keep line numbers of the IR part
+        } else if let Some(d) = line.strip_prefix(';') {
             let d = d.trim();
             let (k, v) = d.split_once(':').unwrap_or((d, ""));
             let v = v.trim().to_string();

@@ -1,27 +1,34 @@
-//! The compilation pipeline: the one place that lists the passes, in order.
+//! The compilation pipeline: the one place that lists the passes, in order ([`pass_names`]).
 //!
-//! | index | name          | what                                                        |
-//! |-------|---------------|-------------------------------------------------------------|
-//! | 00    | `infer_types` | fills every node's type by the shape rules, then verifies   |
-//! | 01    | `autodiff`    | forward + backward + optimizer update (only with an optimizer) |
-//! | 02    | `step_parallel_begin` | training-mode BatchNorm as SyncBatchNorm pairs (`passes::parallel::sync_bn`), then a strategy for every op, a layout for every parameter (`passes::parallel::strategy`) |
-//! | 03    | `step_parallel_end`   | the program every rank runs, once (SPMD): rank 0's graph with sliced shapes and inserted communication, and what differs per rank (`passes::parallel::partition::program`) |
-//! | 04    | `execute`     | the program after `grad_fusion` (`passes::grad_fusion::fuse_program`: gradient AllReduces moved to just after their gradients and grouped into `fusion: k` buckets by [`CompileOptions::grad_fusion`]); each rank's graph is materialized from it |
+//! | index | name                  | what                                                  |
+//! |-------|-----------------------|-------------------------------------------------------|
+//! | 00    | `infer_types`         | fills every node's type by the shape rules, then verifies (always: the input may be a file a user wrote) |
+//! | 01    | `autodiff`            | forward + backward + optimizer update (only with an optimizer) |
+//! | 02    | `sync_bn`             | training-mode BatchNorm as SyncBatchNorm pairs (`passes::parallel::sync_bn`) |
+//! | 03    | `step_parallel_begin` | a strategy for every op (the loaded strategy file's, else the mode's), a layout for every parameter (`passes::parallel::strategy`); writes the strategy file |
+//! | 04    | `step_parallel_end`   | the program every rank runs, once (SPMD): rank 0's graph with sliced shapes and inserted communication, and what differs per rank (`passes::parallel::partition::program`) |
+//! | 05    | `grad_fusion`         | gradient AllReduces moved to just after their gradients and grouped into `fusion: k` buckets by [`CompileOptions::grad_fusion`] (`passes::grad_fusion::fuse_program`) |
+//! | 06    | `execute`             | each asked rank's graph, materialized from the program ([`CompileOptions::materialize`]) |
 //!
-//! Stages 02-04 run only with [`CompileOptions::parallel`] set (more than one device). Their
-//! dumps are per rank, as MindSpore's, for the ranks [`CompileOptions::materialize`] names:
-//! `DIR/rank_R/step_parallel_begin_NNNN.ir` (the logical graph with every op's `in_strategy`
-//! and where it came from), `step_parallel_end_NNNN.ir` and `04_execute_NNNN.ir` (rank R's
-//! graph, materialized from the program). Without parallelism the final graph is dumped as
-//! `04_execute_NNNN.ir` too.
+//! Passes 02-05 run only with [`CompileOptions::parallel`] set for more than one device. Every
+//! pass is one entry of `PASSES`: its name, which is its dump's name and (by its place in the
+//! list) index, when it is enabled, and the function, over a [`CompileState`]. [`compile`]
+//! runs them all; [`compile_until`] stops after a named one (the filetests print, and the
+//! benchmarks time, what it made). Nothing else restates the sequence.
 //!
-//! The input graph is always verified after its types are inferred (it may come from a file a
-//! user wrote). After every later pass the result is verified again in debug builds (and so in
-//! tests). Each stage that ran is recorded as a [`PassRecord`]; with
-//! [`CompileOptions::dump_dir`] set, each is also written there as `NN_name_NNNN.ir` (`NN` the
-//! stage's index in the list above, `NNNN` a zero-padded counter of dumps in this process), in
-//! the text form of [`shardc_ir::text::print_graph`]. Writing files is the compiler crate's
-//! job: the passes know no file system.
+//! With [`CompileOptions::verify`] on (in debug builds and so in tests, with `shardc compile
+//! --verify`, or `SHARDC_VERIFY=1`), what each pass made is verified after it, every violation
+//! reported ([`shardc_passes::verify::Violations`]).
+//!
+//! With [`CompileOptions::dump_dir`] set, the passes write their dumps there in the text form
+//! of [`shardc_ir::text::print_graph`] (`NNNN` a zero-padded counter of dumps in this
+//! process): the logical passes `NN_name_NNNN.ir`; on several devices, per rank as MindSpore's,
+//! for the ranks [`CompileOptions::materialize`] names, `rank_R/step_parallel_begin_NNNN.ir`
+//! (the logical graph with every op's `in_strategy` and where it came from),
+//! `rank_R/step_parallel_end_NNNN.ir` (rank R's graph before gradient fusion) and
+//! `rank_R/06_execute_NNNN.ir` (the graph rank R runs). On one device the final graph is
+//! `06_execute_NNNN.ir`. Writing files is the compiler crate's job: the passes know no file
+//! system.
 
 use crate::builder::BuildError;
 use crate::optim;
@@ -33,7 +40,7 @@ use rayon::prelude::*;
 use shardc_ir::spmd::SpmdProgram;
 use shardc_ir::Graph;
 use shardc_passes::autodiff::{self, Optimizer};
-use shardc_passes::grad_fusion::{self, GradFusion};
+use shardc_passes::grad_fusion::{self, GradFusion, GradFusionError};
 use shardc_passes::parallel::{
     partition, strategy, sync_bn, DatasetLayout, Mode, ParallelError, ParallelOptions,
     SearchMode as PassSearchMode, SearchOptions,
@@ -41,10 +48,11 @@ use shardc_passes::parallel::{
 use shardc_passes::{infer, verify};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
 use thiserror::Error;
 
 /// What to compile into.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct CompileOptions {
     /// Build the training step with this optimizer; `None` keeps the forward graph.
     pub optimizer: Option<Optimizer>,
@@ -65,6 +73,33 @@ pub struct CompileOptions {
     /// Which ranks' graphs to materialize from the program (and dump): every rank by default
     /// (for in-process runs); `shardc compile` asks for the ranks to inspect only.
     pub materialize: Materialize,
+    /// Verify what every pass made, reporting every violation (on by default in debug builds,
+    /// so in tests, and when `SHARDC_VERIFY=1`; `shardc compile --verify` sets it). The input
+    /// graph is verified after `infer_types` whatever this says.
+    pub verify: bool,
+}
+
+impl Default for CompileOptions {
+    fn default() -> CompileOptions {
+        CompileOptions {
+            optimizer: None,
+            dump_dir: None,
+            parallel: None,
+            load_strategy: None,
+            save_strategy: None,
+            mode_names: None,
+            grad_fusion: None,
+            materialize: Materialize::default(),
+            verify: verify_by_default(),
+        }
+    }
+}
+
+/// Whether [`CompileOptions::verify`] is on by default: in debug builds (tests), or with the
+/// environment variable `SHARDC_VERIFY` set to `1` or `true`.
+pub fn verify_by_default() -> bool {
+    cfg!(debug_assertions)
+        || std::env::var("SHARDC_VERIFY").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
 }
 
 /// Which ranks a compilation materializes from the program every rank runs.
@@ -102,8 +137,11 @@ pub struct PassRecord {
     pub index: usize,
     /// The stage's name.
     pub name: &'static str,
-    /// The graph after the stage.
+    /// The graph after the stage: the logical graph, or for the per-rank stages rank 0's
+    /// (the program's template; for `execute`, the first materialized rank's).
     pub graph: Graph,
+    /// How long the pass took, in seconds (its dump and verification not included).
+    pub seconds: f64,
 }
 
 /// The result of [`compile`].
@@ -164,6 +202,26 @@ pub enum CompileError {
         /// separate cause, so that it prints once).
         error: ParallelError,
     },
+    /// Gradient fusion rejected its configuration or a gradient AllReduce.
+    #[error("{}", named_stage("grad_fusion", .0))]
+    GradFusion(#[from] GradFusionError),
+    /// A pass found a part of the compilation that an earlier pass makes missing (it was
+    /// disabled, or the pipeline was stopped before it).
+    #[error("{pass}: needs what `{needs}` makes, and it did not run")]
+    Order {
+        /// The pass (or `compile`).
+        pass: &'static str,
+        /// The pass that makes what it needs.
+        needs: &'static str,
+    },
+    /// [`compile_until`] was asked for a pass that does not exist.
+    #[error("no pass named `{name}`; the passes are {passes}")]
+    UnknownPass {
+        /// The name asked for.
+        name: String,
+        /// Every pass, in order.
+        passes: String,
+    },
     /// A strategy file could not be read, written or applied.
     #[error(transparent)]
     StrategyFile(#[from] StrategyFileError),
@@ -181,24 +239,107 @@ pub enum CompileError {
     },
 }
 
-/// A pass: its dump name, whether the options enable it, and the transformation.
+/// What the passes read and write: the logical graph, then (on several devices) the plan,
+/// the program every rank runs and the ranks' graphs. Each pass fills its part; a pass that
+/// needs an earlier one's part and finds it missing is an error naming both.
+#[derive(Clone, Debug)]
+pub struct CompileState {
+    /// The logical graph (the whole model, as for one device).
+    pub graph: Graph,
+    /// Every op's strategy and every parameter's layout (after `step_parallel_begin`).
+    pub assignment: Option<strategy::Assignment>,
+    /// The logical graph with every op's strategy (the `step_parallel_begin` dump).
+    pub begin: Option<Graph>,
+    /// The program every rank runs, before gradient fusion (after `step_parallel_end`).
+    pub unfused: Option<SpmdProgram>,
+    /// The program after gradient fusion (after `grad_fusion`).
+    pub program: Option<SpmdProgram>,
+    /// The materialized ranks and their graphs, in [`CompileOptions::materialize`]'s order
+    /// (after `execute`; empty on one device).
+    pub ranks: Vec<(usize, Graph)>,
+}
+
+impl CompileState {
+    fn new(graph: Graph) -> CompileState {
+        CompileState {
+            graph,
+            assignment: None,
+            begin: None,
+            unfused: None,
+            program: None,
+            ranks: Vec::new(),
+        }
+    }
+}
+
+/// What a pass writes into the dump directory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Dump {
+    /// The logical graph, as `NN_name_NNNN.ir`.
+    Logical,
+    /// Each materialized rank's `rank_R/name_NNNN.ir`, un-numbered as MindSpore's
+    /// `step_parallel_*` dumps.
+    PerRankNamed,
+    /// Each materialized rank's `rank_R/NN_name_NNNN.ir` (on one device, the logical graph as
+    /// `NN_name_NNNN.ir`).
+    PerRankNumbered,
+    /// Nothing of its own: its result is what the next dump shows.
+    None,
+}
+
+/// A pass: its name (its dump's name and, by its place in [`PASSES`], the dump's index), when
+/// the options enable it, what it dumps, and the transformation.
 struct Pass {
     name: &'static str,
     enabled: fn(&CompileOptions) -> bool,
-    run: fn(Graph, &CompileOptions) -> Result<Graph, CompileError>,
+    dump: Dump,
+    run: fn(&mut CompileState, &CompileOptions) -> Result<(), CompileError>,
 }
 
-/// THE pass list, in order.
+/// THE pass list, in order: the compiler, the filetests and the benchmarks all run it (through
+/// [`compile`] or [`compile_until`]); nothing else restates the sequence.
 const PASSES: &[Pass] = &[
     Pass {
         name: "infer_types",
         enabled: |_| true,
+        dump: Dump::Logical,
         run: run_infer_types,
     },
     Pass {
         name: "autodiff",
         enabled: |o| o.optimizer.is_some(),
+        dump: Dump::Logical,
         run: run_autodiff,
+    },
+    Pass {
+        name: "sync_bn",
+        enabled: is_parallel,
+        dump: Dump::Logical,
+        run: run_sync_bn,
+    },
+    Pass {
+        name: "step_parallel_begin",
+        enabled: is_parallel,
+        dump: Dump::PerRankNamed,
+        run: run_strategy,
+    },
+    Pass {
+        name: "step_parallel_end",
+        enabled: is_parallel,
+        dump: Dump::PerRankNamed,
+        run: run_partition,
+    },
+    Pass {
+        name: "grad_fusion",
+        enabled: is_parallel,
+        dump: Dump::None,
+        run: run_grad_fusion,
+    },
+    Pass {
+        name: "execute",
+        enabled: |_| true,
+        dump: Dump::PerRankNumbered,
+        run: run_materialize,
     },
 ];
 
@@ -207,10 +348,41 @@ pub fn pass_names() -> Vec<&'static str> {
     PASSES.iter().map(|p| p.name).collect()
 }
 
-fn run_infer_types(mut g: Graph, _: &CompileOptions) -> Result<Graph, CompileError> {
+/// The index of the pass named `name` (the `NN` of its dumps), if there is one.
+pub fn pass_index(name: &str) -> Option<usize> {
+    PASSES.iter().position(|p| p.name == name)
+}
+
+/// Whether the options compile for several devices (the parallel passes run).
+fn is_parallel(o: &CompileOptions) -> bool {
+    o.parallel.as_ref().is_some_and(|p| p.device_num > 1)
+}
+
+/// The parallel options of a parallel compilation (the passes that call this are enabled only
+/// by [`is_parallel`]).
+fn parallel_of(o: &CompileOptions) -> &ParallelOptions {
+    o.parallel
+        .as_ref()
+        .expect("a parallel pass runs only with parallel options (is_parallel)")
+}
+
+/// The part of the state that pass `pass` needs, or an error naming the pass that makes it.
+fn needs<'a, T>(
+    part: &'a Option<T>,
+    pass: &'static str,
+    made_by: &'static str,
+) -> Result<&'a T, CompileError> {
+    part.as_ref().ok_or(CompileError::Order {
+        pass,
+        needs: made_by,
+    })
+}
+
+fn run_infer_types(s: &mut CompileState, _: &CompileOptions) -> Result<(), CompileError> {
+    let g = &mut s.graph;
     for i in 0..g.nodes.len() {
         let node = &g.nodes[i];
-        let ty = infer::infer_node(&g, node).map_err(|source| CompileError::Infer {
+        let ty = infer::infer_node(g, node).map_err(|source| CompileError::Infer {
             instance: node.instance.clone(),
             op: node.op,
             index: i + 1,
@@ -218,15 +390,109 @@ fn run_infer_types(mut g: Graph, _: &CompileOptions) -> Result<Graph, CompileErr
         })?;
         g.nodes[i].ty = ty;
     }
-    check(&g, "infer_types")?;
-    Ok(g)
+    // The input may come from a file a user wrote: always verified, whatever the flag.
+    check(g, "infer_types")
 }
 
-fn run_autodiff(g: Graph, opts: &CompileOptions) -> Result<Graph, CompileError> {
-    match &opts.optimizer {
-        Some(opt) => training_step_unverified(&g, opt),
-        None => Ok(g),
+fn run_autodiff(s: &mut CompileState, opts: &CompileOptions) -> Result<(), CompileError> {
+    if let Some(opt) = &opts.optimizer {
+        s.graph = training_step_unverified(&s.graph, opt)?;
     }
+    Ok(())
+}
+
+/// Batch-split BatchNorm as SyncBatchNorm (per-channel AllReduces, no gathering).
+fn run_sync_bn(s: &mut CompileState, _: &CompileOptions) -> Result<(), CompileError> {
+    s.graph = sync_bn::sync_batch_norm(&s.graph).map_err(|error| CompileError::Parallel {
+        stage: "sync_bn",
+        error,
+    })?;
+    Ok(())
+}
+
+/// A strategy for every op (the strategy file's, when one is loaded, else the mode's), a
+/// layout for every parameter, and the annotated logical graph.
+fn run_strategy(s: &mut CompileState, opts: &CompileOptions) -> Result<(), CompileError> {
+    let p = parallel_of(opts);
+    if let Some(path) = &opts.load_strategy {
+        let file = StrategyFile::load(path)?;
+        let strategies = file.strategies_for(&s.graph, p.device_num, path)?;
+        for (n, st) in s.graph.nodes.iter_mut().zip(strategies) {
+            if let Some((in_strategy, out_strategy)) = st {
+                n.in_strategy = Some(in_strategy);
+                if out_strategy.is_some() {
+                    n.out_strategy = out_strategy;
+                }
+            }
+        }
+    }
+    let assignment = strategy::assign(&s.graph, p).map_err(|error| CompileError::Parallel {
+        stage: "step_parallel_begin",
+        error,
+    })?;
+    s.begin = Some(annotated(&s.graph, &assignment));
+    if let Some(path) = &opts.save_strategy {
+        let (mode, searcher) = opts
+            .mode_names
+            .clone()
+            .unwrap_or_else(|| ("semi_auto_parallel".into(), "sharding_propagation".into()));
+        let begin = s.begin.as_ref().expect("set above");
+        StrategyFile::of(begin, &assignment, p, &mode, &searcher).save(path)?;
+    }
+    s.assignment = Some(assignment);
+    Ok(())
+}
+
+/// The program every rank runs, once: rank 0's graph and what differs per rank.
+fn run_partition(s: &mut CompileState, opts: &CompileOptions) -> Result<(), CompileError> {
+    let a = needs(&s.assignment, "step_parallel_end", "step_parallel_begin")?;
+    let program = partition::program(&s.graph, a, parallel_of(opts)).map_err(|error| {
+        CompileError::Parallel {
+            stage: "step_parallel_end",
+            error,
+        }
+    })?;
+    s.unfused = Some(program);
+    Ok(())
+}
+
+/// Gradient AllReduces moved to just after their gradients and bucketed (`comm_fusion`).
+fn run_grad_fusion(s: &mut CompileState, opts: &CompileOptions) -> Result<(), CompileError> {
+    let unfused = needs(&s.unfused, "grad_fusion", "step_parallel_end")?;
+    let mode = opts.grad_fusion.clone().unwrap_or(GradFusion::Each);
+    let (program, _) = grad_fusion::fuse_program(unfused.clone(), &mode)?;
+    s.program = Some(program);
+    Ok(())
+}
+
+/// Each asked rank's graph, materialized from the program (nothing to do on one device).
+fn run_materialize(s: &mut CompileState, opts: &CompileOptions) -> Result<(), CompileError> {
+    let Some(p) = opts.parallel.as_ref().filter(|p| p.device_num > 1) else {
+        return Ok(());
+    };
+    let program = needs(&s.program, "execute", "grad_fusion")?;
+    let rank_ids: Vec<usize> = match &opts.materialize {
+        Materialize::All => (0..p.device_num).collect(),
+        Materialize::Ranks(r) => r.clone(),
+    };
+    // The ranks are independent.
+    s.ranks = rank_ids
+        .par_iter()
+        .map(|&r| Ok((r, materialize(program, r)?)))
+        .collect::<Result<_, CompileError>>()?;
+    Ok(())
+}
+
+/// Rank `r`'s graph of `program`.
+fn materialize(program: &SpmdProgram, r: usize) -> Result<Graph, CompileError> {
+    program.materialize(r).map_err(|e| CompileError::Parallel {
+        stage: "execute",
+        error: ParallelError::Partition {
+            rank: r,
+            instance: String::new(),
+            reason: e.reason,
+        },
+    })
 }
 
 /// Verifies `g`, naming `stage` on failure.
@@ -236,6 +502,42 @@ fn check(g: &Graph, stage: &'static str) -> Result<(), CompileError> {
         graph: g.name.clone(),
         error: Box::new(error),
     })
+}
+
+/// Verifies what pass `pass` produced: the logical graph, or the program's template and every
+/// materialized rank.
+fn check_pass(s: &CompileState, pass: &Pass) -> Result<(), CompileError> {
+    match pass.name {
+        // Always verified by the pass itself.
+        "infer_types" => Ok(()),
+        "step_parallel_begin" => check(needs(&s.begin, pass.name, pass.name)?, pass.name),
+        "step_parallel_end" => check(
+            &needs(&s.unfused, pass.name, pass.name)?.template,
+            pass.name,
+        ),
+        "grad_fusion" => check(
+            &needs(&s.program, pass.name, pass.name)?.template,
+            pass.name,
+        ),
+        "execute" if !s.ranks.is_empty() => s
+            .ranks
+            .par_iter()
+            .try_for_each(|(_, g)| check(g, pass.name)),
+        _ => check(&s.graph, pass.name),
+    }
+}
+
+/// The graph a pass's record keeps: the logical graph, or rank 0's of the program.
+fn recorded(s: &CompileState, pass: &Pass) -> Graph {
+    let program_template = |p: &Option<SpmdProgram>| p.as_ref().map(|p| p.template.clone());
+    match pass.name {
+        "step_parallel_begin" => s.begin.clone(),
+        "step_parallel_end" => program_template(&s.unfused),
+        "grad_fusion" => program_template(&s.program),
+        "execute" => s.ranks.first().map(|(_, g)| g.clone()),
+        _ => None,
+    }
+    .unwrap_or_else(|| s.graph.clone())
 }
 
 fn training_step_unverified(forward: &Graph, opt: &Optimizer) -> Result<Graph, CompileError> {
@@ -276,41 +578,139 @@ pub fn write_dump(
     Ok(path)
 }
 
+/// The ranks a compilation materializes and dumps ([`CompileOptions::materialize`]).
+fn asked_ranks(opts: &CompileOptions) -> Vec<usize> {
+    match (&opts.materialize, &opts.parallel) {
+        (Materialize::Ranks(r), _) => r.clone(),
+        (Materialize::All, Some(p)) => (0..p.device_num).collect(),
+        (Materialize::All, None) => Vec::new(),
+    }
+}
+
+/// Writes what `pass` (at `index`) dumps into `dir`. Per-rank dumps go rank by rank, so that
+/// their numbers follow the rank order.
+fn dump(
+    dir: &Path,
+    index: usize,
+    pass: &Pass,
+    s: &CompileState,
+    opts: &CompileOptions,
+) -> Result<(), CompileError> {
+    let name = pass.name;
+    let rank_dir = |r: usize| dir.join(format!("rank_{r}"));
+    match pass.dump {
+        Dump::None => {}
+        Dump::Logical => {
+            write_dump(dir, index, name, &s.graph)?;
+        }
+        Dump::PerRankNumbered if !is_parallel(opts) => {
+            write_dump(dir, index, name, &s.graph)?;
+        }
+        Dump::PerRankNumbered => {
+            for (r, g) in &s.ranks {
+                write_dump(&rank_dir(*r), index, name, g)?;
+            }
+        }
+        Dump::PerRankNamed => {
+            for r in asked_ranks(opts) {
+                match &s.unfused {
+                    Some(program) => {
+                        write_named_dump(&rank_dir(r), name, &materialize(program, r)?)?
+                    }
+                    None => write_named_dump(&rank_dir(r), name, needs(&s.begin, name, name)?)?,
+                };
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Runs the pipeline on `graph` (types may be missing, as in a parsed file).
 pub fn compile(graph: Graph, opts: &CompileOptions) -> Result<Compiled, CompileError> {
-    let mut g = graph;
+    let (state, stages) = run_passes(graph, opts, None)?;
+    let parallel = match &opts.parallel {
+        Some(p) if p.device_num > 1 => {
+            let missing = |what: &'static str| CompileError::Order {
+                pass: "compile",
+                needs: what,
+            };
+            let (rank_ids, ranks) = state.ranks.into_iter().unzip();
+            Some(ParallelCompiled {
+                options: p.clone(),
+                assignment: state.assignment.ok_or(missing("step_parallel_begin"))?,
+                begin: state.begin.ok_or(missing("step_parallel_begin"))?,
+                program: state.program.ok_or(missing("grad_fusion"))?,
+                rank_ids,
+                ranks,
+            })
+        }
+        _ => None,
+    };
+    Ok(Compiled {
+        graph: state.graph,
+        stages,
+        parallel,
+    })
+}
+
+/// Runs the pipeline up to and including the pass named `last` (the filetests' and the
+/// benchmarks' entry: they print or time what that pass made). An unknown name is an error
+/// listing the passes.
+pub fn compile_until(
+    graph: Graph,
+    opts: &CompileOptions,
+    last: &str,
+) -> Result<(CompileState, Vec<PassRecord>), CompileError> {
+    let index = pass_index(last).ok_or_else(|| CompileError::UnknownPass {
+        name: last.to_string(),
+        passes: pass_names().join(", "),
+    })?;
+    run_passes(graph, opts, Some(index))
+}
+
+/// Runs every enabled pass (up to index `last`), verifying after each when
+/// [`CompileOptions::verify`] is on, dumping and recording each.
+fn run_passes(
+    graph: Graph,
+    opts: &CompileOptions,
+    last: Option<usize>,
+) -> Result<(CompileState, Vec<PassRecord>), CompileError> {
+    let mut state = CompileState::new(graph);
     let mut stages = Vec::new();
     for (index, pass) in PASSES.iter().enumerate() {
+        if last.is_some_and(|l| index > l) {
+            break;
+        }
         if !(pass.enabled)(opts) {
             continue;
         }
-        g = (pass.run)(g, opts)?;
-        if cfg!(debug_assertions) {
-            check(&g, pass.name)?;
+        let start = Instant::now();
+        (pass.run)(&mut state, opts)?;
+        let seconds = start.elapsed().as_secs_f64();
+        if opts.verify {
+            check_pass(&state, pass)?;
         }
         if let Some(dir) = &opts.dump_dir {
-            write_dump(dir, index, pass.name, &g)?;
+            dump(dir, index, pass, &state, opts)?;
         }
         stages.push(PassRecord {
             index,
             name: pass.name,
-            graph: g.clone(),
+            graph: recorded(&state, pass),
+            seconds,
         });
     }
-    let parallel = match &opts.parallel {
-        Some(p) if p.device_num > 1 => Some(compile_parallel(&g, p, opts)?),
-        _ => {
-            if let Some(dir) = &opts.dump_dir {
-                write_dump(dir, EXECUTE_INDEX, "execute", &g)?;
-            }
-            None
-        }
-    };
-    Ok(Compiled {
-        graph: g,
-        stages,
-        parallel,
-    })
+    Ok((state, stages))
+}
+
+/// `error`'s message, starting with the stage's name (`stage: ...`) once.
+fn named_stage(stage: &str, error: &dyn std::fmt::Display) -> String {
+    let message = error.to_string();
+    if message.starts_with(&format!("{stage}:")) {
+        message
+    } else {
+        format!("{stage}: {message}")
+    }
 }
 
 /// The parallel passes' options for a parallel context: `None` for one device (stand_alone,
@@ -357,9 +757,6 @@ pub fn grad_fusion_of(c: &CommFusion) -> GradFusion {
     }
 }
 
-/// The `NN` of the execute dump.
-const EXECUTE_INDEX: usize = 4;
-
 /// Writes `g` as `dir/name_NNNN.ir` (MindSpore's un-numbered `step_parallel_*` dumps).
 fn write_named_dump(dir: &Path, name: &str, g: &Graph) -> Result<PathBuf, CompileError> {
     std::fs::create_dir_all(dir).map_err(|source| CompileError::Io {
@@ -388,110 +785,4 @@ fn annotated(g: &Graph, a: &strategy::Assignment) -> Graph {
         }
     }
     out
-}
-
-/// Stages 02-04: strategies, per-rank graphs, dumps.
-fn compile_parallel(
-    g: &Graph,
-    p: &ParallelOptions,
-    opts: &CompileOptions,
-) -> Result<ParallelCompiled, CompileError> {
-    let dump_dir = opts.dump_dir.as_deref();
-    // Batch-split BatchNorm as SyncBatchNorm (per-channel AllReduces, no gathering).
-    let synced = sync_bn::sync_batch_norm(g).map_err(|source| CompileError::Parallel {
-        stage: "step_parallel_begin",
-        error: source,
-    })?;
-    let g = &synced;
-    let loaded;
-    let g = match &opts.load_strategy {
-        Some(path) => {
-            let file = StrategyFile::load(path)?;
-            let strategies = file.strategies_for(g, p.device_num, path)?;
-            let mut g2 = g.clone();
-            for (n, s) in g2.nodes.iter_mut().zip(strategies) {
-                if let Some((in_strategy, out_strategy)) = s {
-                    n.in_strategy = Some(in_strategy);
-                    if out_strategy.is_some() {
-                        n.out_strategy = out_strategy;
-                    }
-                }
-            }
-            loaded = g2;
-            &loaded
-        }
-        None => g,
-    };
-    let assignment = strategy::assign(g, p).map_err(|source| CompileError::Parallel {
-        stage: "step_parallel_begin",
-        error: source,
-    })?;
-    let begin = annotated(g, &assignment);
-    // Partition once: rank 0's graph and what differs per rank.
-    let unfused =
-        partition::program(g, &assignment, p).map_err(|source| CompileError::Parallel {
-            stage: "step_parallel_end",
-            error: source,
-        })?;
-    if cfg!(debug_assertions) {
-        check(&unfused.template, "step_parallel_end")?;
-    }
-    let mode = opts.grad_fusion.clone().unwrap_or(GradFusion::Each);
-    let (program, _) =
-        grad_fusion::fuse_program(unfused.clone(), &mode).map_err(|e| CompileError::Parallel {
-            stage: "grad_fusion",
-            error: ParallelError::Options(e.to_string()),
-        })?;
-    if cfg!(debug_assertions) {
-        check(&program.template, "grad_fusion")?;
-    }
-    let rank_ids: Vec<usize> = match &opts.materialize {
-        Materialize::All => (0..p.device_num).collect(),
-        Materialize::Ranks(r) => r.clone(),
-    };
-    let materialize = |prog: &SpmdProgram, r: usize| -> Result<Graph, CompileError> {
-        prog.materialize(r).map_err(|e| CompileError::Parallel {
-            stage: "execute",
-            error: ParallelError::Partition {
-                rank: r,
-                instance: String::new(),
-                reason: e.reason,
-            },
-        })
-    };
-    let ranks: Vec<Graph> = match dump_dir {
-        // The ranks are independent; dumps are numbered in rank order, so they go one by one.
-        None => rank_ids
-            .par_iter()
-            .map(|&r| materialize(&program, r))
-            .collect::<Result<_, _>>()?,
-        Some(dir) => {
-            let mut ranks = Vec::with_capacity(rank_ids.len());
-            for &r in &rank_ids {
-                let fused = materialize(&program, r)?;
-                let rd = dir.join(format!("rank_{r}"));
-                write_named_dump(&rd, "step_parallel_begin", &begin)?;
-                write_named_dump(&rd, "step_parallel_end", &materialize(&unfused, r)?)?;
-                write_dump(&rd, EXECUTE_INDEX, "execute", &fused)?;
-                ranks.push(fused);
-            }
-            ranks
-        }
-    };
-    let compiled = ParallelCompiled {
-        options: p.clone(),
-        assignment,
-        begin,
-        program,
-        rank_ids,
-        ranks,
-    };
-    if let Some(path) = &opts.save_strategy {
-        let (mode, searcher) = opts
-            .mode_names
-            .clone()
-            .unwrap_or_else(|| ("semi_auto_parallel".into(), "sharding_propagation".into()));
-        StrategyFile::of(&compiled, &mode, &searcher).save(path)?;
-    }
-    Ok(compiled)
 }

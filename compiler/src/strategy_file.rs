@@ -6,10 +6,10 @@
 //! (optimizer updates and `Assign`s follow their weight as always), so compiling again gives
 //! the same per-rank graphs.
 
-use crate::pipeline::ParallelCompiled;
 use serde::{Deserialize, Serialize};
 use shardc_ir::{Graph, OpClass, OpKind, Strategy};
-use shardc_passes::parallel::search;
+use shardc_passes::parallel::strategy::Assignment;
+use shardc_passes::parallel::{search, ParallelOptions};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use thiserror::Error;
@@ -114,13 +114,20 @@ pub enum StrategyFileError {
 }
 
 impl StrategyFile {
-    /// The strategy file of a parallel compilation.
-    pub fn of(p: &ParallelCompiled, parallel_mode: &str, searcher: &str) -> StrategyFile {
-        let g = &p.begin;
+    /// The strategy file of a parallel compilation: its annotated logical graph (the
+    /// `step_parallel_begin` graph), assignment and options.
+    pub fn of(
+        begin: &Graph,
+        assignment: &Assignment,
+        options: &ParallelOptions,
+        parallel_mode: &str,
+        searcher: &str,
+    ) -> StrategyFile {
+        let g = begin;
         let parameters = g
             .params
             .iter()
-            .zip(&p.assignment.param_layouts)
+            .zip(&assignment.param_layouts)
             .map(|(param, l)| {
                 (
                     param.name.clone(),
@@ -135,7 +142,7 @@ impl StrategyFile {
         let ops = g
             .nodes
             .iter()
-            .zip(&p.assignment.decisions)
+            .zip(&assignment.decisions)
             .filter_map(|(n, d)| {
                 let d = d.as_ref()?;
                 Some((
@@ -149,14 +156,14 @@ impl StrategyFile {
                 ))
             })
             .collect();
-        let (predicted, exact) = match &p.assignment.search {
+        let (predicted, exact) = match &assignment.search {
             Some(r) => (Some(r.predicted), r.exact),
-            None => (search::predict(g, &p.options, &p.assignment).ok(), false),
+            None => (search::predict(g, options, assignment).ok(), false),
         };
         StrategyFile {
             format: FORMAT.into(),
             model: g.name.clone(),
-            device_num: p.options.device_num,
+            device_num: options.device_num,
             parallel_mode: parallel_mode.into(),
             searcher: searcher.into(),
             predicted: predicted.map(|b| PredictedStep {

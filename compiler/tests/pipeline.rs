@@ -1,7 +1,9 @@
 //! The pipeline: stages, dumps, errors.
 
 use shardc_compiler::optim::{Adam, Momentum, SGD};
-use shardc_compiler::pipeline::{compile, pass_names, CompileError, CompileOptions};
+use shardc_compiler::pipeline::{
+    compile, compile_until, pass_index, pass_names, CompileError, CompileOptions,
+};
 use shardc_compiler::{model, zoo};
 use shardc_ir::text::parse_graph;
 use shardc_ir::{OpKind, Type};
@@ -11,9 +13,22 @@ fn forward_only_runs_infer_types() {
     let g = zoo::quickstart(16).unwrap();
     let c = compile(g.clone(), &CompileOptions::default()).unwrap();
     let names: Vec<&str> = c.stages.iter().map(|s| s.name).collect();
-    assert_eq!(names, ["infer_types"]);
+    assert_eq!(names, ["infer_types", "execute"]);
     assert_eq!(c.graph, g);
-    assert_eq!(pass_names(), ["infer_types", "autodiff"]);
+    assert_eq!(
+        pass_names(),
+        [
+            "infer_types",
+            "autodiff",
+            "sync_bn",
+            "step_parallel_begin",
+            "step_parallel_end",
+            "grad_fusion",
+            "execute"
+        ]
+    );
+    assert_eq!(pass_index("execute"), Some(6));
+    assert_eq!(pass_index("partition"), None);
 }
 
 #[test]
@@ -29,12 +44,16 @@ fn parsed_model_compiles_to_a_training_step_with_dumps() {
     };
     let c = compile(parsed, &opts).unwrap();
     let stages: Vec<(usize, &str)> = c.stages.iter().map(|s| (s.index, s.name)).collect();
-    assert_eq!(stages, [(0, "infer_types"), (1, "autodiff")]);
+    assert_eq!(
+        stages,
+        [(0, "infer_types"), (1, "autodiff"), (6, "execute")]
+    );
     // After type inference every node has its type.
     let first = &c.stages[0].graph;
     assert!(first.nodes.iter().all(|n| n.ty != Type::Tuple(Vec::new())));
     assert!(c.graph.nodes.iter().any(|n| n.op == OpKind::ApplyMomentum));
     assert_eq!(c.graph, c.stages[1].graph);
+    assert_eq!(c.graph, c.stages[2].graph);
 
     let mut files: Vec<String> = std::fs::read_dir(dir.path().join("saved_graph"))
         .unwrap()
@@ -43,7 +62,7 @@ fn parsed_model_compiles_to_a_training_step_with_dumps() {
     files.sort();
     assert_eq!(files.len(), 3, "{files:?}");
     assert!(
-        files[2].starts_with("04_execute_") && files[2].ends_with(".ir"),
+        files[2].starts_with("06_execute_") && files[2].ends_with(".ir"),
         "{files:?}"
     );
     assert!(
@@ -114,4 +133,109 @@ fn bad_parsed_graphs_fail_with_the_stage_named() {
         .to_string();
     assert!(err.starts_with("infer_types"), "{err}");
     assert!(err.contains("matmul"), "{err}");
+}
+
+fn parallel_options(device_num: usize) -> shardc_passes::parallel::ParallelOptions {
+    use shardc_passes::parallel::{DatasetLayout, Mode, ParallelOptions};
+    ParallelOptions {
+        mode: Mode::SemiAutoParallel,
+        device_num,
+        dataset: DatasetLayout::DataParallel,
+        gradients_mean: true,
+        enable_alltoall: false,
+        search: Default::default(),
+    }
+}
+
+#[test]
+fn a_parallel_compile_runs_every_pass_of_the_one_list_and_dumps_by_its_index() {
+    let g = zoo::quickstart(16).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let opts = CompileOptions {
+        optimizer: Some(Momentum::new(0.2, 0.1).to_spec()),
+        parallel: Some(parallel_options(8)),
+        dump_dir: Some(dir.path().to_path_buf()),
+        materialize: shardc_compiler::pipeline::Materialize::Ranks(vec![3, 5]),
+        ..Default::default()
+    };
+    let c = compile(g, &opts).unwrap();
+    let ran: Vec<(usize, &str)> = c.stages.iter().map(|s| (s.index, s.name)).collect();
+    let all: Vec<(usize, &str)> = pass_names().into_iter().enumerate().collect();
+    assert_eq!(ran, all);
+    assert!(c.stages.iter().all(|s| s.seconds >= 0.0));
+    let p = c.parallel.unwrap();
+    assert_eq!(p.rank_ids, [3, 5]);
+    // The execute record keeps the first materialized rank's graph.
+    assert_eq!(c.stages[6].graph, p.ranks[0]);
+    let mut top: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    top.sort();
+    let prefixes: Vec<&str> = top.iter().map(|n| &n[..n.len().min(8)]).collect();
+    assert_eq!(
+        prefixes,
+        ["00_infer", "01_autod", "02_sync_", "rank_3", "rank_5"],
+        "{top:?}"
+    );
+    for r in [3, 5] {
+        let mut names: Vec<String> = std::fs::read_dir(dir.path().join(format!("rank_{r}")))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+            .collect();
+        names.sort();
+        let stems: Vec<&str> = names.iter().map(|n| &n[..n.len() - 8]).collect();
+        assert_eq!(
+            stems,
+            ["06_execute", "step_parallel_begin", "step_parallel_end"],
+            "{names:?}"
+        );
+    }
+}
+
+#[test]
+fn compile_until_stops_after_the_named_pass() {
+    let g = zoo::quickstart(16).unwrap();
+    let opts = CompileOptions {
+        optimizer: Some(Momentum::new(0.2, 0.1).to_spec()),
+        parallel: Some(parallel_options(8)),
+        ..Default::default()
+    };
+    let (state, records) = compile_until(g.clone(), &opts, "step_parallel_begin").unwrap();
+    assert_eq!(records.last().unwrap().name, "step_parallel_begin");
+    assert!(state.assignment.is_some() && state.begin.is_some());
+    assert!(state.unfused.is_none() && state.program.is_none() && state.ranks.is_empty());
+    let err = compile_until(g, &opts, "partition").unwrap_err();
+    assert!(matches!(err, CompileError::UnknownPass { .. }), "{err:?}");
+    assert_eq!(
+        err.to_string(),
+        "no pass named `partition`; the passes are infer_types, autodiff, sync_bn, \
+         step_parallel_begin, step_parallel_end, grad_fusion, execute"
+    );
+}
+
+#[test]
+fn the_verifier_is_on_in_tests_and_reports_every_violation() {
+    assert!(
+        CompileOptions::default().verify,
+        "debug builds (tests) verify every pass"
+    );
+    // Two broken nodes: both are named, not only the first.
+    let text = "%para1_x : <Tensor[Float32], (4, 3)>\n\nsubgraph @Net(%para1_x) {\n  %1(a) = ReLU(%para1_x) {instance name: relu} primitive_attrs: {out_strategy: ((0, 1))}\n  %2(b) = ReLU(%1) {instance name: relu}\n  Return(%2)\n}\n";
+    let g = parse_graph(text, "two.ir").unwrap();
+    let err = compile(g, &CompileOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("infer_types: graph `Net` failed verification: verify: 2 violations:"),
+        "{err}"
+    );
+    assert!(
+        err.contains("%1 ReLU 'relu': out_strategy ((0, 1)) has the split count 0"),
+        "{err}"
+    );
+    assert!(
+        err.contains("%2 ReLU 'relu': instance name 'relu' is already used by %1 ReLU 'relu'"),
+        "{err}"
+    );
 }

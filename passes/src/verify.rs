@@ -1,6 +1,7 @@
 //! The graph verifier: the structural and type invariants every pass must keep.
 //!
-//! [`verify`] checks, in order of the nodes:
+//! [`verify`] checks, in order of the nodes, and reports every violation it finds (a node whose
+//! operands are broken is not checked further: its type could not be inferred):
 //!
 //! - parameter names are non-empty and unique;
 //! - every operand refers to an existing parameter or an **earlier** node;
@@ -32,6 +33,35 @@ pub struct VerifyError {
     pub reason: String,
 }
 
+/// Every broken invariant of a graph, in the order [`verify`] found them (never empty).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Violations(pub Vec<VerifyError>);
+
+impl Violations {
+    /// The first violation found.
+    pub fn first(&self) -> &VerifyError {
+        &self.0[0]
+    }
+}
+
+impl std::fmt::Display for Violations {
+    /// One violation prints as itself; several as a count, then one per line.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0.as_slice() {
+            [one] => write!(f, "{one}"),
+            all => {
+                write!(f, "verify: {} violations:", all.len())?;
+                for e in all {
+                    write!(f, "\n  {}: {}", e.location, e.reason)?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl std::error::Error for Violations {}
+
 /// `%3 MatMul 'matmul2'` (`%3 MatMul` when the node has no instance name).
 fn node_location(index: usize, node: &Node) -> String {
     if node.instance.is_empty() {
@@ -52,21 +82,23 @@ pub fn type_text(ty: &Type) -> String {
     }
 }
 
-/// Checks every invariant of `graph` (see the module doc); the first violation is returned.
-pub fn verify(graph: &Graph) -> Result<(), VerifyError> {
+/// Checks every invariant of `graph` (see the module doc); every violation is returned.
+pub fn verify(graph: &Graph) -> Result<(), Violations> {
+    let mut errors = Vec::new();
     // Parameters.
     let mut param_names: HashMap<&str, usize> = HashMap::new();
     for (i, p) in graph.params.iter().enumerate() {
         let loc = || format!("parameter %para{}_{}", i + 1, p.name);
         if p.name.is_empty() {
-            return Err(VerifyError {
+            errors.push(VerifyError {
                 node: None,
                 location: loc(),
                 reason: "the parameter has no name".into(),
             });
+            continue;
         }
         if let Some(first) = param_names.insert(&p.name, i) {
-            return Err(VerifyError {
+            errors.push(VerifyError {
                 node: None,
                 location: loc(),
                 reason: format!(
@@ -81,7 +113,7 @@ pub fn verify(graph: &Graph) -> Result<(), VerifyError> {
 
     let mut assigned: HashMap<ParamId, usize> = HashMap::new();
     let mut instances: HashMap<&str, usize> = HashMap::new();
-    for (i, node) in graph.nodes.iter().enumerate() {
+    'nodes: for (i, node) in graph.nodes.iter().enumerate() {
         let fail = |reason: String| VerifyError {
             node: Some(NodeId(i as u32)),
             location: node_location(i, node),
@@ -92,7 +124,7 @@ pub fn verify(graph: &Graph) -> Result<(), VerifyError> {
 
         if !node.instance.is_empty() {
             if let Some(first) = instances.insert(&node.instance, i) {
-                return Err(fail(format!(
+                errors.push(fail(format!(
                     "instance name '{}' is already used by {}",
                     node.instance,
                     node_location(first, &graph.nodes[first])
@@ -105,7 +137,8 @@ pub fn verify(graph: &Graph) -> Result<(), VerifyError> {
                 Operand::Node(id) => {
                     let k = id.index();
                     if k == i {
-                        return Err(fail(format!("{} uses the node's own result", name(j))));
+                        errors.push(fail(format!("{} uses the node's own result", name(j))));
+                        continue 'nodes;
                     }
                     if k > i {
                         let why = if k < graph.nodes.len() {
@@ -113,27 +146,30 @@ pub fn verify(graph: &Graph) -> Result<(), VerifyError> {
                         } else {
                             "a node that does not exist"
                         };
-                        return Err(fail(format!("{} refers to %{}, {why}", name(j), k + 1)));
+                        errors.push(fail(format!("{} refers to %{}, {why}", name(j), k + 1)));
+                        continue 'nodes;
                     }
                     let src = &graph.nodes[k];
                     if let Type::Tuple(ts) = &src.ty {
                         if node.op != OpKind::TupleGetItem {
-                            return Err(fail(format!(
+                            errors.push(fail(format!(
                                 "{} reads {}, whose result is a {}-element tuple; only TupleGetItem may read a tuple",
                                 name(j),
                                 node_location(k, src),
                                 ts.len()
                             )));
+                            continue 'nodes;
                         }
                     }
                 }
                 Operand::Param(p) => {
                     if p.index() >= graph.params.len() {
-                        return Err(fail(format!(
+                        errors.push(fail(format!(
                             "{} refers to parameter #{}, which does not exist",
                             name(j),
                             p.index() + 1
                         )));
+                        continue 'nodes;
                     }
                     if let Some(&by) = assigned.get(p) {
                         let what = if node.op == OpKind::Assign && j == 0 {
@@ -146,19 +182,26 @@ pub fn verify(graph: &Graph) -> Result<(), VerifyError> {
                         } else {
                             " after it was assigned"
                         };
-                        return Err(fail(format!(
+                        errors.push(fail(format!(
                             "{} {what} {}{again} (by {})",
                             name(j),
                             operand_text(graph, operand),
                             node_location(by, &graph.nodes[by])
                         )));
+                        continue 'nodes;
                     }
                 }
                 Operand::Const(_) => {}
             }
         }
 
-        let inferred = infer_at(graph, i).map_err(|e| fail(e.reason))?;
+        let inferred = match infer_at(graph, i) {
+            Ok(t) => t,
+            Err(e) => {
+                errors.push(fail(e.reason));
+                continue;
+            }
+        };
         if inferred != node.ty {
             let operands: Vec<String> = node
                 .inputs
@@ -173,7 +216,7 @@ pub fn verify(graph: &Graph) -> Result<(), VerifyError> {
                     format!("{} = {} {ty}", name(j), operand_text(graph, o))
                 })
                 .collect();
-            return Err(fail(format!(
+            errors.push(fail(format!(
                 "the stored result type says {} but the shape rules give {} (operands: {})",
                 type_text(&node.ty),
                 type_text(&inferred),
@@ -186,11 +229,13 @@ pub fn verify(graph: &Graph) -> Result<(), VerifyError> {
         }
 
         if let Some(s) = &node.in_strategy {
-            check_in_strategy(graph, node, s).map_err(fail)?;
+            if let Err(reason) = check_in_strategy(graph, node, s) {
+                errors.push(fail(reason));
+            }
         }
         if let Some(s) = &node.out_strategy {
             if let Some(d) = s.0.iter().flatten().find(|&&d| d < 1) {
-                return Err(fail(format!(
+                errors.push(fail(format!(
                     "out_strategy {s} has the split count {d}; every count must be >= 1"
                 )));
             }
@@ -210,28 +255,26 @@ pub fn verify(graph: &Graph) -> Result<(), VerifyError> {
             reason,
         };
         match out {
-            Operand::Node(id) if id.index() >= graph.nodes.len() => {
-                return Err(fail(format!(
-                    "refers to %{}, which does not exist",
-                    id.index() + 1
-                )))
-            }
-            Operand::Param(p) if p.index() >= graph.params.len() => {
-                return Err(fail(format!(
-                    "refers to parameter #{}, which does not exist",
-                    p.index() + 1
-                )))
-            }
-            Operand::Const(c) => {
-                return Err(fail(format!(
-                    "is the constant {}; a graph returns nodes or parameters",
-                    c.type_text()
-                )))
-            }
+            Operand::Node(id) if id.index() >= graph.nodes.len() => errors.push(fail(format!(
+                "refers to %{}, which does not exist",
+                id.index() + 1
+            ))),
+            Operand::Param(p) if p.index() >= graph.params.len() => errors.push(fail(format!(
+                "refers to parameter #{}, which does not exist",
+                p.index() + 1
+            ))),
+            Operand::Const(c) => errors.push(fail(format!(
+                "is the constant {}; a graph returns nodes or parameters",
+                c.type_text()
+            ))),
             _ => {}
         }
     }
-    Ok(())
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(Violations(errors))
+    }
 }
 
 /// One entry per tensor operand, each of that operand's rank, all counts >= 1.
@@ -343,8 +386,35 @@ mod tests {
     fn err(g: &Graph) -> VerifyError {
         match verify(g) {
             Ok(()) => panic!("expected a verify error"),
-            Err(e) => e,
+            Err(e) => e.first().clone(),
         }
+    }
+
+    #[test]
+    fn every_violation_is_reported_not_only_the_first() {
+        let mut g = quickstart();
+        g.params[2].name = "w".into();
+        g.nodes[2].instance = "matmul".into();
+        g.nodes[1].inputs.push(Operand::Param(ParamId(0)));
+        g.outputs.push(Operand::Node(NodeId(9)));
+        let all = verify(&g).unwrap_err();
+        let locations: Vec<&str> = all.0.iter().map(|e| e.location.as_str()).collect();
+        assert_eq!(
+            locations,
+            [
+                "parameter %para3_w",
+                "%2 ReLU 'relu'",
+                "%3 MatMul 'matmul'",
+                "output 1"
+            ],
+            "{all}"
+        );
+        let text = all.to_string();
+        assert!(
+            text.starts_with("verify: 4 violations:\n  parameter %para3_w: "),
+            "{text}"
+        );
+        assert_eq!(text.lines().count(), 5, "{text}");
     }
 
     #[test]

@@ -265,26 +265,6 @@ fn our_dtype(d: Dtype) -> Option<DType> {
     })
 }
 
-/// The tensor's elements as little-endian bytes (bools as one byte, 0 or 1).
-pub fn tensor_bytes(t: &Tensor) -> Vec<u8> {
-    fn le<T: Copy, const N: usize>(v: &[T], f: impl Fn(T) -> [u8; N]) -> Vec<u8> {
-        let mut out = Vec::with_capacity(v.len() * N);
-        for &x in v {
-            out.extend_from_slice(&f(x));
-        }
-        out
-    }
-    match &t.data {
-        Data::F32(v) => le(v, f32::to_le_bytes),
-        Data::F64(v) => le(v, f64::to_le_bytes),
-        Data::F16(v) => le(v, |x: f16| x.to_bits().to_le_bytes()),
-        Data::BF16(v) => le(v, |x: bf16| x.to_bits().to_le_bytes()),
-        Data::I32(v) => le(v, i32::to_le_bytes),
-        Data::I64(v) => le(v, i64::to_le_bytes),
-        Data::Bool(v) => v.iter().map(|&b| u8::from(b)).collect(),
-    }
-}
-
 /// A tensor from little-endian bytes; `Err` names what is wrong.
 fn tensor_from_bytes(dtype: DType, shape: &[usize], bytes: &[u8]) -> Result<Tensor, String> {
     let n = shape
@@ -533,7 +513,7 @@ impl Checkpoint {
                 RawView {
                     dtype: st_dtype(t.dtype()),
                     shape: t.shape.clone(),
-                    bytes: tensor_bytes(t),
+                    bytes: t.to_le_bytes(),
                 },
             ));
         }
@@ -1036,7 +1016,7 @@ pub fn merge(
                 let have = whole
                     .block(&block)
                     .ok_or_else(|| merr(name, format!("block {block:?} is out of range")))?;
-                let (a, b) = (tensor_bytes(&have), tensor_bytes(t));
+                let (a, b) = (have.to_le_bytes(), t.to_le_bytes());
                 if a != b {
                     let size = t.dtype().size_bytes().max(1);
                     let at = a.iter().zip(&b).position(|(x, y)| x != y).unwrap_or(0) / size;

@@ -93,6 +93,96 @@ pub struct Tensor {
 }
 
 impl Tensor {
+    /// The elements as little-endian bytes (bools as one byte, 0 or 1): the form checkpoints
+    /// store and devices upload.
+    pub fn to_le_bytes(&self) -> Vec<u8> {
+        fn le<T: Copy, const N: usize>(v: &[T], f: impl Fn(T) -> [u8; N]) -> Vec<u8> {
+            if cfg!(target_endian = "little") {
+                // SAFETY: plain numeric element types without padding, already little-endian;
+                // the length is the slice's own in bytes.
+                unsafe {
+                    std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v))
+                }
+                .to_vec()
+            } else {
+                v.iter().flat_map(|&x| f(x)).collect()
+            }
+        }
+        match &self.data {
+            Data::F32(v) => le(v, f32::to_le_bytes),
+            Data::F64(v) => le(v, f64::to_le_bytes),
+            Data::F16(v) => le(v, |x: f16| x.to_bits().to_le_bytes()),
+            Data::BF16(v) => le(v, |x: bf16| x.to_bits().to_le_bytes()),
+            Data::I32(v) => le(v, i32::to_le_bytes),
+            Data::I64(v) => le(v, i64::to_le_bytes),
+            Data::Bool(v) => v.iter().map(|&b| u8::from(b)).collect(),
+        }
+    }
+
+    /// A tensor of type `ty` from little-endian element bytes (the inverse of
+    /// [`Tensor::to_le_bytes`]). Bytes beyond the type's are ignored and missing ones read as
+    /// zero: callers that take bytes from outside check the length first.
+    pub fn from_le_bytes(ty: &TensorType, bytes: &[u8]) -> Tensor {
+        fn fill<T: Copy, const N: usize>(v: &mut [T], bytes: &[u8], f: impl Fn([u8; N]) -> T) {
+            for (x, c) in v.iter_mut().zip(bytes.chunks_exact(N)) {
+                let mut a = [0u8; N];
+                a.copy_from_slice(c);
+                *x = f(a);
+            }
+        }
+        let mut t = Tensor::zeros(ty);
+        match &mut t.data {
+            Data::F32(v) => fill(v, bytes, f32::from_le_bytes),
+            Data::F64(v) => fill(v, bytes, f64::from_le_bytes),
+            Data::F16(v) => fill(v, bytes, |a| f16::from_bits(u16::from_le_bytes(a))),
+            Data::BF16(v) => fill(v, bytes, |a| bf16::from_bits(u16::from_le_bytes(a))),
+            Data::I32(v) => fill(v, bytes, i32::from_le_bytes),
+            Data::I64(v) => fill(v, bytes, i64::from_le_bytes),
+            Data::Bool(v) => v.iter_mut().zip(bytes).for_each(|(b, &x)| *b = x != 0),
+        }
+        t
+    }
+
+    /// Copies `src`'s elements into this tensor's storage (same dtype and length, checked by
+    /// the caller's planning), taking `src`'s shape. Returns false when they do not match.
+    pub fn copy_from(&mut self, src: &Tensor) -> bool {
+        let ok = match (&mut self.data, &src.data) {
+            (Data::F32(d), Data::F32(s)) if d.len() == s.len() => {
+                d.copy_from_slice(s);
+                true
+            }
+            (Data::F64(d), Data::F64(s)) if d.len() == s.len() => {
+                d.copy_from_slice(s);
+                true
+            }
+            (Data::F16(d), Data::F16(s)) if d.len() == s.len() => {
+                d.copy_from_slice(s);
+                true
+            }
+            (Data::BF16(d), Data::BF16(s)) if d.len() == s.len() => {
+                d.copy_from_slice(s);
+                true
+            }
+            (Data::I32(d), Data::I32(s)) if d.len() == s.len() => {
+                d.copy_from_slice(s);
+                true
+            }
+            (Data::I64(d), Data::I64(s)) if d.len() == s.len() => {
+                d.copy_from_slice(s);
+                true
+            }
+            (Data::Bool(d), Data::Bool(s)) if d.len() == s.len() => {
+                d.copy_from_slice(s);
+                true
+            }
+            _ => false,
+        };
+        if ok && self.shape != src.shape {
+            self.shape.clone_from(&src.shape);
+        }
+        ok
+    }
+
     /// A zero tensor of the given type.
     pub fn zeros(ty: &TensorType) -> Tensor {
         Tensor {

@@ -138,7 +138,7 @@ impl Model {
     }
 
     /// Write the compiler's dumps here (MindSpore's `save_graphs_path`): per rank
-    /// `rank_R/step_parallel_begin_NNNN.ir` and `04_execute_NNNN.ir`.
+    /// `rank_R/step_parallel_begin_NNNN.ir` and `06_execute_NNNN.ir`.
     pub fn with_save_graphs(mut self, dir: impl Into<PathBuf>) -> Model {
         self.dump_dir = Some(dir.into());
         self
@@ -233,6 +233,7 @@ impl Model {
             grad_fusion: Some(pipeline::grad_fusion_of(&ctx.comm_fusion)),
             // This process's own rank, materialized from the program (and dumped) only.
             materialize: pipeline::Materialize::Ranks(vec![self.rank]),
+            ..Default::default()
         };
         let compiled = pipeline::compile(forward, &opts)?;
         let threads = match self.threads {
@@ -245,7 +246,9 @@ impl Model {
         let (graph, layouts): (Graph, Vec<(String, TensorLayout)>) = match compiled.parallel {
             Some(p) => {
                 strategy = Some(StrategyFile::of(
-                    &p,
+                    &p.begin,
+                    &p.assignment,
+                    &p.options,
                     &ctx.parallel_mode.to_string(),
                     &ctx.search_mode.to_string(),
                 ));

@@ -39,9 +39,13 @@ pub struct CompileArgs {
     pub optimizer: OptimizerArgs,
     /// Write every pipeline stage as `NN_name_NNNN.ir` into this directory; with several
     /// devices, the ranks `--ranks` (or `--global-rank`) names each into `rank_R/`
-    /// (`step_parallel_begin_NNNN.ir`, `step_parallel_end_NNNN.ir`, `04_execute_NNNN.ir`).
+    /// (`step_parallel_begin_NNNN.ir`, `step_parallel_end_NNNN.ir`, `06_execute_NNNN.ir`).
     #[arg(long)]
     pub save_graphs_path: Option<PathBuf>,
+    /// Verify what every pass made (every violation reported), as debug builds do; also on
+    /// with `SHARDC_VERIFY=1`.
+    #[arg(long)]
+    pub verify: bool,
     /// The ranks to write out materialized for inspection (`rank_R.ir` in the artifact, and
     /// their dumps): `0-7` (one host's), `0,3,5`, or `all`. Default: `--global-rank`, else 0.
     /// The artifact holds the program every rank runs either way; each worker materializes
@@ -189,6 +193,7 @@ pub fn compile(a: &CompileArgs) -> Result<()> {
         mode_names: Some((ctx.parallel_mode.to_string(), ctx.search_mode.to_string())),
         grad_fusion: Some(pipeline::grad_fusion_of(&ctx.comm_fusion)),
         materialize: pipeline::Materialize::Ranks(inspect.clone()),
+        verify: a.verify || pipeline::verify_by_default(),
     };
     let compiled = pipeline::compile(graph, &opts)?;
     let g = compiled.graph;

@@ -26,7 +26,6 @@ use shardc_ir::{
 use shardc_runtime::executor::{comm_call, CommCall};
 use shardc_runtime::init::init_tensor;
 use shardc_runtime::memory::{plan_aliasing_reshapes, Location, MemoryPlan};
-use shardc_runtime::tensor::Data;
 use shardc_runtime::{Arg, Backend, Communicator, KernelContext, Tensor};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -334,44 +333,6 @@ impl Drop for GpuExecutor {
     }
 }
 
-/// The bytes of a tensor's elements (Bool as one byte each).
-pub fn tensor_bytes(t: &Tensor) -> Vec<u8> {
-    fn raw<T: Copy>(v: &[T]) -> Vec<u8> {
-        // SAFETY: plain numeric element types with no padding; the length is in bytes.
-        unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
-            .to_vec()
-    }
-    match &t.data {
-        Data::F32(v) => raw(v),
-        Data::F64(v) => raw(v),
-        Data::F16(v) => raw(v),
-        Data::BF16(v) => raw(v),
-        Data::I32(v) => raw(v),
-        Data::I64(v) => raw(v),
-        Data::Bool(v) => v.iter().map(|&b| u8::from(b)).collect(),
-    }
-}
-
-/// A tensor of type `ty` from its element bytes (the inverse of [`tensor_bytes`]).
-pub fn tensor_of(ty: &TensorType, bytes: &[u8]) -> Tensor {
-    fn fill<T: Copy>(v: &mut [T], bytes: &[u8]) {
-        let n = std::mem::size_of_val(v).min(bytes.len());
-        // SAFETY: plain numeric element types; at most the slice's own byte length.
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), v.as_mut_ptr() as *mut u8, n) };
-    }
-    let mut t = Tensor::zeros(ty);
-    match &mut t.data {
-        Data::F32(v) => fill(v, bytes),
-        Data::F64(v) => fill(v, bytes),
-        Data::F16(v) => fill(v, bytes),
-        Data::BF16(v) => fill(v, bytes),
-        Data::I32(v) => fill(v, bytes),
-        Data::I64(v) => fill(v, bytes),
-        Data::Bool(v) => v.iter_mut().zip(bytes).for_each(|(b, &x)| *b = x != 0),
-    }
-    t
-}
-
 fn byte_len(ty: &TensorType) -> usize {
     ty.num_elements() * ty.dtype.size_bytes()
 }
@@ -558,7 +519,7 @@ impl GpuExecutor {
             ex.params.push(ptr);
             if let ParamKind::Weight { init, .. } = &p.kind {
                 let t = init_tensor(init, &p.ty).map_err(|e| CudaError::Other(e.to_string()))?;
-                ex.device.upload(ptr, &tensor_bytes(&t))?;
+                ex.device.upload(ptr, &t.to_le_bytes())?;
             }
         }
         for members in group_members {
@@ -745,7 +706,7 @@ impl GpuExecutor {
         let ty = &self.graph.params[i].ty;
         let mut bytes = vec![0u8; byte_len(ty)];
         self.device.download(self.params[i], &mut bytes)?;
-        Ok(tensor_of(ty, &bytes))
+        Ok(Tensor::from_le_bytes(ty, &bytes))
     }
 
     /// Every weight, by name, copied to the host.
@@ -771,7 +732,7 @@ impl GpuExecutor {
                 value.ty()
             )));
         }
-        self.device.upload(self.params[i], &tensor_bytes(value))
+        self.device.upload(self.params[i], &value.to_le_bytes())
     }
 
     fn value_ptr(&self, node: usize, elem: usize) -> CudaResult<DevPtr> {
@@ -882,7 +843,7 @@ impl GpuExecutor {
                     t.ty()
                 )));
             }
-            self.device.upload(self.params[i], &tensor_bytes(t))?;
+            self.device.upload(self.params[i], &t.to_le_bytes())?;
         }
         for p in self.graph.params.iter().filter(|p| !p.is_weight()) {
             if !feeds.iter().any(|(n, _)| *n == p.name) {
@@ -946,7 +907,7 @@ impl GpuExecutor {
                 Val::Tensor { ptr, ty } => {
                     let mut bytes = vec![0u8; byte_len(ty)];
                     self.device.download(ptr, &mut bytes)?;
-                    outs.push(tensor_of(ty, &bytes));
+                    outs.push(Tensor::from_le_bytes(ty, &bytes));
                 }
                 Val::Const(c) => {
                     return Err(CudaError::Other(format!(
@@ -1264,7 +1225,7 @@ impl GpuExecutor {
             Val::Tensor { ptr, ty } => {
                 let mut bytes = vec![0u8; byte_len(ty)];
                 self.device.download(*ptr, &mut bytes)?;
-                Ok(Some(tensor_of(ty, &bytes)))
+                Ok(Some(Tensor::from_le_bytes(ty, &bytes)))
             }
             Val::Const(_) => Ok(None),
         }
@@ -1304,7 +1265,7 @@ impl GpuExecutor {
                 reason: format!("on the host: {}", e.reason),
             })?;
         for ((ptr, _), t) in outputs.iter().zip(&outs) {
-            self.device.upload(*ptr, &tensor_bytes(t))?;
+            self.device.upload(*ptr, &t.to_le_bytes())?;
         }
         Ok(())
     }
@@ -1397,10 +1358,10 @@ impl GpuExecutor {
         let ty = TensorType::new(bk.dtype, vec![bk.elements]);
         let mut bytes = vec![0u8; byte_len(&ty)];
         self.device.download(bk.flat, &mut bytes)?;
-        let mut t = tensor_of(&ty, &bytes);
+        let mut t = Tensor::from_le_bytes(&ty, &bytes);
         comm.all_reduce(&bk.group, bk.op, &mut t)
             .map_err(|e| op_err(e.to_string()))?;
-        self.device.upload(bk.flat, &tensor_bytes(&t))
+        self.device.upload(bk.flat, &t.to_le_bytes())
     }
 
     /// Makes bucket `b`'s reduced gradients the members' results (once per step), after its
@@ -1528,7 +1489,7 @@ impl GpuExecutor {
             Some((p, t)) => {
                 let mut bytes = vec![0u8; byte_len(t)];
                 self.device.download(*p, &mut bytes)?;
-                Some(tensor_of(t, &bytes))
+                Some(Tensor::from_le_bytes(t, &bytes))
             }
             None => None,
         };
@@ -1575,7 +1536,7 @@ impl GpuExecutor {
                 result.ty()
             )));
         }
-        self.device.upload(out, &tensor_bytes(&result))
+        self.device.upload(out, &result.to_le_bytes())
     }
 }
 

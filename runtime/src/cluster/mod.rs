@@ -40,9 +40,9 @@ pub use frame::{FrameError, Message, PeerEntry};
 pub use scheduler::{
     JobReport, Logger, Scheduler, SchedulerConfig, SchedulerHandle, WorkerSummary,
 };
+pub use tls::{TlsConfigs, WorkerTls};
 pub use worker::{
-    join, start_embedded_scheduler, AbortHandler, Membership, PeerInfo, TlsConfigs, WorkerConfig,
-    WorkerTls,
+    join, start_embedded_scheduler, AbortHandler, Membership, PeerInfo, WorkerConfig,
 };
 
 use std::time::Duration;

@@ -90,7 +90,7 @@ impl SchedulerConfig {
         Ok(SchedulerConfig {
             token: env.token.clone(),
             timeouts: env.timeouts,
-            tls: super::worker::server_tls_from_env(env)?,
+            tls: super::tls::server_tls_from_env(env)?,
             logger: stderr_logger(),
             job_id: None,
         })

@@ -21,6 +21,7 @@ use super::auth::{self, Token, SCHEDULER_LABEL, WORKER_LABEL};
 use super::env::{self, host_port, ClusterEnv, Timeouts};
 use super::frame::{write_message, FrameReader, Message, MAX_FRAME, PROTOCOL_VERSION};
 use super::scheduler::{BoxStream, Scheduler, SchedulerConfig, SchedulerHandle};
+use super::tls::{client_tls_from_env, WorkerTls};
 use super::{fmt_secs, io_reason, ClusterError};
 use std::fmt;
 use std::net::SocketAddr;
@@ -39,118 +40,6 @@ pub type AbortHandler = Box<dyn Fn(&str) + Send + Sync>;
 /// How much longer than its join timeout a worker waits for its rank, so that the
 /// scheduler's own (more informative) timeout message arrives first.
 const ASSIGN_GRACE: Duration = Duration::from_secs(2);
-
-/// TLS for a worker's connection to the scheduler.
-#[derive(Clone)]
-pub struct WorkerTls {
-    /// The client configuration (CA, client certificate, ciphers).
-    pub config: Arc<rustls::ClientConfig>,
-    /// The name the scheduler's certificate is checked against.
-    pub server_name: rustls::pki_types::ServerName<'static>,
-    /// The server identity of the same file, for the data-plane connections this worker
-    /// accepts from higher ranks (`None` when the file names none; the data plane then
-    /// cannot run with TLS).
-    pub data_server: Option<Arc<rustls::ServerConfig>>,
-}
-
-impl fmt::Debug for WorkerTls {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("WorkerTls")
-            .field("server_name", &self.server_name)
-            .finish_non_exhaustive()
-    }
-}
-
-/// Both sides' TLS configurations as named by the environment.
-#[derive(Clone)]
-pub struct TlsConfigs {
-    /// The scheduler's configuration (`None` when the file names no server identity).
-    pub server: Option<Arc<rustls::ServerConfig>>,
-    /// The workers' configuration (`None` when the file names no client identity).
-    pub client: Option<WorkerTls>,
-}
-
-/// The TLS configurations of `env` (`SHARDC_ENABLE_SSL` with `SHARDC_SSL_CONFIG`, loaded by
-/// [`super::tls::TlsSettings`]), or `None` without TLS. The loader's warnings (skipped
-/// ciphers, certificates expiring soon) are printed to standard error.
-pub fn tls_from_env(env: &ClusterEnv) -> Result<Option<TlsConfigs>, ClusterError> {
-    let Some(t) = &env.tls else {
-        return Ok(None);
-    };
-    let file = t.config_file.display().to_string();
-    let fail = |e: super::tls::TlsError| ClusterError::Tls {
-        peer: format!("configuration {file}"),
-        reason: e.to_string(),
-    };
-    let settings = super::tls::TlsSettings::from_config_file(
-        &t.config_file,
-        t.server_password.as_deref(),
-        t.client_password.as_deref(),
-    )
-    .map_err(fail)?;
-    for w in settings
-        .warnings()
-        .iter()
-        .cloned()
-        .chain(settings.expiry_warnings(std::time::SystemTime::now()))
-    {
-        eprintln!("warning: TLS ({file}): {w}");
-    }
-    let server = if settings.has_server_identity() {
-        Some(settings.server_config().map_err(fail)?)
-    } else {
-        None
-    };
-    let client = if settings.has_client_identity() {
-        Some(WorkerTls {
-            config: settings.client_config().map_err(fail)?,
-            server_name: super::tls::server_name(&env.sched_host),
-            data_server: server.clone(),
-        })
-    } else {
-        None
-    };
-    Ok(Some(TlsConfigs { server, client }))
-}
-
-fn missing_identity(env: &ClusterEnv, which: &str, key: &str) -> ClusterError {
-    ClusterError::Tls {
-        peer: format!(
-            "configuration {}",
-            env.tls
-                .as_ref()
-                .map(|t| t.config_file.display().to_string())
-                .unwrap_or_default()
-        ),
-        reason: format!(
-            "SHARDC_ENABLE_SSL is on but the file names no {which} certificate ({key})"
-        ),
-    }
-}
-
-/// The scheduler's TLS configuration from `env`, if TLS is enabled; an error when the file
-/// names no server identity.
-pub(crate) fn server_tls_from_env(
-    env: &ClusterEnv,
-) -> Result<Option<Arc<rustls::ServerConfig>>, ClusterError> {
-    match tls_from_env(env)? {
-        None => Ok(None),
-        Some(TlsConfigs {
-            server: Some(s), ..
-        }) => Ok(Some(s)),
-        Some(_) => Err(missing_identity(env, "server", "server_cert_path")),
-    }
-}
-
-fn client_tls_from_env(env: &ClusterEnv) -> Result<Option<WorkerTls>, ClusterError> {
-    match tls_from_env(env)? {
-        None => Ok(None),
-        Some(TlsConfigs {
-            client: Some(c), ..
-        }) => Ok(Some(c)),
-        Some(_) => Err(missing_identity(env, "client", "client_cert_path")),
-    }
-}
 
 /// A worker's settings for [`join`].
 #[derive(Clone, Debug)]

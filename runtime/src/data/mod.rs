@@ -80,6 +80,7 @@
 pub mod cifar;
 pub mod dataset;
 mod file;
+pub mod generator;
 pub mod mnist;
 pub mod source;
 pub mod synthetic;
@@ -87,8 +88,9 @@ pub mod transforms;
 
 pub use cifar::{write_synthetic_cifar10, Cifar10Dataset, Cifar10Usage};
 pub use dataset::{Dataset, DatasetIter};
+pub use generator::GeneratorDataset;
 pub use mnist::{write_synthetic_mnist, MnistData, MnistDataset, MnistUsage};
-pub use source::{GeneratorDataset, SourceOptions};
+pub use source::SourceOptions;
 pub use synthetic::SyntheticData;
 pub use transforms::{vision, Transform};
 

@@ -12,7 +12,7 @@
 //! thread slept). A gradient bucket with little compute to hide behind may run here the same
 //! way ([`CommThread::run_if_idle`]; the executor decides).
 
-use super::{run_comm, CommCall, CommFailure};
+use super::comm_call::{run_comm, CommCall, CommFailure};
 use crate::comm::Communicator;
 use crate::tensor::Tensor;
 use shardc_ir::{ReduceOp, TensorType};

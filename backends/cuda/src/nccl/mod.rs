@@ -770,7 +770,7 @@ impl NcclComm {
             let inp = match input {
                 Some(t) => {
                     let p = self.device.alloc(t.size_bytes())?;
-                    self.device.upload(p, &crate::executor::tensor_bytes(t))?;
+                    self.device.upload(p, &t.to_le_bytes())?;
                     Some((p, t.ty()))
                 }
                 None => None,
@@ -786,7 +786,7 @@ impl NcclComm {
             }
             self.device.free(out);
             d?;
-            Ok(crate::executor::tensor_of(&out_ty, &bytes))
+            Ok(Tensor::from_le_bytes(&out_ty, &bytes))
         };
         let r = run();
         if armed.fired() {

@@ -22,7 +22,6 @@ use super::emulated::{submit_on, OpenGroup};
 use super::library::{CommHandle, NcclCall, NcclLibrary, Stream, UniqueId, ID_BYTES};
 use crate::emulator::{EmulatedDevice, HostWork};
 use crate::error::{CudaError, CudaResult};
-use crate::executor::{tensor_bytes, tensor_of};
 use crate::kernels::DevPtr;
 use shardc_ir::{DType, TensorType};
 use shardc_runtime::{CommError, Communicator, Tensor};
@@ -170,7 +169,7 @@ impl NcclLibrary for HostNccl {
 fn read(dev: &EmulatedDevice, ptr: DevPtr, count: usize, dtype: DType) -> CudaResult<Tensor> {
     let ty = TensorType::new(dtype, vec![count]);
     let bytes = dev.read_bytes(ptr, count * dtype.size_bytes())?;
-    Ok(tensor_of(&ty, &bytes))
+    Ok(Tensor::from_le_bytes(&ty, &bytes))
 }
 
 /// Carries out one call or one group's calls for one member: sends first, then the
@@ -280,7 +279,7 @@ fn carry_out(
                 (recv, t)
             }
         };
-        dev.write_bytes(out, &tensor_bytes(&t))?;
+        dev.write_bytes(out, &t.to_le_bytes())?;
     }
     Ok(())
 }

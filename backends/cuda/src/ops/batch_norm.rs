@@ -4,7 +4,7 @@
 //! `(n, c, s)`, per-channel statistics with a block per channel, or per chunk of each channel
 //! where there are few long channels (two passes for the variance), then an elementwise pass. An empty tensor runs on the host.
 
-use super::{float_suffix, host, Lowered, OpCall, TARGET_BLOCKS};
+use super::call::{float_suffix, host, Lowered, OpCall, TARGET_BLOCKS};
 use crate::error::CudaResult;
 use crate::kernels::{DevPtr, KernelArg};
 use shardc_ir::TensorType;

@@ -24,8 +24,8 @@
 //!
 //! An empty convolution (a zero size anywhere) runs on the host.
 
+use super::call::{host, out_float, Lowered, OpCall, Val};
 use super::movement::copy_kernel;
-use super::{host, out_float, Lowered, OpCall, Val};
 use crate::device::{ConvDirection, Device, Gemm, LibraryConv};
 use crate::error::CudaResult;
 use crate::kernels::{DevPtr, KernelArg};

@@ -2,7 +2,7 @@
 //! copies and scatters (no new data, only addresses), the gather with its bounds check, and
 //! Dropout drawing the masks of `shardc_ir::dropout` bit for bit.
 
-use super::{copy_suffix, host, suffix, Lowered, OpCall, Val};
+use super::call::{copy_suffix, host, suffix, Lowered, OpCall, Val};
 use crate::error::CudaResult;
 use crate::kernels::{contiguous_strides, DevPtr, KernelArg, Strided};
 use shardc_ir::block::Block;

@@ -5,7 +5,7 @@
 //! Gradients are gathers (a thread per input element), so no atomics. An empty pool runs on
 //! the host.
 
-use super::{host, out_float, Lowered, OpCall};
+use super::call::{host, out_float, Lowered, OpCall};
 use crate::error::CudaResult;
 use crate::kernels::KernelArg;
 use shardc_ir::geometry::{pool2d_geometry, Pool2dGeometry};
