@@ -1,6 +1,6 @@
 //! The transformer encoder stack: its graph, its training step, its parallel compilation.
 //! (That the parallel training step computes the single device's numbers is checked in
-//! `shardc-tools`, which has the runtime: `bench_compile::tests`.)
+//! `shardc-bench`, which has the runtime: `bench_compile::tests`.)
 
 use shardc_compiler::builder::BuildError;
 use shardc_compiler::optim::Momentum;

@@ -3,11 +3,12 @@
 //!
 //! Rust ignores SIGPIPE, so a write to a pipe whose reader is gone fails with `BrokenPipe`:
 //! `println!` panics with "failed printing to stdout", and an explicit write returns the
-//! error up to [`crate::main`]. Both end here: the process exits quietly with status 141
-//! (128 + SIGPIPE, what a shell reports for `yes | head -1`'s writer). SIGPIPE itself stays
-//! ignored, so a peer that vanishes from a socket is still an error that names it, never a
-//! silent death. Before exiting quietly, the stream is checked to be really closed (its
-//! reader gone, by `poll`): any other failure still reports and fails as before.
+//! error up to the `shardc` binary's `main` (the root package's `src/main.rs`). Both end
+//! here: the process exits quietly with status 141 (128 + SIGPIPE, what a shell reports for
+//! `yes | head -1`'s writer). SIGPIPE itself stays ignored, so a peer that vanishes from a
+//! socket is still an error that names it, never a silent death. Before exiting quietly, the
+//! stream is checked to be really closed (its reader gone, by `poll`): any other failure still
+//! reports and fails as before.
 
 /// The shell's status for a writer ended by a closed pipe: 128 + SIGPIPE.
 pub const CLOSED_OUTPUT_STATUS: i32 = 128 + libc::SIGPIPE;

@@ -19,6 +19,8 @@ use shardc_compiler::parallel_context::{
 pub struct ParallelArgs {
     /// TOML file of parallel options, keyed by MindSpore's option names (parallel_mode,
     /// device_num, [strategy_ckpt_config], [comm_fusion.allreduce], ...); flags override it.
+    // The brackets are TOML tables, as `shardc compile --help` shows them, not links.
+    #[allow(rustdoc::broken_intra_doc_links)]
     #[arg(long, value_name = "FILE.toml")]
     pub config: Option<PathBuf>,
 

@@ -32,7 +32,7 @@
 //! artifact's size on disk, against the goals: 512 devices under 2 s, 1 GiB and 64 MiB; 4096
 //! devices under 4 s.
 
-use super::BenchArgs;
+use crate::args::BenchArgs;
 use anyhow::{Context, Result};
 use shardc_compiler::optim::Momentum;
 use shardc_compiler::pipeline::{compile, CompileOptions};

@@ -16,7 +16,8 @@
 //! measured steps are followed by a few profiled ones: the GPU time per op kind. Needs a GPU
 //! (`shardc gpu info`).
 
-use crate::bench::{bench_dir, reference_python, BenchArgs, TrainModel};
+use crate::args::{BenchArgs, TrainModel};
+use crate::reference::{bench_dir, reference_python};
 use anyhow::{anyhow, bail, Context, Result};
 use shardc_backend_cpu::CpuBackend;
 use shardc_backend_cuda::cuda::{CudaDevice, GemmPrecision};
@@ -365,7 +366,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::gpu_models;
-    use crate::bench::TrainModel;
+    use crate::args::TrainModel;
 
     #[test]
     fn models_select_the_training_rows_and_a_model_without_a_row_is_named() {

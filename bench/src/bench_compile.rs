@@ -279,12 +279,12 @@ pub fn run(bench: &CompileBench) -> Result<Vec<CaseResult>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::in_process::{rel, run_ranks, tensor_rel};
     use shardc_backend_cpu::CpuBackend;
     use shardc_ir::{OpKind, ParamKind, TensorLayout};
     use shardc_runtime::data::SyntheticData;
     use shardc_runtime::executor::Executor;
     use shardc_runtime::Tensor;
+    use shardc_tools::in_process::{rel, run_ranks, tensor_rel};
     use std::sync::Arc;
 
     fn tiny() -> TransformerConfig {
@@ -313,17 +313,10 @@ mod tests {
         }
     }
 
+    /// (That `shardc bench compile --quick` reaches this benchmark is checked where the
+    /// command line is: the `shardc` binary's tests.)
     #[test]
-    fn is_the_compile_subcommand_of_shardc_bench() {
-        use clap::Parser;
-        let cli = crate::Cli::try_parse_from(["shardc", "bench", "compile", "--quick"]).unwrap();
-        match cli.command {
-            crate::Command::Bench(a) => {
-                assert_eq!(a.what, crate::bench::BenchWhat::Compile);
-                assert!(a.quick);
-            }
-            other => panic!("{other:?}"),
-        }
+    fn the_standard_benchmark_is_the_24_layer_transformer() {
         let s = CompileBench::standard(false);
         assert_eq!(
             (

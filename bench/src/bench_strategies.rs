@@ -39,7 +39,7 @@
 //! columns ([`spearman`], average ranks for ties) and whether it meets the goal
 //! ([`GOAL_SPEARMAN`]); finally a summary over all cases.
 
-use super::BenchArgs;
+use crate::args::BenchArgs;
 use anyhow::{anyhow, Context, Result};
 use shardc_backend_cpu::CpuBackend;
 use shardc_compiler::optim::{Momentum, SGD};
@@ -510,7 +510,7 @@ pub struct CoreFigures {
 
 /// Measures [`CoreFigures`] on one thread.
 pub fn core_figures(quick: bool) -> Result<CoreFigures> {
-    let flops = super::shardc_gemm(256, 1, quick)? * 1e9;
+    let flops = crate::measure::shardc_gemm(256, 1, quick)? * 1e9;
     let n = 64 << 10;
     let reps = if quick { 12 } else { 100 };
     let backend = CpuBackend::with_threads(1);
@@ -545,7 +545,7 @@ pub fn core_figures(quick: bool) -> Result<CoreFigures> {
 /// link at the fit's 1 TB/s bound, and the round's "fastest" figure then priced every
 /// collective of the case at its latency alone), so it is measured again, up to this many
 /// times in all.
-const LINK_ATTEMPTS: usize = 3;
+pub const LINK_ATTEMPTS: usize = 3;
 
 /// The in-process link of `ranks` ranks: AllReduces of 4 KiB and 1 MiB
 /// ([`all_reduce_seconds`] with `stagger`) fitted to the shared-memory model ([`fit_link`]:
@@ -1553,19 +1553,6 @@ mod tests {
                 .all(|f| f.measured > 0.0 && f.predicted.seconds() > 0.0),
             "{figs:?}"
         );
-    }
-
-    #[test]
-    fn is_the_strategies_subcommand_of_shardc_bench() {
-        use clap::Parser;
-        let cli = crate::Cli::try_parse_from(["shardc", "bench", "strategies", "--quick"]).unwrap();
-        match cli.command {
-            crate::Command::Bench(a) => {
-                assert_eq!(a.what, crate::bench::BenchWhat::Strategies);
-                assert!(a.quick);
-            }
-            other => panic!("{other:?}"),
-        }
     }
 
     #[test]

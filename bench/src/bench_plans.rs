@@ -13,19 +13,19 @@
 //!   searcher, the same annotation fixed), and the ratio propagation / dynamic programming
 //!   (goal: ≤ 1.05);
 //! - each plan's collectives and bytes per step on rank 0 (its execute graph);
-//! - MindSpore's rule plan for the same annotation ([`crate::plan_compare`]): its collectives,
+//! - MindSpore's rule plan for the same annotation ([`shardc_tools::plan_compare`]): its collectives,
 //!   bytes and predicted step (the semi-auto plan's compute plus its collectives priced by the
 //!   same machine); a shardc plan it dominates (no fewer collectives and no fewer bytes, one
 //!   strictly more) is flagged `DOMINATED`.
 //!
 //! A summary line per size counts the rows that meet the goals.
 
-use super::BenchArgs;
-use crate::plan_compare::{mindspore_rule_plan, options, plan, CommSummary, PlanFigures};
+use crate::args::BenchArgs;
 use anyhow::{Context, Result};
 use shardc_ir::{text, Graph, Strategy};
 use shardc_passes::parallel::cost::Machine;
 use shardc_passes::parallel::{Mode, SearchMode};
+use shardc_tools::plan_compare::{mindspore_rule_plan, options, plan, CommSummary, PlanFigures};
 
 /// The goal: propagation's predicted step at most this times dynamic programming's.
 pub const GOAL_PROPAGATION_RATIO: f64 = 1.05;
@@ -157,7 +157,7 @@ fn cell(p: &PlanFigures, ms: &CommSummary) -> String {
 pub fn run(args: &BenchArgs) -> Result<()> {
     let devices = 8;
     let device = args.device.as_deref().unwrap_or("cpu");
-    let machine = crate::parallel_args::device_description(Some(device))?.machine();
+    let machine = shardc_tools::parallel_args::device_description(Some(device))?.machine();
     println!(
         "plans: the quickstart net on {devices} devices, the first MatMul annotated; predicted \
          step in ms on the {device} machine, rank 0's collectives and bytes per step; \

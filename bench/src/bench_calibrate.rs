@@ -16,13 +16,14 @@
 //! - `collective_overhead_us`: what a collective costs inside a step beyond its messages, with
 //!   one rank per logical CPU (threads of this process doing a fixed piece of work between
 //!   AllReduces with a partner; see
-//!   [`super::bench_strategies::collective_overhead_seconds`]);
+//!   [`crate::bench_strategies::collective_overhead_seconds`]);
 //! - `inter_host`: not measurable on one host: the `cpu` preset's Ethernet figures, said so
 //!   on stderr.
 
-use super::bench_collectives::{run_processes, CollectivesArgs, Transport};
-use super::bench_strategies::{collective_overhead_seconds, core_figures, fit_link, measure_link};
-use super::{shardc_gemm, BenchArgs};
+use crate::args::BenchArgs;
+use crate::bench_collectives::{run_processes, CollectivesArgs, Transport};
+use crate::bench_strategies::{collective_overhead_seconds, core_figures, fit_link, measure_link};
+use crate::measure::shardc_gemm;
 use anyhow::{anyhow, Context, Result};
 use shardc_compiler::device::{DeviceDescription, Link};
 use shardc_passes::parallel::cost::LinkAlgorithm;

@@ -17,7 +17,9 @@
 //! train-dp mlp ranks=2 batch=32/rank shardc=4.10 ms torch-ddp=10.74 ms ratio=0.38 (target <= 1.0: met) gradient comm 0.61 ms/step, 83% hidden
 //! ```
 
-use super::{bench_dir, ms, reference_python, BenchArgs, TrainModel};
+use crate::args::{BenchArgs, TrainModel};
+use crate::measure::ms;
+use crate::reference::{bench_dir, reference_python};
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use shardc_backend_cpu::CpuBackend;
@@ -323,12 +325,15 @@ fn ddp(
 
 /// One worker of the benchmark (started by [`launch_workers`] through the launcher).
 fn worker(args: &BenchArgs, artifact: &Path) -> Result<()> {
-    let role = crate::cluster_run::role_from_env(crate::cluster_run::CommKind::Native)?
-        .ok_or_else(|| anyhow!("--worker-artifact: not started by the launcher (no MS_ROLE)"))?;
-    if let crate::cluster_run::ClusterRole::Scheduler(_) = role {
-        return crate::cluster_run::scheduler_main();
+    let role =
+        shardc_tools::cluster_run::role_from_env(shardc_tools::cluster_run::CommKind::Native)?
+            .ok_or_else(|| {
+                anyhow!("--worker-artifact: not started by the launcher (no MS_ROLE)")
+            })?;
+    if let shardc_tools::cluster_run::ClusterRole::Scheduler(_) = role {
+        return shardc_tools::cluster_run::scheduler_main();
     }
-    let joined = crate::cluster_run::join(role)?;
+    let joined = shardc_tools::cluster_run::join(role)?;
     let result = measure(args, artifact, &joined);
     let status = i32::from(result.is_err());
     let finished = joined.finish(status);
@@ -343,7 +348,7 @@ fn worker(args: &BenchArgs, artifact: &Path) -> Result<()> {
 fn measure(
     args: &BenchArgs,
     artifact: &Path,
-    joined: &crate::cluster_run::Joined,
+    joined: &shardc_tools::cluster_run::Joined,
 ) -> Result<Option<WorkerReport>> {
     let (rank, size) = (joined.rank, joined.size);
     let art = Artifact::read(artifact)?;
