@@ -10,13 +10,12 @@
 //!   the semi-auto default;
 //! - `auto_parallel` with only those annotations (the rest by sharding propagation).
 //!
-//! Each case times, as the median of `repeats` runs: the single-device training step (types,
-//! autodiff: the pipeline's part before the parallel stages), (a) strategy assignment
-//! ([`shardc_passes::parallel::strategy::assign`]) on the training step, (b) the partition into
-//! the program of every rank ([`shardc_passes::parallel::partition::program`]: rank 0's graph
-//! and what differs per rank), (c) the whole
-//! pipeline ([`shardc_compiler::pipeline::compile`]: types, autodiff, both parallel stages and
-//! the verification of every rank's graph). It prints one line per case with the op counts
+//! Each case runs the one pipeline ([`shardc_compiler::pipeline::compile`]) `repeats` times
+//! and reports medians, per pass from the pipeline's own records: the single-device training
+//! step (`infer_types`, `autodiff`), (a) strategy assignment (`sync_bn`,
+//! `step_parallel_begin`), (b) the partition into the program of every rank
+//! (`step_parallel_end`: rank 0's graph and what differs per rank), (c) the whole pipeline
+//! (gradient fusion and every rank's graph materialized included). It prints one line per case with the op counts
 //! (logical training-step nodes, rank 0's nodes, rank 0's inserted communication ops by kind
 //! and all ranks' total), the seconds, and the pipeline's time as a ratio of the 1 s goal:
 //!
@@ -30,7 +29,7 @@ use shardc_compiler::pipeline::{compile, CompileOptions};
 use shardc_compiler::transformer::{transformer, TransformerConfig};
 use shardc_ir::{Graph, Strategy};
 use shardc_passes::autodiff::Optimizer;
-use shardc_passes::parallel::{partition, strategy, DatasetLayout, Mode, ParallelOptions};
+use shardc_passes::parallel::{DatasetLayout, Mode, ParallelOptions};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -166,20 +165,6 @@ fn median(mut samples: Vec<Duration>) -> Duration {
     samples[samples.len() / 2]
 }
 
-/// Runs `f` `repeats` times (at least once); the median time and the last result.
-fn timed<T>(repeats: usize, mut f: impl FnMut() -> Result<T>) -> Result<(Duration, T)> {
-    let mut samples = Vec::new();
-    let mut last = None;
-    for _ in 0..repeats.max(1) {
-        let t0 = Instant::now();
-        let v = f()?;
-        samples.push(t0.elapsed());
-        last = Some(v);
-    }
-    let v = last.context("no run")?;
-    Ok((median(samples), v))
-}
-
 /// Measures one case: `forward` (annotated) in `mode` on `devices` devices.
 pub fn measure_case(
     forward: &Graph,
@@ -193,27 +178,13 @@ pub fn measure_case(
         Mode::AutoParallel => "auto_parallel",
     };
     let opts = options(mode, devices);
-    let (train_step, step) = timed(repeats, || {
-        compile(
-            forward.clone(),
-            &CompileOptions {
-                optimizer: Some(optimizer()),
-                ..Default::default()
-            },
-        )
-        .map(|c| c.graph)
-        .context("compiling the single-device training step")
-    })?;
-    let (assign, a) = timed(repeats, || {
-        strategy::assign(&step, &opts)
-            .with_context(|| format!("{mode_name} on {devices} devices: strategy assignment"))
-    })?;
-    let (partition, program) = timed(repeats, || {
-        partition::program(&step, &a, &opts)
-            .with_context(|| format!("{mode_name} on {devices} devices: partition"))
-    })?;
-    let (pipeline, _) = timed(repeats, || {
-        compile(
+    // The one pipeline, run whole `repeats` times; each pass's time is its record's.
+    let mut walls = Vec::new();
+    let mut per_pass: BTreeMap<&'static str, Vec<Duration>> = BTreeMap::new();
+    let mut last = None;
+    for _ in 0..repeats.max(1) {
+        let t0 = Instant::now();
+        let c = compile(
             forward.clone(),
             &CompileOptions {
                 optimizer: Some(optimizer()),
@@ -221,9 +192,33 @@ pub fn measure_case(
                 ..Default::default()
             },
         )
-        .map(|c| c.parallel.map_or(0, |p| p.ranks.len()))
-        .with_context(|| format!("{mode_name} on {devices} devices: the pipeline"))
-    })?;
+        .with_context(|| format!("{mode_name} on {devices} devices: the pipeline"))?;
+        walls.push(t0.elapsed());
+        for r in &c.stages {
+            per_pass
+                .entry(r.name)
+                .or_default()
+                .push(Duration::from_secs_f64(r.seconds));
+        }
+        last = Some(c);
+    }
+    let c = last.context("no run")?;
+    let pass = |names: &[&str]| -> Duration {
+        names
+            .iter()
+            .filter_map(|n| per_pass.get(n).cloned().map(median))
+            .sum()
+    };
+    let train_step = pass(&["infer_types", "autodiff"]);
+    let assign = pass(&["sync_bn", "step_parallel_begin"]);
+    let partition = pass(&["step_parallel_end"]);
+    let pipeline = median(walls);
+    let step = &c.graph;
+    let program = &c
+        .parallel
+        .as_ref()
+        .context("a parallel compile has its program")?
+        .program;
     let rank0 = &program.template;
     let mut comm_rank0 = BTreeMap::new();
     for n in rank0.nodes.iter().filter(|n| n.op.is_communication()) {

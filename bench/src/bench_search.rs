@@ -11,10 +11,10 @@
 //!
 //! - `train_step`: the single-device training step (types, autodiff), before any parallel
 //!   stage;
-//! - `search`: strategy assignment, the searcher included (`search_only`: the searcher's own
-//!   time as it reports it);
-//! - `whole`: search + the redistribution plan of every edge + rank 0's graph (what one
-//!   worker compiles);
+//! - `search`: strategy assignment, the searcher included (the pipeline's `sync_bn` and
+//!   `step_parallel_begin` passes; `search_only`: the searcher's own time as it reports it);
+//! - `whole`: search + the program of every rank (the redistribution plan of every edge),
+//!   gradient fusion and rank 0's graph materialized (the pipeline's passes to `execute`);
 //! - `peak_rss`: the process's peak resident memory so far (`VmHWM`);
 //! - op counts (training-step ops, rank 0's ops, rank 0's communication by kind), the
 //!   predicted step (compute / communication, memory per device) and the goals: the
@@ -35,12 +35,10 @@
 use crate::args::BenchArgs;
 use anyhow::{Context, Result};
 use shardc_compiler::optim::Momentum;
-use shardc_compiler::pipeline::{compile, CompileOptions};
+use shardc_compiler::pipeline::{compile, CompileOptions, Materialize};
 use shardc_compiler::transformer::{transformer, TransformerConfig};
 use shardc_ir::Graph;
-use shardc_passes::parallel::{
-    partition, strategy, DatasetLayout, Mode, ParallelOptions, SearchMode, SearchOptions,
-};
+use shardc_passes::parallel::{DatasetLayout, Mode, ParallelOptions, SearchMode, SearchOptions};
 use std::collections::BTreeMap;
 use std::time::Instant;
 
@@ -120,14 +118,32 @@ pub struct SearchCase {
 /// Measures one case on the training step `step`.
 pub fn measure(name: &str, step: &Graph, devices: usize, mode: SearchMode) -> Result<SearchCase> {
     let opts = options(devices, mode);
-    let t0 = Instant::now();
-    let a = strategy::assign(step, &opts)
-        .with_context(|| format!("{name}: {} on {devices} devices", mode.name()))?;
-    let search = t0.elapsed().as_secs_f64();
-    let t1 = Instant::now();
-    let rank0 = partition::rank_graph(step, &a, &opts, 0)
-        .with_context(|| format!("{name}: rank 0's graph on {devices} devices"))?;
-    let whole = search + t1.elapsed().as_secs_f64();
+    // The one pipeline on the training step (no optimizer: it is one already), rank 0
+    // materialized; the times are the passes' own records.
+    let compiled = compile(
+        step.clone(),
+        &CompileOptions {
+            parallel: Some(opts),
+            materialize: Materialize::Ranks(vec![0]),
+            ..Default::default()
+        },
+    )
+    .with_context(|| format!("{name}: {} on {devices} devices", mode.name()))?;
+    let seconds = |names: &[&str]| -> f64 {
+        compiled
+            .stages
+            .iter()
+            .filter(|r| names.contains(&r.name))
+            .map(|r| r.seconds)
+            .sum()
+    };
+    let search = seconds(&["sync_bn", "step_parallel_begin"]);
+    let whole = search + seconds(&["step_parallel_end", "grad_fusion", "execute"]);
+    let p = compiled
+        .parallel
+        .as_ref()
+        .context("a parallel compile has its plan")?;
+    let (a, rank0) = (&p.assignment, &p.ranks[0]);
     let mut comm_rank0 = BTreeMap::new();
     for n in rank0.nodes.iter().filter(|n| n.op.is_communication()) {
         *comm_rank0.entry(n.op.name().to_string()).or_insert(0) += 1;
