@@ -13,7 +13,8 @@
 
 use crate::train::TrainError;
 use shardc_runtime::comm::Communicator;
-use shardc_tools::cluster_run::{self, ClusterRole, CommKind, Joined};
+use shardc_tools::cluster_run::{self, ClusterRole, Joined};
+use shardc_tools::run_args::CommKind;
 use std::sync::Arc;
 
 /// This process's place in the job: its rank, the group size and the communicator.

@@ -5,8 +5,8 @@
 
 use clap::{Parser, Subcommand};
 use shardc_tools::{
-    ckpt, closed_output, cluster_run, commands, data_cmd, explain, gen_cmd, gpu, launch, verify,
-    zoo_cmd,
+    ckpt, closed_output, cluster_run, commands, data_cmd, explain, gen_cmd, gpu, launch, run_args,
+    verify, zoo_cmd,
 };
 
 /// shardc: an auto-parallel graph compiler and runtime.
@@ -35,7 +35,7 @@ enum Command {
     /// Compile a model (.ir text) into an artifact directory (bincode graph + JSON manifest).
     Compile(commands::CompileArgs),
     /// Train a compiled artifact for some steps, printing the loss of each step.
-    Run(commands::RunArgs),
+    Run(run_args::RunArgs),
     /// Print a model file or an artifact as text IR.
     Print(commands::PrintArgs),
     /// Check the invariant on a model: compile it stand-alone and in parallel, train both on

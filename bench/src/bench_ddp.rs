@@ -325,11 +325,8 @@ fn ddp(
 
 /// One worker of the benchmark (started by [`launch_workers`] through the launcher).
 fn worker(args: &BenchArgs, artifact: &Path) -> Result<()> {
-    let role =
-        shardc_tools::cluster_run::role_from_env(shardc_tools::cluster_run::CommKind::Native)?
-            .ok_or_else(|| {
-                anyhow!("--worker-artifact: not started by the launcher (no MS_ROLE)")
-            })?;
+    let role = shardc_tools::cluster_run::role_from_env(shardc_tools::run_args::CommKind::Native)?
+        .ok_or_else(|| anyhow!("--worker-artifact: not started by the launcher (no MS_ROLE)"))?;
     if let shardc_tools::cluster_run::ClusterRole::Scheduler(_) = role {
         return shardc_tools::cluster_run::scheduler_main();
     }

@@ -8,6 +8,7 @@ pub mod checkpoint;
 pub mod cluster;
 pub mod comm;
 pub mod data;
+pub mod device_target;
 pub mod error;
 pub mod executor;
 pub mod init;
@@ -18,8 +19,9 @@ pub mod tensor;
 
 pub use backend::{Arg, Backend, KernelContext, KernelError};
 pub use comm::{CommError, Communicator, InProcessWorld};
+pub use device_target::DeviceTarget;
 pub use error::RuntimeError;
 pub use executor::{ExecStats, Executor};
 pub use memory::MemoryPlan;
-pub use step::StepExecutor;
+pub use step::{train_steps, StepExecutor, StepFailed};
 pub use tensor::{Data, Tensor};

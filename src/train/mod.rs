@@ -14,16 +14,15 @@
 //! every step.
 
 mod callbacks;
-mod device_target;
 mod grad;
 mod model;
 
 pub use callbacks::{
     Callback, CheckpointConfig, LossMonitor, ModelCheckpoint, ProgressBar, StepInfo, TimeMonitor,
 };
-pub use device_target::DeviceTarget;
 pub use grad::{value_and_grad, DistributedGradReducer, GradFn, OptimizerCell};
 pub use model::{Model, TrainSummary};
+pub use shardc_runtime::DeviceTarget;
 
 use shardc_compiler::builder::BuildError;
 use shardc_compiler::pipeline::CompileError;
@@ -57,4 +56,19 @@ pub enum TrainError {
     /// The data, the network and the parallel context do not fit together.
     #[error("{0}")]
     Mismatch(String),
+}
+
+impl From<shardc_runtime::StepFailed> for TrainError {
+    /// A failed step of the training loop is the runtime's error (the callbacks already name
+    /// the step).
+    fn from(f: shardc_runtime::StepFailed) -> TrainError {
+        TrainError::Runtime(f.source)
+    }
+}
+
+impl From<shardc_runtime::device_target::DeviceTargetError> for TrainError {
+    /// A device target name that is not one (`Ascend` while its backend is not built).
+    fn from(e: shardc_runtime::device_target::DeviceTargetError) -> TrainError {
+        TrainError::Mismatch(e.to_string())
+    }
 }

@@ -321,41 +321,12 @@ impl Model {
     /// Runs one training step on this rank's batch (one tensor per column); returns the loss.
     pub fn train_step(&mut self, columns: Vec<Tensor>) -> Result<f64, TrainError> {
         let name = self.name.clone();
-        let c = self
-            .compiled
-            .as_mut()
-            .ok_or_else(|| TrainError::Mismatch(format!("Model({name}): not built yet")))?;
-        let mut feeds: Vec<(&str, Tensor)> = Vec::with_capacity(columns.len());
-        for ((input, block), t) in c.inputs.iter().zip(columns) {
-            let want = c
-                .exec
-                .graph()
-                .params
-                .iter()
-                .find(|p| p.kind == ParamKind::Input && &p.name == input)
-                .map(|p| p.ty.shape.clone())
-                .unwrap_or_default();
-            let t = if t.shape == want {
-                t
-            } else {
-                let whole: Vec<usize> = block.iter().map(|r| r.end - r.start).collect();
-                match t.block(block) {
-                    Some(b) if whole == want => b,
-                    _ => {
-                        return Err(TrainError::Mismatch(format!(
-                            "Model({name}): column {input} has shape {:?}, but this rank's graph takes {want:?} (its batch) and the global batch would be larger: check num_shards/shard_id against dataset_strategy",
-                            t.shape
-                        )))
-                    }
-                }
-            };
-            feeds.push((input.as_str(), t));
-        }
+        let c = self.compiled.as_mut().ok_or_else(|| not_built(&name))?;
+        let shapes = input_shapes(c);
+        let feeds = rank_feeds(&name, &c.inputs, &shapes, columns)?;
+        let feeds: Vec<(&str, Tensor)> = feeds.iter().map(|(n, t)| (*n, t.clone())).collect();
         let outputs = c.exec.step(&feeds)?;
-        outputs
-            .first()
-            .and_then(Tensor::scalar_value)
-            .ok_or_else(|| TrainError::Mismatch(format!("Model({name}): the loss is not a scalar")))
+        loss_of(&name, &outputs)
     }
 
     /// What the callbacks are told: (epoch, epochs), (step in epoch, steps per epoch), the
@@ -388,7 +359,8 @@ impl Model {
     }
 
     /// `model.train(epoch, dataset, callbacks)`: `epochs` passes over `dataset`, every
-    /// callback told of every step. Returns the losses.
+    /// callback told of every step. Returns the losses. Each epoch is the one training loop
+    /// ([`shardc_runtime::train_steps`]) fed by the data set.
     pub fn train(
         &mut self,
         epochs: usize,
@@ -401,42 +373,76 @@ impl Model {
         let mut summary = TrainSummary::default();
         let mut begun = false;
         for epoch in 0..epochs {
-            let mut step_in_epoch = 0usize;
-            for batch in dataset.iter(epoch as u64)? {
-                let batch = batch?;
-                if !begun {
-                    self.build(&batch, &names)?;
-                    for cb in callbacks.iter_mut() {
-                        cb.on_train_begin(epochs, steps_per_epoch)?;
+            let mut batches = dataset.iter(epoch as u64)?;
+            // The first batch builds the training step: its shapes decide the graph.
+            let mut first = None;
+            if !begun {
+                match batches.next() {
+                    Some(batch) => {
+                        let batch = batch?;
+                        self.build(&batch, &names)?;
+                        for cb in callbacks.iter_mut() {
+                            cb.on_train_begin(epochs, steps_per_epoch)?;
+                        }
+                        begun = true;
+                        first = Some(batch);
                     }
-                    begun = true;
+                    None => continue,
                 }
-                let t0 = Instant::now();
-                let loss = self.train_step(batch)?;
+            }
+            let mut batches = first.into_iter().map(Ok).chain(batches);
+            let (name, rank, size) = (self.name.clone(), self.rank, self.size);
+            let c = self.compiled.as_mut().ok_or_else(|| not_built(&name))?;
+            let shapes = input_shapes(c);
+            let Compiled {
+                exec,
+                inputs,
+                strategy,
+                ..
+            } = c;
+            let step_began = std::cell::Cell::new(Instant::now());
+            let mut step_in_epoch = 0usize;
+            let feed = |_| -> Result<Option<Vec<(&str, Tensor)>>, TrainError> {
+                let Some(batch) = batches.next() else {
+                    return Ok(None);
+                };
+                step_began.set(Instant::now());
+                rank_feeds(&name, inputs, &shapes, batch?).map(Some)
+            };
+            let after_step = |_, outputs: Vec<Tensor>, e: &(dyn StepExecutor + 'static)| {
+                let loss = loss_of(&name, &outputs)?;
                 step_in_epoch += 1;
                 summary.steps += 1;
                 summary.losses.push(loss);
-                let info = self.step_info(
-                    (epoch + 1, epochs),
-                    (step_in_epoch, steps_per_epoch),
-                    summary.steps,
-                    (loss, t0.elapsed().as_secs_f64()),
-                )?;
+                let info = StepInfo {
+                    model: &name,
+                    epoch: epoch + 1,
+                    epochs,
+                    step_in_epoch,
+                    steps_per_epoch,
+                    global_step: summary.steps,
+                    loss,
+                    step_seconds: step_began.get().elapsed().as_secs_f64(),
+                    rank,
+                    size,
+                    exec: e,
+                    strategy: strategy.as_ref(),
+                };
                 for cb in callbacks.iter_mut() {
                     cb.on_step_end(&info)?;
                 }
-            }
-            if begun {
-                let last = summary.losses.last().copied().unwrap_or(f64::NAN);
-                let info = self.step_info(
-                    (epoch + 1, epochs),
-                    (step_in_epoch, steps_per_epoch),
-                    summary.steps,
-                    (last, 0.0),
-                )?;
-                for cb in callbacks.iter_mut() {
-                    cb.on_epoch_end(&info)?;
-                }
+                Ok(())
+            };
+            shardc_runtime::train_steps(exec.as_mut(), 0..u64::MAX, feed, after_step)?;
+            let last = summary.losses.last().copied().unwrap_or(f64::NAN);
+            let info = self.step_info(
+                (epoch + 1, epochs),
+                (step_in_epoch, steps_per_epoch),
+                summary.steps,
+                (last, 0.0),
+            )?;
+            for cb in callbacks.iter_mut() {
+                cb.on_epoch_end(&info)?;
             }
         }
         if !begun {
@@ -458,6 +464,59 @@ impl Model {
         summary.seconds = start.elapsed().as_secs_f64();
         Ok(summary)
     }
+}
+
+/// Each data input's shape in this rank's graph (what a batch column must have, or be cut to).
+fn input_shapes(c: &Compiled) -> Vec<Vec<usize>> {
+    c.inputs
+        .iter()
+        .map(|(input, _)| {
+            c.exec
+                .graph()
+                .params
+                .iter()
+                .find(|p| p.kind == ParamKind::Input && &p.name == input)
+                .map(|p| p.ty.shape.clone())
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+/// This rank's feeds of a batch (one tensor per column): each column as it is when it has the
+/// rank's shape, else this rank's block of it (the data set yields the global batch).
+fn rank_feeds<'a>(
+    model: &str,
+    inputs: &'a [(String, Vec<Range<usize>>)],
+    shapes: &[Vec<usize>],
+    columns: Vec<Tensor>,
+) -> Result<Vec<(&'a str, Tensor)>, TrainError> {
+    let mut feeds = Vec::with_capacity(columns.len());
+    for (((input, block), want), t) in inputs.iter().zip(shapes).zip(columns) {
+        let t = if &t.shape == want {
+            t
+        } else {
+            let whole: Vec<usize> = block.iter().map(|r| r.end - r.start).collect();
+            match t.block(block) {
+                Some(b) if &whole == want => b,
+                _ => {
+                    return Err(TrainError::Mismatch(format!(
+                        "Model({model}): column {input} has shape {:?}, but this rank's graph takes {want:?} (its batch) and the global batch would be larger: check num_shards/shard_id against dataset_strategy",
+                        t.shape
+                    )))
+                }
+            }
+        };
+        feeds.push((input.as_str(), t));
+    }
+    Ok(feeds)
+}
+
+/// The loss of a step's outputs (the first, a scalar).
+fn loss_of(model: &str, outputs: &[Tensor]) -> Result<f64, TrainError> {
+    outputs
+        .first()
+        .and_then(Tensor::scalar_value)
+        .ok_or_else(|| TrainError::Mismatch(format!("Model({model}): the loss is not a scalar")))
 }
 
 /// The global shape of input `i` given this rank's batch shape, by `dataset_strategy`.

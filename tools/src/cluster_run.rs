@@ -4,9 +4,10 @@
 //! multi-rank artifact (`shardc run`) or the collectives' conformance suite
 //! (`shardc check-collectives`).
 
-use crate::commands::RunArgs;
+use crate::run_args::{CommKind, RunArgs};
+use crate::training::{after_step, rank_block};
 use anyhow::{anyhow, bail, Context, Result};
-use clap::{Args, ValueEnum};
+use clap::Args;
 use shardc_backend_cpu::collectives::tcp::DataPlaneTls;
 use shardc_backend_cpu::collectives::{CommSetup, Peer, ProcessComm};
 use shardc_backend_cpu::CpuBackend;
@@ -19,16 +20,6 @@ use shardc_runtime::executor::Executor;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// Which communicator a worker process uses.
-#[derive(Clone, Copy, Debug, Default, ValueEnum, PartialEq, Eq)]
-pub enum CommKind {
-    /// shardc's own: shared memory between processes of one host, TCP between hosts.
-    #[default]
-    Native,
-    /// MPI (started by `mpirun`; a build with `--features mpi`).
-    Mpi,
-}
 
 /// What this process is in a cluster.
 pub enum ClusterRole {
@@ -277,7 +268,7 @@ pub fn run_rank(a: &RunArgs, role: ClusterRole) -> Result<()> {
 }
 
 fn train_rank(a: &RunArgs, art: Artifact, joined: &Joined) -> Result<()> {
-    if a.device.on_gpu()? {
+    if a.device.target().is_gpu() {
         return crate::gpu::train_rank(a, art, joined.comm.clone(), joined.local_rank());
     }
     let (rank, size) = (joined.rank, joined.size);
@@ -288,7 +279,7 @@ fn train_rank(a: &RunArgs, art: Artifact, joined: &Joined) -> Result<()> {
             art.device_num()
         );
     }
-    let (data, inputs) = crate::commands::distributed_data(a, &art)?;
+    let (data, inputs) = crate::training::distributed_data(a, &art)?;
     // This worker's own rank, materialized from the program every rank runs.
     let graph = art
         .rank_graph(rank)
@@ -322,16 +313,13 @@ fn train_rank(a: &RunArgs, art: Artifact, joined: &Joined) -> Result<()> {
     if let Some(s) = &saver {
         s.write_strategy(&a.artifact, &art)?;
     }
-    for step in start..a.steps {
-        let feeds = crate::commands::rank_block(data.feeds(step), &inputs, rank)?;
-        let outputs = exec
-            .step(&feeds)
-            .with_context(|| format!("rank {rank}, step {}", step + 1))?;
-        crate::commands::print_loss(&outputs, step, per_epoch)?;
-        if let Some(s) = &saver {
-            s.after_step(&exec, exec.step_count() == a.steps)?;
-        }
-    }
+    shardc_runtime::train_steps(
+        &mut exec,
+        start..a.steps,
+        |step| rank_block(data.feeds(step), &inputs, rank).map(Some),
+        |step, outputs, exec| after_step(step, &outputs, exec, per_epoch, saver.as_ref(), a.steps),
+    )
+    .with_context(|| format!("rank {rank}"))?;
     if a.stats {
         println!("{}", exec.stats());
     }

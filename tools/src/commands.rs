@@ -1,16 +1,19 @@
 //! `shardc compile`, `shardc run` and `shardc print`.
 
 use crate::parallel_args::ParallelArgs;
+use crate::run_args::RunArgs;
+use crate::training::{after_step, distributed_data, print_loss};
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use shardc_backend_cpu::CpuBackend;
 use shardc_compiler::pipeline::{self, CompileOptions};
 use shardc_ir::artifact::{self, Artifact, IoEntry, Manifest};
 use shardc_ir::spmd::SpmdProgram;
-use shardc_ir::{text, Graph, ParamKind, TensorLayout};
+use shardc_ir::{text, Graph, ParamKind};
 use shardc_passes::autodiff::Optimizer;
 use shardc_runtime::data::{MnistData, SyntheticData};
 use shardc_runtime::executor::Executor;
+use shardc_runtime::train_steps;
 use shardc_runtime::Tensor;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -69,47 +72,6 @@ pub struct OptimizerArgs {
     /// Momentum (Momentum and SGD).
     #[arg(long, default_value_t = 0.9)]
     pub momentum: f64,
-}
-
-/// Arguments of `shardc run`.
-#[derive(Args, Debug)]
-pub struct RunArgs {
-    /// The artifact directory written by `shardc compile`.
-    pub artifact: PathBuf,
-    /// Number of training steps.
-    #[arg(long, default_value_t = 10)]
-    pub steps: u64,
-    /// Steps per epoch (for the `epoch: E step: S` lines); default: the data pool size.
-    #[arg(long)]
-    pub steps_per_epoch: Option<u64>,
-    /// Seed of the synthetic data.
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
-    /// Number of distinct synthetic batches, cycled.
-    #[arg(long, default_value_t = 8)]
-    pub data_pool: usize,
-    /// Train on MNIST idx files in this directory (`train-images-idx3-ubyte`,
-    /// `train-labels-idx1-ubyte`) instead of synthetic data. The model's first input must be
-    /// `(batch, 784)` Float32 and its second `(batch)` Int32.
-    #[arg(long)]
-    pub mnist: Option<PathBuf>,
-    /// Kernel threads (0 = all cores).
-    #[arg(long, default_value_t = 0)]
-    pub threads: usize,
-    /// Print the memory plan and per-op timings at the end.
-    #[arg(long)]
-    pub stats: bool,
-    /// The communicator between worker processes: `native` (shared memory within a host,
-    /// TCP between hosts; ranks from the scheduler) or `mpi` (under `mpirun`; needs a build
-    /// with `--features mpi`).
-    #[arg(long, value_enum, default_value_t = crate::cluster_run::CommKind::Native)]
-    pub comm: crate::cluster_run::CommKind,
-    /// Checkpoints: saving, keeping, resuming.
-    #[command(flatten)]
-    pub checkpoint: crate::ckpt::CheckpointArgs,
-    /// The device: CPU or GPU.
-    #[command(flatten)]
-    pub device: crate::gpu::DeviceArgs,
 }
 
 /// Arguments of `shardc print`.
@@ -304,7 +266,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
         return crate::cluster_run::run_rank(a, role);
     }
     let art = Artifact::read(&a.artifact)?;
-    if a.device.on_gpu()? {
+    if a.device.target().is_gpu() {
         return crate::gpu::run(a, art);
     }
     if art.device_num() > 1 {
@@ -370,20 +332,20 @@ pub fn run(a: &RunArgs) -> Result<()> {
         s.write_strategy(&a.artifact, &art)?;
     }
     let names: Vec<&str> = inputs.iter().map(|(n, _)| n.as_str()).collect();
-    for step in start..a.steps {
-        let feeds: Vec<(&str, Tensor)> = match &source {
-            Source::Synthetic(s) => s.feeds(step),
-            Source::Mnist(m, batch) => {
-                let (x, y) = m.batch(step as usize, *batch)?;
-                vec![(names[0], x), (names[1], y)]
-            }
-        };
-        let outputs = exec.step(&feeds)?;
-        print_loss(&outputs, step, per_epoch)?;
-        if let Some(s) = &saver {
-            s.after_step(&exec, exec.step_count() == a.steps)?;
-        }
-    }
+    train_steps(
+        &mut exec,
+        start..a.steps,
+        |step| -> Result<Option<Vec<(&str, Tensor)>>> {
+            Ok(Some(match &source {
+                Source::Synthetic(s) => s.feeds(step),
+                Source::Mnist(m, batch) => {
+                    let (x, y) = m.batch(step as usize, *batch)?;
+                    vec![(names[0], x), (names[1], y)]
+                }
+            }))
+        },
+        |step, outputs, exec| after_step(step, &outputs, exec, per_epoch, saver.as_ref(), a.steps),
+    )?;
     if a.stats {
         println!("{}", exec.memory_plan().summary());
         println!("{}", exec.stats());
@@ -482,81 +444,4 @@ fn run_ranks_in_process(a: &RunArgs, art: Artifact) -> Result<()> {
         print_loss(outs, start + i as u64, per_epoch)?;
     }
     Ok(())
-}
-
-/// Prints `epoch: E step: S, loss is L` for the step's outputs (the loss first), as
-/// MindSpore's LossMonitor.
-pub(crate) fn print_loss(outputs: &[Tensor], step: u64, per_epoch: u64) -> Result<()> {
-    let loss = outputs
-        .first()
-        .and_then(Tensor::scalar_value)
-        .context("the graph's first output is not a scalar loss")?;
-    println!(
-        "epoch: {} step: {}, loss is {}",
-        step / per_epoch + 1,
-        step % per_epoch + 1,
-        loss as f32
-    );
-    Ok(())
-}
-
-/// Rank `rank`'s blocks of the global batch `global` (one tensor per data input), through
-/// the inputs' layouts.
-pub(crate) fn rank_block<N: AsRef<str>>(
-    global: Vec<(N, Tensor)>,
-    layouts: &[(String, TensorLayout)],
-    rank: usize,
-) -> Result<Vec<(N, Tensor)>> {
-    let mut feeds = Vec::with_capacity(global.len());
-    for (name, t) in global {
-        let layout = layouts
-            .iter()
-            .find(|(n, _)| n == name.as_ref())
-            .map(|(_, l)| l)
-            .ok_or_else(|| anyhow::anyhow!("no layout for data input {}", name.as_ref()))?;
-        let block = t.block(&layout.block(rank)).ok_or_else(|| {
-            anyhow::anyhow!(
-                "data input {}: a batch of shape {:?} does not fit its layout {layout}",
-                name.as_ref(),
-                t.shape
-            )
-        })?;
-        feeds.push((name, block));
-    }
-    Ok(feeds)
-}
-
-/// The synthetic data of a multi-rank artifact (global batches, from the manifest's global
-/// input shapes) and the data inputs' layouts (which block each rank is fed).
-pub(crate) fn distributed_data(
-    a: &RunArgs,
-    art: &Artifact,
-) -> Result<(SyntheticData, Vec<(String, TensorLayout)>)> {
-    let layouts: Vec<(String, TensorLayout)> = match art.manifest.extra.get("layouts") {
-        Some(serde_json::Value::Object(m)) => m
-            .iter()
-            .map(|(k, v)| Ok((k.clone(), serde_json::from_value(v.clone())?)))
-            .collect::<Result<_>>()?,
-        _ => bail!(
-            "{}: the manifest of a {}-rank artifact has no parameter layouts",
-            a.artifact.display(),
-            art.device_num()
-        ),
-    };
-    // A graph with the global input shapes, for the data generator.
-    let mut global = art.program.template.clone();
-    for p in &mut global.params {
-        if p.kind == ParamKind::Input {
-            if let Some(e) = art.manifest.inputs.iter().find(|e| e.name == p.name) {
-                p.ty.shape = e.shape.clone();
-            }
-        }
-    }
-    let data = SyntheticData::new(&global, a.seed, a.data_pool)?;
-    let inputs: Vec<(String, TensorLayout)> = layouts
-        .iter()
-        .filter(|(n, _)| art.manifest.inputs.iter().any(|e| &e.name == n))
-        .cloned()
-        .collect();
-    Ok((data, inputs))
 }

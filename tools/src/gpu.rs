@@ -9,9 +9,10 @@
 //! staged through that communicator (`--gpu-comm host`). `--gpu emulator` runs the same
 //! kernels on the host C++ emulator (for testing on machines without a GPU).
 
-use crate::commands::{print_loss, rank_block, RunArgs};
+use crate::run_args::{GpuComm, GpuKind, RunArgs};
+use crate::training::{after_step, print_loss, rank_block, save_after};
 use anyhow::{anyhow, bail, Context, Result};
-use clap::{Args, ValueEnum};
+use clap::Args;
 use shardc_backend_cpu::CpuBackend;
 use shardc_backend_cuda::cuda::{device_count, CudaDevice};
 use shardc_backend_cuda::emulator::EmulatedDevice;
@@ -23,68 +24,6 @@ use shardc_ir::Graph;
 use shardc_runtime::data::synthetic::SyntheticData;
 use shardc_runtime::{Communicator, InProcessWorld, Tensor};
 use std::sync::Arc;
-
-/// Where the graphs run (MindSpore's `device_target`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum DeviceTarget {
-    /// The CPU backend.
-    #[value(name = "CPU", alias = "cpu")]
-    Cpu,
-    /// The CUDA backend (NVIDIA GPUs).
-    #[value(name = "GPU", alias = "gpu")]
-    Gpu,
-    /// Huawei Ascend: not built.
-    #[value(name = "Ascend", alias = "ascend")]
-    Ascend,
-}
-
-/// Which device runs the CUDA backend.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum GpuKind {
-    /// A real GPU through the CUDA driver.
-    Cuda,
-    /// The kernels compiled for the host and emulated (no GPU needed; for testing).
-    Emulator,
-}
-
-/// How a cluster rank's collectives reach the other GPUs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum GpuComm {
-    /// NCCL, its unique id handed out over the cluster's communicator.
-    Nccl,
-    /// The cluster's communicator (`--comm`), tensors staged through host memory.
-    Host,
-}
-
-/// The device flags of `shardc run`.
-#[derive(Args, Debug, Clone)]
-pub struct DeviceArgs {
-    /// Where to run: CPU (default) or GPU (the CUDA backend).
-    #[arg(long, value_enum, default_value_t = DeviceTarget::Cpu)]
-    pub device_target: DeviceTarget,
-    /// The GPU to use (default: the rank on this host modulo the GPUs, 0 for one device).
-    #[arg(long)]
-    pub device_id: Option<usize>,
-    /// `cuda` (a real GPU) or `emulator` (the GPU kernels emulated on the host, for tests).
-    #[arg(long, value_enum, default_value_t = GpuKind::Cuda)]
-    pub gpu: GpuKind,
-    /// Collectives of a cluster rank on the GPU: `nccl` or `host` (staged through `--comm`).
-    #[arg(long, value_enum, default_value_t = GpuComm::Nccl)]
-    pub gpu_comm: GpuComm,
-}
-
-impl DeviceArgs {
-    /// Whether the CUDA backend runs.
-    pub fn on_gpu(&self) -> Result<bool> {
-        match self.device_target {
-            DeviceTarget::Cpu => Ok(false),
-            DeviceTarget::Gpu => Ok(true),
-            DeviceTarget::Ascend => bail!(
-                "--device-target Ascend: the Ascend backend is not built; shardc runs on CPU and on NVIDIA GPUs (--device-target CPU or GPU)"
-            ),
-        }
-    }
-}
 
 /// The real GPU `ordinal`, or the clear error of a machine without one.
 fn open_cuda(ordinal: usize) -> Result<Arc<CudaDevice>> {
@@ -155,13 +94,12 @@ pub fn run(a: &RunArgs, art: Artifact) -> Result<()> {
         if let Some(s) = &saver {
             s.write_strategy(&a.artifact, &art)?;
         }
-        for step in start..a.steps {
-            let out = exec.step(&data.feeds(step))?;
-            print_loss(&out, step, per_epoch)?;
-            if let Some(s) = &saver {
-                s.after_step(&exec, exec.step_count() == a.steps)?;
-            }
-        }
+        shardc_runtime::train_steps(
+            &mut exec,
+            start..a.steps,
+            |step| Ok::<_, anyhow::Error>(Some(data.feeds(step))),
+            |step, out, exec| after_step(step, &out, exec, per_epoch, saver.as_ref(), a.steps),
+        )?;
         if a.stats {
             println!("{}", exec.memory_plan().summary());
             println!("{}", exec.stats().summary());
@@ -172,7 +110,7 @@ pub fn run(a: &RunArgs, art: Artifact) -> Result<()> {
     // GPUs (or emulated devices), else all on one device, collectives staged through the
     // host. As on the CPU, every rank loads its file of the newest complete checkpoint step
     // (before any rank runs, so none saves and prunes first) and saves its own.
-    let (data, inputs) = crate::commands::distributed_data(a, &art)?;
+    let (data, inputs) = crate::training::distributed_data(a, &art)?;
     let n = art.device_num();
     let mut execs = in_process_executors(a, &art, dev)?;
     let mut start = 0;
@@ -195,16 +133,16 @@ pub fn run(a: &RunArgs, art: Artifact) -> Result<()> {
                 let (data, inputs) = (&data, &inputs);
                 s.spawn(move || -> Result<(Vec<Vec<Tensor>>, String)> {
                     let mut outs = Vec::new();
-                    for step in start..a.steps {
-                        let feeds = rank_block(data.feeds(step), inputs, rank)?;
-                        outs.push(
-                            exec.step(&feeds)
-                                .with_context(|| format!("rank {rank}, step {}", step + 1))?,
-                        );
-                        if let Some(s) = saver {
-                            s.after_step(&exec, exec.step_count() == a.steps)?;
-                        }
-                    }
+                    shardc_runtime::train_steps(
+                        &mut exec,
+                        start..a.steps,
+                        |step| rank_block(data.feeds(step), inputs, rank).map(Some),
+                        |_, out, exec| {
+                            outs.push(out);
+                            save_after(exec, saver.as_ref(), a.steps)
+                        },
+                    )
+                    .with_context(|| format!("rank {rank}"))?;
                     Ok((outs, exec.stats().summary()))
                 })
             })
@@ -333,7 +271,7 @@ pub fn train_rank(
             art.device_num()
         );
     }
-    let (data, inputs) = crate::commands::distributed_data(a, &art)?;
+    let (data, inputs) = crate::training::distributed_data(a, &art)?;
     let graph: Graph = art
         .rank_graph(rank)
         .with_context(|| format!("rank {rank}: materializing its graph"))?;
@@ -407,16 +345,13 @@ pub fn train_rank(
     if let Some(s) = &saver {
         s.write_strategy(&a.artifact, &art)?;
     }
-    for step in start..a.steps {
-        let feeds = rank_block(data.feeds(step), &inputs, rank)?;
-        let out = exec
-            .step(&feeds)
-            .with_context(|| format!("rank {rank}, step {}", step + 1))?;
-        print_loss(&out, step, per_epoch)?;
-        if let Some(s) = &saver {
-            s.after_step(&exec, exec.step_count() == a.steps)?;
-        }
-    }
+    shardc_runtime::train_steps(
+        &mut exec,
+        start..a.steps,
+        |step| rank_block(data.feeds(step), &inputs, rank).map(Some),
+        |step, out, exec| after_step(step, &out, exec, per_epoch, saver.as_ref(), a.steps),
+    )
+    .with_context(|| format!("rank {rank}"))?;
     if a.stats {
         println!("{}", exec.stats().summary());
     }

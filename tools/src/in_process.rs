@@ -1,6 +1,7 @@
 //! All ranks in one process: each rank's graph runs on its own thread with an in-process
 //! communicator, each fed its block of the same global batches.
 
+use crate::training::rank_block;
 use anyhow::{anyhow, Context, Result};
 use shardc_backend_cpu::CpuBackend;
 use shardc_ir::{Graph, TensorLayout};
@@ -81,19 +82,19 @@ pub fn run_ranks_with(
                 s.spawn(move || -> Result<RankRun> {
                     let start = exec.step_count();
                     let mut outs = Vec::with_capacity(steps.saturating_sub(start) as usize);
-                    for step in start..steps {
-                        let feeds =
-                            crate::commands::rank_block(global_feeds(step), input_layouts, rank)?;
-                        let refs: Vec<(&str, Tensor)> =
-                            feeds.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
-                        let o = exec
-                            .step(&refs)
-                            .with_context(|| format!("rank {rank}, step {}", step + 1))?;
-                        outs.push(o);
-                        if let Some(h) = hooks {
-                            (h.after_step)(rank, &exec)?;
-                        }
-                    }
+                    shardc_runtime::train_steps(
+                        &mut exec,
+                        start..steps,
+                        |step| rank_block(global_feeds(step), input_layouts, rank).map(Some),
+                        |_, o, exec| {
+                            outs.push(o);
+                            match hooks {
+                                Some(h) => (h.after_step)(rank, exec),
+                                None => Ok(()),
+                            }
+                        },
+                    )
+                    .with_context(|| format!("rank {rank}"))?;
                     let weights = exec
                         .weights()
                         .map(|(n, t)| (n.to_string(), t.clone()))

@@ -25,5 +25,7 @@ pub mod in_process;
 pub mod launch;
 pub mod parallel_args;
 pub mod plan_compare;
+pub mod run_args;
+pub mod training;
 pub mod verify;
 pub mod zoo_cmd;
