@@ -1,7 +1,8 @@
 //! The optimizer update at the end of a training step: state parameters, one update op per
 //! trained weight, `TupleGetItem` of its results and an `Assign` per updated parameter.
 
-use super::{AutodiffError, Emitter};
+use super::emitter::{dtype_attr, Emitter};
+use super::error::AutodiffError;
 use shardc_ir::{
     Attr, Attrs, Const, DType, Graph, Init, OpKind, Operand, Param, ParamId, ParamKind, TensorType,
 };
@@ -242,7 +243,7 @@ pub fn append_update(
                 let (mut p1, mut p2) = (Operand::Param(b1p), Operand::Param(b2p));
                 if pdtype != wp.ty.dtype {
                     // A weight of another float type reads the powers cast to its type.
-                    let to = Attrs::new().with("dst_type", super::dtype_attr(wp.ty.dtype));
+                    let to = Attrs::new().with("dst_type", dtype_attr(wp.ty.dtype));
                     p1 = em.emit(OpKind::Cast, vec![p1], to.clone(), "_beta1_power")?;
                     p2 = em.emit(OpKind::Cast, vec![p2], to, "_beta2_power")?;
                 }

@@ -9,7 +9,8 @@
 //! `SoftmaxCrossEntropyWithLogits`); the rest is composed from basic ops. A broadcast operand
 //! gets its gradient summed back to its own shape.
 
-use super::{dtype_attr, ints, AutodiffError, Emitter};
+use super::emitter::{dtype_attr, ints, Emitter};
+use super::error::AutodiffError;
 use crate::infer::{normalize_axis, reduce_axes, signature};
 use shardc_ir::{Attr, Attrs, Const, Graph, Node, NodeId, OpKind, Operand, TensorType};
 

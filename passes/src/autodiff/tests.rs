@@ -1,8 +1,9 @@
 //! Structural tests of the backward pass and the optimizer update.
 
 use super::*;
+use crate::infer::infer_node;
 use crate::verify::verify;
-use shardc_ir::{Attr, Init, Param, ParamKind};
+use shardc_ir::{Attr, DType, Init, Param, ParamKind, TensorType};
 
 fn input(g: &mut Graph, name: &str, shape: &[usize]) -> Operand {
     Operand::Param(g.add_param(Param {

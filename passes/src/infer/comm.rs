@@ -9,7 +9,11 @@
 //! counts from the end): the dimension they concatenate along or split (MindSpore's always
 //! use axis 0; shardc adds `axis` so that the partitioner need not transpose).
 
-use super::{elementwise::parse_dtype, ints_text, normalize_axis, sh, Cx, InferError};
+use super::context::Cx;
+use super::elementwise::parse_dtype;
+use super::error::InferError;
+use super::shapes::{normalize_axis, to_sizes};
+use super::text::{ints_text, sh};
 use shardc_ir::{Attr, DType, OpKind, TensorType, Type};
 
 pub(super) fn infer(cx: &Cx<'_>) -> Result<Type, InferError> {
@@ -196,7 +200,7 @@ fn receive(cx: &Cx<'_>) -> Result<Type, InferError> {
     let shape = cx
         .attr_ints("shape")?
         .ok_or_else(|| cx.err("attribute `shape` is missing"))?;
-    let dims = super::to_sizes(&shape).ok_or_else(|| {
+    let dims = to_sizes(&shape).ok_or_else(|| {
         cx.err(format!(
             "attribute `shape` {} must hold sizes >= 0",
             ints_text(&shape)
@@ -214,111 +218,4 @@ fn receive(cx: &Cx<'_>) -> Result<Type, InferError> {
         }
     };
     Ok(Type::Tensor(TensorType::new(dtype, dims)))
-}
-
-#[cfg(test)]
-mod tests {
-    use crate::infer::infer_node;
-    use shardc_ir::{Attr, Attrs, DType, Graph, Node, OpKind, Operand, Param, ParamKind};
-    use shardc_ir::{TensorType, Type};
-
-    fn run(op: OpKind, shape: &[usize], attrs: &[(&str, Attr)]) -> Result<Type, String> {
-        let mut g = Graph::new("t");
-        let x: Operand = g
-            .add_param(Param {
-                name: "x".into(),
-                ty: TensorType::new(DType::Float32, shape.to_vec()),
-                kind: ParamKind::Input,
-            })
-            .into();
-        let mut n = Node::new(op, vec![x]);
-        n.instance = "c".into();
-        n.attrs = attrs
-            .iter()
-            .fold(Attrs::new(), |a, (k, v)| a.with(*k, v.clone()));
-        infer_node(&g, &n).map_err(|e| e.to_string())
-    }
-
-    fn f32(shape: &[usize]) -> Type {
-        Type::Tensor(TensorType::new(DType::Float32, shape.to_vec()))
-    }
-
-    #[test]
-    fn gather_and_scatter_take_an_axis() {
-        let g2 = ("rank_list", Attr::ints(&[0, 1]));
-        let g4 = ("rank_list", Attr::ints(&[0, 1, 2, 3]));
-        for (axis, want) in [
-            (0, [16, 6, 4]),
-            (1, [8, 12, 4]),
-            (2, [8, 6, 8]),
-            (-1, [8, 6, 8]),
-            (-3, [16, 6, 4]),
-        ] {
-            let got = run(
-                OpKind::AllGather,
-                &[8, 6, 4],
-                &[g2.clone(), ("axis", Attr::Int(axis))],
-            );
-            assert_eq!(got, Ok(f32(&want)), "AllGather axis {axis}");
-        }
-        // Default: axis 0.
-        assert_eq!(
-            run(OpKind::AllGather, &[8, 6, 4], std::slice::from_ref(&g2)),
-            Ok(f32(&[16, 6, 4]))
-        );
-        let g6 = ("rank_list", Attr::ints(&[0, 1, 2, 3, 4, 5]));
-        for (group, axis, want) in [
-            (&g4, 0, [2, 6, 4]),
-            (&g4, 2, [8, 6, 1]),
-            (&g6, -2, [8, 1, 4]),
-        ] {
-            let got = run(
-                OpKind::ReduceScatter,
-                &[8, 6, 4],
-                &[group.clone(), ("axis", Attr::Int(axis))],
-            );
-            assert_eq!(got, Ok(f32(&want)), "ReduceScatter axis {axis}");
-        }
-    }
-
-    #[test]
-    fn bad_axes_name_the_op_and_value() {
-        let g4 = ("rank_list", Attr::ints(&[0, 1, 2, 3]));
-        let e = run(
-            OpKind::AllGather,
-            &[8, 6],
-            &[g4.clone(), ("axis", Attr::Int(2))],
-        )
-        .unwrap_err();
-        assert!(e.contains("AllGather 'c'"), "{e}");
-        assert!(
-            e.contains("attribute `axis` 2 is out of range for input 0 (x) of shape (8, 6)"),
-            "{e}"
-        );
-        let e = run(
-            OpKind::ReduceScatter,
-            &[8, 6],
-            &[g4.clone(), ("axis", Attr::Int(-3))],
-        )
-        .unwrap_err();
-        assert!(e.contains("ReduceScatter 'c'"), "{e}");
-        assert!(e.contains("attribute `axis` -3 is out of range"), "{e}");
-        let e = run(
-            OpKind::ReduceScatter,
-            &[8, 6],
-            &[g4.clone(), ("axis", Attr::Int(1))],
-        )
-        .unwrap_err();
-        assert!(
-            e.contains("the group of 4 ranks does not divide dim 1 of input 0 (x) of shape (8, 6)"),
-            "{e}"
-        );
-        let e = run(
-            OpKind::AllGather,
-            &[8, 6],
-            &[g4, ("axis", Attr::Str("one".into()))],
-        )
-        .unwrap_err();
-        assert!(e.contains("`axis`"), "{e}");
-    }
 }

@@ -1,6 +1,10 @@
 //! Shape rules of the contractions: `MatMul`, `BatchMatMul`, `Conv2D`.
 
-use super::{broadcast_shapes, geometry::conv2d_geometry, sh, Cx, InferError};
+use super::context::Cx;
+use super::error::InferError;
+use super::shapes::broadcast_shapes;
+use super::text::sh;
+use shardc_ir::geometry::conv2d_geometry;
 use shardc_ir::{OpKind, TensorType, Type};
 
 pub(super) fn infer(cx: &Cx<'_>) -> Result<Type, InferError> {

@@ -1,7 +1,10 @@
 //! Shape rules of the elementwise ops: binary arithmetic (broadcasting), `Equal`, `BiasAdd`,
 //! the unary activations, `Cast` and `Dropout`.
 
-use super::{broadcast_shapes, sh, Cx, InferError};
+use super::context::Cx;
+use super::error::InferError;
+use super::shapes::broadcast_shapes;
+use super::text::sh;
 use shardc_ir::{Attr, DType, OpKind, TensorType, Type};
 
 pub(super) fn infer(cx: &Cx<'_>) -> Result<Type, InferError> {

@@ -1,11 +1,12 @@
 //! Shape rules of the gradient kernels that autodiff emits.
 
-use super::{
-    geometry::{conv2d_geometry, pool2d_geometry},
-    movement::slice_shape,
-    reduction::{bn_count, channels, layer_norm_layout},
-    sh, softmax_axis, Cx, InferError,
-};
+use super::context::Cx;
+use super::error::InferError;
+use super::movement::slice_shape;
+use super::reduction::{bn_count, channels, layer_norm_layout};
+use super::shapes::softmax_axis;
+use super::text::sh;
+use shardc_ir::geometry::{conv2d_geometry, pool2d_geometry};
 use shardc_ir::{OpKind, TensorType, Type};
 
 pub(super) fn infer(cx: &Cx<'_>) -> Result<Type, InferError> {

@@ -1,7 +1,9 @@
 //! Shape rules of the losses: `SoftmaxCrossEntropyWithLogits` and
 //! `SparseSoftmaxCrossEntropyWithLogits`.
 
-use super::{sh, Cx, InferError};
+use super::context::Cx;
+use super::error::InferError;
+use super::text::sh;
 use shardc_ir::{OpKind, TensorType, Type};
 
 pub(super) fn infer(cx: &Cx<'_>) -> Result<Type, InferError> {

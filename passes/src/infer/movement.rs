@@ -1,7 +1,10 @@
 //! Shape rules of data movement: `Reshape`, `Transpose`, `OneHot`, `Gather`, `Concat`,
 //! `Split`, `StridedSlice`, `BroadcastTo`, `ZerosLike`, `OnesLike`.
 
-use super::{ints_text, normalize_axis, sh, Cx, InferError};
+use super::context::Cx;
+use super::error::InferError;
+use super::shapes::normalize_axis;
+use super::text::{ints_text, sh};
 use shardc_ir::{DType, OpKind, TensorType, Type};
 
 pub(super) fn infer(cx: &Cx<'_>) -> Result<Type, InferError> {

@@ -3,7 +3,8 @@
 //! tuple, all of the variable's type; `ApplyGradientDescent` has no state and returns one
 //! tensor); `Assign` stores them.
 
-use super::{Cx, InferError};
+use super::context::Cx;
+use super::error::InferError;
 use shardc_ir::{OpKind, Type};
 
 pub(super) fn infer(cx: &Cx<'_>) -> Result<Type, InferError> {

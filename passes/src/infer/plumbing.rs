@@ -1,6 +1,8 @@
 //! Shape rules of the graph plumbing: `TupleGetItem` and `Assign`.
 
-use super::{Cx, InferError};
+use super::context::Cx;
+use super::error::InferError;
+use super::text::operand_text;
 use shardc_ir::{OpKind, Type};
 
 pub(super) fn infer(cx: &Cx<'_>) -> Result<Type, InferError> {
@@ -36,7 +38,7 @@ pub(super) fn infer(cx: &Cx<'_>) -> Result<Type, InferError> {
                 return Err(cx.err(format!(
                     "{} is {value} but the parameter {} is {param}; they must be equal",
                     cx.name(1),
-                    super::operand_text(cx.graph, &cx.node.inputs[0])
+                    operand_text(cx.graph, &cx.node.inputs[0])
                 )));
             }
             Ok(Type::Tensor(param.clone()))

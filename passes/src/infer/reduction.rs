@@ -1,9 +1,11 @@
 //! Shape rules of the reductions and normalisations: `ReduceSum` / `ReduceMean` /
 //! `ReduceMax`, `Softmax` / `LogSoftmax`, `BatchNorm`, `LayerNorm`, `MaxPool` / `AvgPool`.
 
-use super::{
-    geometry::pool2d_geometry, normalize_axis, reduce_axes, sh, softmax_axis, Cx, InferError,
-};
+use super::context::Cx;
+use super::error::InferError;
+use super::shapes::{normalize_axis, reduce_axes, softmax_axis};
+use super::text::sh;
+use shardc_ir::geometry::pool2d_geometry;
 use shardc_ir::{OpKind, TensorType, Type};
 
 pub(super) fn infer(cx: &Cx<'_>) -> Result<Type, InferError> {

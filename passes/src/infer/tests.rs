@@ -2,7 +2,10 @@
 //! table of error cases checking the message text.
 
 use super::*;
-use shardc_ir::{Attrs, Init, NodeId, Param};
+use shardc_ir::{
+    Attr, Attrs, Const, DType, Graph, Init, Node, NodeId, OpKind, Operand, Param, ParamKind,
+    TensorType, Type,
+};
 
 fn tt(dtype: DType, shape: &[usize]) -> TensorType {
     TensorType::new(dtype, shape.to_vec())
@@ -1098,5 +1101,112 @@ mod properties {
                 attr_picks.iter().map(|&(k, v)| (keys[k], values[v].clone())).collect();
             let _ = infer(&g, OpKind::ALL[op], inputs, &attrs);
         }
+    }
+}
+
+/// The collectives' `axis` attribute (`AllGather`, `ReduceScatter`).
+mod comm {
+    use crate::infer::infer_node;
+    use shardc_ir::{Attr, Attrs, DType, Graph, Node, OpKind, Operand, Param, ParamKind};
+    use shardc_ir::{TensorType, Type};
+
+    fn run(op: OpKind, shape: &[usize], attrs: &[(&str, Attr)]) -> Result<Type, String> {
+        let mut g = Graph::new("t");
+        let x: Operand = g
+            .add_param(Param {
+                name: "x".into(),
+                ty: TensorType::new(DType::Float32, shape.to_vec()),
+                kind: ParamKind::Input,
+            })
+            .into();
+        let mut n = Node::new(op, vec![x]);
+        n.instance = "c".into();
+        n.attrs = attrs
+            .iter()
+            .fold(Attrs::new(), |a, (k, v)| a.with(*k, v.clone()));
+        infer_node(&g, &n).map_err(|e| e.to_string())
+    }
+
+    fn f32(shape: &[usize]) -> Type {
+        Type::Tensor(TensorType::new(DType::Float32, shape.to_vec()))
+    }
+
+    #[test]
+    fn gather_and_scatter_take_an_axis() {
+        let g2 = ("rank_list", Attr::ints(&[0, 1]));
+        let g4 = ("rank_list", Attr::ints(&[0, 1, 2, 3]));
+        for (axis, want) in [
+            (0, [16, 6, 4]),
+            (1, [8, 12, 4]),
+            (2, [8, 6, 8]),
+            (-1, [8, 6, 8]),
+            (-3, [16, 6, 4]),
+        ] {
+            let got = run(
+                OpKind::AllGather,
+                &[8, 6, 4],
+                &[g2.clone(), ("axis", Attr::Int(axis))],
+            );
+            assert_eq!(got, Ok(f32(&want)), "AllGather axis {axis}");
+        }
+        // Default: axis 0.
+        assert_eq!(
+            run(OpKind::AllGather, &[8, 6, 4], std::slice::from_ref(&g2)),
+            Ok(f32(&[16, 6, 4]))
+        );
+        let g6 = ("rank_list", Attr::ints(&[0, 1, 2, 3, 4, 5]));
+        for (group, axis, want) in [
+            (&g4, 0, [2, 6, 4]),
+            (&g4, 2, [8, 6, 1]),
+            (&g6, -2, [8, 1, 4]),
+        ] {
+            let got = run(
+                OpKind::ReduceScatter,
+                &[8, 6, 4],
+                &[group.clone(), ("axis", Attr::Int(axis))],
+            );
+            assert_eq!(got, Ok(f32(&want)), "ReduceScatter axis {axis}");
+        }
+    }
+
+    #[test]
+    fn bad_axes_name_the_op_and_value() {
+        let g4 = ("rank_list", Attr::ints(&[0, 1, 2, 3]));
+        let e = run(
+            OpKind::AllGather,
+            &[8, 6],
+            &[g4.clone(), ("axis", Attr::Int(2))],
+        )
+        .unwrap_err();
+        assert!(e.contains("AllGather 'c'"), "{e}");
+        assert!(
+            e.contains("attribute `axis` 2 is out of range for input 0 (x) of shape (8, 6)"),
+            "{e}"
+        );
+        let e = run(
+            OpKind::ReduceScatter,
+            &[8, 6],
+            &[g4.clone(), ("axis", Attr::Int(-3))],
+        )
+        .unwrap_err();
+        assert!(e.contains("ReduceScatter 'c'"), "{e}");
+        assert!(e.contains("attribute `axis` -3 is out of range"), "{e}");
+        let e = run(
+            OpKind::ReduceScatter,
+            &[8, 6],
+            &[g4.clone(), ("axis", Attr::Int(1))],
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("the group of 4 ranks does not divide dim 1 of input 0 (x) of shape (8, 6)"),
+            "{e}"
+        );
+        let e = run(
+            OpKind::AllGather,
+            &[8, 6],
+            &[g4, ("axis", Attr::Str("one".into()))],
+        )
+        .unwrap_err();
+        assert!(e.contains("`axis`"), "{e}");
     }
 }

@@ -322,6 +322,24 @@ impl CommCost {
     }
 }
 
+/// A predicted cost split by kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Breakdown {
+    /// Seconds of compute.
+    pub compute: f64,
+    /// Seconds of communication.
+    pub communication: f64,
+    /// Bytes per device.
+    pub memory: f64,
+}
+
+impl Breakdown {
+    /// Compute plus communication, seconds.
+    pub fn seconds(&self) -> f64 {
+        self.compute + self.communication
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,7 +5,10 @@
 //! - [`dims`]: every op as loops (the einsum view) — the table behind every parallel rule;
 //! - [`rules`]: strategy → layouts of an op's inputs and results (validity, partial sums);
 //! - [`strategy`]: a strategy for every op (annotations, semi-auto defaults, sharding
-//!   propagation) and a layout for every parameter;
+//!   propagation) and a layout for every parameter; below it, in layers: the searchers
+//!   ([`search`]), the exact completion ([`completion`]), the breadth-first propagation
+//!   ([`propagation`]), and what they all share: the result ([`assignment`]) and the role of
+//!   an op ([`roles`]);
 //! - [`redistribute`]: the cheapest collectives between two layouts of a value;
 //! - [`partition`]: the per-rank graphs, with sliced shapes, sliced parameter initialisers and
 //!   concrete communication groups;
@@ -23,10 +26,15 @@
 //! it, MindSpore sums the replicas' gradients, each of its own local-mean loss, so shardc then
 //! multiplies the sum by the group size to give the same numbers.
 
+pub mod assignment;
+pub mod completion;
 pub mod cost;
+mod dataset;
 pub mod dims;
 pub mod partition;
+pub mod propagation;
 pub mod redistribute;
+pub mod roles;
 pub mod rules;
 pub mod search;
 pub mod simplify;

@@ -12,9 +12,9 @@
 //! different parts of the batch, `redistribution_op_<producer>_<user>_*` converts between two
 //! layouts; each carries a comment naming the edge and the rule.
 
+use super::assignment::{Assignment, Decision};
 use super::redistribute::{group, placement, plan, Placement, Plan, Step};
 use super::simplify::simplify;
-use super::strategy::{Assignment, Decision};
 use super::{ParallelError, ParallelOptions};
 use crate::infer;
 use rayon::prelude::*;

@@ -505,6 +505,10 @@ pub fn default_strategy(
     Ok(strategy_from_loops(g, node, &dims, &splits))
 }
 
+/// Propagation considers splitting at most this many loops of one op (the `max_loops` of
+/// [`candidates`], in the search too).
+pub const MAX_SPLIT_LOOPS: usize = 4;
+
 /// Every strategy worth considering for `node` on `device_num` devices: each loop split by a
 /// divisor, the product dividing `device_num`, in a fixed order (fewest devices last, so that
 /// ties between equal costs go to the strategy using more devices). Loops beyond the first

@@ -36,7 +36,9 @@
 //! `a · b · c` for its own `c`; the queue is an ordered set, so the whole search is
 //! `O(n log n)` eliminations.
 
-use super::{check_memory_feasible, CostGraph, SearchError, SearchResult};
+use super::cost_graph::{
+    check_memory_feasible, least_memory_choice, CostGraph, SearchError, SearchResult,
+};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Bisection rounds on the memory weight.
@@ -543,7 +545,7 @@ pub fn search(cg: &CostGraph, memory_limit: Option<f64>) -> Result<SearchResult,
     }
     if !found {
         // The least-memory choice fits (checked above): take it.
-        let c = super::least_memory_choice(cg);
+        let c = least_memory_choice(cg);
         keep(f64::INFINITY, c, Vec::new(), &mut best);
     } else {
         for _ in 0..BISECTIONS {
@@ -578,8 +580,8 @@ pub fn search(cg: &CostGraph, memory_limit: Option<f64>) -> Result<SearchResult,
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::{random_graph, Rng};
-    use super::super::{brute_force, SearchEdge, SearchNode};
+    use super::super::cost_graph::testing::{random_graph, Rng};
+    use super::super::cost_graph::{brute_force, SearchEdge, SearchNode};
     use super::*;
 
     fn close(a: f64, b: f64) -> bool {
@@ -692,7 +694,7 @@ mod tests {
             let n = 2 + rng.below(6);
             let extra = rng.below(3);
             let cg = random_graph(&mut rng, n, 3, extra);
-            let least = cg.memory(&super::super::least_memory_choice(&cg));
+            let least = cg.memory(&least_memory_choice(&cg));
             let free = cg.memory(&search(&cg, None).unwrap().choice);
             let limit = 0.5 * (least + free);
             let r = search(&cg, Some(limit)).unwrap();

@@ -16,7 +16,7 @@
 //! naming the size and the searchers for large graphs. It is the optimality oracle for small
 //! graphs (tens of ops at 4 to 8 devices solve in well under a second here).
 
-use super::{check_memory_feasible, CostGraph, SearchError, SearchResult};
+use super::cost_graph::{check_memory_feasible, CostGraph, SearchError, SearchResult};
 use good_lp::{microlp, variable, Expression, ProblemVariables, Solution, SolverModel, Variable};
 use std::collections::BTreeMap;
 
@@ -187,8 +187,8 @@ pub fn search(cg: &CostGraph, memory_limit: Option<f64>) -> Result<SearchResult,
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::{random_graph, Rng};
-    use super::super::{brute_force, least_memory_choice, SearchEdge, SearchNode};
+    use super::super::cost_graph::testing::{random_graph, Rng};
+    use super::super::cost_graph::{brute_force, least_memory_choice, SearchEdge, SearchNode};
     use super::*;
 
     fn close(a: f64, b: f64) -> bool {

@@ -23,12 +23,15 @@
 //! Memory per device ([`Problem::memory_bytes`]): the slices of the weights an op is first
 //! user of, with their optimizer state and gradient, and the results the backward pass reads.
 
+pub use super::super::cost::Breakdown;
+
+use super::super::assignment::Candidate;
 use super::super::cost::{elem_bytes, CommCost, Machine};
 use super::super::redistribute::{placement, Placement};
-use super::super::rules::{self, candidates, dims_of, sharding, OpSharding};
-use super::super::strategy::{is_generated, like_weight, updated_weight, MAX_SPLIT_LOOPS};
+use super::super::roles::{is_generated, like_weight, updated_weight};
+use super::super::rules::{self, candidates, dims_of, sharding, OpSharding, MAX_SPLIT_LOOPS};
 use super::super::{ParallelError, ParallelOptions};
-use super::{CostGraph, SearchEdge, SearchNode};
+use super::cost_graph::{CostGraph, SearchEdge, SearchNode};
 use shardc_ir::{Graph, NodeId, OpKind, Operand, TensorLayout};
 use std::collections::{HashMap, HashSet};
 
@@ -800,20 +803,38 @@ impl<'g> Problem<'g> {
     }
 }
 
-/// A predicted cost split by kind.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Breakdown {
-    /// Seconds of compute.
-    pub compute: f64,
-    /// Seconds of communication.
-    pub communication: f64,
-    /// Bytes per device.
-    pub memory: f64,
-}
+/// Candidate lists are explained per op only up to this many searched ops times candidates.
+pub const EXPLAIN_BUDGET: usize = 200_000;
 
-impl Breakdown {
-    /// Compute plus communication, seconds.
-    pub fn seconds(&self) -> f64 {
-        self.compute + self.communication
+/// Per searched op of `p`: its candidates (`cands`, when given and within
+/// [`EXPLAIN_BUDGET`]; else only the chosen one) weighed against the neighbours of `choice`,
+/// with the seconds and bytes of each (for `shardc explain`).
+pub fn weigh(
+    p: &Problem,
+    cands: Option<&[Vec<OpSharding>]>,
+    choice: &[&OpSharding],
+) -> Vec<Vec<Candidate>> {
+    let weigh_one = |k: usize, s: &OpSharding| {
+        let b = p.op_breakdown(k, s, choice);
+        Candidate {
+            strategy: s.strategy.clone(),
+            out_strategy: s.out_strategy.clone(),
+            communication: b.communication,
+            compute: b.compute,
+            memory: b.memory,
+        }
+    };
+    let total_cands: usize = cands.map_or(usize::MAX, |c| c.iter().map(Vec::len).sum());
+    match cands {
+        Some(cands) if total_cands <= EXPLAIN_BUDGET => cands
+            .iter()
+            .enumerate()
+            .map(|(k, cs)| cs.iter().map(|s| weigh_one(k, s)).collect())
+            .collect(),
+        _ => choice
+            .iter()
+            .enumerate()
+            .map(|(k, s)| vec![weigh_one(k, s)])
+            .collect(),
     }
 }

@@ -25,8 +25,8 @@
 
 use super::super::rules::{loop_admits, OpSharding};
 use super::super::ParallelError;
+use super::cost_graph::{check_memory_feasible, CostGraph, SearchError};
 use super::problem::Problem;
-use super::{check_memory_feasible, CostGraph, SearchError};
 
 /// Refinement runs up to this device count.
 pub const REFINE_MAX_DEVICES: usize = 64;
