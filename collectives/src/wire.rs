@@ -90,11 +90,13 @@ impl Header {
     }
 
     /// The call as its errors name it: `AllReduce(op=sum)`.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))] // MPI's header exchange
     pub fn call(&self) -> String {
         format!("{}({})", self.collective.name(), self.params)
     }
 
     /// The sender's tensor type.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))] // MPI's header exchange
     pub fn ty(&self) -> TensorType {
         TensorType::new(self.dtype, self.shape.clone())
     }
@@ -524,6 +526,7 @@ pub(crate) fn native_bytes_mut(d: &mut Data) -> &mut [u8] {
 
 /// A data frame as one message: its header and elements `range` of `data` (MPI sends
 /// frames this way).
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 pub(crate) fn encode_frame(h: &Header, data: &Data, range: Range<usize>) -> Vec<u8> {
     let mut m = Vec::new();
     let payload = data_bytes(data, range);
@@ -533,6 +536,7 @@ pub(crate) fn encode_frame(h: &Header, data: &Data, range: Range<usize>) -> Vec<
 }
 
 /// The one data frame a message holds (see [`encode_frame`]): its header and elements.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 pub(crate) fn decode_frame(m: &[u8]) -> Result<(Header, Data), String> {
     let mut r = m;
     match read_frame(&mut r) {
