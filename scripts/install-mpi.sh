@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs what the `mpi` feature of shardc-backend-cpu needs on Debian/Ubuntu:
+# Installs what the `mpi` feature of shardc-collectives needs on Debian/Ubuntu:
 # Open MPI (mpirun, mpicc, the headers) and libclang (the `mpi` crate generates its bindings
 # with bindgen). Idempotent: installs only the packages that are missing and exits 0 when
 # everything is already there.
@@ -54,5 +54,5 @@ if [ -n "$libclang" ]; then
     echo "install-mpi: libclang at $libclang; if the build cannot find it:"
     echo "    export LIBCLANG_PATH=$(dirname "$libclang")"
 fi
-echo "install-mpi: build with: cargo build -p shardc-backend-cpu --features mpi"
+echo "install-mpi: build with: cargo build -p shardc-collectives --features mpi"
 echo "install-mpi: as root, run with: mpirun --allow-run-as-root --oversubscribe -n 4 PROGRAM"

@@ -10,6 +10,7 @@ pub mod train;
 
 pub use shardc_backend_cpu as cpu;
 pub use shardc_backend_cuda as cuda;
+pub use shardc_collectives as collectives;
 pub use shardc_compiler as compiler;
 pub use shardc_ir as ir;
 pub use shardc_passes as passes;

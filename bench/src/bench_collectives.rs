@@ -1,5 +1,5 @@
 //! `shardc bench collectives`: AllReduce between processes on this host, through the data
-//! plane of the cluster ([`shardc_backend_cpu::collectives::ProcessComm`]: shared memory
+//! plane of the cluster ([`shardc_collectives::ProcessComm`]: shared memory
 //! between processes of one host).
 //!
 //! For each process count of `--procs` (default 2, 4, 8) the command starts that many worker
@@ -34,7 +34,7 @@
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use serde::{Deserialize, Serialize};
-use shardc_backend_cpu::collectives::{CommSetup, Peer, ProcessComm};
+use shardc_collectives::{CommSetup, Peer, ProcessComm};
 use shardc_ir::ReduceOp;
 use shardc_runtime::comm::InProcessWorld;
 use shardc_runtime::{Communicator, Tensor};

@@ -8,9 +8,9 @@ use crate::run_args::{CommKind, RunArgs};
 use crate::training::{after_step, rank_block};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
-use shardc_backend_cpu::collectives::tcp::DataPlaneTls;
-use shardc_backend_cpu::collectives::{CommSetup, Peer, ProcessComm};
 use shardc_backend_cpu::CpuBackend;
+use shardc_collectives::tcp::DataPlaneTls;
+use shardc_collectives::{CommSetup, Peer, ProcessComm};
 use shardc_ir::artifact::Artifact;
 use shardc_runtime::cluster::{
     self, ClusterEnv, Membership, Role, Scheduler, SchedulerConfig, SchedulerHandle, WorkerConfig,
@@ -139,7 +139,7 @@ pub fn join(role: ClusterRole) -> Result<Joined> {
 
 #[cfg(feature = "mpi")]
 fn join_mpi() -> Result<Joined> {
-    let comm = shardc_backend_cpu::collectives::mpi::MpiComm::init()?;
+    let comm = shardc_collectives::mpi::MpiComm::init()?;
     let (rank, size) = (comm.rank(), comm.size());
     Ok(Joined {
         comm: Arc::new(comm),

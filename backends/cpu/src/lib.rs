@@ -12,7 +12,6 @@
 
 #![warn(missing_docs)]
 
-pub mod collectives;
 mod conv;
 mod conv_winograd;
 mod elementwise;

@@ -1,8 +1,12 @@
-//! The argument checks every communicator makes, worded once: each function says why a
-//! collective cannot take a tensor of type `ty` (the reason of a
-//! [`CommError::InvalidArgument`](super::CommError::InvalidArgument)), or `None` when it can.
+//! The argument checks every communicator makes, worded once: each reason function says
+//! why a collective cannot take a tensor of type `ty` (the reason of a
+//! [`CommError::InvalidArgument`]), or `None` when it can; [`all_gather`], [`reduce_scatter`],
+//! [`all_to_all`] and [`all_reduce`] combine them in the order every communicator checks
+//! them; [`invalid`] and [`invalid_if`] turn a reason into the error, and [`check_peer`]
+//! checks the peer of a send or receive.
 
 use super::tensor_ops::reducible;
+use super::{Collective, CommError};
 use shardc_ir::TensorType;
 
 /// A reduction of `ty`'s elements is not supported.
@@ -29,6 +33,81 @@ pub fn root_outside(group: &[usize], root: usize) -> Option<String> {
     (!group.contains(&root)).then(|| format!("the root rank {root} is not in the group"))
 }
 
+/// Why an AllReduce cannot take `ty`: [`not_reducible`].
+pub fn all_reduce(ty: &TensorType) -> Option<String> {
+    not_reducible(ty)
+}
+
+/// Why an AllGather along `axis` cannot take `ty`: [`axis_out_of_range`].
+pub fn all_gather(ty: &TensorType, axis: usize) -> Option<String> {
+    axis_out_of_range(ty, axis, "axis")
+}
+
+/// Why a ReduceScatter along `axis` over a group of `n` cannot take `ty`: [`not_reducible`],
+/// then [`axis_out_of_range`], then [`not_divisible`].
+pub fn reduce_scatter(ty: &TensorType, axis: usize, n: usize) -> Option<String> {
+    not_reducible(ty)
+        .or_else(|| axis_out_of_range(ty, axis, "axis"))
+        .or_else(|| not_divisible(ty, axis, n, "axis"))
+}
+
+/// Why an AllToAll over a group of `n` cannot take `ty`: `split_dim` or `concat_dim` out of
+/// range, or the group does not divide `split_dim`.
+pub fn all_to_all(
+    ty: &TensorType,
+    split_dim: usize,
+    concat_dim: usize,
+    n: usize,
+) -> Option<String> {
+    axis_out_of_range(ty, split_dim, "split_dim")
+        .or_else(|| axis_out_of_range(ty, concat_dim, "concat_dim"))
+        .or_else(|| not_divisible(ty, split_dim, n, "split_dim"))
+}
+
+/// The [`CommError::InvalidArgument`] of `collective` on `group` at `rank` for `reason`.
+pub fn invalid(collective: Collective, group: &[usize], rank: usize, reason: String) -> CommError {
+    CommError::InvalidArgument {
+        collective,
+        group: group.to_vec(),
+        rank,
+        reason,
+    }
+}
+
+/// [`invalid`] with `reason`, if there is one.
+pub fn invalid_if(
+    collective: Collective,
+    group: &[usize],
+    rank: usize,
+    reason: Option<String>,
+) -> Result<(), CommError> {
+    reason.map_or(Ok(()), |r| Err(invalid(collective, group, rank, r)))
+}
+
+/// Checks the peer of a point-to-point call (`collective` is [`Collective::Send`] or
+/// [`Collective::Receive`]) made by `rank` in a world of `size`: a peer outside the world is
+/// a [`CommError::InvalidGroup`] whose group lists the sender first.
+pub fn check_peer(
+    collective: Collective,
+    rank: usize,
+    size: usize,
+    peer: usize,
+) -> Result<(), CommError> {
+    if peer < size {
+        return Ok(());
+    }
+    let group = match collective {
+        Collective::Send => vec![rank, peer],
+        _ => vec![peer, rank],
+    };
+    Err(CommError::InvalidGroup {
+        collective,
+        group,
+        rank,
+        reason: format!("rank {peer} is outside the world of {size} ranks"),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -46,5 +125,36 @@ mod tests {
         assert_eq!(not_divisible(&f, 1, 3, "axis"), None);
         assert!(root_outside(&[0, 2], 1).is_some());
         assert_eq!(root_outside(&[0, 2], 2), None);
+        // The combined checks, in order.
+        let b = TensorType::new(DType::Bool, vec![3]);
+        assert!(reduce_scatter(&b, 5, 2).is_some_and(|r| r.contains("cannot reduce")));
+        assert!(reduce_scatter(&f, 2, 2).is_some_and(|r| r.starts_with("axis 2")));
+        assert!(reduce_scatter(&f, 1, 4).is_some_and(|r| r.contains("group of 4")));
+        assert_eq!(reduce_scatter(&f, 1, 3), None);
+        assert!(all_to_all(&f, 0, 2, 2).is_some_and(|r| r.starts_with("concat_dim 2")));
+        assert_eq!(all_to_all(&f, 0, 1, 2), None);
+        assert!(all_gather(&f, 2).is_some());
+        assert!(all_reduce(&b).is_some());
+    }
+
+    #[test]
+    fn a_peer_outside_the_world_is_an_invalid_group_listing_the_sender_first() {
+        assert!(check_peer(Collective::Send, 1, 4, 3).is_ok());
+        match check_peer(Collective::Send, 1, 4, 7) {
+            Err(CommError::InvalidGroup { group, reason, .. }) => {
+                assert_eq!(group, vec![1, 7]);
+                assert_eq!(reason, "rank 7 is outside the world of 4 ranks");
+            }
+            other => panic!("{other:?}"),
+        }
+        match check_peer(Collective::Receive, 1, 4, 7) {
+            Err(CommError::InvalidGroup { group, .. }) => assert_eq!(group, vec![7, 1]),
+            other => panic!("{other:?}"),
+        }
+        assert!(invalid_if(Collective::AllGather, &[0], 0, None).is_ok());
+        assert!(matches!(
+            invalid_if(Collective::AllGather, &[0], 0, Some("x".into())),
+            Err(CommError::InvalidArgument { .. })
+        ));
     }
 }

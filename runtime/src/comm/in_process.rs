@@ -14,13 +14,13 @@
 //! never arrived, which every later arrival of that call also gets. Point-to-point messages
 //! go through FIFO mailboxes keyed by (source, destination, tag); `send` never blocks.
 
+use super::arguments::{self, check_peer, invalid_if};
 use super::tensor_ops::{
-    concat_axis, part_axis, reduce_in_order, reduce_part_in_order, reduce_range_in_order,
-    write_range,
+    concat_axis, member_range, part_axis, reduce_in_order, reduce_part_in_order,
+    reduce_range_in_order, write_range,
 };
 use super::{
-    arguments, assign, check_group, Collective, CommError, Communicator, CoreMoves, WaitPolicy,
-    NO_CPU,
+    assign, check_group, Collective, CommError, Communicator, CoreMoves, WaitPolicy, NO_CPU,
 };
 use crate::tensor::{Data, Tensor};
 use shardc_ir::{ReduceOp, TensorType};
@@ -36,11 +36,6 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
 /// parallel (each its own range, then a second rendezvous shares the ranges) rather than by
 /// the last to arrive alone.
 pub const ALL_REDUCE_PART_MIN: usize = 4096;
-
-/// Member `k`'s range of the elements of an AllReduce of `len` elements over `n` members.
-fn member_range(len: usize, n: usize, k: usize) -> std::ops::Range<usize> {
-    k * len / n..(k + 1) * len / n
-}
 
 /// The result of one collective call: per member index, or for one-result collectives a
 /// single tensor every member copies.
@@ -369,26 +364,6 @@ impl InProcessComm {
             Err(e) => Err(e.clone()),
         }
     }
-
-    /// The world's rank check for a peer of a point-to-point call.
-    fn check_peer(&self, collective: Collective, peer: usize) -> Result<(), CommError> {
-        if peer >= self.shared.size {
-            let group = match collective {
-                Collective::Send => vec![self.rank, peer],
-                _ => vec![peer, self.rank],
-            };
-            return Err(CommError::InvalidGroup {
-                collective,
-                group,
-                rank: self.rank,
-                reason: format!(
-                    "rank {peer} is outside the world of {} ranks",
-                    self.shared.size
-                ),
-            });
-        }
-        Ok(())
-    }
 }
 
 /// Publishes a slot's outcome and wakes its waiters.
@@ -423,7 +398,7 @@ impl Communicator for InProcessComm {
         let n = group.len();
         let check = |inputs: &[Tensor]| {
             same_types(c, group, rank, inputs)?;
-            check_reducible(c, group, rank, &inputs[0])
+            invalid_if(c, group, rank, arguments::all_reduce(&inputs[0].ty()))
         };
         if n < 2 || tensor.len() < n * ALL_REDUCE_PART_MIN {
             let (outcome, _) =
@@ -467,7 +442,7 @@ impl Communicator for InProcessComm {
         let (outcome, _) =
             self.collective(c, group, format!("axis={axis}"), input.clone(), |inputs| {
                 same_types(c, group, rank, &inputs)?;
-                check_axis(c, group, rank, &inputs[0], axis, "axis")?;
+                invalid_if(c, group, rank, arguments::all_gather(&inputs[0].ty(), axis))?;
                 Ok(inputs)
             })?;
         Ok(concat_axis(&inputs_of(self, c, group, &outcome)?, axis))
@@ -489,9 +464,8 @@ impl Communicator for InProcessComm {
             input.clone(),
             |inputs| {
                 same_types(c, group, rank, &inputs)?;
-                check_reducible(c, group, rank, &inputs[0])?;
-                check_axis(c, group, rank, &inputs[0], axis, "axis")?;
-                check_divides(c, group, rank, &inputs[0], axis, "axis")?;
+                let reason = arguments::reduce_scatter(&inputs[0].ty(), axis, group.len());
+                invalid_if(c, group, rank, reason)?;
                 Ok(inputs)
             },
         )?;
@@ -518,9 +492,9 @@ impl Communicator for InProcessComm {
             input.clone(),
             |inputs| {
                 same_types(c, group, rank, &inputs)?;
-                check_axis(c, group, rank, &inputs[0], split_dim, "split_dim")?;
-                check_axis(c, group, rank, &inputs[0], concat_dim, "concat_dim")?;
-                check_divides(c, group, rank, &inputs[0], split_dim, "split_dim")?;
+                let ty = inputs[0].ty();
+                let reason = arguments::all_to_all(&ty, split_dim, concat_dim, group.len());
+                invalid_if(c, group, rank, reason)?;
                 Ok(inputs)
             },
         )?;
@@ -560,7 +534,7 @@ impl Communicator for InProcessComm {
     }
 
     fn send(&self, dest: usize, tag: i64, tensor: &Tensor) -> Result<(), CommError> {
-        self.check_peer(Collective::Send, dest)?;
+        check_peer(Collective::Send, self.rank, self.shared.size, dest)?;
         let mut state = self.shared.lock();
         state
             .mail
@@ -574,7 +548,7 @@ impl Communicator for InProcessComm {
 
     fn recv(&self, src: usize, tag: i64, ty: &TensorType) -> Result<Tensor, CommError> {
         let c = Collective::Receive;
-        self.check_peer(c, src)?;
+        check_peer(c, self.rank, self.shared.size, src)?;
         self.moves.settle();
         let deadline = Instant::now() + self.shared.timeout;
         let key = (src, self.rank, tag);
@@ -627,61 +601,6 @@ impl Communicator for InProcessComm {
             Ok(Vec::new())
         })?;
         Ok(())
-    }
-}
-
-fn check_reducible(
-    collective: Collective,
-    group: &[usize],
-    rank: usize,
-    t: &Tensor,
-) -> Result<(), CommError> {
-    invalid_if(collective, group, rank, arguments::not_reducible(&t.ty()))
-}
-
-fn check_axis(
-    collective: Collective,
-    group: &[usize],
-    rank: usize,
-    t: &Tensor,
-    axis: usize,
-    what: &str,
-) -> Result<(), CommError> {
-    invalid_if(
-        collective,
-        group,
-        rank,
-        arguments::axis_out_of_range(&t.ty(), axis, what),
-    )
-}
-
-fn check_divides(
-    collective: Collective,
-    group: &[usize],
-    rank: usize,
-    t: &Tensor,
-    axis: usize,
-    what: &str,
-) -> Result<(), CommError> {
-    let reason = arguments::not_divisible(&t.ty(), axis, group.len(), what);
-    invalid_if(collective, group, rank, reason)
-}
-
-/// `InvalidArgument` with `reason`, if there is one.
-fn invalid_if(
-    collective: Collective,
-    group: &[usize],
-    rank: usize,
-    reason: Option<String>,
-) -> Result<(), CommError> {
-    match reason {
-        None => Ok(()),
-        Some(reason) => Err(CommError::InvalidArgument {
-            collective,
-            group: group.to_vec(),
-            rank,
-            reason,
-        }),
     }
 }
 

@@ -1,14 +1,22 @@
 //! The tensor arithmetic of the collectives, shared by every communicator (the in-process
-//! world, and the process communicators of the CPU backend): splitting and concatenating along
-//! an axis (any dtype) and reducing in member order (numeric dtypes). Callers check shapes,
-//! axes and divisibility first.
-
+//! world here, and the shared-memory, TCP and MPI communicators of `shardc-collectives`):
+//! splitting and concatenating along an axis (any dtype) and reducing in member order
+//! (numeric dtypes). Callers check shapes, axes and divisibility first.
+//!
+//! # The reduction core
+//! Every reduction of every communicator goes through [`ReduceElem::apply`] and the loops
+//! below it: [`reduce_slice`] (`acc op= x`) and [`reduce2_slice`] (`dst = a op b`) on typed
+//! slices, [`reduce_data`] / [`reduce_data_range`] on [`Data`], and [`reduce_bytes`] on the
+//! raw bytes of a buffer (shared memory reduces the members' boxes straight into the
+//! tensor). Floating-point Max and Min propagate NaN (a NaN on either side wins); integer
+//! Sum and Prod wrap.
 use crate::tensor::{Data, Tensor};
 use shardc_ir::{DType, ReduceOp};
 use std::ops::Range;
 
-/// `(outer, dim, inner)` of `shape` around `axis`: the row-major view `[outer, dim, inner]`.
-fn around(shape: &[usize], axis: usize) -> (usize, usize, usize) {
+/// `(outer, dim, inner)` of `shape` around `axis`: the row-major view `[outer, dim, inner]`
+/// (`axis` in range: checked by the caller).
+pub fn around(shape: &[usize], axis: usize) -> (usize, usize, usize) {
     let outer = shape[..axis].iter().product();
     let inner = shape[axis + 1..].iter().product();
     (outer, shape[axis], inner)
@@ -30,6 +38,39 @@ fn part_vec<T: Copy>(
     for o in 0..outer {
         let start = o * row + k * part * inner;
         out.extend_from_slice(&v[start..start + part * inner]);
+    }
+    out
+}
+
+/// The `parts` equal parts along the middle dim of the row-major view `[outer, dim, inner]`
+/// (`view`, see [`around`]) of `v`, each made contiguous, in part order (`parts` divides
+/// `dim`: checked by the caller). Byte buffers pass `inner` times the element size.
+pub fn split_packed<T: Copy>(v: &[T], view: (usize, usize, usize), parts: usize) -> Vec<T> {
+    let (outer, dim, inner) = view;
+    let part = dim / parts.max(1) * inner;
+    let row = dim * inner;
+    let mut out = Vec::with_capacity(v.len());
+    for k in 0..parts {
+        for o in 0..outer {
+            let start = o * row + k * part;
+            out.extend_from_slice(&v[start..start + part]);
+        }
+    }
+    out
+}
+
+/// The inverse of [`split_packed`]: `packed` holds `parts` equal blocks, each the row-major
+/// view `[outer, dim, inner]` (`part`); returns their concatenation along the middle dim.
+pub fn concat_packed<T: Copy>(packed: &[T], part: (usize, usize, usize), parts: usize) -> Vec<T> {
+    let (outer, dim, inner) = part;
+    let chunk = dim * inner;
+    let block = outer * chunk;
+    let mut out = Vec::with_capacity(packed.len());
+    for o in 0..outer {
+        for k in 0..parts {
+            let start = k * block + o * chunk;
+            out.extend_from_slice(&packed[start..start + chunk]);
+        }
     }
     out
 }
@@ -88,28 +129,6 @@ pub fn concat_axis(ts: &[&Tensor], axis: usize) -> Tensor {
         Data::Bool(_) => go!(Bool),
     };
     Tensor { shape, data }
-}
-
-fn reduce_vec<T: Copy + PartialOrd + std::ops::Add<Output = T> + std::ops::Mul<Output = T>>(
-    acc: &mut [T],
-    x: &[T],
-    op: ReduceOp,
-) {
-    match op {
-        ReduceOp::Sum => acc.iter_mut().zip(x).for_each(|(a, &b)| *a = *a + b),
-        ReduceOp::Prod => acc.iter_mut().zip(x).for_each(|(a, &b)| *a = *a * b),
-        // NaN propagates: a NaN on either side wins (as the comparison is false).
-        ReduceOp::Max => acc.iter_mut().zip(x).for_each(|(a, &b)| {
-            if b > *a || b.partial_cmp(&b).is_none() {
-                *a = b
-            }
-        }),
-        ReduceOp::Min => acc.iter_mut().zip(x).for_each(|(a, &b)| {
-            if b < *a || b.partial_cmp(&b).is_none() {
-                *a = b
-            }
-        }),
-    }
 }
 
 /// Whether reductions support `dtype`.
@@ -198,9 +217,15 @@ pub fn reduce_range_in_order(ts: &[&Tensor], range: Range<usize>, op: ReduceOp) 
 /// Copies `src`'s elements into `dst`'s, flat, from element `at` on (one dtype and `src`
 /// within `dst` from `at`: checked by the caller; otherwise `dst` is left alone).
 pub fn write_range(dst: &mut Tensor, at: usize, src: &Tensor) {
+    write_data_range(&mut dst.data, at, &src.data);
+}
+
+/// [`write_range`] on buffers: `src`'s elements into `dst` from element `at` on (one dtype
+/// and `src` within `dst` from `at`; otherwise `dst` is left alone).
+pub fn write_data_range(dst: &mut Data, at: usize, src: &Data) {
     macro_rules! put {
         ($($variant:ident),*) => {
-            match (&mut dst.data, &src.data) {
+            match (dst, src) {
                 $((Data::$variant(d), Data::$variant(s)) => {
                     if let Some(d) = d.get_mut(at..at + s.len()) {
                         d.copy_from_slice(s);
@@ -239,10 +264,10 @@ impl Rows {
             }};
         }
         match acc {
-            Data::F32(a) => go!(F32, a, |a: &mut [f32], x: &[f32]| reduce_vec(a, x, op)),
-            Data::F64(a) => go!(F64, a, |a: &mut [f64], x: &[f64]| reduce_vec(a, x, op)),
-            Data::I32(a) => go!(I32, a, |a: &mut [i32], x: &[i32]| reduce_vec_int(a, x, op)),
-            Data::I64(a) => go!(I64, a, |a: &mut [i64], x: &[i64]| reduce_vec_int(a, x, op)),
+            Data::F32(a) => go!(F32, a, |a: &mut [f32], x: &[f32]| reduce_slice(a, x, op)),
+            Data::F64(a) => go!(F64, a, |a: &mut [f64], x: &[f64]| reduce_slice(a, x, op)),
+            Data::I32(a) => go!(I32, a, |a: &mut [i32], x: &[i32]| reduce_slice(a, x, op)),
+            Data::I64(a) => go!(I64, a, |a: &mut [i64], x: &[i64]| reduce_slice(a, x, op)),
             _ => {}
         }
     }
@@ -264,38 +289,179 @@ impl Rows {
     }
 }
 
-/// Integer reduction with wrapping arithmetic (no overflow panic in debug builds).
-fn reduce_vec_int<T: Copy + Ord + WrappingArith>(acc: &mut [T], x: &[T], op: ReduceOp) {
-    match op {
-        ReduceOp::Sum => acc.iter_mut().zip(x).for_each(|(a, &b)| *a = a.wadd(b)),
-        ReduceOp::Prod => acc.iter_mut().zip(x).for_each(|(a, &b)| *a = a.wmul(b)),
-        ReduceOp::Max => acc.iter_mut().zip(x).for_each(|(a, &b)| *a = (*a).max(b)),
-        ReduceOp::Min => acc.iter_mut().zip(x).for_each(|(a, &b)| *a = (*a).min(b)),
+/// An element type the reductions work on (the [`reducible`] dtypes' elements).
+pub trait ReduceElem: Copy {
+    /// `a op b`: floating-point Max and Min propagate NaN (a NaN on either side wins),
+    /// integer Sum and Prod wrap.
+    fn apply(op: ReduceOp, a: Self, b: Self) -> Self;
+}
+
+macro_rules! float_elem {
+    ($t:ty) => {
+        impl ReduceElem for $t {
+            #[inline(always)]
+            fn apply(op: ReduceOp, a: $t, b: $t) -> $t {
+                match op {
+                    ReduceOp::Sum => a + b,
+                    ReduceOp::Prod => a * b,
+                    ReduceOp::Max => {
+                        if b > a || b.is_nan() {
+                            b
+                        } else {
+                            a
+                        }
+                    }
+                    ReduceOp::Min => {
+                        if b < a || b.is_nan() {
+                            b
+                        } else {
+                            a
+                        }
+                    }
+                }
+            }
+        }
+    };
+}
+float_elem!(f32);
+float_elem!(f64);
+
+macro_rules! int_elem {
+    ($t:ty) => {
+        impl ReduceElem for $t {
+            #[inline(always)]
+            fn apply(op: ReduceOp, a: $t, b: $t) -> $t {
+                match op {
+                    ReduceOp::Sum => a.wrapping_add(b),
+                    ReduceOp::Prod => a.wrapping_mul(b),
+                    ReduceOp::Max => a.max(b),
+                    ReduceOp::Min => a.min(b),
+                }
+            }
+        }
+    };
+}
+int_elem!(i32);
+int_elem!(i64);
+
+/// Runs `$body` with `$o` bound to `op` as a constant of each arm, so that every loop is a
+/// plain vectorisable loop over one operation.
+macro_rules! per_op {
+    ($op:expr, $o:ident => $body:expr) => {
+        match $op {
+            ReduceOp::Sum => {
+                let $o = ReduceOp::Sum;
+                $body
+            }
+            ReduceOp::Prod => {
+                let $o = ReduceOp::Prod;
+                $body
+            }
+            ReduceOp::Max => {
+                let $o = ReduceOp::Max;
+                $body
+            }
+            ReduceOp::Min => {
+                let $o = ReduceOp::Min;
+                $body
+            }
+        }
+    };
+}
+
+/// `acc = acc op x`, elementwise (over the shorter of the two).
+pub fn reduce_slice<T: ReduceElem>(acc: &mut [T], x: &[T], op: ReduceOp) {
+    per_op!(op, o => {
+        for (a, &y) in acc.iter_mut().zip(x) {
+            *a = T::apply(o, *a, y);
+        }
+    })
+}
+
+/// `dst = a op b`, elementwise (over the shortest of the three): the first step of a
+/// reduction into a buffer that holds neither operand, without copying `a` first.
+pub fn reduce2_slice<T: ReduceElem>(dst: &mut [T], a: &[T], b: &[T], op: ReduceOp) {
+    per_op!(op, o => {
+        for ((d, &x), &y) in dst.iter_mut().zip(a).zip(b) {
+            *d = T::apply(o, x, y);
+        }
+    })
+}
+
+/// `acc = acc op x` elementwise on buffers of one [`reducible`] dtype and length (others
+/// are left alone: the callers checked them).
+pub fn reduce_data(acc: &mut Data, x: &Data, op: ReduceOp) {
+    let n = acc.len();
+    reduce_data_range(acc, 0, x, 0..n, op);
+}
+
+/// `acc[at..at + from.len()] = acc[at..] op x[from]` elementwise, on buffers of one
+/// [`reducible`] dtype, both ranges in bounds (checked by the caller; buffers of other
+/// dtypes are left alone).
+pub fn reduce_data_range(acc: &mut Data, at: usize, x: &Data, from: Range<usize>, op: ReduceOp) {
+    let n = from.len();
+    match (acc, x) {
+        (Data::F32(a), Data::F32(b)) => reduce_slice(&mut a[at..at + n], &b[from], op),
+        (Data::F64(a), Data::F64(b)) => reduce_slice(&mut a[at..at + n], &b[from], op),
+        (Data::I32(a), Data::I32(b)) => reduce_slice(&mut a[at..at + n], &b[from], op),
+        (Data::I64(a), Data::I64(b)) => reduce_slice(&mut a[at..at + n], &b[from], op),
+        _ => {}
     }
 }
 
-/// Wrapping add and multiply of the integer element types.
-trait WrappingArith {
-    fn wadd(self, b: Self) -> Self;
-    fn wmul(self, b: Self) -> Self;
+/// `dst = (((srcs[0] op srcs[1]) op srcs[2]) ...)` elementwise on the raw (native-endian)
+/// bytes of elements of a [`reducible`] `dtype` (a copy for one source, nothing for none).
+/// Every slice holds `dst.len()` bytes, aligned for the element type (checked: a panic
+/// otherwise). Shared memory reduces the members' boxes straight into the tensor this way.
+pub fn reduce_bytes(dtype: DType, op: ReduceOp, dst: &mut [u8], srcs: &[&[u8]]) {
+    fn go<T: ReduceElem>(op: ReduceOp, dst: &mut [u8], srcs: &[&[u8]]) {
+        let dst = typed_mut::<T>(dst);
+        reduce2_slice(dst, typed::<T>(srcs[0]), typed::<T>(srcs[1]), op);
+        for s in &srcs[2..] {
+            reduce_slice(dst, typed::<T>(s), op);
+        }
+    }
+    match srcs {
+        [] => {}
+        [one] => dst.copy_from_slice(one),
+        _ => match dtype {
+            DType::Float32 => go::<f32>(op, dst, srcs),
+            DType::Float64 => go::<f64>(op, dst, srcs),
+            DType::Int32 => go::<i32>(op, dst, srcs),
+            DType::Int64 => go::<i64>(op, dst, srcs),
+            _ => {}
+        },
+    }
 }
 
-impl WrappingArith for i32 {
-    fn wadd(self, b: i32) -> i32 {
-        self.wrapping_add(b)
-    }
-    fn wmul(self, b: i32) -> i32 {
-        self.wrapping_mul(b)
+/// The elements of one of the [`ReduceElem`] types that `b` holds.
+fn typed<T: ReduceElem>(b: &[u8]) -> &[T] {
+    assert!(
+        b.as_ptr() as usize % std::mem::align_of::<T>() == 0
+            && b.len() % std::mem::size_of::<T>() == 0
+    );
+    // SAFETY: aligned and a whole number of elements (checked); the element types are
+    // plain numbers, for which every bit pattern is a value.
+    unsafe { std::slice::from_raw_parts(b.as_ptr().cast(), b.len() / std::mem::size_of::<T>()) }
+}
+
+/// [`typed`], writable.
+fn typed_mut<T: ReduceElem>(b: &mut [u8]) -> &mut [T] {
+    assert!(
+        b.as_ptr() as usize % std::mem::align_of::<T>() == 0
+            && b.len() % std::mem::size_of::<T>() == 0
+    );
+    // SAFETY: as in `typed`; any value written is a valid element, and its bytes valid bytes.
+    unsafe {
+        std::slice::from_raw_parts_mut(b.as_mut_ptr().cast(), b.len() / std::mem::size_of::<T>())
     }
 }
 
-impl WrappingArith for i64 {
-    fn wadd(self, b: i64) -> i64 {
-        self.wrapping_add(b)
-    }
-    fn wmul(self, b: i64) -> i64 {
-        self.wrapping_mul(b)
-    }
+/// Member `k`'s range of `len` elements split among `n` members: `k * len / n ..
+/// (k + 1) * len / n` (contiguous, in member order, covering `0..len`; `n > 0`).
+pub fn member_range(len: usize, n: usize, k: usize) -> Range<usize> {
+    let at = |k: usize| (k as u128 * len as u128 / n.max(1) as u128) as usize;
+    at(k)..at(k + 1)
 }
 
 /// Makes `dst` equal to `src`, reusing `dst`'s storage when the element types agree.
@@ -421,5 +587,107 @@ mod tests {
             reduce_in_order(vec![i, j], ReduceOp::Min).data,
             Data::I64(vec![-7, -1])
         );
+    }
+
+    #[test]
+    fn member_ranges_partition() {
+        for len in [0, 1, 5, 16, 17] {
+            for parts in 1..6 {
+                let mut next = 0;
+                for k in 0..parts {
+                    let r = member_range(len, parts, k);
+                    assert_eq!(r.start, next);
+                    next = r.end;
+                }
+                assert_eq!(next, len);
+            }
+        }
+        assert_eq!(member_range(usize::MAX, 3, 2).end, usize::MAX);
+    }
+
+    #[test]
+    fn packed_parts_and_their_concatenation_are_inverse() {
+        let x: Vec<u32> = (0..24).collect();
+        for (shape, axis, n) in [([2, 4, 3], 1, 2), ([2, 4, 3], 0, 2), ([2, 4, 3], 2, 3)] {
+            let t =
+                Tensor::from_i64(shape.to_vec(), x.iter().map(|&v| v as i64).collect()).unwrap();
+            let packed = split_packed(&x, around(&shape, axis), n);
+            // Part k, contiguous, is part_axis's part k.
+            let block = x.len() / n;
+            for k in 0..n {
+                let part = part_axis(&t, axis, n, k);
+                let Data::I64(p) = &part.data else { panic!() };
+                let got: Vec<i64> = packed[k * block..(k + 1) * block]
+                    .iter()
+                    .map(|&v| v as i64)
+                    .collect();
+                assert_eq!(&got, p, "{shape:?} axis {axis} part {k}");
+            }
+            let mut part_shape = shape.to_vec();
+            part_shape[axis] /= n;
+            assert_eq!(concat_packed(&packed, around(&part_shape, axis), n), x);
+        }
+    }
+
+    #[test]
+    fn every_entry_point_reduces_alike() {
+        // Max propagates NaN, on either side.
+        let mut a = Data::F32(vec![1., 5., f32::NAN, 2.]);
+        reduce_data(
+            &mut a,
+            &Data::F32(vec![4., 2., 0., f32::NAN]),
+            ReduceOp::Max,
+        );
+        let Data::F32(v) = &a else { panic!() };
+        assert_eq!(&v[..2], &[4., 5.]);
+        assert!(v[2].is_nan() && v[3].is_nan());
+        // Ranges on both sides.
+        let mut acc = Data::F64(vec![1.0, 2.0]);
+        reduce_data_range(
+            &mut acc,
+            0,
+            &Data::F64(vec![9.0, 10.0, 20.0]),
+            1..3,
+            ReduceOp::Sum,
+        );
+        assert_eq!(acc, Data::F64(vec![11.0, 22.0]));
+        reduce_data_range(&mut acc, 1, &Data::F64(vec![3.0]), 0..1, ReduceOp::Prod);
+        assert_eq!(acc, Data::F64(vec![11.0, 66.0]));
+        // Integers wrap.
+        let mut i = Data::I32(vec![i32::MAX]);
+        reduce_data(&mut i, &Data::I32(vec![1]), ReduceOp::Sum);
+        assert_eq!(i, Data::I32(vec![i32::MIN]));
+        // Other dtypes are left alone.
+        let mut b = Data::Bool(vec![true]);
+        reduce_data(&mut b, &Data::Bool(vec![false]), ReduceOp::Min);
+        assert_eq!(b, Data::Bool(vec![true]));
+        // The byte entry point equals the typed ones, for one, two and three sources.
+        let xs: Vec<Vec<i64>> = (1..4)
+            .map(|m| (0..6).map(|e| e * m - 7).collect())
+            .collect();
+        let bytes = |v: &[i64]| -> Vec<u8> { v.iter().flat_map(|x| x.to_ne_bytes()).collect() };
+        for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min] {
+            for k in 1..=3 {
+                let mut want = xs[0].clone();
+                for x in &xs[1..k] {
+                    reduce_slice(&mut want, x, op);
+                }
+                let srcs: Vec<Vec<u8>> = xs[..k].iter().map(|x| bytes(x)).collect();
+                let refs: Vec<&[u8]> = srcs.iter().map(Vec::as_slice).collect();
+                let mut dst = Data::I64(vec![0; 6]);
+                let Data::I64(d) = &mut dst else { panic!() };
+                let mut out = vec![0u8; 48];
+                reduce_bytes(DType::Int64, op, &mut out, &refs);
+                for (e, c) in d.iter_mut().zip(out.chunks_exact(8)) {
+                    *e = i64::from_ne_bytes(c.try_into().unwrap());
+                }
+                assert_eq!(dst, Data::I64(want.clone()), "{op}, {k} sources");
+                if k == 2 {
+                    let mut two = vec![0i64; 6];
+                    reduce2_slice(&mut two, &xs[0], &xs[1], op);
+                    assert_eq!(two, want);
+                }
+            }
+        }
     }
 }

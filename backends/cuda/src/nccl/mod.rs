@@ -805,15 +805,7 @@ impl NcclComm {
         group: &[usize],
         reason: Option<String>,
     ) -> Result<(), CommError> {
-        match reason {
-            Some(reason) => Err(CommError::InvalidArgument {
-                collective,
-                group: group.to_vec(),
-                rank: self.rank,
-                reason,
-            }),
-            None => Ok(()),
-        }
+        arguments::invalid_if(collective, group, self.rank, reason)
     }
 
     /// Stages a collective whose result replaces its input (AllReduce, Broadcast).
@@ -862,7 +854,7 @@ impl Communicator for NcclComm {
         self.invalid_if(
             Collective::AllGather,
             group,
-            arguments::axis_out_of_range(&ty, axis, "axis"),
+            arguments::all_gather(&ty, axis),
         )?;
         ty.shape[axis] *= group.len();
         let call = CommCall::AllGather {
@@ -901,9 +893,7 @@ impl Communicator for NcclComm {
     ) -> Result<Tensor, CommError> {
         let mut ty = input.ty();
         let g = group.len().max(1);
-        let invalid = arguments::axis_out_of_range(&ty, split_dim, "split_dim")
-            .or_else(|| arguments::axis_out_of_range(&ty, concat_dim, "concat_dim"))
-            .or_else(|| arguments::not_divisible(&ty, split_dim, group.len(), "split_dim"));
+        let invalid = arguments::all_to_all(&ty, split_dim, concat_dim, group.len());
         self.invalid_if(Collective::AllToAll, group, invalid)?;
         ty.shape[split_dim] /= g;
         ty.shape[concat_dim] *= g;

@@ -2,7 +2,7 @@
 //! the same binary, at 4 KiB and 16 MiB (feature `mpi`):
 //!
 //! ```text
-//! cargo build --release -p shardc-backend-cpu --features mpi --example mpi_bench
+//! cargo build --release -p shardc-collectives --features mpi --example mpi_bench
 //! mpirun --allow-run-as-root --oversubscribe -n 2 target/release/examples/mpi_bench
 //! ```
 //!
@@ -10,7 +10,7 @@
 //! algorithm bandwidth (bytes / time) of the best batch.
 
 use mpi::ffi;
-use shardc_backend_cpu::collectives::mpi::MpiComm;
+use shardc_collectives::mpi::MpiComm;
 use shardc_ir::ReduceOp;
 use shardc_runtime::comm::Communicator;
 use shardc_runtime::tensor::Tensor;

@@ -9,9 +9,10 @@
 //! with their call's deadline. A connection that closes or breaks marks its peer dead, and
 //! every call waiting on a message from that peer fails at once.
 
+use super::handshake::{self, Hello, Side};
 use super::seal::{self, DataPlaneTls, OpenedReader, SealedWriter, Secret};
-use super::wire::{self, Body, Header, Hello, Kind, Side, WireError};
-use super::TcpSetup;
+use super::setup::TcpSetup;
+use crate::wire::{self, Body, Header, Kind, WireError};
 use shardc_ir::DType;
 use shardc_runtime::comm::{Collective, CommError};
 use shardc_runtime::tensor::Data;
@@ -172,13 +173,13 @@ fn accept_one(ctx: AcceptCtx, mut s: TcpStream, addr: SocketAddr) {
     let refuse = |s: &mut TcpStream, reason: &str| {
         log_refusal(ctx.rank, addr, reason);
         // Best effort: the connection is dropped either way.
-        let _ = wire::write_status(s, None, reason);
+        let _ = handshake::write_status(s, None, reason);
     };
     if let Err(e) = set_timeouts(&s, HANDSHAKE_TIMEOUT.min(ctx.timeout)) {
         log_refusal(ctx.rank, addr, &e.to_string());
         return;
     }
-    let hello = match wire::read_hello(&mut s) {
+    let hello = match handshake::read_hello(&mut s) {
         Ok(h) => h,
         Err(e) => {
             log_refusal(ctx.rank, addr, &format!("unreadable handshake: {e}"));
@@ -219,7 +220,7 @@ fn accept_one(ctx: AcceptCtx, mut s: TcpStream, addr: SocketAddr) {
         refuse(&mut s, &p);
         return;
     }
-    let nonce = match wire::nonce() {
+    let nonce = match handshake::nonce() {
         Ok(n) => n,
         Err(e) => {
             refuse(&mut s, &e.to_string());
@@ -227,7 +228,7 @@ fn accept_one(ctx: AcceptCtx, mut s: TcpStream, addr: SocketAddr) {
         }
     };
     let my_proof = match &ctx.token {
-        Some(t) => match wire::proof(t, Side::Acceptor, &hello, &nonce) {
+        Some(t) => match handshake::proof(t, Side::Acceptor, &hello, &nonce) {
             Some(p) => p,
             None => {
                 refuse(&mut s, "cannot compute the token proof");
@@ -236,10 +237,10 @@ fn accept_one(ctx: AcceptCtx, mut s: TcpStream, addr: SocketAddr) {
         },
         None => [0u8; 32],
     };
-    if wire::write_status(&mut s, Some((&nonce, &my_proof)), "").is_err() {
+    if handshake::write_status(&mut s, Some((&nonce, &my_proof)), "").is_err() {
         return;
     }
-    let their_proof = match wire::read_status(&mut s) {
+    let their_proof = match handshake::read_status(&mut s) {
         Ok(Ok((_, p))) => p,
         Ok(Err(reason)) => {
             log_refusal(
@@ -255,8 +256,8 @@ fn accept_one(ctx: AcceptCtx, mut s: TcpStream, addr: SocketAddr) {
         }
     };
     if let Some(t) = &ctx.token {
-        let expected = wire::proof(t, Side::Connector, &hello, &nonce);
-        if !wire::proof_ok(expected, &their_proof) {
+        let expected = handshake::proof(t, Side::Connector, &hello, &nonce);
+        if !handshake::proof_ok(expected, &their_proof) {
             refuse(
                 &mut s,
                 &format!("authentication failed: the peer claiming rank {from} does not hold the cluster token"),
@@ -276,7 +277,7 @@ fn accept_one(ctx: AcceptCtx, mut s: TcpStream, addr: SocketAddr) {
     let unclaim = || {
         ctx.claimed.lock().unwrap_or_else(|e| e.into_inner())[from] = false;
     };
-    if wire::write_status(&mut s, Some((&[0; 32], &[0; 32])), "").is_err() {
+    if handshake::write_status(&mut s, Some((&[0; 32], &[0; 32])), "").is_err() {
         unclaim();
         return;
     }
@@ -342,11 +343,11 @@ fn handshake_connector(
         size: setup.size as u32,
         has_token: setup.token.is_some(),
         tls: setup.tls.is_some(),
-        nonce: wire::nonce().map_err(|e| ConnectError::Refused(e.to_string()))?,
+        nonce: handshake::nonce().map_err(|e| ConnectError::Refused(e.to_string()))?,
         job_id: setup.job_id.clone(),
     };
-    wire::write_hello(&mut s, &hello).map_err(io)?;
-    let (their_nonce, their_proof) = match wire::read_status(&mut s).map_err(io)? {
+    handshake::write_hello(&mut s, &hello).map_err(io)?;
+    let (their_nonce, their_proof) = match handshake::read_status(&mut s).map_err(io)? {
         Ok(x) => x,
         Err(reason) => {
             return Err(ConnectError::Refused(format!(
@@ -356,20 +357,20 @@ fn handshake_connector(
     };
     let my_proof = match &setup.token {
         Some(t) => {
-            let expected = wire::proof(t, Side::Acceptor, &hello, &their_nonce);
-            if !wire::proof_ok(expected, &their_proof) {
-                let _ = wire::write_status(&mut s, None, "you do not hold the cluster token");
+            let expected = handshake::proof(t, Side::Acceptor, &hello, &their_nonce);
+            if !handshake::proof_ok(expected, &their_proof) {
+                let _ = handshake::write_status(&mut s, None, "you do not hold the cluster token");
                 return Err(ConnectError::Refused(format!(
                     "rank {to} ({addr}) failed to prove that it holds the cluster token"
                 )));
             }
-            wire::proof(t, Side::Connector, &hello, &their_nonce)
+            handshake::proof(t, Side::Connector, &hello, &their_nonce)
                 .ok_or_else(|| ConnectError::Refused("cannot compute the token proof".into()))?
         }
         None => [0u8; 32],
     };
-    wire::write_status(&mut s, Some((&[0; 32], &my_proof)), "").map_err(io)?;
-    if let Err(reason) = wire::read_status(&mut s).map_err(io)? {
+    handshake::write_status(&mut s, Some((&[0; 32], &my_proof)), "").map_err(io)?;
+    if let Err(reason) = handshake::read_status(&mut s).map_err(io)? {
         return Err(ConnectError::Refused(format!(
             "rank {to} ({addr}) refused the data connection: {reason}"
         )));
@@ -800,17 +801,7 @@ impl Mesh {
             self.cv.notify_all();
             return Ok(());
         }
-        let h = Header {
-            kind: Kind::PointToPoint,
-            key: tag as u64,
-            seq: 0,
-            step: 0,
-            collective: Collective::Send,
-            params: String::new(),
-            dtype,
-            shape: shape.to_vec(),
-            elems: data.len() as u64,
-        };
+        let h = Header::p2p(tag, dtype, shape, data.len());
         self.write(dest, &h, &wire::data_bytes(data, 0..data.len()))
     }
 

@@ -1,5 +1,8 @@
-//! The wire format of the TCP data plane: the connection handshake, message frames and the
-//! tensor payload codec (raw little-endian element bytes).
+//! The one encoding of the transports' messages: a call's header (collective, parameters,
+//! element type, shape, sequence number) and tensor elements, in frames. TCP sends them on
+//! its connections; MPI sends the same frames as its header and send/receive messages. Also
+//! here: the element-type and collective codes, the byte views of a tensor's buffer (shared
+//! memory copies and reduces them in place), and the hash that names a group.
 //!
 //! A frame is a fixed 40-byte header, the sender's tensor shape (`ndim` u64s), the call's
 //! parameters (UTF-8), and the payload:
@@ -9,23 +12,18 @@
 //! u64 key (group hash, or the tag for send/receive) | u64 seq | u32 step | u64 elems
 //! ```
 //!
-//! For data frames the payload is `elems` elements of `dtype`; for abort frames it is an
-//! encoded error of `elems` bytes.
+//! For data frames the payload is `elems` elements of `dtype` (little-endian, Bool as bytes
+//! 0 and 1); for abort frames it is an encoded error of `elems` bytes.
 
 use half::{bf16, f16};
-use hmac::{Hmac, Mac};
-use sha2::Sha256;
-use shardc_ir::DType;
+use shardc_ir::{DType, TensorType};
 use shardc_runtime::comm::Collective;
 use shardc_runtime::tensor::Data;
 use std::borrow::Cow;
 use std::io::{self, Read, Write};
 use std::ops::Range;
 use std::time::Duration;
-use subtle::ConstantTimeEq;
 
-/// Opens every handshake message.
-pub(super) const HELLO_MAGIC: [u8; 8] = *b"SHDCTCP1";
 /// Opens every frame.
 const FRAME_MAGIC: u32 = 0x5348_4446;
 /// The fixed part of a frame header.
@@ -34,10 +32,8 @@ const HEADER_LEN: usize = 40;
 const MAX_NDIM: usize = 64;
 /// The longest parameter string.
 const MAX_PARAMS: usize = 1024;
-/// The longest job id.
-pub(super) const MAX_JOB_ID: usize = 255;
-/// The longest refusal reason.
-const MAX_REASON: usize = 4096;
+/// The longest reason of an error (or of a refused connection) on the wire.
+pub(crate) const MAX_REASON: usize = 4096;
 /// The largest encoded error of an abort frame.
 const MAX_ABORT: u64 = 1 << 20;
 /// Payloads larger than this are allocated step by step as their bytes arrive, so that a
@@ -46,7 +42,7 @@ const ALLOC_STEP: usize = 1 << 30;
 
 /// The kind of a frame.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Kind {
+pub(crate) enum Kind {
     /// A piece of a collective call.
     Collective = 1,
     /// A send/receive message.
@@ -57,7 +53,7 @@ pub(super) enum Kind {
 
 /// The header of a frame.
 #[derive(Clone, Debug)]
-pub(super) struct Header {
+pub(crate) struct Header {
     pub kind: Kind,
     /// The group's hash (collectives) or the tag (send/receive).
     pub key: u64,
@@ -76,9 +72,39 @@ pub(super) struct Header {
     pub elems: u64,
 }
 
+impl Header {
+    /// The header of a send/receive message under `tag` carrying `elems` elements of a
+    /// tensor of `dtype` and `shape`.
+    pub fn p2p(tag: i64, dtype: DType, shape: &[usize], elems: usize) -> Header {
+        Header {
+            kind: Kind::PointToPoint,
+            key: tag as u64,
+            seq: 0,
+            step: 0,
+            collective: Collective::Send,
+            params: String::new(),
+            dtype,
+            shape: shape.to_vec(),
+            elems: elems as u64,
+        }
+    }
+
+    /// The call as its errors name it: `AllReduce(op=sum)`.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))] // MPI's header exchange
+    pub fn call(&self) -> String {
+        format!("{}({})", self.collective.name(), self.params)
+    }
+
+    /// The sender's tensor type.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))] // MPI's header exchange
+    pub fn ty(&self) -> TensorType {
+        TensorType::new(self.dtype, self.shape.clone())
+    }
+}
+
 /// An error a member reports to the others of its call (an abort frame's payload).
 #[derive(Clone, Debug, PartialEq)]
-pub(super) struct WireError {
+pub(crate) struct WireError {
     /// 0 invalid group, 1 invalid argument, 2 mismatch, 3 transport, 4 timeout.
     pub kind: u8,
     pub rank: usize,
@@ -89,80 +115,64 @@ pub(super) struct WireError {
 
 /// A received frame's body.
 #[derive(Debug)]
-pub(super) enum Body {
+pub(crate) enum Body {
     Data(Data),
     Error(WireError),
 }
 
-pub(super) fn collective_code(c: Collective) -> u8 {
-    match c {
-        Collective::AllReduce => 0,
-        Collective::AllGather => 1,
-        Collective::ReduceScatter => 2,
-        Collective::AllToAll => 3,
-        Collective::Broadcast => 4,
-        Collective::Send => 5,
-        Collective::Receive => 6,
-        Collective::Barrier => 7,
-    }
+/// Every collective, in the order of their codes.
+const COLLECTIVES: [Collective; 8] = [
+    Collective::AllReduce,
+    Collective::AllGather,
+    Collective::ReduceScatter,
+    Collective::AllToAll,
+    Collective::Broadcast,
+    Collective::Send,
+    Collective::Receive,
+    Collective::Barrier,
+];
+
+/// The wire code of a collective.
+pub(crate) fn collective_code(c: Collective) -> u8 {
+    COLLECTIVES.iter().position(|&x| x == c).unwrap_or(0) as u8
 }
 
+/// The collective of a wire code.
 fn collective_of(code: u8) -> Option<Collective> {
-    Some(match code {
-        0 => Collective::AllReduce,
-        1 => Collective::AllGather,
-        2 => Collective::ReduceScatter,
-        3 => Collective::AllToAll,
-        4 => Collective::Broadcast,
-        5 => Collective::Send,
-        6 => Collective::Receive,
-        7 => Collective::Barrier,
-        _ => return None,
-    })
+    COLLECTIVES.get(code as usize).copied()
 }
 
-fn dtype_code(d: DType) -> u8 {
-    match d {
-        DType::Float32 => 0,
-        DType::Float64 => 1,
-        DType::Float16 => 2,
-        DType::BFloat16 => 3,
-        DType::Int32 => 4,
-        DType::Int64 => 5,
-        DType::Bool => 6,
-    }
+/// The wire code of an element type: its position in [`DType::ALL`].
+pub(crate) fn dtype_code(d: DType) -> u8 {
+    DType::ALL.iter().position(|&x| x == d).unwrap_or(0) as u8
 }
 
+/// The element type of a wire code.
 fn dtype_of(code: u8) -> Option<DType> {
-    Some(match code {
-        0 => DType::Float32,
-        1 => DType::Float64,
-        2 => DType::Float16,
-        3 => DType::BFloat16,
-        4 => DType::Int32,
-        5 => DType::Int64,
-        6 => DType::Bool,
-        _ => return None,
-    })
+    DType::ALL.get(code as usize).copied()
 }
 
-/// Bytes per element on the wire.
-pub(super) fn elem_size(d: DType) -> usize {
-    match d {
-        DType::Float32 | DType::Int32 => 4,
-        DType::Float64 | DType::Int64 => 8,
-        DType::Float16 | DType::BFloat16 => 2,
-        DType::Bool => 1,
+/// FNV-1a of the group's ranks (as little-endian u64s): the group's key on the wire, and
+/// the seed of the tags that name a group's calls elsewhere (shared memory, MPI).
+pub(crate) fn group_hash(group: &[usize]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &r in group {
+        for b in (r as u64).to_le_bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
     }
+    h
 }
 
-fn bad(msg: String) -> io::Error {
+/// An `InvalidData` error.
+pub(crate) fn bad(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg)
 }
 
 /// Writes one frame: header, shape, parameters, then `payload`. Small frames go out in one
 /// write (one segment with `TCP_NODELAY`).
-pub(super) fn write_frame(w: &mut impl Write, h: &Header, payload: &[u8]) -> io::Result<()> {
+pub(crate) fn write_frame(w: &mut impl Write, h: &Header, payload: &[u8]) -> io::Result<()> {
     let params = h.params.as_bytes();
     let mut buf = Vec::with_capacity(HEADER_LEN + 8 * h.shape.len() + params.len() + 256);
     buf.extend_from_slice(&FRAME_MAGIC.to_le_bytes());
@@ -191,7 +201,7 @@ pub(super) fn write_frame(w: &mut impl Write, h: &Header, payload: &[u8]) -> io:
 
 /// Fills `head` from `r`: `Ok(false)` when the stream ended before its first byte (a clean
 /// close between units), an `UnexpectedEof` naming `unit` when it ended inside.
-pub(super) fn read_head(r: &mut impl Read, head: &mut [u8], unit: &str) -> io::Result<bool> {
+pub(crate) fn read_head(r: &mut impl Read, head: &mut [u8], unit: &str) -> io::Result<bool> {
     let mut got = 0;
     while got < head.len() {
         match r.read(&mut head[got..]) {
@@ -211,7 +221,7 @@ pub(super) fn read_head(r: &mut impl Read, head: &mut [u8], unit: &str) -> io::R
 }
 
 /// Reads one frame. `Ok(None)`: the peer closed the connection between frames.
-pub(super) fn read_frame(r: &mut impl Read) -> io::Result<Option<(Header, Body)>> {
+pub(crate) fn read_frame(r: &mut impl Read) -> io::Result<Option<(Header, Body)>> {
     let mut fixed = [0u8; HEADER_LEN];
     if !read_head(r, &mut fixed, "a frame")? {
         return Ok(None);
@@ -283,7 +293,7 @@ pub(super) fn read_frame(r: &mut impl Read) -> io::Result<Option<(Header, Body)>
     } else {
         let n = usize::try_from(elems)
             .ok()
-            .filter(|n| n.checked_mul(elem_size(dtype)).is_some())
+            .filter(|n| n.checked_mul(dtype.size_bytes()).is_some())
             .ok_or_else(|| bad(format!("payload of {elems} elements is too large")))?;
         Body::Data(read_data(r, dtype, n)?)
     };
@@ -291,7 +301,7 @@ pub(super) fn read_frame(r: &mut impl Read) -> io::Result<Option<(Header, Body)>
 }
 
 /// Encodes an abort frame's payload.
-pub(super) fn encode_error(e: &WireError) -> Vec<u8> {
+pub(crate) fn encode_error(e: &WireError) -> Vec<u8> {
     let reason = &e.reason.as_bytes()[..e.reason.len().min(MAX_REASON)];
     let mut b = Vec::with_capacity(32 + reason.len() + 8 * e.missing.len());
     b.push(e.kind);
@@ -382,19 +392,13 @@ elem!(bf16, 2, |x: bf16| x.to_bits().to_le_bytes(), |a| {
     bf16::from_bits(u16::from_le_bytes(a))
 });
 
-fn view<T: Elem>(v: &[T]) -> Cow<'_, [u8]> {
-    if cfg!(target_endian = "little") {
-        // SAFETY: `Elem`'s contract: plain data whose memory is its little-endian encoding.
-        Cow::Borrowed(unsafe {
-            std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v))
-        })
-    } else {
-        let mut out = Vec::with_capacity(v.len() * T::SIZE);
-        for &x in v {
-            x.put(&mut out);
-        }
-        Cow::Owned(out)
+/// The little-endian bytes of `v` on a big-endian target.
+fn to_le<T: Elem>(v: &[T]) -> Cow<'_, [u8]> {
+    let mut out = Vec::with_capacity(v.len() * T::SIZE);
+    for &x in v {
+        x.put(&mut out);
     }
+    Cow::Owned(out)
 }
 
 fn read_into<T: Elem>(r: &mut impl Read, v: &mut [T]) -> io::Result<()> {
@@ -435,7 +439,7 @@ fn read_vec<T: Elem>(r: &mut impl Read, n: usize) -> io::Result<Vec<T>> {
 }
 
 /// Reads `n` elements of `dtype`.
-pub(super) fn read_data(r: &mut impl Read, dtype: DType, n: usize) -> io::Result<Data> {
+pub(crate) fn read_data(r: &mut impl Read, dtype: DType, n: usize) -> io::Result<Data> {
     Ok(match dtype {
         DType::Float32 => Data::F32(read_vec(r, n)?),
         DType::Float64 => Data::F64(read_vec(r, n)?),
@@ -465,160 +469,83 @@ pub(super) fn read_data(r: &mut impl Read, dtype: DType, n: usize) -> io::Result
     })
 }
 
-/// The bytes of elements `range` of `d` (borrowed on little-endian targets).
-pub(super) fn data_bytes(d: &Data, range: Range<usize>) -> Cow<'_, [u8]> {
+/// The bytes of elements `range` of `d` on the wire: little-endian, Bool as 0 and 1
+/// (borrowed on little-endian targets).
+pub(crate) fn data_bytes(d: &Data, range: Range<usize>) -> Cow<'_, [u8]> {
+    if cfg!(target_endian = "little") {
+        let es = d.dtype().size_bytes();
+        return Cow::Borrowed(&native_bytes(d)[range.start * es..range.end * es]);
+    }
     match d {
-        Data::F32(v) => view(&v[range]),
-        Data::F64(v) => view(&v[range]),
-        Data::F16(v) => view(&v[range]),
-        Data::BF16(v) => view(&v[range]),
-        Data::I32(v) => view(&v[range]),
-        Data::I64(v) => view(&v[range]),
+        Data::F32(v) => to_le(&v[range]),
+        Data::F64(v) => to_le(&v[range]),
+        Data::F16(v) => to_le(&v[range]),
+        Data::BF16(v) => to_le(&v[range]),
+        Data::I32(v) => to_le(&v[range]),
+        Data::I64(v) => to_le(&v[range]),
         Data::Bool(v) => Cow::Owned(v[range].iter().map(|&b| b as u8).collect()),
     }
 }
 
-/// The first handshake message, from the connecting (higher) rank.
-#[derive(Clone, Debug)]
-pub(super) struct Hello {
-    pub from: u32,
-    pub to: u32,
-    pub size: u32,
-    pub has_token: bool,
-    /// The connection continues with TLS and sealed records ([`super::seal`]).
-    pub tls: bool,
-    pub nonce: [u8; 32],
-    pub job_id: String,
-}
-
-pub(super) fn write_hello(w: &mut impl Write, h: &Hello) -> io::Result<()> {
-    let job = &h.job_id.as_bytes()[..h.job_id.len().min(MAX_JOB_ID)];
-    let mut b = Vec::with_capacity(64 + job.len());
-    b.extend_from_slice(&HELLO_MAGIC);
-    b.extend_from_slice(&h.from.to_le_bytes());
-    b.extend_from_slice(&h.to.to_le_bytes());
-    b.extend_from_slice(&h.size.to_le_bytes());
-    b.push(h.has_token as u8 | (h.tls as u8) << 1);
-    b.extend_from_slice(&h.nonce);
-    b.push(job.len() as u8);
-    b.extend_from_slice(job);
-    w.write_all(&b)
-}
-
-/// Reads a [`Hello`]; an `InvalidData` error when it is not one.
-pub(super) fn read_hello(r: &mut impl Read) -> io::Result<Hello> {
-    let mut b = [0u8; 8 + 12 + 1 + 32 + 1];
-    r.read_exact(&mut b)?;
-    if b[..8] != HELLO_MAGIC {
-        return Err(bad("not a shardc data connection (bad magic)".into()));
+/// The bytes of a buffer in memory (native byte order; a Bool is the byte 0 or 1).
+pub(crate) fn native_bytes(d: &Data) -> &[u8] {
+    fn cast<T>(v: &[T]) -> &[u8] {
+        // SAFETY: the element types are plain numbers (and bool) without padding; the byte
+        // view covers the same memory, and any byte may be read.
+        unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), std::mem::size_of_val(v)) }
     }
-    let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
-    let mut nonce = [0u8; 32];
-    nonce.copy_from_slice(&b[21..53]);
-    let mut job = vec![0u8; b[53] as usize];
-    r.read_exact(&mut job)?;
-    Ok(Hello {
-        from: u32_at(8),
-        to: u32_at(12),
-        size: u32_at(16),
-        has_token: b[20] & 1 != 0,
-        tls: b[20] & 2 != 0,
-        nonce,
-        job_id: String::from_utf8_lossy(&job).into_owned(),
-    })
-}
-
-/// Writes a status: accepted (with a 32-byte nonce and a 32-byte proof), or refused with a
-/// reason.
-pub(super) fn write_status(
-    w: &mut impl Write,
-    accepted: Option<(&[u8; 32], &[u8; 32])>,
-    refusal: &str,
-) -> io::Result<()> {
-    let mut b = Vec::with_capacity(80);
-    b.extend_from_slice(&HELLO_MAGIC);
-    match accepted {
-        Some((nonce, proof)) => {
-            b.push(0);
-            b.extend_from_slice(nonce);
-            b.extend_from_slice(proof);
-        }
-        None => {
-            let r = &refusal.as_bytes()[..refusal.len().min(MAX_REASON)];
-            b.push(1);
-            b.extend_from_slice(&(r.len() as u16).to_le_bytes());
-            b.extend_from_slice(r);
-        }
-    }
-    w.write_all(&b)
-}
-
-/// Reads a status: `Ok(Ok((nonce, proof)))` when accepted, `Ok(Err(reason))` when refused.
-#[allow(clippy::type_complexity)]
-pub(super) fn read_status(r: &mut impl Read) -> io::Result<Result<([u8; 32], [u8; 32]), String>> {
-    let mut b = [0u8; 9];
-    r.read_exact(&mut b)?;
-    if b[..8] != HELLO_MAGIC {
-        return Err(bad("not a shardc data connection (bad magic)".into()));
-    }
-    if b[8] == 0 {
-        let mut nonce = [0u8; 32];
-        let mut proof = [0u8; 32];
-        r.read_exact(&mut nonce)?;
-        r.read_exact(&mut proof)?;
-        Ok(Ok((nonce, proof)))
-    } else {
-        let mut l = [0u8; 2];
-        r.read_exact(&mut l)?;
-        let mut reason = vec![0u8; u16::from_le_bytes(l) as usize];
-        r.read_exact(&mut reason)?;
-        Ok(Err(String::from_utf8_lossy(&reason).into_owned()))
+    match d {
+        Data::F32(v) => cast(v),
+        Data::F64(v) => cast(v),
+        Data::F16(v) => cast(v),
+        Data::BF16(v) => cast(v),
+        Data::I32(v) => cast(v),
+        Data::I64(v) => cast(v),
+        Data::Bool(v) => cast(v),
     }
 }
 
-/// Who computes a proof: the two sides use different labels so that one side's proof is
-/// never valid for the other.
-#[derive(Clone, Copy)]
-pub(super) enum Side {
-    Acceptor,
-    Connector,
-}
-
-/// HMAC-SHA256 under the token over the connection's identity and both nonces.
-pub(super) fn proof(
-    token: &[u8],
-    side: Side,
-    hello: &Hello,
-    acceptor_nonce: &[u8; 32],
-) -> Option<[u8; 32]> {
-    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(token).ok()?;
-    mac.update(match side {
-        Side::Acceptor => b"shardc-tcp acceptor",
-        Side::Connector => b"shardc-tcp connector",
-    });
-    mac.update(&(hello.job_id.len() as u32).to_le_bytes());
-    mac.update(hello.job_id.as_bytes());
-    mac.update(&hello.from.to_le_bytes());
-    mac.update(&hello.to.to_le_bytes());
-    mac.update(&hello.size.to_le_bytes());
-    mac.update(&hello.nonce);
-    mac.update(acceptor_nonce);
-    Some(mac.finalize().into_bytes().into())
-}
-
-/// Whether `got` is the expected proof (constant time).
-pub(super) fn proof_ok(expected: Option<[u8; 32]>, got: &[u8; 32]) -> bool {
-    match expected {
-        Some(e) => bool::from(e.ct_eq(got)),
-        None => false,
+/// The bytes of a buffer in memory, writable. Only the bytes of elements of the same type
+/// (from a member's tensor of the same dtype) are ever written into them, so that a Bool
+/// stays 0 or 1.
+pub(crate) fn native_bytes_mut(d: &mut Data) -> &mut [u8] {
+    fn cast<T>(v: &mut [T]) -> &mut [u8] {
+        // SAFETY: as in `native_bytes`; writers only store valid element bytes.
+        unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast(), std::mem::size_of_val(v)) }
+    }
+    match d {
+        Data::F32(v) => cast(v),
+        Data::F64(v) => cast(v),
+        Data::F16(v) => cast(v),
+        Data::BF16(v) => cast(v),
+        Data::I32(v) => cast(v),
+        Data::I64(v) => cast(v),
+        Data::Bool(v) => cast(v),
     }
 }
 
-/// A fresh random nonce.
-pub(super) fn nonce() -> io::Result<[u8; 32]> {
-    let mut n = [0u8; 32];
-    getrandom::fill(&mut n).map_err(|e| io::Error::other(format!("no randomness: {e}")))?;
-    Ok(n)
+/// A data frame as one message: its header and elements `range` of `data` (MPI sends
+/// frames this way).
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+pub(crate) fn encode_frame(h: &Header, data: &Data, range: Range<usize>) -> Vec<u8> {
+    let mut m = Vec::new();
+    let payload = data_bytes(data, range);
+    // Writing into a vector cannot fail.
+    let _ = write_frame(&mut m, h, &payload);
+    m
+}
+
+/// The one data frame a message holds (see [`encode_frame`]): its header and elements.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+pub(crate) fn decode_frame(m: &[u8]) -> Result<(Header, Data), String> {
+    let mut r = m;
+    match read_frame(&mut r) {
+        Ok(Some((h, Body::Data(d)))) if r.is_empty() => Ok((h, d)),
+        Ok(Some((_, Body::Data(_)))) => Err(format!("{} trailing bytes", r.len())),
+        Ok(Some((_, Body::Error(_)))) => Err("an abort frame where data was expected".into()),
+        Ok(None) => Err("an empty message".into()),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 #[cfg(test)]
@@ -641,6 +568,15 @@ mod tests {
         let data = Data::F32(vec![1.5, -2.0, 3.25]);
         let mut buf = Vec::new();
         write_frame(&mut buf, &h, &data_bytes(&data, 0..3)).unwrap();
+        assert_eq!(buf, encode_frame(&h, &data, 0..3));
+        let (d, back) = decode_frame(&buf).unwrap();
+        assert_eq!(
+            (d.call(), back),
+            ("ReduceScatter(op=sum, axis=1)".to_string(), data.clone())
+        );
+        buf.push(0);
+        assert!(decode_frame(&buf).is_err_and(|e| e.contains("1 trailing bytes")));
+        buf.pop();
         let (g, body) = read_frame(&mut buf.as_slice()).unwrap().unwrap();
         assert_eq!((g.key, g.seq, g.step, g.elems), (77, 3, 9, 3));
         assert_eq!(g.params, h.params);
@@ -669,6 +605,18 @@ mod tests {
             assert_eq!(data_bytes(&back, 0..back.len()), bytes);
         }
         assert!(read_data(&mut &[2u8][..], DType::Bool, 1).is_err());
+        // The codes are the order of DType::ALL and of the collectives.
+        for (i, &d) in DType::ALL.iter().enumerate() {
+            assert_eq!((dtype_code(d), dtype_of(i as u8)), (i as u8, Some(d)));
+        }
+        assert_eq!(dtype_of(7), None);
+        for (i, &c) in COLLECTIVES.iter().enumerate() {
+            assert_eq!(
+                (collective_code(c), collective_of(i as u8)),
+                (i as u8, Some(c))
+            );
+        }
+        assert_eq!(collective_of(8), None);
     }
 
     #[test]
@@ -696,24 +644,5 @@ mod tests {
         };
         assert_eq!(decode_error(&encode_error(&e)), Some(e));
         assert_eq!(decode_error(&[4, 1]), None);
-    }
-
-    #[test]
-    fn proofs_depend_on_the_token() {
-        let hello = Hello {
-            from: 1,
-            to: 0,
-            size: 2,
-            has_token: true,
-            tls: false,
-            nonce: [1; 32],
-            job_id: "job".into(),
-        };
-        let a = proof(b"secret", Side::Acceptor, &hello, &[2; 32]);
-        assert!(proof_ok(a, &a.unwrap()));
-        let b = proof(b"Secret", Side::Acceptor, &hello, &[2; 32]).unwrap();
-        assert!(!proof_ok(a, &b));
-        let c = proof(b"secret", Side::Connector, &hello, &[2; 32]).unwrap();
-        assert!(!proof_ok(a, &c));
     }
 }

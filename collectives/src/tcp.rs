@@ -37,22 +37,25 @@
 //! closed`). A member whose call fails for a reason the others cannot see (its peer's
 //! connection closed, a timeout) sends the error to the other members, which fail with it.
 
+mod handshake;
 mod mesh;
-mod ops;
 mod seal;
-mod wire;
+mod setup;
 
 pub use seal::{DataPlaneTls, EXPORTER_LABEL, MAX_RECORD, RECORDS_PER_KEY};
+pub use setup::TcpSetup;
 
+use crate::wire::group_hash;
 use mesh::{Call, Mesh, Msg};
-use ops::{
-    chunk, concat_axis, part_axis, reduce_at, reduce_from, reduce_into, reducible, write_range,
-};
 use shardc_ir::{ReduceOp, TensorType};
-use shardc_runtime::comm::{arguments, check_group, Collective, CommError, Communicator};
+use shardc_runtime::comm::arguments::{self, check_peer, invalid_if};
+use shardc_runtime::comm::tensor_ops::{
+    concat_axis, member_range, part_axis, reduce_data, reduce_data_range, reducible,
+    write_data_range,
+};
+use shardc_runtime::comm::{check_group, Collective, CommError, Communicator};
 use shardc_runtime::tensor::{Data, Tensor};
 use std::collections::HashMap;
-use std::net::{SocketAddr, TcpListener};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -66,31 +69,6 @@ pub const SEGMENT_BYTES: usize = 512 * 1024;
 
 /// Phase-two (all-gather) messages of the large AllReduce have this bit set in their step.
 const PHASE2: u32 = 1 << 31;
-
-/// Everything a rank needs to join the TCP data plane.
-#[derive(Debug)]
-pub struct TcpSetup {
-    /// This rank, in `0..size`.
-    pub rank: usize,
-    /// The number of ranks in the world.
-    pub size: usize,
-    /// The job's id, the same on every rank (at most 255 bytes): connections of other jobs
-    /// are refused.
-    pub job_id: String,
-    /// Every rank's data-plane address (its listener's), indexed by rank (this rank's own
-    /// entry is not used).
-    pub peers: Vec<SocketAddr>,
-    /// This rank's listener, bound to the address advertised as `peers[rank]`. It is closed
-    /// once every higher rank has connected.
-    pub listener: TcpListener,
-    /// When set, peers must prove they hold this token (HMAC-SHA256 challenge-response).
-    pub token: Option<Vec<u8>>,
-    /// When set, every connection runs a TLS handshake with these certificates and its
-    /// messages travel in sealed records ([`DataPlaneTls`]); every rank must agree.
-    pub tls: Option<DataPlaneTls>,
-    /// How long setup and every call wait for the other ranks.
-    pub timeout: Duration,
-}
 
 /// One rank's communicator over TCP (see the module doc). Dropping it closes its
 /// connections: its peers' calls waiting on it fail with [`CommError::Transport`].
@@ -130,18 +108,6 @@ impl From<CommError> for Failure {
     }
 }
 
-/// FNV-1a of the group's ranks: the group's key on the wire.
-fn group_hash(group: &[usize]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &r in group {
-        for b in (r as u64).to_le_bytes() {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    h
-}
-
 impl TcpComm {
     /// Connects to every other rank (see the module doc) and returns when the full mesh is
     /// up. Errors: [`CommError::InvalidArgument`] for an inconsistent setup,
@@ -172,11 +138,11 @@ impl TcpComm {
                 setup.size
             )));
         }
-        if setup.job_id.len() > wire::MAX_JOB_ID {
+        if setup.job_id.len() > handshake::MAX_JOB_ID {
             return Err(invalid(format!(
                 "the job id is {} bytes long (at most {})",
                 setup.job_id.len(),
-                wire::MAX_JOB_ID
+                handshake::MAX_JOB_ID
             )));
         }
         let mesh = Mesh::connect(setup)?;
@@ -328,7 +294,7 @@ impl TcpComm {
             let Some(x) = x else { continue };
             match acc.as_mut() {
                 None => acc = Some(x),
-                Some(a) => reduce_into(a, &x, op),
+                Some(a) => reduce_data(a, &x, op),
             }
         }
         acc.unwrap_or(Data::F32(Vec::new()))
@@ -351,7 +317,7 @@ impl TcpComm {
         let msgs = self.mesh.wait(call, &others, 0)?;
         let types = self.types(call, me, &msgs);
         self.same_types(call, &types).map_err(Failure::Shared)?;
-        check_reducible(call, self.mesh.rank, &types[0]).map_err(Failure::Shared)?;
+        invalid(call, self.mesh.rank, arguments::all_reduce(&types[0])).map_err(Failure::Shared)?;
         for (m, &p) in msgs.iter().zip(&others) {
             self.check_len(call, p, m, len)?;
         }
@@ -370,14 +336,14 @@ impl TcpComm {
         let n = call.group.len();
         let others = self.others(call.group);
         let len = tensor.len();
-        let seg = (SEGMENT_BYTES / wire::elem_size(tensor.dtype())).max(1);
+        let seg = (SEGMENT_BYTES / tensor.dtype().size_bytes()).max(1);
         // Segment `k` of member `j`'s chunk, and the number of segments (at least one).
         let segment = |j: usize, k: usize| {
-            let c = chunk(len, n, j);
+            let c = member_range(len, n, j);
             let start = (c.start + k * seg).min(c.end);
             start..(start + seg).min(c.end)
         };
-        let segments = |j: usize| chunk(len, n, j).len().div_ceil(seg).max(1);
+        let segments = |j: usize| member_range(len, n, j).len().div_ceil(seg).max(1);
         // Phase one: every member's chunk `j` to member `j`.
         for off in 1..n {
             let j = (me + off) % n;
@@ -402,17 +368,18 @@ impl TcpComm {
             let mut it = msgs.into_iter().map(|m| m.data);
             if me == 0 {
                 for x in it {
-                    reduce_at(&mut tensor.data, r.start, &x, op);
+                    let all = 0..x.len();
+                    reduce_data_range(&mut tensor.data, r.start, &x, all, op);
                 }
             } else if let Some(mut acc) = it.next() {
                 for m in 1..n {
                     if m == me {
-                        reduce_from(&mut acc, &tensor.data, r.start, op);
+                        reduce_data_range(&mut acc, 0, &tensor.data, r.clone(), op);
                     } else if let Some(x) = it.next() {
-                        reduce_into(&mut acc, &x, op);
+                        reduce_data(&mut acc, &x, op);
                     }
                 }
-                write_range(&mut tensor.data, r.start, &acc);
+                write_data_range(&mut tensor.data, r.start, &acc);
             }
             for &p in &others {
                 self.mesh
@@ -430,57 +397,16 @@ impl TcpComm {
                     Failure::Own(self.transport(call, format!("no message from rank {src}")))
                 })?;
                 self.check_len(call, src, &m, r.len())?;
-                write_range(&mut tensor.data, r.start, &m.data);
+                write_data_range(&mut tensor.data, r.start, &m.data);
             }
         }
         Ok(())
     }
 }
 
-fn check_reducible(call: &Call, rank: usize, t: &TensorType) -> Result<(), CommError> {
-    invalid_if(call, rank, arguments::not_reducible(t))
-}
-
-fn check_axis(
-    call: &Call,
-    rank: usize,
-    t: &TensorType,
-    axis: usize,
-    what: &str,
-) -> Result<(), CommError> {
-    invalid_if(call, rank, arguments::axis_out_of_range(t, axis, what))
-}
-
-fn check_divides(
-    call: &Call,
-    rank: usize,
-    t: &TensorType,
-    axis: usize,
-    what: &str,
-) -> Result<(), CommError> {
-    invalid_if(
-        call,
-        rank,
-        arguments::not_divisible(t, axis, call.group.len(), what),
-    )
-}
-
-/// `InvalidArgument` with `reason`, if there is one.
-fn invalid_if(call: &Call, rank: usize, reason: Option<String>) -> Result<(), CommError> {
-    match reason {
-        None => Ok(()),
-        Some(reason) => Err(CommError::InvalidArgument {
-            collective: call.collective,
-            group: call.group.to_vec(),
-            rank,
-            reason,
-        }),
-    }
-}
-
-/// Whether `axis` is in range and divisible by `n` for `shape`.
-fn splittable(shape: &[usize], axis: usize, n: usize) -> bool {
-    axis < shape.len() && shape[axis] % n == 0
+/// `InvalidArgument` of the call with `reason`, if there is one.
+fn invalid(call: &Call, rank: usize, reason: Option<String>) -> Result<(), CommError> {
+    invalid_if(call.collective, call.group, rank, reason)
 }
 
 impl Communicator for TcpComm {
@@ -502,9 +428,10 @@ impl Communicator for TcpComm {
         let rank = self.mesh.rank;
         self.run(&call, || {
             if group.len() == 1 {
-                return check_reducible(&call, rank, &tensor.ty()).map_err(Failure::Shared);
+                return invalid(&call, rank, arguments::all_reduce(&tensor.ty()))
+                    .map_err(Failure::Shared);
             }
-            let bytes = tensor.len() * wire::elem_size(tensor.dtype());
+            let bytes = tensor.len() * tensor.dtype().size_bytes();
             if bytes <= SMALL_ALL_REDUCE_BYTES || !reducible(tensor.dtype()) {
                 self.all_reduce_direct(&call, me, op, tensor)
             } else {
@@ -529,7 +456,8 @@ impl Communicator for TcpComm {
             let msgs = self.mesh.wait(&call, &others, 0)?;
             let types = self.types(&call, me, &msgs);
             self.same_types(&call, &types).map_err(Failure::Shared)?;
-            check_axis(&call, rank, &types[0], axis, "axis").map_err(Failure::Shared)?;
+            invalid(&call, rank, arguments::all_gather(&types[0], axis))
+                .map_err(Failure::Shared)?;
             for (m, &p) in msgs.iter().zip(&others) {
                 self.check_len(&call, p, m, input.len())?;
             }
@@ -562,7 +490,9 @@ impl Communicator for TcpComm {
         let rank = self.mesh.rank;
         let n = group.len();
         self.run(&call, || {
-            let ok = reducible(input.dtype()) && splittable(&input.shape, axis, n);
+            // A member whose own input is unusable sends nothing; every member then reports
+            // the error from the types the messages carry.
+            let ok = arguments::reduce_scatter(&input.ty(), axis, n).is_none();
             for (j, &p) in group.iter().enumerate() {
                 if p == rank {
                     continue;
@@ -578,10 +508,7 @@ impl Communicator for TcpComm {
             let msgs = self.mesh.wait(&call, &others, 0)?;
             let types = self.types(&call, me, &msgs);
             self.same_types(&call, &types).map_err(Failure::Shared)?;
-            let t0 = &types[0];
-            check_reducible(&call, rank, t0)
-                .and_then(|_| check_axis(&call, rank, t0, axis, "axis"))
-                .and_then(|_| check_divides(&call, rank, t0, axis, "axis"))
+            invalid(&call, rank, arguments::reduce_scatter(&types[0], axis, n))
                 .map_err(Failure::Shared)?;
             let own = part_axis(input, axis, n, me);
             for (m, &p) in msgs.iter().zip(&others) {
@@ -611,7 +538,7 @@ impl Communicator for TcpComm {
         let rank = self.mesh.rank;
         let n = group.len();
         self.run(&call, || {
-            let ok = splittable(&input.shape, split_dim, n) && concat_dim < input.shape.len();
+            let ok = arguments::all_to_all(&input.ty(), split_dim, concat_dim, n).is_none();
             for (j, &p) in group.iter().enumerate() {
                 if p == rank {
                     continue;
@@ -627,11 +554,8 @@ impl Communicator for TcpComm {
             let msgs = self.mesh.wait(&call, &others, 0)?;
             let types = self.types(&call, me, &msgs);
             self.same_types(&call, &types).map_err(Failure::Shared)?;
-            let t0 = &types[0];
-            check_axis(&call, rank, t0, split_dim, "split_dim")
-                .and_then(|_| check_axis(&call, rank, t0, concat_dim, "concat_dim"))
-                .and_then(|_| check_divides(&call, rank, t0, split_dim, "split_dim"))
-                .map_err(Failure::Shared)?;
+            let reason = arguments::all_to_all(&types[0], split_dim, concat_dim, n);
+            invalid(&call, rank, reason).map_err(Failure::Shared)?;
             let own = part_axis(input, split_dim, n, me);
             for (m, &p) in msgs.iter().zip(&others) {
                 self.check_len(&call, p, m, own.len())?;
@@ -659,12 +583,7 @@ impl Communicator for TcpComm {
         let rank = self.mesh.rank;
         if let Some(reason) = arguments::root_outside(group, root) {
             check_group(c, group, rank, self.mesh.size)?;
-            return Err(CommError::InvalidArgument {
-                collective: c,
-                group: group.to_vec(),
-                rank,
-                reason,
-            });
+            return invalid_if(c, group, rank, Some(reason));
         }
         let (call, me) = self.begin(c, group, format!("root={root}"), tensor)?;
         self.run(&call, || {
@@ -708,7 +627,7 @@ impl Communicator for TcpComm {
 
     fn send(&self, dest: usize, tag: i64, tensor: &Tensor) -> Result<(), CommError> {
         let c = Collective::Send;
-        self.check_peer(c, dest)?;
+        check_peer(c, self.mesh.rank, self.mesh.size, dest)?;
         self.mesh
             .send_p2p(dest, tag, tensor.dtype(), &tensor.shape, &tensor.data)
             .map_err(|reason| CommError::Transport {
@@ -721,7 +640,7 @@ impl Communicator for TcpComm {
 
     fn recv(&self, src: usize, tag: i64, ty: &TensorType) -> Result<Tensor, CommError> {
         let c = Collective::Receive;
-        self.check_peer(c, src)?;
+        check_peer(c, self.mesh.rank, self.mesh.size, src)?;
         let rank = self.mesh.rank;
         let group = vec![src, rank];
         let deadline = Instant::now() + self.mesh.timeout;
@@ -783,29 +702,6 @@ impl Communicator for TcpComm {
             }
             self.mesh.wait(&call, &others, 0)?;
             Ok(())
-        })
-    }
-}
-
-impl TcpComm {
-    /// The world's rank check for a peer of a point-to-point call.
-    fn check_peer(&self, collective: Collective, peer: usize) -> Result<(), CommError> {
-        if peer < self.mesh.size {
-            return Ok(());
-        }
-        let rank = self.mesh.rank;
-        let group = match collective {
-            Collective::Send => vec![rank, peer],
-            _ => vec![peer, rank],
-        };
-        Err(CommError::InvalidGroup {
-            collective,
-            group,
-            rank,
-            reason: format!(
-                "rank {peer} is outside the world of {} ranks",
-                self.mesh.size
-            ),
         })
     }
 }

@@ -32,10 +32,13 @@
 //! the results. ReduceScatter and AllToAll use the same pieces; AllGather and Broadcast
 //! stream the tensor in box-sized rounds.
 
-use super::futex::{signal, wait_until, WaitPolicy};
+use crate::futex::{signal, wait_until, WaitPolicy};
+use crate::wire::{group_hash, native_bytes as bytes, native_bytes_mut as bytes_mut};
 use rustc_hash::FxHashMap;
 use shardc_ir::{DType, ReduceOp};
-use shardc_runtime::comm::{arguments, check_group, Collective, CommError, Communicator};
+use shardc_runtime::comm::arguments::{self, invalid, invalid_if};
+use shardc_runtime::comm::tensor_ops::{around, reduce_bytes, reducible, split_packed};
+use shardc_runtime::comm::{check_group, Collective, CommError, Communicator};
 use shardc_runtime::comm::{CoreMoves, NO_CPU};
 use shardc_runtime::{Data, Tensor};
 use std::fs::OpenOptions;
@@ -676,15 +679,6 @@ impl ShmComm {
         }
         Ok(call)
     }
-
-    fn invalid(&self, collective: Collective, group: &[usize], reason: String) -> CommError {
-        CommError::InvalidArgument {
-            collective,
-            group: group.to_vec(),
-            rank: self.rank,
-            reason,
-        }
-    }
 }
 
 /// The parameters of a call, as its description shows them.
@@ -801,12 +795,6 @@ fn mix(mut x: u64) -> u64 {
     x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     x ^ (x >> 31)
-}
-
-fn group_hash(group: &[usize]) -> u64 {
-    group
-        .iter()
-        .fold(mix(group.len() as u64), |h, &r| mix(h ^ r as u64))
 }
 
 /// One collective call in progress on this rank.
@@ -1094,28 +1082,11 @@ fn fill_pieces(buf: &mut [u8], src: Src, bounds: &[usize], pc: usize, r: usize, 
     }
 }
 
-/// `(outer, dim, inner)` of a shape around `axis`.
-fn around(shape: &[usize], axis: usize) -> (usize, usize, usize) {
-    (
-        shape[..axis].iter().product(),
-        shape[axis],
-        shape[axis + 1..].iter().product(),
-    )
-}
-
-/// The bytes of `src` (shape `shape`) rearranged so that its `n` parts along `axis` are
-/// contiguous, part after part.
+/// The bytes of `src` (shape `shape`, elements of `es` bytes) rearranged so that its `n`
+/// parts along `axis` are contiguous, part after part.
 fn split_parts(src: &[u8], shape: &[usize], axis: usize, n: usize, es: usize) -> Vec<u8> {
     let (outer, dim, inner) = around(shape, axis);
-    let part = dim / n * inner * es;
-    let row = dim * inner * es;
-    let mut out = Vec::with_capacity(src.len());
-    for k in 0..n {
-        for o in 0..outer {
-            out.extend_from_slice(&src[o * row + k * part..o * row + (k + 1) * part]);
-        }
-    }
-    out
+    split_packed(src, (outer, dim, inner * es), n)
 }
 
 /// Writes elements `[e0, e0 + len)` of member `k`'s flat tensor (whose `axis` slices are
@@ -1131,208 +1102,6 @@ fn place(out: &mut [u8], data: &[u8], k: usize, n: usize, e0: usize, row: usize,
         out[dst..dst + seg * es].copy_from_slice(&data[e * es..(e + seg) * es]);
         e += seg;
     }
-}
-
-/// The bytes of a buffer.
-fn bytes(d: &Data) -> &[u8] {
-    fn cast<T>(v: &[T]) -> &[u8] {
-        // SAFETY: plain-old-data element types; the byte view covers the same memory.
-        unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), std::mem::size_of_val(v)) }
-    }
-    match d {
-        Data::F32(v) => cast(v),
-        Data::F64(v) => cast(v),
-        Data::F16(v) => cast(v),
-        Data::BF16(v) => cast(v),
-        Data::I32(v) => cast(v),
-        Data::I64(v) => cast(v),
-        Data::Bool(v) => cast(v),
-    }
-}
-
-/// The bytes of a buffer, writable. Only bytes of a buffer of the same element type (from
-/// a member's tensor) are ever written into it, so bools stay 0 or 1.
-fn bytes_mut(d: &mut Data) -> &mut [u8] {
-    fn cast<T>(v: &mut [T]) -> &mut [u8] {
-        // SAFETY: as in `bytes`; writers only store valid element bytes.
-        unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast(), std::mem::size_of_val(v)) }
-    }
-    match d {
-        Data::F32(v) => cast(v),
-        Data::F64(v) => cast(v),
-        Data::F16(v) => cast(v),
-        Data::BF16(v) => cast(v),
-        Data::I32(v) => cast(v),
-        Data::I64(v) => cast(v),
-        Data::Bool(v) => cast(v),
-    }
-}
-
-fn reducible(dtype: DType) -> bool {
-    matches!(
-        dtype,
-        DType::Float32 | DType::Float64 | DType::Int32 | DType::Int64
-    )
-}
-
-/// Element types the reductions work on.
-trait Elem: Copy {
-    fn apply(op: ReduceOp, a: Self, b: Self) -> Self;
-}
-
-macro_rules! float_elem {
-    ($t:ty) => {
-        impl Elem for $t {
-            #[inline(always)]
-            fn apply(op: ReduceOp, a: $t, b: $t) -> $t {
-                match op {
-                    ReduceOp::Sum => a + b,
-                    ReduceOp::Prod => a * b,
-                    // NaN propagates, as in the in-process world.
-                    ReduceOp::Max => {
-                        if b > a || b.is_nan() {
-                            b
-                        } else {
-                            a
-                        }
-                    }
-                    ReduceOp::Min => {
-                        if b < a || b.is_nan() {
-                            b
-                        } else {
-                            a
-                        }
-                    }
-                }
-            }
-        }
-    };
-}
-float_elem!(f32);
-float_elem!(f64);
-
-macro_rules! int_elem {
-    ($t:ty) => {
-        impl Elem for $t {
-            #[inline(always)]
-            fn apply(op: ReduceOp, a: $t, b: $t) -> $t {
-                match op {
-                    ReduceOp::Sum => a.wrapping_add(b),
-                    ReduceOp::Prod => a.wrapping_mul(b),
-                    ReduceOp::Max => a.max(b),
-                    ReduceOp::Min => a.min(b),
-                }
-            }
-        }
-    };
-}
-int_elem!(i32);
-int_elem!(i64);
-
-fn typed<T>(b: &[u8]) -> &[T] {
-    assert!(
-        b.as_ptr() as usize % std::mem::align_of::<T>() == 0
-            && b.len() % std::mem::size_of::<T>() == 0
-    );
-    // SAFETY: aligned (checked), length a multiple of the element size, POD element type.
-    unsafe { std::slice::from_raw_parts(b.as_ptr().cast(), b.len() / std::mem::size_of::<T>()) }
-}
-
-fn typed_mut<T>(b: &mut [u8]) -> &mut [T] {
-    assert!(
-        b.as_ptr() as usize % std::mem::align_of::<T>() == 0
-            && b.len() % std::mem::size_of::<T>() == 0
-    );
-    // SAFETY: as in `typed`.
-    unsafe {
-        std::slice::from_raw_parts_mut(b.as_mut_ptr().cast(), b.len() / std::mem::size_of::<T>())
-    }
-}
-
-#[inline(always)]
-fn zip_op<T: Elem>(dst: &mut [T], a: &[T], b: &[T], f: impl Fn(T, T) -> T) {
-    for ((d, &x), &y) in dst.iter_mut().zip(a).zip(b) {
-        *d = f(x, y);
-    }
-}
-
-fn reduce2_typed<T: Elem>(op: ReduceOp, dst: &mut [u8], a: &[u8], b: &[u8]) {
-    let (dst, a, b) = (typed_mut::<T>(dst), typed::<T>(a), typed::<T>(b));
-    // One loop per op, so each is a plain vectorisable loop.
-    match op {
-        ReduceOp::Sum => zip_op(dst, a, b, |x, y| T::apply(ReduceOp::Sum, x, y)),
-        ReduceOp::Prod => zip_op(dst, a, b, |x, y| T::apply(ReduceOp::Prod, x, y)),
-        ReduceOp::Max => zip_op(dst, a, b, |x, y| T::apply(ReduceOp::Max, x, y)),
-        ReduceOp::Min => zip_op(dst, a, b, |x, y| T::apply(ReduceOp::Min, x, y)),
-    }
-}
-
-fn acc_typed<T: Elem>(op: ReduceOp, acc: &mut [u8], x: &[u8]) {
-    let (acc, x) = (typed_mut::<T>(acc), typed::<T>(x));
-    macro_rules! go {
-        ($o:expr) => {
-            for (a, &y) in acc.iter_mut().zip(x) {
-                *a = T::apply($o, *a, y);
-            }
-        };
-    }
-    match op {
-        ReduceOp::Sum => go!(ReduceOp::Sum),
-        ReduceOp::Prod => go!(ReduceOp::Prod),
-        ReduceOp::Max => go!(ReduceOp::Max),
-        ReduceOp::Min => go!(ReduceOp::Min),
-    }
-}
-
-/// `dst = (((srcs[0] op srcs[1]) op srcs[2]) ...)` elementwise (a copy for one source).
-fn reduce_into(dtype: DType, op: ReduceOp, dst: &mut [u8], srcs: &[&[u8]]) {
-    if srcs.len() == 1 {
-        dst.copy_from_slice(srcs[0]);
-        return;
-    }
-    let f2 = match dtype {
-        DType::Float32 => reduce2_typed::<f32>,
-        DType::Float64 => reduce2_typed::<f64>,
-        DType::Int32 => reduce2_typed::<i32>,
-        _ => reduce2_typed::<i64>,
-    };
-    let fa = match dtype {
-        DType::Float32 => acc_typed::<f32>,
-        DType::Float64 => acc_typed::<f64>,
-        DType::Int32 => acc_typed::<i32>,
-        _ => acc_typed::<i64>,
-    };
-    f2(op, dst, srcs[0], srcs[1]);
-    for s in &srcs[2..] {
-        fa(op, dst, s);
-    }
-}
-
-fn not_reducible(comm: &ShmComm, c: Collective, group: &[usize], t: &Tensor) -> CommError {
-    let reason = arguments::not_reducible(&t.ty()).unwrap_or_default();
-    comm.invalid(c, group, reason)
-}
-
-fn axis_error(
-    comm: &ShmComm,
-    c: Collective,
-    group: &[usize],
-    t: &Tensor,
-    axis: usize,
-    what: &str,
-) -> Option<CommError> {
-    arguments::axis_out_of_range(&t.ty(), axis, what).map(|r| comm.invalid(c, group, r))
-}
-
-fn divides_error(
-    comm: &ShmComm,
-    c: Collective,
-    group: &[usize],
-    t: &Tensor,
-    axis: usize,
-    what: &str,
-) -> Option<CommError> {
-    arguments::not_divisible(&t.ty(), axis, group.len(), what).map(|r| comm.invalid(c, group, r))
 }
 
 impl ShmComm {
@@ -1375,7 +1144,7 @@ impl ShmComm {
             }
             let (ob, _) = out_box(r);
             let out = call.acquire(ob)?;
-            reduce_into(dtype, op, &mut out[..m], &srcs);
+            reduce_bytes(dtype, op, &mut out[..m], &srcs);
             drop(srcs);
             call.ack_all(ib, istep)?;
             sink(call, r, (a, b), &out[..m])?;
@@ -1418,7 +1187,7 @@ impl ShmComm {
         })?;
         if !valid {
             let _ = call.ack_all(0, 0);
-            return Err(not_reducible(self, c, group, t));
+            return invalid_if(c, group, self.rank, arguments::all_reduce(&t.ty()));
         }
         if direct {
             // Up to 8 members without allocating.
@@ -1433,7 +1202,7 @@ impl ShmComm {
                 many = (0..n).map(|k| &call.data(k, 0)[..nbytes]).collect();
                 &many
             };
-            reduce_into(dtype, op, bytes_mut(&mut t.data), srcs);
+            reduce_bytes(dtype, op, bytes_mut(&mut t.data), srcs);
             call.ack_all(0, 0)?;
             return Ok(());
         }
@@ -1486,12 +1255,7 @@ impl ShmComm {
         let dtype = input.dtype();
         let es = dtype.size_bytes();
         let len = input.len();
-        let error = if !reducible(dtype) {
-            Some(not_reducible(self, c, group, input))
-        } else {
-            axis_error(self, c, group, input, axis, "axis")
-                .or_else(|| divides_error(self, c, group, input, axis, "axis"))
-        };
+        let error = arguments::reduce_scatter(&input.ty(), axis, n);
         let reordered;
         let src: &[u8] = if error.is_none() && input.shape[..axis].iter().product::<usize>() > 1 {
             reordered = split_parts(bytes(&input.data), &input.shape, axis, n, es);
@@ -1507,9 +1271,9 @@ impl ShmComm {
                 fill_pieces(buf, Src::new(src), &bounds, pc, 0, es);
             }
         })?;
-        if let Some(e) = error {
+        if let Some(reason) = error {
             let _ = call.ack_all(0, 0);
-            return Err(e);
+            return Err(invalid(c, group, self.rank, reason));
         }
         let mut shape = input.shape.clone();
         shape[axis] /= n;
@@ -1542,7 +1306,7 @@ impl ShmComm {
         let dtype = input.dtype();
         let es = dtype.size_bytes();
         let len = input.len();
-        let error = axis_error(self, c, group, input, axis, "axis");
+        let error = arguments::all_gather(&input.ty(), axis);
         let src = bytes(&input.data);
         let ce = self.box_bytes / es;
         let rounds = len.div_ceil(ce).max(1);
@@ -1552,9 +1316,9 @@ impl ShmComm {
                 buf[..first].copy_from_slice(&src[..first]);
             }
         })?;
-        if let Some(e) = error {
+        if let Some(reason) = error {
             let _ = call.ack_all(0, 0);
-            return Err(e);
+            return Err(invalid(c, group, self.rank, reason));
         }
         let (_, dim, inner) = around(&input.shape, axis);
         let row = dim * inner;
@@ -1597,7 +1361,7 @@ impl ShmComm {
         let c = Collective::Broadcast;
         if let Some(reason) = arguments::root_outside(group, root) {
             check_group(c, group, self.rank, self.size)?;
-            return Err(self.invalid(c, group, reason));
+            return invalid_if(c, group, self.rank, Some(reason));
         }
         let ri = group.iter().position(|&r| r == root).unwrap_or(0);
         let dtype = t.dtype();
@@ -1646,9 +1410,7 @@ impl ShmComm {
         let dtype = input.dtype();
         let es = dtype.size_bytes();
         let len = input.len();
-        let error = axis_error(self, c, group, input, split_dim, "split_dim")
-            .or_else(|| axis_error(self, c, group, input, concat_dim, "concat_dim"))
-            .or_else(|| divides_error(self, c, group, input, split_dim, "split_dim"));
+        let error = arguments::all_to_all(&input.ty(), split_dim, concat_dim, n);
         let reordered;
         let src: &[u8] =
             if error.is_none() && input.shape[..split_dim].iter().product::<usize>() > 1 {
@@ -1671,9 +1433,9 @@ impl ShmComm {
                 }
             },
         )?;
-        if let Some(e) = error {
+        if let Some(reason) = error {
             let _ = call.ack_all(0, 0);
-            return Err(e);
+            return Err(invalid(c, group, self.rank, reason));
         }
         let me = call.me;
         // Part `me` of every member, member after member.
@@ -1878,10 +1640,10 @@ mod tests {
     fn reductions_follow_member_order() {
         let a = [1.0f32, f32::NAN, 3.0];
         let b = [2.0f32, 0.0, f32::NAN];
-        let mut d = [0u8; 12];
+        let mut d = Data::F32(vec![0.0; 3]);
         let (ab, bb) = (typed_bytes(&a), typed_bytes(&b));
-        reduce_into(DType::Float32, ReduceOp::Max, &mut d, &[ab, bb]);
-        let r = typed::<f32>(&d);
+        reduce_bytes(DType::Float32, ReduceOp::Max, bytes_mut(&mut d), &[ab, bb]);
+        let Data::F32(r) = d else { unreachable!() };
         assert_eq!(r[0], 2.0);
         assert!(r[1].is_nan() && r[2].is_nan());
     }

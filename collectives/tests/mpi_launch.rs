@@ -36,7 +36,7 @@ fn example() -> PathBuf {
         cmd.args([
             "build",
             "-p",
-            "shardc-backend-cpu",
+            "shardc-collectives",
             "--features",
             "mpi",
             "--example",

@@ -9,7 +9,7 @@
 //!    calls reuse it. Groups of one member need none.
 //! 2. **Header exchange.** Every member sends every other member a small message with the
 //!    collective, its parameters, the call's sequence number on the group and the tensor's
-//!    type (point-to-point, `MPI_Isend` / `MPI_Improbe` / `MPI_Mrecv`, polled until the
+//!    type (a frame of the TCP data plane's encoding, `wire.rs`; point-to-point, `MPI_Isend` / `MPI_Improbe` / `MPI_Mrecv`, polled until the
 //!    communicator's timeout). Every member therefore sees every member's call and reaches the
 //!    same verdict: a disagreement ([`CommError::Mismatch`]) or an unusable argument
 //!    ([`CommError::InvalidArgument`]) is reported by every member, with the same messages as
@@ -53,12 +53,16 @@
 //!   it before the process exits (a process that exits without `MPI_Finalize` makes `mpirun`
 //!   report a failure).
 
+use crate::wire::{self, group_hash, Header, Kind};
 use half::{bf16, f16};
 use mpi::ffi;
 use shardc_ir::{DType, ReduceOp, TensorType};
-use shardc_runtime::comm::{
-    arguments, check_group, Collective, CommError, Communicator, DEFAULT_TIMEOUT,
+use shardc_runtime::comm::arguments::{self, check_peer};
+use shardc_runtime::comm::tensor_ops::{
+    around, concat_axis, concat_packed, member_range, reduce_data, reduce_slice, split_packed,
+    ReduceElem,
 };
+use shardc_runtime::comm::{check_group, Collective, CommError, Communicator, DEFAULT_TIMEOUT};
 use shardc_runtime::tensor::{Data, Tensor};
 use std::collections::{HashMap, VecDeque};
 use std::os::raw::{c_char, c_int, c_void};
@@ -74,9 +78,6 @@ const HEADER_TAG: c_int = 1;
 /// The MPI tag of send/receive messages on the point-to-point communicator (the 64-bit tag
 /// travels in the message).
 const P2P_TAG: c_int = 2;
-/// Magic numbers of the two message kinds.
-const HEADER_MAGIC: &[u8; 4] = b"SHMH";
-const P2P_MAGIC: &[u8; 4] = b"SHMP";
 
 /// The level of thread support this module asks MPI for.
 const THREAD_LEVEL_NAME: &str = "MPI_THREAD_SERIALIZED";
@@ -229,25 +230,6 @@ elem!(u8, RSMPI_UINT8_T);
 elem!(f16, RSMPI_UINT16_T);
 elem!(bf16, RSMPI_UINT16_T);
 
-fn as_bytes<T: Elem>(v: &[T]) -> &[u8] {
-    // SAFETY: `T: Elem` has no padding; the length is the slice's size in bytes.
-    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
-}
-
-fn from_bytes<T: Elem>(b: &[u8]) -> Vec<T> {
-    let n = b.len() / std::mem::size_of::<T>();
-    let mut out = vec![T::default(); n];
-    // SAFETY: `out` holds `n * size_of::<T>()` bytes; every bit pattern of `T` is valid.
-    unsafe {
-        std::ptr::copy_nonoverlapping(
-            b.as_ptr(),
-            out.as_mut_ptr().cast::<u8>(),
-            n * std::mem::size_of::<T>(),
-        )
-    };
-    out
-}
-
 /// A tensor's elements as the buffer MPI moves (Bool as bytes 0/1).
 enum Buf {
     F32(Vec<f32>),
@@ -286,22 +268,9 @@ impl Buf {
             Buf::U8(v) => Data::Bool(v.iter().map(|&b| b != 0).collect()),
         }
     }
-
-    /// Elements of `dtype` from their bytes (`b.len()` is a multiple of the element size).
-    fn from_bytes(dtype: DType, b: &[u8]) -> Buf {
-        match dtype {
-            DType::Float32 => Buf::F32(from_bytes(b)),
-            DType::Float64 => Buf::F64(from_bytes(b)),
-            DType::Float16 => Buf::F16(from_bytes(b)),
-            DType::BFloat16 => Buf::BF16(from_bytes(b)),
-            DType::Int32 => Buf::I32(from_bytes(b)),
-            DType::Int64 => Buf::I64(from_bytes(b)),
-            DType::Bool => Buf::U8(b.to_vec()),
-        }
-    }
 }
 
-/// A tensor's elements as MPI moves them, borrowed (Bool converted to bytes 0/1).
+/// A tensor's elements as MPI moves them, borrowed (Bool as its bytes 0/1).
 enum View<'a> {
     F32(&'a [f32]),
     F64(&'a [f64]),
@@ -309,7 +278,7 @@ enum View<'a> {
     BF16(&'a [bf16]),
     I32(&'a [i32]),
     I64(&'a [i64]),
-    U8(Vec<u8>),
+    U8(&'a [u8]),
 }
 
 impl View<'_> {
@@ -321,19 +290,7 @@ impl View<'_> {
             Data::BF16(v) => View::BF16(v),
             Data::I32(v) => View::I32(v),
             Data::I64(v) => View::I64(v),
-            Data::Bool(v) => View::U8(v.iter().map(|&b| b as u8).collect()),
-        }
-    }
-
-    fn bytes(&self) -> &[u8] {
-        match self {
-            View::F32(v) => as_bytes(v),
-            View::F64(v) => as_bytes(v),
-            View::F16(v) => as_bytes(v),
-            View::BF16(v) => as_bytes(v),
-            View::I32(v) => as_bytes(v),
-            View::I64(v) => as_bytes(v),
-            View::U8(v) => v,
+            Data::Bool(_) => View::U8(wire::native_bytes(data)),
         }
     }
 }
@@ -349,299 +306,52 @@ macro_rules! map_view {
             View::BF16($v) => Buf::BF16($body),
             View::I32($v) => Buf::I32($body),
             View::I64($v) => Buf::I64($body),
-            View::U8(owned) => {
-                let $v: &[u8] = &owned;
-                Buf::U8($body)
-            }
+            View::U8($v) => Buf::U8($body),
         }
     };
 }
-
-/// The wire size of one element of `dtype`.
-fn elem_size(dtype: DType) -> usize {
-    match dtype {
-        DType::Float32 | DType::Int32 => 4,
-        DType::Float64 | DType::Int64 => 8,
-        DType::Float16 | DType::BFloat16 => 2,
-        DType::Bool => 1,
-    }
-}
-
-fn dtype_code(dtype: DType) -> u8 {
-    DType::ALL.iter().position(|&d| d == dtype).unwrap_or(0) as u8
-}
-
-fn dtype_from_code(code: u8) -> Option<DType> {
-    DType::ALL.get(code as usize).copied()
-}
-
-const COLLECTIVES: [Collective; 8] = [
-    Collective::AllReduce,
-    Collective::AllGather,
-    Collective::ReduceScatter,
-    Collective::AllToAll,
-    Collective::Broadcast,
-    Collective::Send,
-    Collective::Receive,
-    Collective::Barrier,
-];
-
-fn collective_code(c: Collective) -> u8 {
-    COLLECTIVES.iter().position(|&x| x == c).unwrap_or(0) as u8
-}
-
-/// `(outer, dim, inner)` of `shape` around `axis`.
-fn around(shape: &[usize], axis: usize) -> (usize, usize, usize) {
-    let outer = shape[..axis].iter().product();
-    let inner = shape[axis + 1..].iter().product();
-    (outer, shape[axis], inner)
-}
-
-/// Splits `v` (of `shape`) along `axis` into `parts` equal parts, concatenated in part order.
-fn split_packed<T: Copy>(v: &[T], shape: &[usize], axis: usize, parts: usize) -> Vec<T> {
-    let (outer, dim, inner) = around(shape, axis);
-    let part = dim / parts;
-    let row = dim * inner;
-    let mut out = Vec::with_capacity(v.len());
-    for k in 0..parts {
-        for o in 0..outer {
-            let start = o * row + k * part * inner;
-            out.extend_from_slice(&v[start..start + part * inner]);
-        }
-    }
-    out
-}
-
-/// Concatenates `parts` equal blocks of `packed` (each of `part_shape`) along `axis`.
-fn concat_packed<T: Copy>(packed: &[T], part_shape: &[usize], axis: usize, parts: usize) -> Vec<T> {
-    let (outer, dim, inner) = around(part_shape, axis);
-    let chunk = dim * inner;
-    let block = outer * chunk;
-    let mut out = Vec::with_capacity(packed.len());
-    for o in 0..outer {
-        for k in 0..parts {
-            let start = k * block + o * chunk;
-            out.extend_from_slice(&packed[start..start + chunk]);
-        }
-    }
-    out
-}
-
-/// Reduction of one element type, exactly as the in-process world reduces.
-trait Reduce: Copy {
-    fn reduce(acc: &mut [Self], x: &[Self], op: ReduceOp);
-}
-
-macro_rules! reduce_float {
-    ($t:ty) => {
-        impl Reduce for $t {
-            fn reduce(acc: &mut [$t], x: &[$t], op: ReduceOp) {
-                match op {
-                    ReduceOp::Sum => acc.iter_mut().zip(x).for_each(|(a, &b)| *a += b),
-                    ReduceOp::Prod => acc.iter_mut().zip(x).for_each(|(a, &b)| *a *= b),
-                    // NaN propagates: a NaN on either side wins.
-                    ReduceOp::Max => acc.iter_mut().zip(x).for_each(|(a, &b)| {
-                        if b > *a || b.is_nan() {
-                            *a = b
-                        }
-                    }),
-                    ReduceOp::Min => acc.iter_mut().zip(x).for_each(|(a, &b)| {
-                        if b < *a || b.is_nan() {
-                            *a = b
-                        }
-                    }),
-                }
-            }
-        }
-    };
-}
-reduce_float!(f32);
-reduce_float!(f64);
-
-macro_rules! reduce_int {
-    ($t:ty) => {
-        impl Reduce for $t {
-            fn reduce(acc: &mut [$t], x: &[$t], op: ReduceOp) {
-                match op {
-                    ReduceOp::Sum => acc
-                        .iter_mut()
-                        .zip(x)
-                        .for_each(|(a, &b)| *a = a.wrapping_add(b)),
-                    ReduceOp::Prod => acc
-                        .iter_mut()
-                        .zip(x)
-                        .for_each(|(a, &b)| *a = a.wrapping_mul(b)),
-                    ReduceOp::Max => acc.iter_mut().zip(x).for_each(|(a, &b)| *a = (*a).max(b)),
-                    ReduceOp::Min => acc.iter_mut().zip(x).for_each(|(a, &b)| *a = (*a).min(b)),
-                }
-            }
-        }
-    };
-}
-reduce_int!(i32);
-reduce_int!(i64);
 
 /// Reduces the `parts` equal blocks of `packed` with `op` in block order into the first block;
 /// returns the block length.
-fn reduce_in_place<T: Reduce>(packed: &mut [T], parts: usize, op: ReduceOp) -> usize {
+fn reduce_in_place<T: ReduceElem>(packed: &mut [T], parts: usize, op: ReduceOp) -> usize {
     let len = packed.len().checked_div(parts).unwrap_or(0);
     let (acc, rest) = packed.split_at_mut(len);
     for k in 0..parts.saturating_sub(1) {
-        T::reduce(acc, &rest[k * len..(k + 1) * len], op);
+        reduce_slice(acc, &rest[k * len..(k + 1) * len], op);
     }
     len
 }
 
-/// The header of one member's call, as received.
-struct Header {
-    collective: u8,
-    seq: u64,
-    dtype: DType,
-    shape: Vec<usize>,
-    params: String,
-    payload: Vec<u8>,
+/// One member's call, as its header message announced it.
+struct Announced {
+    header: Header,
+    /// Its data, when the data travelled inside the header (else empty).
+    data: Data,
 }
 
-impl Header {
-    fn encode(c: Collective, seq: u64, ty: &TensorType, params: &str, payload: &[u8]) -> Vec<u8> {
-        let mut m = Vec::with_capacity(32 + 8 * ty.shape.len() + params.len() + payload.len());
-        m.extend_from_slice(HEADER_MAGIC);
-        m.push(collective_code(c));
-        m.push(dtype_code(ty.dtype));
-        m.extend_from_slice(&[0, 0]);
-        m.extend_from_slice(&seq.to_le_bytes());
-        m.extend_from_slice(&(ty.shape.len() as u32).to_le_bytes());
-        m.extend_from_slice(&(params.len() as u32).to_le_bytes());
-        m.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-        for &d in &ty.shape {
-            m.extend_from_slice(&(d as u64).to_le_bytes());
-        }
-        m.extend_from_slice(params.as_bytes());
-        m.extend_from_slice(payload);
-        m
-    }
-
-    fn decode(m: Vec<u8>) -> Result<Header, String> {
-        let mut r = Reader { m: &m, at: 0 };
-        if r.take(4)? != HEADER_MAGIC {
-            return Err("bad magic".into());
-        }
-        let collective = r.u8()?;
-        let dtype = dtype_from_code(r.u8()?).ok_or("unknown element type")?;
-        r.take(2)?;
-        let seq = r.u64()?;
-        let ndim = r.u32()? as usize;
-        let params_len = r.u32()? as usize;
-        let payload_len = r.u64()? as usize;
-        let mut shape = Vec::with_capacity(ndim.min(64));
-        for _ in 0..ndim {
-            shape.push(r.u64()? as usize);
-        }
-        let params = String::from_utf8(r.take(params_len)?.to_vec())
-            .map_err(|_| "parameters are not UTF-8")?;
-        let start = r.at;
-        r.take(payload_len)?;
-        if r.at != m.len() {
-            return Err(format!("{} trailing bytes", m.len() - r.at));
-        }
-        let mut m = m;
-        let payload = m.split_off(start);
-        Ok(Header {
-            collective,
-            seq,
-            dtype,
-            shape,
-            params,
-            payload,
-        })
-    }
-
-    fn ty(&self) -> TensorType {
-        TensorType::new(self.dtype, self.shape.clone())
-    }
-
-    fn call(&self) -> String {
-        let name = COLLECTIVES
-            .get(self.collective as usize)
-            .map_or("an unknown collective", |c| c.name());
-        format!("{name}({})", self.params)
-    }
-}
-
-/// Reads a message front to back.
-struct Reader<'a> {
-    m: &'a [u8],
-    at: usize,
-}
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
-        let end = self
-            .at
-            .checked_add(n)
-            .filter(|&e| e <= self.m.len())
-            .ok_or_else(|| format!("truncated message of {} bytes", self.m.len()))?;
-        let s = &self.m[self.at..end];
-        self.at = end;
-        Ok(s)
-    }
-    fn u8(&mut self) -> Result<u8, String> {
-        Ok(self.take(1)?[0])
-    }
-    fn u32(&mut self) -> Result<u32, String> {
-        let b = self.take(4)?;
-        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-    }
-    fn u64(&mut self) -> Result<u64, String> {
-        let b = self.take(8)?;
-        let mut a = [0u8; 8];
-        a.copy_from_slice(b);
-        Ok(u64::from_le_bytes(a))
-    }
-}
-
-/// Encodes a send/receive message: tag, type and elements.
+/// Encodes a send/receive message: a frame with the tag, the type and the elements.
 fn encode_p2p(tag: i64, tensor: &Tensor) -> Vec<u8> {
-    let view = View::of(&tensor.data);
-    let bytes = view.bytes();
-    let mut m = Vec::with_capacity(24 + 8 * tensor.shape.len() + bytes.len());
-    m.extend_from_slice(P2P_MAGIC);
-    m.push(dtype_code(tensor.dtype()));
-    m.extend_from_slice(&[0, 0, 0]);
-    m.extend_from_slice(&tag.to_le_bytes());
-    m.extend_from_slice(&(tensor.shape.len() as u64).to_le_bytes());
-    for &d in &tensor.shape {
-        m.extend_from_slice(&(d as u64).to_le_bytes());
-    }
-    m.extend_from_slice(bytes);
-    m
+    let h = Header::p2p(tag, tensor.dtype(), &tensor.shape, tensor.len());
+    wire::encode_frame(&h, &tensor.data, 0..tensor.len())
 }
 
 /// Decodes a send/receive message into its tag and tensor.
 fn decode_p2p(m: &[u8]) -> Result<(i64, Tensor), String> {
-    let mut r = Reader { m, at: 0 };
-    if r.take(4)? != P2P_MAGIC {
-        return Err("bad magic".into());
+    let (h, data) = wire::decode_frame(m)?;
+    if h.kind != Kind::PointToPoint {
+        return Err(format!("a {:?} frame where a message was expected", h.kind));
     }
-    let dtype = dtype_from_code(r.u8()?).ok_or("unknown element type")?;
-    r.take(3)?;
-    let tag = r.u64()? as i64;
-    let ndim = r.u64()? as usize;
-    let mut shape = Vec::with_capacity(ndim.min(64));
-    for _ in 0..ndim {
-        shape.push(r.u64()? as usize);
+    let count = h.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+    if count != Some(data.len()) {
+        return Err(format!("{} elements for {}", data.len(), h.ty()));
     }
-    let count = shape
-        .iter()
-        .try_fold(1usize, |a, &d| a.checked_mul(d))
-        .and_then(|n| n.checked_mul(elem_size(dtype)))
-        .ok_or("the shape overflows")?;
-    let bytes = r.take(count)?;
-    if r.at != m.len() {
-        return Err(format!("{} trailing bytes", m.len() - r.at));
-    }
-    let data = Buf::from_bytes(dtype, bytes).into_data();
-    Ok((tag, Tensor { shape, data }))
+    Ok((
+        h.key as i64,
+        Tensor {
+            shape: h.shape,
+            data,
+        },
+    ))
 }
 
 /// An MPI `int` count, or an error naming the collective.
@@ -671,12 +381,7 @@ impl Ctx<'_> {
         }
     }
     fn invalid(&self, reason: String) -> CommError {
-        CommError::InvalidArgument {
-            collective: self.c,
-            group: self.group.to_vec(),
-            rank: self.rank,
-            reason,
-        }
+        arguments::invalid(self.c, self.group, self.rank, reason)
     }
     fn mismatch(&self, reason: String) -> CommError {
         CommError::Mismatch {
@@ -694,17 +399,9 @@ impl Ctx<'_> {
             Err(self.transport(format!("{what} failed: {}", error_string(rc))))
         }
     }
-    fn check_reducible(&self, ty: &TensorType) -> Result<(), CommError> {
-        self.invalid_if(arguments::not_reducible(ty))
-    }
-    fn check_axis(&self, ty: &TensorType, axis: usize, what: &str) -> Result<(), CommError> {
-        self.invalid_if(arguments::axis_out_of_range(ty, axis, what))
-    }
-    fn check_divides(&self, ty: &TensorType, axis: usize, what: &str) -> Result<(), CommError> {
-        self.invalid_if(arguments::not_divisible(ty, axis, self.group.len(), what))
-    }
+    /// The runtime's argument check's verdict (see [`arguments`]).
     fn invalid_if(&self, reason: Option<String>) -> Result<(), CommError> {
-        reason.map_or(Ok(()), |r| Err(self.invalid(r)))
+        arguments::invalid_if(self.c, self.group, self.rank, reason)
     }
 }
 
@@ -715,7 +412,7 @@ struct Started {
     /// This rank's member index.
     me: usize,
     /// Every member's header, in member order.
-    headers: Vec<Header>,
+    headers: Vec<Announced>,
 }
 
 impl MpiComm {
@@ -865,10 +562,7 @@ impl MpiComm {
         let ranks: Vec<c_int> = ctx.group.iter().map(|&r| r as c_int).collect();
         // A tag derived from the group, so that concurrent creations of different groups by
         // overlapping processes do not match each other's messages.
-        let tag = (ctx.group.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &r| {
-            (h ^ r as u64).wrapping_mul(0x100_0000_01b3)
-        }) % 30_000) as c_int
-            + 100;
+        let tag = (group_hash(ctx.group) % 30_000) as c_int + 100;
         let parent = state.parent;
         // SAFETY: MPI is initialized; handles are valid; we hold the mutex.
         let comm = unsafe {
@@ -916,47 +610,57 @@ impl MpiComm {
 
     /// Checks the group, exchanges headers with every member and checks that every member
     /// called the same collective with the same parameters on a tensor of the same type.
-    /// `payload` is sent inside this rank's header.
+    /// `inline` data (all of it) is sent inside this rank's header.
     fn start(
         &self,
         ctx: &Ctx<'_>,
         params: &str,
         ty: &TensorType,
-        payload: &[u8],
+        inline: Option<&Data>,
     ) -> Result<Started, CommError> {
         check_group(ctx.c, ctx.group, self.rank, self.size)?;
         let me = ctx.group.iter().position(|&r| r == self.rank).unwrap_or(0);
         let n = ctx.group.len();
+        let elems = inline.map_or(0, Data::len);
+        let header = |seq| Header {
+            kind: Kind::Collective,
+            key: group_hash(ctx.group),
+            seq,
+            step: 0,
+            collective: ctx.c,
+            params: params.to_string(),
+            dtype: ty.dtype,
+            shape: ty.shape.clone(),
+            elems: elems as u64,
+        };
         if n == 1 {
-            let header = Header {
-                collective: collective_code(ctx.c),
-                seq: 0,
-                dtype: ty.dtype,
-                shape: ty.shape.clone(),
-                params: params.to_string(),
-                payload: payload.to_vec(),
+            // Alone in the group: nobody reads the header or its data.
+            let own = Announced {
+                header: header(0),
+                data: Data::zeros(ty.dtype, 0),
             };
             return Ok(Started {
                 comm: None,
                 me,
-                headers: vec![header],
+                headers: vec![own],
             });
         }
         let (comm, seq) = self.group_comm(ctx)?;
-        let message = Header::encode(ctx.c, seq, ty, params, payload);
+        let empty = Data::zeros(ty.dtype, 0);
+        let message = wire::encode_frame(&header(seq), inline.unwrap_or(&empty), 0..elems);
         let received = self.exchange(ctx, comm, me, message)?;
         let mut headers = Vec::with_capacity(n);
         for (k, m) in received.into_iter().enumerate() {
-            let h = Header::decode(m).map_err(|e| {
+            let (header, data) = wire::decode_frame(&m).map_err(|e| {
                 ctx.transport(format!(
                     "rank {} sent an unreadable header: {e}",
                     ctx.group[k]
                 ))
             })?;
-            headers.push(h);
+            headers.push(Announced { header, data });
         }
-        let first = &headers[0];
-        for (k, h) in headers.iter().enumerate().skip(1) {
+        let first = &headers[0].header;
+        for (k, h) in headers.iter().map(|a| &a.header).enumerate().skip(1) {
             if h.seq != first.seq {
                 return Err(ctx.mismatch(format!(
                     "rank {} is at call #{} on this group but rank {} is at call #{}",
@@ -974,7 +678,7 @@ impl MpiComm {
                 )));
             }
         }
-        for (k, h) in headers.iter().enumerate().skip(1) {
+        for (k, h) in headers.iter().map(|a| &a.header).enumerate().skip(1) {
             if h.shape != first.shape || h.dtype != first.dtype {
                 return Err(ctx.mismatch(format!(
                     "rank {} passed {} but rank {} passed {}",
@@ -1143,23 +847,22 @@ impl MpiComm {
     fn all_reduce_data(
         &self,
         ctx: &Ctx<'_>,
-        s: &Started,
+        s: Started,
         op: ReduceOp,
         data: &mut Data,
     ) -> Result<(), CommError> {
-        let n = ctx.group.len();
         let Some(comm) = s.comm else {
             return Ok(());
         };
-        let bytes = data.len() * elem_size(data.dtype());
-        if s.headers.iter().all(|h| h.payload.len() == bytes) {
+        if s.headers.iter().all(|h| h.data.len() == data.len()) {
             // Every member's data came with its header: reduce in member order.
-            let mut packed = Vec::with_capacity(bytes * n);
-            for h in &s.headers {
-                packed.extend_from_slice(&h.payload);
+            let mut members = s.headers.into_iter().map(|h| h.data);
+            if let Some(mut acc) = members.next() {
+                for x in members {
+                    reduce_data(&mut acc, &x, op);
+                }
+                *data = acc;
             }
-            let buf = Buf::from_bytes(data.dtype(), &packed);
-            *data = reduce_buf(ctx, buf, n, op)?.into_data();
             return Ok(());
         }
         let mut state = self.lock();
@@ -1192,14 +895,9 @@ fn scratch<T: Elem>(words: &mut Vec<u64>, n: usize) -> &mut [T] {
     unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<T>(), n) }
 }
 
-/// This rank's data when it travels inside the header (at most [`INLINE_BYTES`]), else empty.
-fn inline_payload<'a>(view: &'a View<'_>) -> &'a [u8] {
-    let bytes = view.bytes();
-    if bytes.len() <= INLINE_BYTES {
-        bytes
-    } else {
-        &[]
-    }
+/// Whether a tensor of `ty` travels inside the header (at most [`INLINE_BYTES`]).
+fn travels_inline(ty: &TensorType) -> bool {
+    ty.num_elements() * ty.dtype.size_bytes() <= INLINE_BYTES
 }
 
 /// Checks that every member's inline data has the size of `ty` (when `inline` data is
@@ -1210,16 +908,15 @@ fn check_payloads(
     ty: &TensorType,
     expected: bool,
 ) -> Result<(), CommError> {
-    let bytes = ty.num_elements() * elem_size(ty.dtype);
-    if !expected || bytes > INLINE_BYTES {
+    if !expected || !travels_inline(ty) {
         return Ok(());
     }
     for (k, h) in s.headers.iter().enumerate() {
-        if h.payload.len() != bytes {
+        if h.data.len() != ty.num_elements() {
             return Err(ctx.transport(format!(
                 "rank {} sent {} bytes of data for {ty}",
                 ctx.group[k],
-                h.payload.len()
+                h.data.len() * ty.dtype.size_bytes()
             )));
         }
     }
@@ -1264,7 +961,7 @@ fn probe_receive(comm: Comm, src: c_int, tag: c_int) -> Result<Option<Vec<u8>>, 
 
 /// Reduces `n` equal blocks of `buf` in block order.
 fn reduce_buf(ctx: &Ctx<'_>, buf: Buf, n: usize, op: ReduceOp) -> Result<Buf, CommError> {
-    fn go<T: Reduce>(mut v: Vec<T>, n: usize, op: ReduceOp) -> Vec<T> {
+    fn go<T: ReduceElem>(mut v: Vec<T>, n: usize, op: ReduceOp) -> Vec<T> {
         let len = reduce_in_place(&mut v, n, op);
         v.truncate(len);
         v
@@ -1309,14 +1006,9 @@ fn mpi_allreduce_int<T: Elem>(
     ctx.check("MPI_Allreduce", rc)
 }
 
-/// The element ranges of an all-reduce: member `k` reduces `[starts[k], starts[k+1])`.
-fn ranges(len: usize, n: usize) -> Vec<usize> {
-    (0..=n).map(|k| k * len / n).collect()
-}
-
 /// All-reduce of `v` in place as reduce-scatter by element ranges (`MPI_Alltoallv`), a local
 /// reduction in member order, and `MPI_Allgatherv` (call under the lock).
-fn reduce_by_ranges<T: Elem + Reduce>(
+fn reduce_by_ranges<T: Elem + ReduceElem>(
     ctx: &Ctx<'_>,
     comm: Comm,
     me: usize,
@@ -1325,14 +1017,15 @@ fn reduce_by_ranges<T: Elem + Reduce>(
     words: &mut Vec<u64>,
 ) -> Result<(), CommError> {
     let n = ctx.group.len();
-    let starts = ranges(v.len(), n);
-    let mine = starts[me + 1] - starts[me];
+    // Member `k` reduces the elements `member_range(len, n, k)`.
+    let mine = member_range(v.len(), n, me).len();
     let as_int = |x: usize| count(x).map_err(|e| ctx.invalid(e));
     let mut counts = Vec::with_capacity(n);
     let mut displs = Vec::with_capacity(n);
     for k in 0..n {
-        counts.push(as_int(starts[k + 1] - starts[k])?);
-        displs.push(as_int(starts[k])?);
+        let r = member_range(v.len(), n, k);
+        counts.push(as_int(r.len())?);
+        displs.push(as_int(r.start)?);
     }
     let recv_counts = vec![as_int(mine)?; n];
     let recv_displs: Vec<c_int> = (0..n).map(|k| as_int(k * mine)).collect::<Result<_, _>>()?;
@@ -1448,14 +1141,11 @@ impl Communicator for MpiComm {
             rank: self.rank,
         };
         let ty = tensor.ty();
-        let s = {
-            let view = View::of(&tensor.data);
-            let payload = inline_payload(&view);
-            self.start(&ctx, &format!("op={op}"), &ty, payload)?
-        };
-        ctx.check_reducible(&ty)?;
+        let payload = travels_inline(&ty).then_some(&tensor.data);
+        let s = self.start(&ctx, &format!("op={op}"), &ty, payload)?;
+        ctx.invalid_if(arguments::all_reduce(&ty))?;
         check_payloads(&ctx, &s, &ty, group.len() > 1)?;
-        self.all_reduce_data(&ctx, &s, op, &mut tensor.data)
+        self.all_reduce_data(&ctx, s, op, &mut tensor.data)
     }
 
     fn all_gather(
@@ -1470,23 +1160,33 @@ impl Communicator for MpiComm {
             rank: self.rank,
         };
         let ty = input.ty();
-        let view = View::of(&input.data);
-        let payload = inline_payload(&view);
-        let inline = !payload.is_empty() || view.bytes().is_empty();
-        let s = self.start(&ctx, &format!("axis={axis}"), &ty, payload)?;
-        ctx.check_axis(&ty, axis, "axis")?;
+        let inline = travels_inline(&ty);
+        let s = self.start(
+            &ctx,
+            &format!("axis={axis}"),
+            &ty,
+            inline.then_some(&input.data),
+        )?;
+        ctx.invalid_if(arguments::all_gather(&ty, axis))?;
         let n = group.len();
         let packed = match s.comm {
-            None => map_view!(view, v => v.to_vec()),
+            None => return Ok(input.clone()),
             Some(_) if inline => {
+                // Every member's data came with its header.
                 check_payloads(&ctx, &s, &ty, true)?;
-                let mut bytes = Vec::with_capacity(view.bytes().len() * n);
-                for h in &s.headers {
-                    bytes.extend_from_slice(&h.payload);
-                }
-                Buf::from_bytes(ty.dtype, &bytes)
+                let parts: Vec<Tensor> = s
+                    .headers
+                    .into_iter()
+                    .map(|h| Tensor {
+                        shape: ty.shape.clone(),
+                        data: h.data,
+                    })
+                    .collect();
+                let refs: Vec<&Tensor> = parts.iter().collect();
+                return Ok(concat_axis(&refs, axis));
             }
             Some(comm) => {
+                let view = View::of(&input.data);
                 let _state = self.lock();
                 map_view!(view, v => allgather(&ctx, comm, v)?)
             }
@@ -1494,7 +1194,7 @@ impl Communicator for MpiComm {
         let out = if axis == 0 {
             packed
         } else {
-            map_buf!(packed, v => concat_packed(&v, &ty.shape, axis, n))
+            map_buf!(packed, v => concat_packed(&v, around(&ty.shape, axis), n))
         };
         let mut shape = ty.shape.clone();
         shape[axis] *= n;
@@ -1517,18 +1217,16 @@ impl Communicator for MpiComm {
             rank: self.rank,
         };
         let ty = input.ty();
-        let s = self.start(&ctx, &format!("op={op}, axis={axis}"), &ty, &[])?;
-        ctx.check_reducible(&ty)?;
-        ctx.check_axis(&ty, axis, "axis")?;
-        ctx.check_divides(&ty, axis, "axis")?;
+        let s = self.start(&ctx, &format!("op={op}, axis={axis}"), &ty, None)?;
         let n = group.len();
+        ctx.invalid_if(arguments::reduce_scatter(&ty, axis, n))?;
         let mut shape = ty.shape.clone();
         shape[axis] /= n;
         // Part j of every member's input goes to member j, which reduces the parts it
         // receives in member order.
         let view = View::of(&input.data);
         let received = map_view!(view, v => {
-            let packed = split_packed(v, &ty.shape, axis, n);
+            let packed = split_packed(v, around(&ty.shape, axis), n);
             match s.comm {
                 None => packed,
                 Some(comm) => {
@@ -1558,16 +1256,14 @@ impl Communicator for MpiComm {
         };
         let ty = input.ty();
         let params = format!("split_dim={split_dim}, concat_dim={concat_dim}");
-        let s = self.start(&ctx, &params, &ty, &[])?;
-        ctx.check_axis(&ty, split_dim, "split_dim")?;
-        ctx.check_axis(&ty, concat_dim, "concat_dim")?;
-        ctx.check_divides(&ty, split_dim, "split_dim")?;
+        let s = self.start(&ctx, &params, &ty, None)?;
         let n = group.len();
+        ctx.invalid_if(arguments::all_to_all(&ty, split_dim, concat_dim, n))?;
         let mut part_shape = ty.shape.clone();
         part_shape[split_dim] /= n;
         let view = View::of(&input.data);
         let out = map_view!(view, v => {
-            let packed = split_packed(v, &ty.shape, split_dim, n);
+            let packed = split_packed(v, around(&ty.shape, split_dim), n);
             let received = match s.comm {
                 None => packed,
                 Some(comm) => {
@@ -1575,7 +1271,7 @@ impl Communicator for MpiComm {
                     alltoall(&ctx, comm, &packed)?
                 }
             };
-            concat_packed(&received, &part_shape, concat_dim, n)
+            concat_packed(&received, around(&part_shape, concat_dim), n)
         });
         let mut shape = part_shape;
         shape[concat_dim] *= n;
@@ -1602,30 +1298,22 @@ impl Communicator for MpiComm {
         }
         let root_index = group.iter().position(|&r| r == root).unwrap_or(0);
         let ty = tensor.ty();
-        let bytes = tensor.len() * elem_size(ty.dtype);
-        let inline = bytes <= INLINE_BYTES;
-        let s = {
-            let view = View::of(&tensor.data);
-            let payload: &[u8] = if inline && self.rank == root {
-                view.bytes()
-            } else {
-                &[]
-            };
-            self.start(&ctx, &format!("root={root}"), &ty, payload)?
-        };
+        let inline = travels_inline(&ty);
+        let payload = (inline && self.rank == root).then_some(&tensor.data);
+        let mut s = self.start(&ctx, &format!("root={root}"), &ty, payload)?;
         let Some(comm) = s.comm else {
             return Ok(());
         };
         if inline {
             if self.rank != root {
-                let payload = &s.headers[root_index].payload;
-                if payload.len() != bytes {
+                let data = s.headers.swap_remove(root_index).data;
+                if data.len() != tensor.len() {
                     return Err(ctx.transport(format!(
                         "rank {root} sent {} bytes of data for {ty}",
-                        payload.len()
+                        data.len() * ty.dtype.size_bytes()
                     )));
                 }
-                tensor.data = Buf::from_bytes(ty.dtype, payload).into_data();
+                tensor.data = data;
             }
             return Ok(());
         }
@@ -1653,7 +1341,7 @@ impl Communicator for MpiComm {
             group: &group,
             rank: self.rank,
         };
-        self.check_peer(ctx.c, dest)?;
+        check_peer(ctx.c, self.rank, self.size, dest)?;
         let message = encode_p2p(tag, tensor);
         let len = count(message.len()).map_err(|e| ctx.invalid(e))?;
         let mut state = self.lock();
@@ -1688,7 +1376,7 @@ impl Communicator for MpiComm {
             group: &group,
             rank: self.rank,
         };
-        self.check_peer(ctx.c, src)?;
+        check_peer(ctx.c, self.rank, self.size, src)?;
         let deadline = Instant::now() + self.timeout;
         let mut backoff = Backoff::new();
         let t = loop {
@@ -1748,26 +1436,7 @@ impl Communicator for MpiComm {
             rank: self.rank,
         };
         let ty = TensorType::new(DType::Float32, vec![0]);
-        self.start(&ctx, "", &ty, &[])?;
-        Ok(())
-    }
-}
-
-impl MpiComm {
-    /// The world's rank check for a peer of a point-to-point call.
-    fn check_peer(&self, collective: Collective, peer: usize) -> Result<(), CommError> {
-        if peer >= self.size {
-            let group = match collective {
-                Collective::Send => vec![self.rank, peer],
-                _ => vec![peer, self.rank],
-            };
-            return Err(CommError::InvalidGroup {
-                collective,
-                group,
-                rank: self.rank,
-                reason: format!("rank {peer} is outside the world of {} ranks", self.size),
-            });
-        }
+        self.start(&ctx, "", &ty, None)?;
         Ok(())
     }
 }

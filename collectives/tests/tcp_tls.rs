@@ -7,7 +7,7 @@
 mod pki;
 
 use pki::{tls, write_pki};
-use shardc_backend_cpu::collectives::tcp::{DataPlaneTls, TcpComm, TcpSetup};
+use shardc_collectives::tcp::{DataPlaneTls, TcpComm, TcpSetup};
 use shardc_ir::ReduceOp;
 use shardc_runtime::comm::{conformance, CommError, Communicator};
 use shardc_runtime::tensor::Tensor;

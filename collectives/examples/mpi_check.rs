@@ -3,14 +3,14 @@
 //! error's kind) equals what an in-process world of the same size computes for this rank. Start it under `mpirun` (feature `mpi`):
 //!
 //! ```text
-//! cargo build -p shardc-backend-cpu --features mpi --example mpi_check
+//! cargo build -p shardc-collectives --features mpi --example mpi_check
 //! mpirun --allow-run-as-root --oversubscribe -n 4 target/debug/examples/mpi_check
 //! ```
 //!
 //! Every rank prints `rank R: N checks passed` and exits 0, or prints the differences and
 //! exits 1.
 
-use shardc_backend_cpu::collectives::mpi::MpiComm;
+use shardc_collectives::mpi::MpiComm;
 use shardc_ir::{DType, ReduceOp, TensorType};
 use shardc_runtime::comm::{conformance, CommError, Communicator, InProcessWorld};
 use shardc_runtime::tensor::{Data, Tensor};

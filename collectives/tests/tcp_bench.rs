@@ -1,11 +1,11 @@
 //! AllReduce (f32, sum) latency and bandwidth of `TcpComm` with 2 ranks over loopback
 //! (threads of this process, each with its own sockets), plain and with TLS (sealed
 //! records) in the same run. Ignored by default; run with
-//! `cargo test --release -p shardc-backend-cpu --test tcp_bench -- --ignored --nocapture`.
+//! `cargo test --release -p shardc-collectives --test tcp_bench -- --ignored --nocapture`.
 
 mod pki;
 
-use shardc_backend_cpu::collectives::tcp::{DataPlaneTls, TcpComm, TcpSetup};
+use shardc_collectives::tcp::{DataPlaneTls, TcpComm, TcpSetup};
 use shardc_ir::ReduceOp;
 use shardc_runtime::comm::Communicator;
 use shardc_runtime::tensor::Tensor;

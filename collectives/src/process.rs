@@ -1,18 +1,8 @@
-//! Collectives between processes: shared memory within a host, TCP between hosts, and MPI
-//! behind the `mpi` feature. Every communicator here implements
-//! [`shardc_runtime::Communicator`].
-//!
-//! [`ProcessComm`] is the one a worker uses: built from a [`CommSetup`] (the membership the
-//! control plane hands out, plus the worker's data-plane listener), it runs every collective
-//! whose group lies on this host through shared memory ([`shm::ShmComm`]) and everything
-//! else — groups spanning hosts, send and receive — over TCP ([`tcp::TcpComm`]).
+//! [`ProcessComm`], the communicator a worker uses, and what it is built from ([`CommSetup`],
+//! [`Peer`]): shared memory for the groups on this host, TCP for the rest.
 
-mod futex;
-#[cfg(feature = "mpi")]
-pub mod mpi;
-pub mod shm;
-pub mod tcp;
-
+use crate::shm::{ShmComm, ShmSetup};
+use crate::tcp::{DataPlaneTls, TcpComm, TcpSetup};
 use shardc_ir::{ReduceOp, TensorType};
 use shardc_runtime::comm::{Collective, CommError, Communicator};
 use shardc_runtime::Tensor;
@@ -46,21 +36,22 @@ pub struct CommSetup {
     pub token: Option<Vec<u8>>,
     /// When set, TCP data connections run TLS with these certificates and their messages
     /// are sealed (the cluster's `SHARDC_ENABLE_SSL`); shared memory never leaves the host.
-    pub tls: Option<tcp::DataPlaneTls>,
+    pub tls: Option<DataPlaneTls>,
     /// How long a member waits for the others (setup included) before
     /// [`CommError::Timeout`].
     pub timeout: Duration,
 }
 
-/// A rank's communicator between processes: shared memory for groups on this host, TCP for
-/// the rest (see the module doc). Results are bit-identical to the in-process world's
+/// A rank's communicator between processes: it runs every collective whose group lies on
+/// this host through shared memory ([`ShmComm`]) and everything else — groups spanning
+/// hosts, send and receive — over TCP ([`TcpComm`]). Results are bit-identical to the in-process world's
 /// whichever path a group takes.
 #[derive(Debug)]
 pub struct ProcessComm {
     rank: usize,
     size: usize,
-    shm: shm::ShmComm,
-    tcp: tcp::TcpComm,
+    shm: ShmComm,
+    tcp: TcpComm,
 }
 
 impl ProcessComm {
@@ -88,14 +79,14 @@ impl ProcessComm {
         let local_ranks: Vec<usize> = (0..setup.size)
             .filter(|&r| setup.peers[r].host_id == *host)
             .collect();
-        let shm = shm::ShmComm::new(&shm::ShmSetup {
+        let shm = ShmComm::new(&ShmSetup {
             rank: setup.rank,
             size: setup.size,
             job_id: setup.job_id.clone(),
             local_ranks,
             timeout: setup.timeout,
         })?;
-        let tcp = tcp::TcpComm::new(tcp::TcpSetup {
+        let tcp = TcpComm::new(TcpSetup {
             rank: setup.rank,
             size: setup.size,
             job_id: setup.job_id,
@@ -114,12 +105,12 @@ impl ProcessComm {
     }
 
     /// The shared-memory communicator (groups on this host).
-    pub fn shm(&self) -> &shm::ShmComm {
+    pub fn shm(&self) -> &ShmComm {
         &self.shm
     }
 
     /// The TCP communicator (groups spanning hosts, send and receive).
-    pub fn tcp(&self) -> &tcp::TcpComm {
+    pub fn tcp(&self) -> &TcpComm {
         &self.tcp
     }
 

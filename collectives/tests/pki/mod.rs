@@ -1,7 +1,7 @@
 //! Test certificates for the TLS data plane (shared by the tests that need them).
 
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
-use shardc_backend_cpu::collectives::tcp::DataPlaneTls;
+use shardc_collectives::tcp::DataPlaneTls;
 use shardc_runtime::cluster::tls::TlsSettings;
 use std::path::Path;
 

@@ -3,7 +3,7 @@
 //! in-process world's results; groups interleave; send/receive keeps order per tag; a
 //! dropped rank, a wrong token, a stranger and a missing member give the right errors.
 
-use shardc_backend_cpu::collectives::tcp::{TcpComm, TcpSetup};
+use shardc_collectives::tcp::{TcpComm, TcpSetup};
 use shardc_ir::{DType, ReduceOp, TensorType};
 use shardc_runtime::comm::{conformance, CommError, Communicator, InProcessWorld};
 use shardc_runtime::tensor::{Data, Tensor};

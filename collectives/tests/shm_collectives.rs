@@ -3,8 +3,8 @@
 //! worker the child runs), and every child compares its results bit for bit with an
 //! in-process world (threads) running the same calls on the same data.
 
-use shardc_backend_cpu::collectives::shm::{segment_files, ShmComm, ShmSetup};
-use shardc_backend_cpu::collectives::{CommSetup, Peer, ProcessComm};
+use shardc_collectives::shm::{segment_files, ShmComm, ShmSetup};
+use shardc_collectives::{CommSetup, Peer, ProcessComm};
 use shardc_ir::{DType, ReduceOp};
 use shardc_runtime::comm::{allowed_cores, restrict_to, CommError, Communicator, InProcessWorld};
 use shardc_runtime::{Data, Tensor};

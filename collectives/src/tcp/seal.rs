@@ -23,7 +23,7 @@
 //! with the length as associated data and the record's number within its epoch as nonce, so
 //! records that are altered, reordered, replayed or moved between directions or connections
 //! fail to open. A record that fails to open breaks the connection (its peer is then lost,
-//! as when the connection closes). The frames of [`super::wire`] travel inside the records
+//! as when the connection closes). The frames of `wire.rs` travel inside the records
 //! unchanged; [`SealedWriter`] seals what is written when it is flushed (or a record fills),
 //! and [`OpenedReader`] serves the opened bytes.
 
@@ -341,7 +341,7 @@ impl<R: Read> OpenedReader<R> {
     /// Reads and opens the next record; `Ok(false)` when the stream ended between records.
     fn fill(&mut self) -> io::Result<bool> {
         let mut head = [0u8; 4];
-        if !super::wire::read_head(&mut self.inner, &mut head, "a sealed record")? {
+        if !crate::wire::read_head(&mut self.inner, &mut head, "a sealed record")? {
             return Ok(false);
         }
         let len = u32::from_le_bytes(head) as usize;
