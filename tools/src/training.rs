@@ -1,8 +1,8 @@
 //! What every training run of the command line shares around the one loop
 //! ([`shardc_runtime::train_steps`]): the data each rank is fed (its block of the global
 //! batch, [`rank_block`]; a multi-rank artifact's synthetic data, [`distributed_data`]) and
-//! what follows a step ([`after_step`]: the loss line, [`print_loss`], and the checkpoint,
-//! [`save_after`]).
+//! what follows a step (`after_step`: the loss line, [`print_loss`], and the checkpoint,
+//! `save_after`).
 
 use crate::ckpt::Saver;
 use crate::run_args::RunArgs;
