@@ -14,7 +14,8 @@
 //! pass is one entry of `PASSES`: its name, which is its dump's name and (by its place in the
 //! list) index, when it is enabled, and the function, over a [`CompileState`]. [`compile`]
 //! runs them all; [`compile_until`] stops after a named one (the filetests print, and the
-//! benchmarks time, what it made). Nothing else restates the sequence.
+//! benchmarks time, what it made). Nothing else restates the sequence. Each pass is recorded
+//! ([`PassRecord`]: its index, name and time).
 //!
 //! With [`CompileOptions::verify`] on (in debug builds and so in tests, with `shardc compile
 //! --verify`, or `SHARDC_VERIFY=1`), what each pass made is verified after it, every violation
@@ -130,16 +131,14 @@ pub struct ParallelCompiled {
     pub ranks: Vec<Graph>,
 }
 
-/// One stage of the pipeline as it ran.
+/// One stage of the pipeline as it ran (what it made is in the [`CompileState`], or for
+/// [`compile`] in [`Compiled`]; [`compile_until`] gives the state after any pass).
 #[derive(Clone, Debug)]
 pub struct PassRecord {
     /// The stage's index in the pass list (the `NN` of its dump).
     pub index: usize,
     /// The stage's name.
     pub name: &'static str,
-    /// The graph after the stage: the logical graph, or for the per-rank stages rank 0's
-    /// (the program's template; for `execute`, the first materialized rank's).
-    pub graph: Graph,
     /// How long the pass took, in seconds (its dump and verification not included).
     pub seconds: f64,
 }
@@ -250,7 +249,8 @@ pub struct CompileState {
     pub assignment: Option<strategy::Assignment>,
     /// The logical graph with every op's strategy (the `step_parallel_begin` dump).
     pub begin: Option<Graph>,
-    /// The program every rank runs, before gradient fusion (after `step_parallel_end`).
+    /// The program every rank runs, before gradient fusion (after `step_parallel_end`; taken
+    /// by `grad_fusion`).
     pub unfused: Option<SpmdProgram>,
     /// The program after gradient fusion (after `grad_fusion`).
     pub program: Option<SpmdProgram>,
@@ -457,10 +457,14 @@ fn run_partition(s: &mut CompileState, opts: &CompileOptions) -> Result<(), Comp
 }
 
 /// Gradient AllReduces moved to just after their gradients and bucketed (`comm_fusion`).
+/// The unfused program is taken (its dumps are written): the fused one replaces it.
 fn run_grad_fusion(s: &mut CompileState, opts: &CompileOptions) -> Result<(), CompileError> {
-    let unfused = needs(&s.unfused, "grad_fusion", "step_parallel_end")?;
+    let unfused = s.unfused.take().ok_or(CompileError::Order {
+        pass: "grad_fusion",
+        needs: "step_parallel_end",
+    })?;
     let mode = opts.grad_fusion.clone().unwrap_or(GradFusion::Each);
-    let (program, _) = grad_fusion::fuse_program(unfused.clone(), &mode)?;
+    let (program, _) = grad_fusion::fuse_program(unfused, &mode)?;
     s.program = Some(program);
     Ok(())
 }
@@ -525,19 +529,6 @@ fn check_pass(s: &CompileState, pass: &Pass) -> Result<(), CompileError> {
             .try_for_each(|(_, g)| check(g, pass.name)),
         _ => check(&s.graph, pass.name),
     }
-}
-
-/// The graph a pass's record keeps: the logical graph, or rank 0's of the program.
-fn recorded(s: &CompileState, pass: &Pass) -> Graph {
-    let program_template = |p: &Option<SpmdProgram>| p.as_ref().map(|p| p.template.clone());
-    match pass.name {
-        "step_parallel_begin" => s.begin.clone(),
-        "step_parallel_end" => program_template(&s.unfused),
-        "grad_fusion" => program_template(&s.program),
-        "execute" => s.ranks.first().map(|(_, g)| g.clone()),
-        _ => None,
-    }
-    .unwrap_or_else(|| s.graph.clone())
 }
 
 fn training_step_unverified(forward: &Graph, opt: &Optimizer) -> Result<Graph, CompileError> {
@@ -696,7 +687,6 @@ fn run_passes(
         stages.push(PassRecord {
             index,
             name: pass.name,
-            graph: recorded(&state, pass),
             seconds,
         });
     }

@@ -42,18 +42,23 @@ fn parsed_model_compiles_to_a_training_step_with_dumps() {
         dump_dir: Some(dir.path().join("saved_graph")),
         ..Default::default()
     };
-    let c = compile(parsed, &opts).unwrap();
+    let c = compile(parsed.clone(), &opts).unwrap();
+    let plain = CompileOptions {
+        dump_dir: None,
+        ..opts.clone()
+    };
     let stages: Vec<(usize, &str)> = c.stages.iter().map(|s| (s.index, s.name)).collect();
     assert_eq!(
         stages,
         [(0, "infer_types"), (1, "autodiff"), (6, "execute")]
     );
     // After type inference every node has its type.
-    let first = &c.stages[0].graph;
+    let (after_infer, _) = compile_until(parsed.clone(), &plain, "infer_types").unwrap();
+    let first = &after_infer.graph;
     assert!(first.nodes.iter().all(|n| n.ty != Type::Tuple(Vec::new())));
     assert!(c.graph.nodes.iter().any(|n| n.op == OpKind::ApplyMomentum));
-    assert_eq!(c.graph, c.stages[1].graph);
-    assert_eq!(c.graph, c.stages[2].graph);
+    let (after_autodiff, _) = compile_until(parsed, &plain, "autodiff").unwrap();
+    assert_eq!(c.graph, after_autodiff.graph);
 
     let mut files: Vec<String> = std::fs::read_dir(dir.path().join("saved_graph"))
         .unwrap()
@@ -165,8 +170,6 @@ fn a_parallel_compile_runs_every_pass_of_the_one_list_and_dumps_by_its_index() {
     assert!(c.stages.iter().all(|s| s.seconds >= 0.0));
     let p = c.parallel.unwrap();
     assert_eq!(p.rank_ids, [3, 5]);
-    // The execute record keeps the first materialized rank's graph.
-    assert_eq!(c.stages[6].graph, p.ranks[0]);
     let mut top: Vec<String> = std::fs::read_dir(dir.path())
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().to_string())

@@ -97,16 +97,19 @@ pub fn verify(a: &VerifyArgs) -> Result<bool> {
     // One device.
     let mut exec = Executor::new(single.clone(), Arc::new(CpuBackend::with_threads(1)))?;
     let mut ref_losses = Vec::new();
-    for step in 0..a.steps {
-        let f = feeds(step);
-        let refs: Vec<(&str, Tensor)> = f.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
-        let out = exec.step(&refs)?;
-        ref_losses.push(
-            out.first()
-                .and_then(Tensor::scalar_value)
-                .context("the model's first output is not a scalar loss")?,
-        );
-    }
+    shardc_runtime::train_steps(
+        &mut exec,
+        0..a.steps,
+        |step| Ok::<_, anyhow::Error>(Some(feeds(step))),
+        |_, out, _| {
+            ref_losses.push(
+                out.first()
+                    .and_then(Tensor::scalar_value)
+                    .context("the model's first output is not a scalar loss")?,
+            );
+            Ok(())
+        },
+    )?;
 
     // All ranks.
     let layouts: Vec<(String, TensorLayout)> = par
