@@ -90,17 +90,19 @@ self_test() {
   }
   make_repo; expect PASS "a clean repository (ranges, dirname/.., paths inside)"
   make_repo
-  printf 'const Q: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/models/q.ir");\n' > "$tmp/repo/crate/tests/bad.rs"
-  expect FAIL "a test reading ../../shared beside the clone"
-  make_repo; printf 'See `../shared/DESIGN.md`.\n' > "$tmp/repo/README.md"
-  expect FAIL "a doc pointing at ../shared"
-  make_repo; printf 'The grammar of `shared/ir-format.md`.\n' > "$tmp/repo/crate/src/lib.rs"
-  expect FAIL "a doc comment naming shared/ without ../"
-  make_repo; printf 'cat /work/shared/DESIGN.md\n' > "$tmp/repo/scripts/bad.sh"
+  # The sibling folder's name, built so that this file never spells the paths it hunts.
+  sib="shar""ed"
+  printf 'const Q: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../'"$sib"'/models/q.ir");\n' > "$tmp/repo/crate/tests/bad.rs"
+  expect FAIL "a test reading ../../$sib beside the clone"
+  make_repo; printf 'See `../'"$sib"'/DESIGN.md`.\n' > "$tmp/repo/README.md"
+  expect FAIL "a doc pointing at ../$sib"
+  make_repo; printf 'The grammar of `'"$sib"'/ir-format.md`.\n' > "$tmp/repo/crate/src/lib.rs"
+  expect FAIL "a doc comment naming $sib/ without ../"
+  make_repo; printf 'cat /work/'"$sib"'/DESIGN.md\n' > "$tmp/repo/scripts/bad.sh"
   expect FAIL "an absolute path into /work/"
   make_repo; printf 'cat ../../x\n' > "$tmp/repo/scripts/bad.sh"
   expect FAIL "a script climbing two levels from scripts/"
-  make_repo; printf 'See `../shared/DESIGN.md` (check-paths: allow).\n' > "$tmp/repo/README.md"
+  make_repo; printf 'See `../'"$sib"'/DESIGN.md` (check-paths: allow).\n' > "$tmp/repo/README.md"
   expect PASS "a line marked check-paths: allow"
   [ "$failures" -eq 0 ]
 }
