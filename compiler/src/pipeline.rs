@@ -359,11 +359,15 @@ fn is_parallel(o: &CompileOptions) -> bool {
 }
 
 /// The parallel options of a parallel compilation (the passes that call this are enabled only
-/// by [`is_parallel`]).
-fn parallel_of(o: &CompileOptions) -> &ParallelOptions {
-    o.parallel
-        .as_ref()
-        .expect("a parallel pass runs only with parallel options (is_parallel)")
+/// by [`is_parallel`]; without options they are an error naming the pass, not a panic).
+fn parallel_of<'a>(
+    o: &'a CompileOptions,
+    pass: &'static str,
+) -> Result<&'a ParallelOptions, CompileError> {
+    o.parallel.as_ref().ok_or(CompileError::Parallel {
+        stage: pass,
+        error: ParallelError::Options("the pass needs parallel options (device_num > 1)".into()),
+    })
 }
 
 /// The part of the state that pass `pass` needs, or an error naming the pass that makes it.
@@ -413,7 +417,7 @@ fn run_sync_bn(s: &mut CompileState, _: &CompileOptions) -> Result<(), CompileEr
 /// A strategy for every op (the strategy file's, when one is loaded, else the mode's), a
 /// layout for every parameter, and the annotated logical graph.
 fn run_strategy(s: &mut CompileState, opts: &CompileOptions) -> Result<(), CompileError> {
-    let p = parallel_of(opts);
+    let p = parallel_of(opts, "step_parallel_begin")?;
     if let Some(path) = &opts.load_strategy {
         let file = StrategyFile::load(path)?;
         let strategies = file.strategies_for(&s.graph, p.device_num, path)?;
@@ -430,15 +434,15 @@ fn run_strategy(s: &mut CompileState, opts: &CompileOptions) -> Result<(), Compi
         stage: "step_parallel_begin",
         error,
     })?;
-    s.begin = Some(annotated(&s.graph, &assignment));
+    let begin = annotated(&s.graph, &assignment);
     if let Some(path) = &opts.save_strategy {
         let (mode, searcher) = opts
             .mode_names
             .clone()
             .unwrap_or_else(|| ("semi_auto_parallel".into(), "sharding_propagation".into()));
-        let begin = s.begin.as_ref().expect("set above");
-        StrategyFile::of(begin, &assignment, p, &mode, &searcher).save(path)?;
+        StrategyFile::of(&begin, &assignment, p, &mode, &searcher).save(path)?;
     }
+    s.begin = Some(begin);
     s.assignment = Some(assignment);
     Ok(())
 }
@@ -446,12 +450,11 @@ fn run_strategy(s: &mut CompileState, opts: &CompileOptions) -> Result<(), Compi
 /// The program every rank runs, once: rank 0's graph and what differs per rank.
 fn run_partition(s: &mut CompileState, opts: &CompileOptions) -> Result<(), CompileError> {
     let a = needs(&s.assignment, "step_parallel_end", "step_parallel_begin")?;
-    let program = partition::program(&s.graph, a, parallel_of(opts)).map_err(|error| {
-        CompileError::Parallel {
+    let program = partition::program(&s.graph, a, parallel_of(opts, "step_parallel_end")?)
+        .map_err(|error| CompileError::Parallel {
             stage: "step_parallel_end",
             error,
-        }
-    })?;
+        })?;
     s.unfused = Some(program);
     Ok(())
 }

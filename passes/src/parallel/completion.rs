@@ -222,19 +222,13 @@ fn complete(
         ),
         None => format!("the {what} plan was kept"),
     };
-    let mut assignment = match kept {
-        Kept::BreadthFirst => {
-            if exact_plan.is_some() {
-                report.notes.push(describe("breadth-first"));
-            }
-            bfs
-        }
-        Kept::SemiAuto => {
+    // An option is offered only with its plan, so each kept kind finds its own here.
+    let mut assignment = match (kept, semi, exact_plan) {
+        (Kept::SemiAuto, Some(semi), _) => {
             report.notes.push(describe("semi_auto_parallel"));
-            semi.expect("the semi-auto plan was priced")
+            semi
         }
-        Kept::Exact => {
-            let (_, exact, cands) = exact_plan.expect("the exact plan was priced");
+        (Kept::Exact, _, Some((_, exact, cands))) => {
             report.exact = exact;
             let refs: Vec<&OpSharding> = plan.iter().collect();
             let explained = weighing == Weighing::Explained;
@@ -267,6 +261,12 @@ fn complete(
                     (problem.ops[k], decision)
                 });
             propagate_around(g, opts, inputs, settled, None)?
+        }
+        (_, _, exact_plan) => {
+            if exact_plan.is_some() {
+                report.notes.push(describe("breadth-first"));
+            }
+            bfs
         }
     };
     report.search_seconds = start.elapsed().as_secs_f64();
