@@ -533,7 +533,9 @@ pub fn core_figures(quick: bool) -> Result<CoreFigures> {
         }
         times.push(t.elapsed().as_secs_f64() / reps as f64);
     }
-    let vector_flops = vector_weight(OpKind::GeLU) * n as f64 / median(times).max(1e-12);
+    let weight = vector_weight(OpKind::GeLU)
+        .ok_or_else(|| anyhow!("GeLU has no vector weight in its rules (passes/src/ops)"))?;
+    let vector_flops = weight * n as f64 / median(times).max(1e-12);
     Ok(CoreFigures {
         flops,
         vector_flops,

@@ -6,5 +6,6 @@
 pub mod autodiff;
 pub mod grad_fusion;
 pub mod infer;
+pub mod ops;
 pub mod parallel;
 pub mod verify;

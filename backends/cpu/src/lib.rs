@@ -29,10 +29,10 @@ pub use elementwise::dropout_uniform;
 pub use matmul::{dgemm, sgemm, GemmError, MatRef};
 pub use real::{Elem, Real};
 
-use shardc_ir::{DType, Node, OpClass, OpKind};
+use shardc_ir::{DType, Node, OpKind};
 use shardc_runtime::{Arg, Backend, KernelContext, KernelError, Tensor};
 use std::sync::atomic::{AtomicBool, Ordering};
-use util::{with_float, Ctx, KResult, Par};
+use util::{Ctx, KResult, Par};
 
 /// The CPU backend.
 ///
@@ -167,74 +167,151 @@ fn compute_dtype(ctx: &Ctx<'_>, inputs: &[Arg<'_>], outputs: &[Tensor]) -> KResu
         .ok_or_else(|| ctx.err("no tensor operand or result to take the element type from"))
 }
 
-/// Runs one node.
-fn dispatch(ctx: &Ctx<'_>, inputs: &[Arg<'_>], outputs: &mut [Tensor]) -> KResult {
-    use OpKind::*;
-    let op = ctx.node.op;
-    if matches!(op.class(), OpClass::Communication | OpClass::Plumbing) {
-        return Err(ctx.err(format!(
-            "{op} is not a compute op: the executor or the communicator runs it, not a backend"
-        )));
-    }
-    // Ops defined for every element type.
-    match op {
-        Cast => return elementwise::cast(ctx, inputs, outputs),
-        Equal => return elementwise::equal(ctx, inputs, outputs),
-        ZerosLike | OnesLike => return elementwise::fill_like(ctx, inputs, outputs),
-        Reshape => return movement::reshape(ctx, inputs, outputs),
-        Transpose => return movement::transpose(ctx, inputs, outputs),
-        BroadcastTo => return movement::broadcast_to(ctx, inputs, outputs),
-        StridedSlice => return movement::strided_slice(ctx, inputs, outputs),
-        StridedSliceGrad => return movement::strided_slice_grad(ctx, inputs, outputs),
-        Concat => return movement::concat(ctx, inputs, outputs),
-        Split => return movement::split(ctx, inputs, outputs),
-        Gather => return movement::gather(ctx, inputs, outputs),
-        OneHot => return movement::one_hot(ctx, inputs, outputs),
-        _ => {}
-    }
-    let dtype = compute_dtype(ctx, inputs, outputs)?;
-    with_float!(ctx, dtype, T => float_op::<T>(ctx, inputs, outputs))
+/// A kernel of one op: every CPU kernel takes the node's context, its operands and its
+/// preallocated results.
+type KernelFn = for<'a, 'b, 'c, 'd, 'e> fn(&'a Ctx<'b>, &'c [Arg<'d>], &'e mut [Tensor]) -> KResult;
+
+/// A float kernel, monomorphised for each float element type it computes in.
+#[derive(Clone, Copy)]
+struct FloatKernel {
+    f32: KernelFn,
+    f64: KernelFn,
 }
 
-/// Runs a float compute op in `T`.
-fn float_op<T: Real>(ctx: &Ctx<'_>, inputs: &[Arg<'_>], outputs: &mut [Tensor]) -> KResult {
+/// `FloatKernel` of a generic kernel `path::<T>`.
+macro_rules! float {
+    ($($path:ident)::+) => {
+        FloatKernel {
+            f32: $($path)::+::<f32>,
+            f64: $($path)::+::<f64>,
+        }
+    };
+}
+
+/// How the CPU backend runs an op (private: the kernels themselves).
+#[derive(Clone, Copy)]
+enum Route {
+    /// A kernel for every element type.
+    AnyType(KernelFn),
+    /// A float kernel (Float32 / Float64), by the element type of the first tensor operand.
+    Float(FloatKernel),
+    /// Not a compute op: the executor or the communicator runs it, for this reason.
+    NotCompute(&'static str),
+}
+
+/// What the CPU backend has for an op: what [`kernel`] answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    /// A kernel for every element type (data movement, `Cast`, `Equal`, the fills).
+    AnyType,
+    /// A float kernel, in Float32 or Float64.
+    Float,
+}
+
+/// Why the executor runs the plumbing ops itself, not a backend.
+const PLUMBING: &str =
+    "not a compute op: the executor runs it (TupleGetItem is an alias, Assign stores a parameter)";
+/// Why the communicator runs the collectives, not a backend.
+const COLLECTIVE: &str =
+    "not a compute op: the executor's communication thread runs it through the communicator";
+
+/// The CPU kernel of every op: one exhaustive match, which [`CpuBackend::run`] dispatches by
+/// and [`kernel`] reports, so that the two cannot disagree and a new op does not compile
+/// without an arm.
+fn route(op: OpKind) -> Route {
     use OpKind::*;
-    match ctx.node.op {
-        MatMul => matmul::matmul::<T>(ctx, inputs, outputs),
-        BatchMatMul => matmul::batch_matmul::<T>(ctx, inputs, outputs),
-        Conv2D => conv::conv2d::<T>(ctx, inputs, outputs),
-        Conv2DBackpropInput => conv::conv2d_backprop_input::<T>(ctx, inputs, outputs),
-        Conv2DBackpropFilter => conv::conv2d_backprop_filter::<T>(ctx, inputs, outputs),
-        BiasAdd => elementwise::bias_add::<T>(ctx, inputs, outputs),
+    use Route::*;
+    match op {
+        // Ops defined for every element type.
+        Cast => AnyType(elementwise::cast),
+        Equal => AnyType(elementwise::equal),
+        ZerosLike | OnesLike => AnyType(elementwise::fill_like),
+        Reshape => AnyType(movement::reshape),
+        Transpose => AnyType(movement::transpose),
+        BroadcastTo => AnyType(movement::broadcast_to),
+        StridedSlice => AnyType(movement::strided_slice),
+        StridedSliceGrad => AnyType(movement::strided_slice_grad),
+        Concat => AnyType(movement::concat),
+        Split => AnyType(movement::split),
+        Gather => AnyType(movement::gather),
+        OneHot => AnyType(movement::one_hot),
+        // Float ops.
+        MatMul => Float(float!(matmul::matmul)),
+        BatchMatMul => Float(float!(matmul::batch_matmul)),
+        Conv2D => Float(float!(conv::conv2d)),
+        Conv2DBackpropInput => Float(float!(conv::conv2d_backprop_input)),
+        Conv2DBackpropFilter => Float(float!(conv::conv2d_backprop_filter)),
+        BiasAdd => Float(float!(elementwise::bias_add)),
         Add | Sub | Mul | RealDiv | ReluGrad | SigmoidGrad | TanhGrad | SqrtGrad | DropoutGrad => {
-            elementwise::binary::<T>(ctx, inputs, outputs)
+            Float(float!(elementwise::binary))
         }
         Neg | Square | Sqrt | Exp | Log | ReLU | GeLU | Sigmoid | Tanh => {
-            elementwise::unary::<T>(ctx, inputs, outputs)
+            Float(float!(elementwise::unary))
         }
-        GeLUGrad => elementwise::gelu_grad_kernel::<T>(ctx, inputs, outputs),
-        Dropout => elementwise::dropout::<T>(ctx, inputs, outputs),
-        ReduceSum | ReduceMean | ReduceMax => reduce::reduce::<T>(ctx, inputs, outputs),
-        BiasAddGrad => reduce::bias_add_grad::<T>(ctx, inputs, outputs),
-        Softmax | LogSoftmax => reduce::softmax::<T>(ctx, inputs, outputs),
-        SoftmaxGrad | LogSoftmaxGrad => reduce::softmax_grad::<T>(ctx, inputs, outputs),
-        BatchNorm => norm::batch_norm::<T>(ctx, inputs, outputs),
-        BatchNormGrad => norm::batch_norm_grad::<T>(ctx, inputs, outputs),
-        BNTrainingReduce => norm::bn_training_reduce::<T>(ctx, inputs, outputs),
-        BNTrainingUpdate => norm::bn_training_update::<T>(ctx, inputs, outputs),
-        BNTrainingUpdateGrad => norm::bn_training_update_grad::<T>(ctx, inputs, outputs),
-        BNTrainingReduceGrad => norm::bn_training_reduce_grad::<T>(ctx, inputs, outputs),
-        LayerNorm => norm::layer_norm::<T>(ctx, inputs, outputs),
-        LayerNormGrad => norm::layer_norm_grad::<T>(ctx, inputs, outputs),
-        MaxPool | AvgPool => pool::pool::<T>(ctx, inputs, outputs),
-        MaxPoolGrad | AvgPoolGrad => pool::pool_grad::<T>(ctx, inputs, outputs),
-        SoftmaxCrossEntropyWithLogits => loss::softmax_ce::<T>(ctx, inputs, outputs),
-        SparseSoftmaxCrossEntropyWithLogits => loss::sparse_softmax_ce::<T>(ctx, inputs, outputs),
-        ApplyMomentum => optim::apply_momentum::<T>(ctx, inputs, outputs),
-        ApplyGradientDescent => optim::apply_gradient_descent::<T>(ctx, inputs, outputs),
-        SGD => optim::sgd::<T>(ctx, inputs, outputs),
-        Adam => optim::adam::<T>(ctx, inputs, outputs),
-        UnsortedSegmentSum => movement::unsorted_segment_sum::<T>(ctx, inputs, outputs),
-        op => Err(ctx.err(format!("{op} has no CPU kernel"))),
+        GeLUGrad => Float(float!(elementwise::gelu_grad_kernel)),
+        Dropout => Float(float!(elementwise::dropout)),
+        ReduceSum | ReduceMean | ReduceMax => Float(float!(reduce::reduce)),
+        BiasAddGrad => Float(float!(reduce::bias_add_grad)),
+        Softmax | LogSoftmax => Float(float!(reduce::softmax)),
+        SoftmaxGrad | LogSoftmaxGrad => Float(float!(reduce::softmax_grad)),
+        BatchNorm => Float(float!(norm::batch_norm)),
+        BatchNormGrad => Float(float!(norm::batch_norm_grad)),
+        BNTrainingReduce => Float(float!(norm::bn_training_reduce)),
+        BNTrainingUpdate => Float(float!(norm::bn_training_update)),
+        BNTrainingUpdateGrad => Float(float!(norm::bn_training_update_grad)),
+        BNTrainingReduceGrad => Float(float!(norm::bn_training_reduce_grad)),
+        LayerNorm => Float(float!(norm::layer_norm)),
+        LayerNormGrad => Float(float!(norm::layer_norm_grad)),
+        MaxPool | AvgPool => Float(float!(pool::pool)),
+        MaxPoolGrad | AvgPoolGrad => Float(float!(pool::pool_grad)),
+        SoftmaxCrossEntropyWithLogits => Float(float!(loss::softmax_ce)),
+        SparseSoftmaxCrossEntropyWithLogits => Float(float!(loss::sparse_softmax_ce)),
+        ApplyMomentum => Float(float!(optim::apply_momentum)),
+        ApplyGradientDescent => Float(float!(optim::apply_gradient_descent)),
+        SGD => Float(float!(optim::sgd)),
+        Adam => Float(float!(optim::adam)),
+        UnsortedSegmentSum => Float(float!(movement::unsorted_segment_sum)),
+        // Run by the executor or the communicator.
+        TupleGetItem | Assign => NotCompute(PLUMBING),
+        AllReduce | AllGather | ReduceScatter | AllToAll | Broadcast | Send | Receive => {
+            NotCompute(COLLECTIVE)
+        }
+    }
+}
+
+/// The CPU kernel of `op`, or `None` for an op that is not a backend's to run (then
+/// [`not_compute_reason`] says who runs it).
+pub fn kernel(op: OpKind) -> Option<Kernel> {
+    match route(op) {
+        Route::AnyType(_) => Some(Kernel::AnyType),
+        Route::Float(_) => Some(Kernel::Float),
+        Route::NotCompute(_) => None,
+    }
+}
+
+/// Why the CPU backend has no kernel for `op` (the executor or the communicator runs it), or
+/// `None` when it has one.
+pub fn not_compute_reason(op: OpKind) -> Option<&'static str> {
+    match route(op) {
+        Route::NotCompute(why) => Some(why),
+        Route::AnyType(_) | Route::Float(_) => None,
+    }
+}
+
+/// Runs one node.
+fn dispatch(ctx: &Ctx<'_>, inputs: &[Arg<'_>], outputs: &mut [Tensor]) -> KResult {
+    let op = ctx.node.op;
+    match route(op) {
+        Route::AnyType(f) => f(ctx, inputs, outputs),
+        Route::Float(k) => match compute_dtype(ctx, inputs, outputs)? {
+            DType::Float32 => (k.f32)(ctx, inputs, outputs),
+            DType::Float64 => (k.f64)(ctx, inputs, outputs),
+            other => Err(ctx.err(format!(
+                "unsupported element type {other} (this kernel computes in Float32 or Float64)"
+            ))),
+        },
+        Route::NotCompute(_) => Err(ctx.err(format!(
+            "{op} is not a compute op: the executor or the communicator runs it, not a backend"
+        ))),
     }
 }

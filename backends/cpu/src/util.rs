@@ -317,26 +317,6 @@ pub(crate) fn strides(shape: &[usize]) -> Vec<usize> {
     s
 }
 
-/// Dispatches on a float dtype, binding the type alias `$T` to f32 or f64.
-macro_rules! with_float {
-    ($ctx:expr, $dtype:expr, $T:ident => $body:expr) => {
-        match $dtype {
-            shardc_ir::DType::Float32 => {
-                type $T = f32;
-                $body
-            }
-            shardc_ir::DType::Float64 => {
-                type $T = f64;
-                $body
-            }
-            other => Err($ctx.err(format!(
-                "unsupported element type {other} (this kernel computes in Float32 or Float64)"
-            ))),
-        }
-    };
-}
-pub(crate) use with_float;
-
 /// Dispatches on any dtype, binding the type alias `$T` to the element type.
 macro_rules! with_any {
     ($dtype:expr, $T:ident => $body:expr) => {

@@ -35,4 +35,5 @@ pub mod replay;
 pub use device::{Device, Gemm};
 pub use error::{CudaError, CudaResult};
 pub use executor::GpuExecutor;
+pub use ops::{has_kernel, host_fallback, HOST_FALLBACKS};
 pub use probe::{Library, MissingLibrary};

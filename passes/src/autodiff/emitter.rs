@@ -2,15 +2,21 @@
 //! node whose gradient they compute, and the small operand helpers the rules share.
 
 use super::error::AutodiffError;
-use crate::infer::infer_node;
-use shardc_ir::{Attrs, Const, DType, Graph, Node, NodeId, OpKind, Operand, TensorType};
+use crate::infer::error::InferError;
+use shardc_ir::{Attrs, Const, DType, Graph, Node, NodeId, OpKind, Operand, TensorType, Type};
 use std::collections::{HashMap, HashSet};
+
+/// The shape rule an emitter types its nodes with (`crate::infer::infer_node`, given by the
+/// caller: the rules that emit nodes sit below the dispatcher of every op's shape rule).
+pub(crate) type TypeOf = fn(&Graph, &Node) -> Result<Type, InferError>;
 
 /// Appends typed nodes to the graph being built, naming them after the forward node being
 /// differentiated.
 pub(crate) struct Emitter {
     /// The graph being built.
     pub g: Graph,
+    /// Types each emitted node.
+    type_of: TypeOf,
     /// Every instance name in use.
     names: HashSet<String>,
     /// Existing `TupleGetItem` nodes: (tuple node, index) -> node.
@@ -26,9 +32,9 @@ pub(crate) struct Emitter {
 }
 
 impl Emitter {
-    /// An emitter that appends to `g`; nodes are named as the loss's gradient until a
-    /// context is set.
-    pub(super) fn new(g: Graph) -> Emitter {
+    /// An emitter that appends to `g`, typing nodes with `type_of`; nodes are named as the
+    /// loss's gradient until a context is set.
+    pub(super) fn new(g: Graph, type_of: TypeOf) -> Emitter {
         let names = g
             .nodes
             .iter()
@@ -47,6 +53,7 @@ impl Emitter {
         }
         Emitter {
             g,
+            type_of,
             names,
             items,
             scope: "Gradients".into(),
@@ -119,7 +126,7 @@ impl Emitter {
         node.instance = self.unique(suffix);
         node.scope = self.scope.clone();
         node.name = "grad".into();
-        node.ty = infer_node(&self.g, &node).map_err(|source| AutodiffError::Emit {
+        node.ty = (self.type_of)(&self.g, &node).map_err(|source| AutodiffError::Emit {
             op: self.op,
             instance: self.instance.clone(),
             emitted: op,
@@ -166,7 +173,7 @@ impl Emitter {
         self.g.operand_tensor_type(operand).cloned().ok_or_else(|| {
             self.bad_node(format!(
                 "expected a tensor operand, got {}",
-                crate::infer::operand_text(&self.g, operand)
+                crate::infer::text::operand_text(&self.g, operand)
             ))
         })
     }

@@ -1,6 +1,6 @@
 //! The error of autodiff: why the backward pass or the training step cannot be built.
 
-use crate::infer::InferError;
+use crate::infer::error::InferError;
 use shardc_ir::OpKind;
 
 /// Why the backward pass or the training step cannot be built. Every variant about a node

@@ -17,15 +17,17 @@
 //! `grad_<forward instance>` plus a suffix (`grad_matmul_b`, `grad_reduce_mean_reshape`);
 //! names are made unique.
 
-mod emitter;
-mod error;
+pub(crate) mod emitter;
+pub(crate) mod error;
 mod optimizer;
-mod rules;
+pub(crate) mod rules;
 
 pub use error::AutodiffError;
 pub use optimizer::{append_update, Optimizer};
 
+use crate::ops::{Gradient, Operands};
 use emitter::Emitter;
+use rules::Rule;
 use shardc_ir::{Attrs, Const, Graph, Node, NodeId, OpKind, Operand, ParamId, Type};
 use std::collections::HashMap;
 
@@ -46,7 +48,7 @@ pub fn gradients(forward: &Graph) -> Result<(Graph, Vec<(ParamId, Operand)>), Au
         })?;
     check_loss(forward, &loss)?;
     let active = Activity::of(forward);
-    let mut em = Emitter::new(forward.clone());
+    let mut em = Emitter::new(forward.clone(), crate::infer::infer_node);
     if !active.operand(&loss) {
         return Ok((em.g, Vec::new()));
     }
@@ -94,7 +96,7 @@ pub fn gradients(forward: &Graph) -> Result<(Graph, Vec<(ParamId, Operand)>), Au
         let needs: Vec<bool> = (0..node.inputs.len())
             .map(|pos| active.position(forward, node, pos))
             .collect();
-        let dxs = rules::gradient(&mut em, id, dys, &needs)?;
+        let dxs = gradient(&mut em, id, dys, &needs)?;
         for (pos, dx) in dxs.into_iter().enumerate() {
             let Some(dx) = dx else { continue };
             if !needs.get(pos).copied().unwrap_or(false) {
@@ -237,7 +239,7 @@ impl Activity {
         let Some(operand) = node.inputs.get(pos) else {
             return false;
         };
-        if !self.operand(operand) || !rules::differentiable(g, node, pos) {
+        if !self.operand(operand) || !differentiable(node, pos) {
             return false;
         }
         // Only float tensors carry gradients (a tuple operand is TupleGetItem's).
@@ -252,6 +254,55 @@ impl Activity {
                 .is_some_and(|p| p.ty.dtype.is_float()),
             Operand::Const(_) => false,
         }
+    }
+}
+
+/// The gradients of the operands of forward node `id`, given the gradients `dys` of its
+/// results (one per tensor of its result; `None` where nothing flows back). `needs[i]` says
+/// whether operand `i` wants a gradient; the result has one entry per operand. The rule is
+/// the op's, in its family module of `crate::ops`.
+fn gradient(
+    em: &mut Emitter,
+    id: NodeId,
+    dys: Vec<Option<Operand>>,
+    needs: &[bool],
+) -> Result<Vec<Option<Operand>>, AutodiffError> {
+    let node = em.g.nodes[id.index()].clone();
+    // Optional operands (the axes of a reduction) are read with their defaults.
+    let rule = crate::ops::rule(node.op);
+    let wanted = rule.signature.required;
+    if node.inputs.len() < wanted {
+        return Err(em.bad_node(format!(
+            "expects {wanted} operand(s), got {}",
+            node.inputs.len()
+        )));
+    }
+    match rule.gradient {
+        Gradient::Rule(f) => f(&mut Rule {
+            em,
+            id,
+            node,
+            sig: rule.signature,
+            dys,
+            needs: needs.to_vec(),
+        }),
+        Gradient::None(why) => Err(em.no_gradient(why)),
+        Gradient::Driver(why) => Err(em.bad_node(format!("internal error: {why}"))),
+    }
+}
+
+/// Whether operand `pos` of `node` can carry a gradient (before looking at dtypes and at
+/// what depends on what): a constant never does; otherwise the op's rules say
+/// (`crate::ops::Operands`).
+fn differentiable(node: &Node, pos: usize) -> bool {
+    if matches!(node.inputs.get(pos), Some(Operand::Const(_)) | None) {
+        return false;
+    }
+    match crate::ops::rule(node.op).differentiable {
+        Operands::All => true,
+        Operands::First => pos == 0,
+        Operands::NoneOf => false,
+        Operands::Some(f) => f(node, pos),
     }
 }
 

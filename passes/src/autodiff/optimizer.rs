@@ -100,7 +100,7 @@ pub fn append_update(
     grads: &[(ParamId, Operand)],
     opt: &Optimizer,
 ) -> Result<Graph, AutodiffError> {
-    let mut em = Emitter::new(g);
+    let mut em = Emitter::new(g, crate::infer::infer_node);
     let scope = format!("Default/optimizer-{}", opt.name());
 
     // Adam's shared beta powers, in the element type of the first trained weight.

@@ -3,7 +3,7 @@
 
 use super::error::InferError;
 use super::shapes::to_sizes;
-use super::signatures::{signature, OperandSpec};
+use super::signatures::{OperandSpec, Signature};
 use super::text::{const_text, ints_text, operand_text, sh};
 use shardc_ir::{Attr, Const, DType, Graph, Node, OpKind, Operand, ParamKind, TensorType, Type};
 
@@ -16,6 +16,8 @@ pub(crate) struct Cx<'a> {
     pub node: &'a Node,
     /// Nodes with an index below `limit` are visible.
     pub limit: usize,
+    /// The op's operand signature.
+    pub sig: Signature,
 }
 
 impl<'a> Cx<'a> {
@@ -31,12 +33,12 @@ impl<'a> Cx<'a> {
 
     /// `input 1 (b)`.
     pub fn name(&self, i: usize) -> String {
-        format!("input {i} ({})", signature(self.node.op).name(i))
+        format!("input {i} ({})", self.sig.name(i))
     }
 
     /// Checks the operand count and the kind of every operand against the op's signature.
-    pub(super) fn check_signature(&self) -> Result<(), InferError> {
-        let sig = signature(self.op());
+    pub(crate) fn check_signature(&self) -> Result<(), InferError> {
+        let sig = self.sig;
         let n = self.node.inputs.len();
         let names: Vec<&str> = sig.operands.iter().map(|o| o.0).collect();
         if sig.variadic {
@@ -458,13 +460,5 @@ impl<'a> Cx<'a> {
     /// The single result type of float ops that keep their first operand's type.
     pub fn keep(&self, i: usize) -> Result<Type, InferError> {
         Ok(Type::Tensor(self.float_tensor(i)?.clone()))
-    }
-
-    /// An internal routing error (an op sent to the wrong family): never a user mistake.
-    pub fn misrouted(&self) -> InferError {
-        self.err(format!(
-            "internal error: no shape rule for {} in this family",
-            self.op()
-        ))
     }
 }

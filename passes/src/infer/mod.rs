@@ -1,8 +1,10 @@
 //! Shape and dtype inference: the result [`Type`] of every op from its operands and attributes.
 //!
 //! The contract of each op (operands, attributes with defaults, result) is the doc comment of
-//! its [`OpKind`] variant; this module implements exactly those contracts. [`infer_node`]
-//! types one node, [`infer_graph`] fills every node's type in order.
+//! its [`OpKind`] variant; each op's shape rule implements exactly that contract and lives
+//! with the op's other rules in its family module of [`crate::ops`]. This module holds what
+//! they share (the context `Cx`, [`InferError`], the axis and broadcast helpers) and the entry
+//! points: [`infer_node`] types one node, [`infer_graph`] fills every node's type in order.
 //!
 //! Every error names the op, its instance, the operand (by position and name, as in
 //! `input 1 (b)`), the shapes involved and the reason.
@@ -35,31 +37,23 @@
 //!
 //! [`OpKind`]: shardc_ir::OpKind
 
-mod comm;
-mod context;
-mod contraction;
-mod elementwise;
-mod error;
-mod gradient;
-mod loss;
-mod movement;
-mod optimizer;
-mod plumbing;
-mod reduction;
-mod shapes;
-mod signatures;
-mod text;
+pub(crate) mod context;
+pub(crate) mod error;
+pub(crate) mod shapes;
+pub(crate) mod signatures;
+pub(crate) mod text;
 
 #[cfg(test)]
 mod tests;
 
+pub use crate::ops::signature;
 pub use error::InferError;
 pub use shapes::{broadcast_shapes, normalize_axis, reduce_axes, softmax_axis};
 pub use shardc_ir::geometry;
 pub use shardc_ir::geometry::{
     conv2d_geometry, conv2d_output_hw, pool2d_geometry, Conv2dGeometry, Pool2dGeometry,
 };
-pub use signatures::{signature, OperandSpec, Signature};
+pub use signatures::{OperandSpec, Signature};
 pub use text::{const_text, operand_text};
 
 use context::Cx;
@@ -72,6 +66,7 @@ pub fn infer_node(graph: &Graph, node: &Node) -> Result<Type, InferError> {
         graph,
         node,
         limit: graph.nodes.len(),
+        sig: signature(node.op),
     };
     infer_cx(&cx)
 }
@@ -88,26 +83,17 @@ pub fn infer_graph(graph: &mut Graph) -> Result<(), InferError> {
 
 /// The result type of node `index` of `graph`, seeing only the nodes before it.
 pub(crate) fn infer_at(graph: &Graph, index: usize) -> Result<Type, InferError> {
+    let node = &graph.nodes[index];
     let cx = Cx {
         graph,
-        node: &graph.nodes[index],
+        node,
         limit: index,
+        sig: signature(node.op),
     };
     infer_cx(&cx)
 }
 
 fn infer_cx(cx: &Cx<'_>) -> Result<Type, InferError> {
     cx.check_signature()?;
-    use shardc_ir::OpClass::*;
-    match cx.node.op.class() {
-        Contraction => contraction::infer(cx),
-        Elementwise => elementwise::infer(cx),
-        Reduction => reduction::infer(cx),
-        Movement => movement::infer(cx),
-        Loss => loss::infer(cx),
-        Optimizer => optimizer::infer(cx),
-        Gradient => gradient::infer(cx),
-        Communication => comm::infer(cx),
-        Plumbing => plumbing::infer(cx),
-    }
+    crate::ops::infer(cx)
 }

@@ -1,6 +1,6 @@
 //! The parallel rule of every op: from a strategy to the layouts the op needs and produces.
 //!
-//! [`sharding`] checks a strategy against the op's loop view ([`super::dims::op_dims`]) and
+//! [`sharding`] checks a strategy against the op's loop view ([`crate::ops::op_dims`]) and
 //! returns an [`OpSharding`]: the op's device matrix (MindSpore's: one axis per loop, split
 //! counts in loop order, a leading repeat axis when the strategy uses fewer devices than there
 //! are), the layout each tensor input must have, the layout of each result — partial over the
@@ -9,8 +9,9 @@
 //! [`default_strategy`] is the semi-auto default (split the batch) and [`candidates`] the
 //! strategies a search may consider.
 
-use super::dims::{op_dims, Dim, OpDims};
+use super::dims::{Dim, OpDims};
 use super::ParallelError;
+use crate::ops::op_dims;
 use shardc_ir::{Graph, Node, OpKind, ReduceOp, Strategy, TensorLayout};
 
 /// What one op does under one strategy.

@@ -33,55 +33,134 @@ mod pool;
 pub(crate) use call::{copy_suffix, Lowered, OpCall, Val, Workspace};
 use call::{float_suffix, host, out_float, suffix, TARGET_BLOCKS};
 
+/// The ops the CUDA lowering has no device kernel for, each with the reason: [`lower`]
+/// answers `Lowered::Host(reason)` for them (the executor runs the host backend's kernel on
+/// copies, or runs the op itself). [`has_kernel`] is false exactly for these ops.
+pub const HOST_FALLBACKS: &[(OpKind, &str)] = &[
+    (
+        OpKind::TupleGetItem,
+        "plumbing: the executor aliases the tuple's element, no kernel runs",
+    ),
+    (
+        OpKind::Assign,
+        "plumbing: the executor stores the value into the parameter, no kernel runs",
+    ),
+    (
+        OpKind::AllReduce,
+        "a collective: the executor runs it through the communicator (NCCL)",
+    ),
+    (
+        OpKind::AllGather,
+        "a collective: the executor runs it through the communicator (NCCL)",
+    ),
+    (
+        OpKind::ReduceScatter,
+        "a collective: the executor runs it through the communicator (NCCL)",
+    ),
+    (
+        OpKind::AllToAll,
+        "a collective: the executor runs it through the communicator (NCCL)",
+    ),
+    (
+        OpKind::Broadcast,
+        "a collective: the executor runs it through the communicator (NCCL)",
+    ),
+    (
+        OpKind::Send,
+        "point-to-point: the executor runs it through the communicator",
+    ),
+    (
+        OpKind::Receive,
+        "point-to-point: the executor runs it through the communicator",
+    ),
+];
+
+/// A device lowering of one op.
+type LowerFn = for<'a, 'b> fn(&'a OpCall<'b>) -> CudaResult<Lowered>;
+
+/// Where an op runs: its device lowering, or the host (listed in [`HOST_FALLBACKS`]).
+#[derive(Clone, Copy)]
+enum Route {
+    Kernel(LowerFn),
+    Host,
+}
+
+/// The device lowering of every op: one exhaustive match, which [`lower`] dispatches by and
+/// [`has_kernel`] reports.
+fn route(op: OpKind) -> Route {
+    use OpKind::*;
+    use Route::*;
+    match op {
+        MatMul | BatchMatMul => Kernel(matmul),
+        Add | Sub | Mul | RealDiv | ReluGrad | SigmoidGrad | TanhGrad | SqrtGrad | GeLUGrad
+        | DropoutGrad => Kernel(binary),
+        StridedSlice => Kernel(movement::strided_slice),
+        StridedSliceGrad => Kernel(movement::strided_slice_grad),
+        Concat => Kernel(movement::concat),
+        Split => Kernel(movement::split),
+        Gather => Kernel(movement::gather),
+        UnsortedSegmentSum => Kernel(movement::unsorted_segment_sum),
+        Dropout => Kernel(movement::dropout),
+        Equal => Kernel(movement::equal),
+        Neg | Square | Sqrt | Exp | Log | ReLU | GeLU | Sigmoid | Tanh => Kernel(unary),
+        BiasAdd => Kernel(bias_add),
+        BiasAddGrad => Kernel(bias_add_grad),
+        Cast => Kernel(cast),
+        ZerosLike | OnesLike => Kernel(fill),
+        Reshape => Kernel(copy_same),
+        Transpose => Kernel(transpose),
+        BroadcastTo => Kernel(broadcast_to),
+        OneHot => Kernel(one_hot),
+        ReduceSum | ReduceMean | ReduceMax => Kernel(reduce),
+        Softmax | LogSoftmax => Kernel(softmax),
+        SoftmaxGrad | LogSoftmaxGrad => Kernel(softmax_grad),
+        LayerNorm => Kernel(layer_norm),
+        LayerNormGrad => Kernel(layer_norm_grad),
+        SoftmaxCrossEntropyWithLogits => Kernel(softmax_ce),
+        SparseSoftmaxCrossEntropyWithLogits => Kernel(sparse_ce),
+        ApplyMomentum => Kernel(apply_momentum),
+        ApplyGradientDescent => Kernel(apply_gradient_descent),
+        SGD => Kernel(sgd),
+        Adam => Kernel(adam),
+        Conv2D => Kernel(conv::conv2d),
+        Conv2DBackpropInput => Kernel(conv::conv2d_backprop_input),
+        Conv2DBackpropFilter => Kernel(conv::conv2d_backprop_filter),
+        MaxPool | AvgPool => Kernel(pool::pool),
+        MaxPoolGrad | AvgPoolGrad => Kernel(pool::pool_grad),
+        BatchNorm => Kernel(batch_norm::batch_norm),
+        BatchNormGrad => Kernel(batch_norm::batch_norm_grad),
+        BNTrainingReduce => Kernel(batch_norm::bn_training_reduce),
+        BNTrainingUpdate => Kernel(batch_norm::bn_training_update),
+        BNTrainingUpdateGrad => Kernel(batch_norm::bn_training_update_grad),
+        BNTrainingReduceGrad => Kernel(batch_norm::bn_training_reduce_grad),
+        TupleGetItem | Assign | AllReduce | AllGather | ReduceScatter | AllToAll | Broadcast
+        | Send | Receive => Host,
+    }
+}
+
+/// Whether the CUDA backend has a device kernel for `op` (it may still fall back to the host
+/// for some types or shapes, saying why); `false` exactly for the ops of [`HOST_FALLBACKS`].
+pub fn has_kernel(op: OpKind) -> bool {
+    matches!(route(op), Route::Kernel(_))
+}
+
+/// The reason [`HOST_FALLBACKS`] gives for `op`, if it lists it.
+pub fn host_fallback(op: OpKind) -> Option<&'static str> {
+    HOST_FALLBACKS
+        .iter()
+        .find(|(o, _)| *o == op)
+        .map(|(_, why)| *why)
+}
+
 /// Runs `call.node` on the device, or says why it cannot (see the module doc).
 pub(crate) fn lower(call: &OpCall<'_>) -> CudaResult<Lowered> {
-    use OpKind::*;
     // Every tensor of a device kernel is Float32/Float64 or an index type the kernel names.
-    let node = call.node;
-    match node.op {
-        MatMul | BatchMatMul => matmul(call),
-        Add | Sub | Mul | RealDiv | ReluGrad | SigmoidGrad | TanhGrad | SqrtGrad | GeLUGrad
-        | DropoutGrad => binary(call),
-        StridedSlice => movement::strided_slice(call),
-        StridedSliceGrad => movement::strided_slice_grad(call),
-        Concat => movement::concat(call),
-        Split => movement::split(call),
-        Gather => movement::gather(call),
-        UnsortedSegmentSum => movement::unsorted_segment_sum(call),
-        Dropout => movement::dropout(call),
-        Equal => movement::equal(call),
-        Neg | Square | Sqrt | Exp | Log | ReLU | GeLU | Sigmoid | Tanh => unary(call),
-        BiasAdd => bias_add(call),
-        BiasAddGrad => bias_add_grad(call),
-        Cast => cast(call),
-        ZerosLike | OnesLike => fill(call),
-        Reshape => copy_same(call),
-        Transpose => transpose(call),
-        BroadcastTo => broadcast_to(call),
-        OneHot => one_hot(call),
-        ReduceSum | ReduceMean | ReduceMax => reduce(call),
-        Softmax | LogSoftmax => softmax(call),
-        SoftmaxGrad | LogSoftmaxGrad => softmax_grad(call),
-        LayerNorm => layer_norm(call),
-        LayerNormGrad => layer_norm_grad(call),
-        SoftmaxCrossEntropyWithLogits => softmax_ce(call),
-        SparseSoftmaxCrossEntropyWithLogits => sparse_ce(call),
-        ApplyMomentum => apply_momentum(call),
-        ApplyGradientDescent => apply_gradient_descent(call),
-        SGD => sgd(call),
-        Adam => adam(call),
-        Conv2D => conv::conv2d(call),
-        Conv2DBackpropInput => conv::conv2d_backprop_input(call),
-        Conv2DBackpropFilter => conv::conv2d_backprop_filter(call),
-        MaxPool | AvgPool => pool::pool(call),
-        MaxPoolGrad | AvgPoolGrad => pool::pool_grad(call),
-        BatchNorm => batch_norm::batch_norm(call),
-        BatchNormGrad => batch_norm::batch_norm_grad(call),
-        BNTrainingReduce => batch_norm::bn_training_reduce(call),
-        BNTrainingUpdate => batch_norm::bn_training_update(call),
-        BNTrainingUpdateGrad => batch_norm::bn_training_update_grad(call),
-        BNTrainingReduceGrad => batch_norm::bn_training_reduce_grad(call),
-        op => host(format!("{op} has no CUDA kernel yet")),
+    let op = call.node.op;
+    match route(op) {
+        Route::Kernel(f) => f(call),
+        Route::Host => {
+            host(host_fallback(op).unwrap_or("no CUDA kernel (not listed in HOST_FALLBACKS)"))
+        }
     }
 }
 

@@ -32,6 +32,7 @@ use super::super::roles::{is_generated, like_weight, updated_weight};
 use super::super::rules::{self, candidates, dims_of, sharding, OpSharding, MAX_SPLIT_LOOPS};
 use super::super::{ParallelError, ParallelOptions};
 use super::cost_graph::{CostGraph, SearchEdge, SearchNode};
+use crate::ops::{rule, Cost};
 use shardc_ir::{Graph, NodeId, OpKind, Operand, TensorLayout};
 use std::collections::{HashMap, HashSet};
 
@@ -168,54 +169,23 @@ fn const_index(o: Option<&Operand>) -> usize {
 }
 
 /// What one element of a non-contraction `op` costs relative to an add, at the machine's
-/// vector rate: a transcendental function (exp, tanh) tens of operations, a normalisation or
-/// a softmax its several passes over the row.
-pub fn vector_weight(op: OpKind) -> f64 {
-    use OpKind::*;
-    match op {
-        // The tanh GeLU's tanh is a vectorised rational function in f32 (measured on rank 0
-        // of `shardc bench strategies --stats`: about a fifth of a softmax per element).
-        GeLU | GeLUGrad => 8.0,
-        Softmax
-        | LogSoftmax
-        | SoftmaxGrad
-        | LogSoftmaxGrad
-        | SoftmaxCrossEntropyWithLogits
-        | SparseSoftmaxCrossEntropyWithLogits => 40.0,
-        Exp | Log | Sigmoid | Tanh | Sqrt | SigmoidGrad | TanhGrad | LayerNorm | LayerNormGrad
-        | BatchNorm | BatchNormGrad => 20.0,
-        _ => 1.0,
+/// vector rate (the op's `Cost::Vector` in its rules, `crate::ops`); `None` for a contraction,
+/// which runs at the GEMM rate.
+pub fn vector_weight(op: OpKind) -> Option<f64> {
+    match rule(op).cost {
+        Cost::Vector(w) => Some(w),
+        Cost::Gemm(_) => None,
     }
 }
 
 /// FLOPs of one iteration of `op`'s loops, and whether they run at the GEMM rate (a
-/// contraction) or the vector rate (weighted by [`vector_weight`]).
+/// contraction) or the vector rate (weighted by [`vector_weight`]): the op's cost in its
+/// rules (`crate::ops`).
 fn flops_per_iteration(g: &Graph, node: &shardc_ir::Node) -> (f64, bool) {
-    use OpKind::*;
-    let w = match node.op {
-        MatMul | BatchMatMul => return (2.0, true),
-        Conv2D | Conv2DBackpropInput | Conv2DBackpropFilter => {
-            // The loops are (n, out channels, in channels, h, w); the kernel window is not a
-            // loop, so its area multiplies: from the weight (operand 1 of Conv2D and
-            // Conv2DBackpropInput), else the `kernel_size` attribute.
-            let from_weight = (node.op != Conv2DBackpropFilter)
-                .then(|| node.inputs.get(1).and_then(|o| g.operand_tensor_type(o)))
-                .flatten()
-                .filter(|t| t.shape.len() == 4)
-                .map(|t| (t.shape[2] * t.shape[3]) as f64);
-            let k = from_weight
-                .or_else(|| {
-                    node.attrs.ints("kernel_size").map(|v| match v[..] {
-                        [a] => (a * a).max(1) as f64,
-                        _ => v.iter().product::<i64>().max(1) as f64,
-                    })
-                })
-                .unwrap_or(9.0);
-            return (2.0 * k, true);
-        }
-        op => vector_weight(op),
-    };
-    (w, false)
+    match rule(node.op).cost {
+        Cost::Vector(w) => (w, false),
+        Cost::Gemm(flops) => (flops(g, node), true),
+    }
 }
 
 impl<'g> Problem<'g> {

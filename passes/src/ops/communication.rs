@@ -1,4 +1,4 @@
-//! Shape rules of the collectives: `AllReduce`, `AllGather`, `ReduceScatter`, `AlltoAll`,
+//! The collectives' rules: `AllReduce`, `AllGather`, `ReduceScatter`, `AlltoAll`,
 //! `Broadcast`, `Send`, `Receive`.
 //!
 //! The group of a collective is its `rank_list` attribute (a tuple of distinct ranks >= 0);
@@ -8,60 +8,154 @@
 //! attributes. `AllGather` and `ReduceScatter` take an optional `axis` (default 0, negative
 //! counts from the end): the dimension they concatenate along or split (MindSpore's always
 //! use axis 0; shardc adds `axis` so that the partitioner need not transpose).
+//!
+//! A collective has no strategy of its own (the parallel passes insert it) and costs one
+//! add per element in the search's compute model (its communication is priced apart).
 
-use super::context::Cx;
-use super::elementwise::parse_dtype;
-use super::error::InferError;
-use super::shapes::{normalize_axis, to_sizes};
-use super::text::{ints_text, sh};
-use shardc_ir::{Attr, DType, OpKind, TensorType, Type};
+use super::elementwise::{parse_dtype, X};
+use super::rule::{Cost, Dims, Gradient, OpRule, Operands, Window};
+use crate::autodiff::rules::{Grads, Rule};
+use crate::infer::context::Cx;
+use crate::infer::error::InferError;
+use crate::infer::shapes::{normalize_axis, to_sizes};
+use crate::infer::signatures::Signature;
+use crate::infer::text::{ints_text, sh};
+use shardc_ir::OpKind::*;
+use shardc_ir::{Attr, DType, TensorType, Type};
 
-pub(super) fn infer(cx: &Cx<'_>) -> Result<Type, InferError> {
-    use OpKind::*;
-    match cx.op() {
-        AllReduce => {
-            let x = reducible(cx)?;
-            group(cx, false)?;
-            Ok(Type::Tensor(x.clone()))
-        }
-        AllGather => {
-            let (x, axis) = gather_axis(cx)?;
-            let n = group(cx, true)?.unwrap_or(1);
-            let mut shape = x.shape.clone();
-            shape[axis] *= n;
-            Ok(Type::Tensor(TensorType::new(x.dtype, shape)))
-        }
-        ReduceScatter => {
-            reducible(cx)?;
-            let (x, axis) = gather_axis(cx)?;
-            let n = group(cx, true)?.unwrap_or(1);
-            if x.shape[axis] % n != 0 {
-                return Err(cx.err(format!(
-                    "the group of {n} ranks does not divide dim {axis} of {} of shape {}",
-                    cx.name(0),
-                    sh(&x.shape)
-                )));
-            }
-            let mut shape = x.shape.clone();
-            shape[axis] /= n;
-            Ok(Type::Tensor(TensorType::new(x.dtype, shape)))
-        }
-        AllToAll => all_to_all(cx),
-        Broadcast => {
-            let x = cx.tensor(0)?;
-            group(cx, false)?;
-            rank_attr(cx, "root_rank", Some(0))?;
-            Ok(Type::Tensor(x.clone()))
-        }
-        Send => {
-            let x = cx.tensor(0)?;
-            rank_attr(cx, "dest_rank", None)?;
-            cx.attr_int("sr_tag", 0)?;
-            Ok(Type::Tensor(x.clone()))
-        }
-        Receive => receive(cx),
-        _ => Err(cx.misrouted()),
+/// Why a collective has no strategy of its own.
+pub(super) const NO_STRATEGY: &str = "it is plumbing or communication";
+const P2P_NO_GRADIENT: &str =
+    "point-to-point and broadcast communication have no gradient rule yet";
+
+/// `AllReduce(x)`; its gradient is the AllReduce of dy (sum only).
+pub(super) static ALL_REDUCE: OpRule = OpRule {
+    op: AllReduce,
+    signature: X,
+    infer: all_reduce,
+    gradient: Gradient::Rule(all_reduce_grad),
+    differentiable: Operands::All,
+    dims: Dims::NoStrategy(NO_STRATEGY),
+    cost: Cost::Vector(1.0),
+    window: Window::None,
+};
+
+/// `AllGather(x)`; its gradient is a ReduceScatter.
+pub(super) static ALL_GATHER: OpRule = OpRule {
+    op: AllGather,
+    signature: X,
+    infer: all_gather,
+    gradient: Gradient::Rule(all_gather_grad),
+    differentiable: Operands::All,
+    dims: Dims::NoStrategy(NO_STRATEGY),
+    cost: Cost::Vector(1.0),
+    window: Window::None,
+};
+
+/// `ReduceScatter(x)`; its gradient is an AllGather (sum only).
+pub(super) static REDUCE_SCATTER: OpRule = OpRule {
+    op: ReduceScatter,
+    signature: X,
+    infer: reduce_scatter,
+    gradient: Gradient::Rule(reduce_scatter_grad),
+    differentiable: Operands::All,
+    dims: Dims::NoStrategy(NO_STRATEGY),
+    cost: Cost::Vector(1.0),
+    window: Window::None,
+};
+
+/// `AlltoAll(x)`; its gradient is the AlltoAll back.
+pub(super) static ALL_TO_ALL: OpRule = OpRule {
+    op: AllToAll,
+    signature: X,
+    infer: all_to_all,
+    gradient: Gradient::Rule(all_to_all_grad),
+    differentiable: Operands::All,
+    dims: Dims::NoStrategy(NO_STRATEGY),
+    cost: Cost::Vector(1.0),
+    window: Window::None,
+};
+
+/// `Broadcast(x)` from `root_rank`.
+pub(super) static BROADCAST: OpRule = OpRule {
+    op: Broadcast,
+    signature: X,
+    infer: broadcast,
+    gradient: Gradient::None(P2P_NO_GRADIENT),
+    differentiable: Operands::All,
+    dims: Dims::NoStrategy(NO_STRATEGY),
+    cost: Cost::Vector(1.0),
+    window: Window::None,
+};
+
+/// `Send(x)` to `dest_rank`.
+pub(super) static SEND: OpRule = OpRule {
+    op: Send,
+    signature: X,
+    infer: send,
+    gradient: Gradient::None(P2P_NO_GRADIENT),
+    differentiable: Operands::All,
+    dims: Dims::NoStrategy(NO_STRATEGY),
+    cost: Cost::Vector(1.0),
+    window: Window::None,
+};
+
+/// `Receive()` from `src_rank`.
+pub(super) static RECEIVE: OpRule = OpRule {
+    op: Receive,
+    signature: Signature::fixed(&[]),
+    infer: receive,
+    gradient: Gradient::None(P2P_NO_GRADIENT),
+    differentiable: Operands::All,
+    dims: Dims::NoStrategy(NO_STRATEGY),
+    cost: Cost::Vector(1.0),
+    window: Window::None,
+};
+
+// ---- shapes ----
+
+fn all_reduce(cx: &Cx<'_>) -> Result<Type, InferError> {
+    let x = reducible(cx)?;
+    group(cx, false)?;
+    Ok(Type::Tensor(x.clone()))
+}
+
+fn all_gather(cx: &Cx<'_>) -> Result<Type, InferError> {
+    let (x, axis) = gather_axis(cx)?;
+    let n = group(cx, true)?.unwrap_or(1);
+    let mut shape = x.shape.clone();
+    shape[axis] *= n;
+    Ok(Type::Tensor(TensorType::new(x.dtype, shape)))
+}
+
+fn reduce_scatter(cx: &Cx<'_>) -> Result<Type, InferError> {
+    reducible(cx)?;
+    let (x, axis) = gather_axis(cx)?;
+    let n = group(cx, true)?.unwrap_or(1);
+    if x.shape[axis] % n != 0 {
+        return Err(cx.err(format!(
+            "the group of {n} ranks does not divide dim {axis} of {} of shape {}",
+            cx.name(0),
+            sh(&x.shape)
+        )));
     }
+    let mut shape = x.shape.clone();
+    shape[axis] /= n;
+    Ok(Type::Tensor(TensorType::new(x.dtype, shape)))
+}
+
+fn broadcast(cx: &Cx<'_>) -> Result<Type, InferError> {
+    let x = cx.tensor(0)?;
+    group(cx, false)?;
+    rank_attr(cx, "root_rank", Some(0))?;
+    Ok(Type::Tensor(x.clone()))
+}
+
+fn send(cx: &Cx<'_>) -> Result<Type, InferError> {
+    let x = cx.tensor(0)?;
+    rank_attr(cx, "dest_rank", None)?;
+    cx.attr_int("sr_tag", 0)?;
+    Ok(Type::Tensor(x.clone()))
 }
 
 /// The input of a reducing collective: not Bool; checks the `op` attribute.
@@ -218,4 +312,56 @@ fn receive(cx: &Cx<'_>) -> Result<Type, InferError> {
         }
     };
     Ok(Type::Tensor(TensorType::new(dtype, dims)))
+}
+
+// ---- gradients ----
+
+fn all_reduce_grad(r: &mut Rule<'_>) -> Grads {
+    let op = r.node.attrs.str_or("op", "sum");
+    if op != "sum" {
+        return Err(r.em.no_gradient(format!(
+            "only AllReduce with op: sum has a gradient, this one has op: {op}"
+        )));
+    }
+    r.unary(|r, dy| {
+        let attrs = r.copied_attrs();
+        r.emit(AllReduce, vec![dy], attrs, "")
+    })
+}
+
+fn all_gather_grad(r: &mut Rule<'_>) -> Grads {
+    r.unary(|r, dy| {
+        let attrs = r.copied_attrs().with("op", Attr::Str("sum".into()));
+        r.emit(ReduceScatter, vec![dy], attrs, "")
+    })
+}
+
+fn reduce_scatter_grad(r: &mut Rule<'_>) -> Grads {
+    let op = r.node.attrs.str_or("op", "sum");
+    if op != "sum" {
+        return Err(r.em.no_gradient(format!(
+            "only ReduceScatter with op: sum has a gradient, this one has op: {op}"
+        )));
+    }
+    r.unary(|r, dy| {
+        let mut attrs = r.copied_attrs();
+        attrs.remove("op");
+        r.emit(AllGather, vec![dy], attrs, "")
+    })
+}
+
+fn all_to_all_grad(r: &mut Rule<'_>) -> Grads {
+    r.unary(|r, dy| {
+        let mut attrs = r.copied_attrs();
+        let split = r.node.attrs.get("split_dim").cloned();
+        let concat = r.node.attrs.get("concat_dim").cloned();
+        match (split, concat) {
+            (Some(s), Some(c)) => {
+                attrs.set("split_dim", c);
+                attrs.set("concat_dim", s);
+            }
+            _ => return Err(r.em.bad_node("AlltoAll needs `split_dim` and `concat_dim`")),
+        }
+        r.emit(AllToAll, vec![dy], attrs, "")
+    })
 }
