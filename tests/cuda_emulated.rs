@@ -33,6 +33,37 @@ fn mlp_trains_as_on_the_cpu() {
     }
 }
 
+/// An MLP with SiLU activations (Dense cells with `activation="silu"`): SiLU and SiLUGrad run
+/// on the device (their kernels in `elementwise.cu`, or fused into an elementwise chain).
+#[test]
+fn silu_runs_on_the_device_as_on_the_cpu() {
+    use shardc::compiler::loss::SoftmaxCrossEntropyWithLogits;
+    use shardc::compiler::model::build_network;
+    use shardc::compiler::nn::{Activation, Dense, SequentialCell};
+    use shardc::ir::DType;
+    let net = SequentialCell::new(vec![
+        Box::new(Dense::new(12, 16).activation(Activation::SiLU)),
+        Box::new(Dense::new(16, 4)),
+    ]);
+    let g = build_network(
+        "Network",
+        &net,
+        &SoftmaxCrossEntropyWithLogits::new(true, "mean"),
+        &[
+            ("x", DType::Float32, &[8, 12]),
+            ("label", DType::Int32, &[8]),
+        ],
+    )
+    .expect("SiLU MLP");
+    assert!(g.nodes.iter().any(|n| n.op == shardc::ir::OpKind::SiLU));
+    let g = train(g, momentum());
+    assert!(g.nodes.iter().any(|n| n.op == shardc::ir::OpKind::SiLUGrad));
+    if let Some(s) = compare(g, 3, 1e-5) {
+        println!("{s}");
+        assert!(!s.contains("host: SiLU"), "{s}");
+    }
+}
+
 #[test]
 fn quickstart_trains_as_on_the_cpu() {
     let g = train(zoo::quickstart(4).expect("quickstart"), momentum());

@@ -56,7 +56,7 @@ fn expected_cost(op: OpKind) -> Option<f64> {
         | SoftmaxCrossEntropyWithLogits
         | SparseSoftmaxCrossEntropyWithLogits => Some(40.0),
         Exp | Log | Sigmoid | Tanh | Sqrt | SigmoidGrad | TanhGrad | LayerNorm | LayerNormGrad
-        | BatchNorm | BatchNormGrad => Some(20.0),
+        | BatchNorm | BatchNormGrad | SiLU | SiLUGrad => Some(20.0),
         _ => Some(1.0),
     }
 }
@@ -201,7 +201,7 @@ fn the_host_fallback_list_has_no_duplicates() {
 fn the_walk_fails_for_an_op_without_a_cpu_kernel() {
     let reg = Registry {
         cpu_kernel: |op| {
-            if op == OpKind::GeLU {
+            if op == OpKind::SiLU {
                 None
             } else {
                 cpu_kernel(op)
@@ -212,20 +212,20 @@ fn the_walk_fails_for_an_op_without_a_cpu_kernel() {
     let p = problems(&reg);
     assert_eq!(
         p,
-        vec!["GeLU: it has no CPU kernel and is not run by the executor".to_string()]
+        vec!["SiLU: it has no CPU kernel and is not run by the executor".to_string()]
     );
 }
 
 #[test]
 fn the_walk_fails_for_a_cuda_op_without_a_kernel_or_a_listed_fallback() {
     let reg = Registry {
-        cuda_has_kernel: |op| op != OpKind::GeLUGrad && cuda_has_kernel(op),
+        cuda_has_kernel: |op| op != OpKind::SiLUGrad && cuda_has_kernel(op),
         ..REAL
     };
     let p = problems(&reg);
     assert_eq!(
         p,
-        vec!["GeLUGrad: it has no CUDA kernel and no listed host fallback".to_string()]
+        vec!["SiLUGrad: it has no CUDA kernel and no listed host fallback".to_string()]
     );
 }
 

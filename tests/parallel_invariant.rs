@@ -47,7 +47,7 @@ fn mlp(rng: &mut ChaCha8Rng, batch: usize) -> Result<Graph, BuildError> {
     for _ in 0..layers {
         dims.push(*pick(rng, &[8usize, 16, 32]));
     }
-    let act = rng.random_range(0..3);
+    let act = rng.random_range(0..4);
     let bias = rng.random_bool(0.5);
     let d = dims.clone();
     let net = FnCell::new("Mlp", move |b: &mut GraphBuilder, mut x: Value| {
@@ -62,7 +62,8 @@ fn mlp(rng: &mut ChaCha8Rng, batch: usize) -> Result<Graph, BuildError> {
                 x = match act {
                     0 => b.relu(x)?,
                     1 => b.gelu(x)?,
-                    _ => b.tanh(x)?,
+                    2 => b.tanh(x)?,
+                    _ => b.silu(x)?,
                 };
             }
         }

@@ -142,6 +142,7 @@ pub fn instance_base(op: OpKind) -> String {
         .replace("MatMul", "Matmul")
         .replace("ReLU", "Relu")
         .replace("GeLU", "Gelu")
+        .replace("SiLU", "Silu")
         .replace("Conv2D", "Conv2d")
         .replace("AlltoAll", "AllToAll")
         .replace("SGD", "Sgd");
@@ -871,6 +872,11 @@ impl GraphBuilder {
         self.unary(OpKind::GeLU, x)
     }
 
+    /// `SiLU(x)`: `x * sigmoid(x)`.
+    pub fn silu(&mut self, x: Value) -> Result<Value, BuildError> {
+        self.unary(OpKind::SiLU, x)
+    }
+
     /// `Sigmoid(x)`.
     pub fn sigmoid(&mut self, x: Value) -> Result<Value, BuildError> {
         self.unary(OpKind::Sigmoid, x)
@@ -1029,6 +1035,8 @@ mod tests {
         assert_eq!(instance_base(OpKind::BatchMatMul), "batch_matmul");
         assert_eq!(instance_base(OpKind::ReLU), "relu");
         assert_eq!(instance_base(OpKind::GeLU), "gelu");
+        assert_eq!(instance_base(OpKind::SiLU), "silu");
+        assert_eq!(instance_base(OpKind::SiLUGrad), "silu_grad");
         assert_eq!(instance_base(OpKind::ReduceMean), "reduce_mean");
         assert_eq!(instance_base(OpKind::BiasAdd), "bias_add");
         assert_eq!(instance_base(OpKind::Conv2D), "conv2d");

@@ -59,6 +59,8 @@ pub enum Activation {
     GeLU,
     /// `Sigmoid`.
     Sigmoid,
+    /// `SiLU` (`x * sigmoid(x)`).
+    SiLU,
     /// `Tanh`.
     Tanh,
     /// `Softmax` over the last axis.
@@ -66,12 +68,14 @@ pub enum Activation {
 }
 
 impl Activation {
-    /// The activation of a MindSpore name (`relu`, `gelu`, `sigmoid`, `tanh`, `softmax`).
+    /// The activation of a MindSpore name (`relu`, `gelu`, `sigmoid`, `silu`, `tanh`,
+    /// `softmax`).
     pub fn from_name(name: &str) -> Option<Activation> {
         Some(match name.to_ascii_lowercase().as_str() {
             "relu" => Activation::ReLU,
             "gelu" => Activation::GeLU,
             "sigmoid" => Activation::Sigmoid,
+            "silu" => Activation::SiLU,
             "tanh" => Activation::Tanh,
             "softmax" => Activation::Softmax,
             _ => return None,
@@ -83,6 +87,7 @@ impl Activation {
             Activation::ReLU => "ReLU",
             Activation::GeLU => "GELU",
             Activation::Sigmoid => "Sigmoid",
+            Activation::SiLU => "SiLU",
             Activation::Tanh => "Tanh",
             Activation::Softmax => "Softmax",
         }
@@ -93,6 +98,7 @@ impl Activation {
             Activation::ReLU => b.relu(x),
             Activation::GeLU => b.gelu(x),
             Activation::Sigmoid => b.sigmoid(x),
+            Activation::SiLU => b.silu(x),
             Activation::Tanh => b.tanh(x),
             Activation::Softmax => b.softmax(x, -1),
         }

@@ -336,6 +336,10 @@ primitive!(
     Sigmoid, Sigmoid
 );
 primitive!(
+    /// `SiLU(x)`: `x * sigmoid(x)` (MindSpore's `ops.SiLU`).
+    SiLU, SiLU
+);
+primitive!(
     /// `Tanh(x)`.
     Tanh, Tanh
 );
@@ -347,7 +351,7 @@ primitive!(
     /// `OnesLike(x)`.
     OnesLike, OnesLike
 );
-unary_call!(Neg, Square, Sqrt, Exp, Log, ReLU, GeLU, Sigmoid, Tanh, ZerosLike, OnesLike);
+unary_call!(Neg, Square, Sqrt, Exp, Log, ReLU, GeLU, Sigmoid, SiLU, Tanh, ZerosLike, OnesLike);
 
 primitive!(
     /// `Softmax(x)` along `axis` (-1).

@@ -281,6 +281,12 @@ ops! {
     /// `Assign(param, value)`: at this point of the step the parameter takes `value`. Later
     /// nodes may not read the parameter (the verifier checks).
     Assign => "Assign", Plumbing;
+
+    // ---- added since: appended, because the binary format numbers variants by position ----
+    /// `SiLU(x)`: `x * sigmoid(x)` (MindSpore's `ops.SiLU`, also called Swish).
+    SiLU => "SiLU", Elementwise;
+    /// `SiLUGrad(dy, x)`: `dy * s * (1 + x * (1 - s))` with `s = sigmoid(x)`, SiLU's gradient.
+    SiLUGrad => "SiLUGrad", Gradient;
 }
 
 impl OpKind {

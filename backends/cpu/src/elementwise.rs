@@ -233,6 +233,19 @@ fn sigmoid<T: Real>(x: T) -> T {
     }
 }
 
+/// SiLU: `x * sigmoid(x)`.
+#[inline]
+fn silu<T: Real>(x: T) -> T {
+    x * sigmoid(x)
+}
+
+/// SiLU's derivative times `dy`: `dy * s * (1 + x * (1 - s))`, `s = sigmoid(x)`.
+#[inline]
+fn silu_grad<T: Real>(dy: T, x: T) -> T {
+    let s = sigmoid(x);
+    dy * s * (T::ONE + x * (T::ONE - s))
+}
+
 /// The unary float ops.
 pub(crate) fn unary<T: Real>(ctx: &Ctx<'_>, inputs: &[Arg<'_>], outputs: &mut [Tensor]) -> KResult {
     let (sx, x) = ctx.data::<T>(inputs, 0)?;
@@ -248,6 +261,7 @@ pub(crate) fn unary<T: Real>(ctx: &Ctx<'_>, inputs: &[Arg<'_>], outputs: &mut [T
         OpKind::ReLU => map(ctx, x, out, |v: T| if v > T::ZERO { v } else { T::ZERO }),
         OpKind::GeLU => map(ctx, x, out, gelu::<T>),
         OpKind::Sigmoid => map(ctx, x, out, sigmoid::<T>),
+        OpKind::SiLU => map(ctx, x, out, silu::<T>),
         OpKind::Tanh => map(ctx, x, out, |v: T| v.tanh()),
         op => Err(ctx.err(format!("{op} is not a unary op"))),
     }
@@ -288,6 +302,8 @@ pub(crate) fn binary<T: Real>(
         }),
         // SqrtGrad(y, dy)
         OpKind::SqrtGrad => broadcast_zip(ctx, &out_shape, a, b, out, |y: T, dy: T| dy / (two * y)),
+        // SiLUGrad(dy, x)
+        OpKind::SiLUGrad => broadcast_zip(ctx, &out_shape, a, b, out, silu_grad::<T>),
         // DropoutGrad(dy, mask)
         OpKind::DropoutGrad => broadcast_zip(ctx, &out_shape, a, b, out, |dy: T, m: T| dy * m),
         op => Err(ctx.err(format!("{op} is not a binary op"))),

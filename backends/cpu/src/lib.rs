@@ -242,10 +242,9 @@ fn route(op: OpKind) -> Route {
         Conv2DBackpropInput => Float(float!(conv::conv2d_backprop_input)),
         Conv2DBackpropFilter => Float(float!(conv::conv2d_backprop_filter)),
         BiasAdd => Float(float!(elementwise::bias_add)),
-        Add | Sub | Mul | RealDiv | ReluGrad | SigmoidGrad | TanhGrad | SqrtGrad | DropoutGrad => {
-            Float(float!(elementwise::binary))
-        }
-        Neg | Square | Sqrt | Exp | Log | ReLU | GeLU | Sigmoid | Tanh => {
+        Add | Sub | Mul | RealDiv | ReluGrad | SigmoidGrad | TanhGrad | SqrtGrad | DropoutGrad
+        | SiLUGrad => Float(float!(elementwise::binary)),
+        Neg | Square | Sqrt | Exp | Log | ReLU | GeLU | Sigmoid | Tanh | SiLU => {
             Float(float!(elementwise::unary))
         }
         GeLUGrad => Float(float!(elementwise::gelu_grad_kernel)),

@@ -55,6 +55,7 @@ fn unary_ops() {
         (OpKind::ReLU, &x, |v| v.max(0.0)),
         (OpKind::GeLU, &x, gelu),
         (OpKind::Sigmoid, &x, |v| 1.0 / (1.0 + (-v).exp())),
+        (OpKind::SiLU, &x, |v| v / (1.0 + (-v).exp())),
         (OpKind::Tanh, &x, f64::tanh),
     ];
     for (kind, input, f) in cases {
@@ -67,6 +68,11 @@ fn unary_ops() {
         .t(t64(&[2], vec![-800.0, 800.0]))
         .out(DType::Float64, &[2]);
     assert_eq!(case.run()[0].to_f64_vec(), vec![0.0, 1.0]);
+    // So does SiLU: x * sigmoid(x) is 0 far left, x far right.
+    let case = op(OpKind::SiLU)
+        .t(t64(&[2], vec![-800.0, 800.0]))
+        .out(DType::Float64, &[2]);
+    assert_eq!(case.run()[0].to_f64_vec(), vec![-0.0, 800.0]);
 }
 
 #[test]
@@ -146,6 +152,23 @@ fn elementwise_gradients() {
         .t(dy.clone())
         .out(DType::Float64, &shape);
     check(&case, &[zip(&|y, d| d * y * (1.0 - y), &yv, &dyv)]);
+    // SiLUGrad(dy, x) = dy * s * (1 + x * (1 - s)), s = sigmoid(x); checked against a central
+    // difference of x * sigmoid(x) too.
+    let silu = |v: f64| v / (1.0 + (-v).exp());
+    let silu_grad = |d: f64, v: f64| {
+        let s = 1.0 / (1.0 + (-v).exp());
+        d * s * (1.0 + v * (1.0 - s))
+    };
+    let case = op(OpKind::SiLUGrad)
+        .t(dy.clone())
+        .t(x.clone())
+        .out(DType::Float64, &shape);
+    check(&case, &[zip(&silu_grad, &dyv, &xv)]);
+    for &v in &xv {
+        let h = 1e-5;
+        let fd = (silu(v + h) - silu(v - h)) / (2.0 * h);
+        assert!((silu_grad(1.0, v) - fd).abs() < 1e-8, "SiLU'({v})");
+    }
     let case = op(OpKind::TanhGrad)
         .t(y.clone())
         .t(dy.clone())

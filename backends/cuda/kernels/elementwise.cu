@@ -19,6 +19,7 @@ template <typename T> __device__ __forceinline__ T op_sigmoid(T x) {
     T e = sh_exp(x);
     return e / ((T)1 + e);
 }
+template <typename T> __device__ __forceinline__ T op_silu(T x) { return x * op_sigmoid(x); }
 template <typename T> __device__ __forceinline__ T gelu_grad(T x) {
     T t = sh_tanh((T)GELU_C * (x + (T)GELU_A * x * x * x));
     return (T)0.5 * ((T)1 + t) +
@@ -32,7 +33,8 @@ template <typename T> __device__ __forceinline__ T gelu_grad(T x) {
     }
 #define UNARY_ALL(T, S)                                                                     \
     UNARY(T, S, neg) UNARY(T, S, square) UNARY(T, S, sqrt) UNARY(T, S, exp) UNARY(T, S, log) \
-    UNARY(T, S, relu) UNARY(T, S, tanh) UNARY(T, S, gelu) UNARY(T, S, sigmoid)
+    UNARY(T, S, relu) UNARY(T, S, tanh) UNARY(T, S, gelu) UNARY(T, S, sigmoid)                 \
+    UNARY(T, S, silu)
 FOR_FLOATS(UNARY_ALL)
 
 template <typename T> __device__ __forceinline__ T bin_add(T a, T b) { return a + b; }
@@ -49,6 +51,12 @@ template <typename T> __device__ __forceinline__ T bin_tanh_grad(T y, T dy) { re
 template <typename T> __device__ __forceinline__ T bin_sqrt_grad(T y, T dy) { return dy / ((T)2 * y); }
 // GeLUGrad(dy, x)
 template <typename T> __device__ __forceinline__ T bin_gelu_grad(T dy, T x) { return dy * gelu_grad(x); }
+
+// SiLUGrad(dy, x)
+template <typename T> __device__ __forceinline__ T bin_silu_grad(T dy, T x) {
+    T s = op_sigmoid(x);
+    return dy * s * ((T)1 + x * ((T)1 - s));
+}
 
 #define BINARY(T, S, NAME)                                                                  \
     extern "C" __global__ void binary_##NAME##_##S(const T* __restrict__ a,                 \
@@ -67,7 +75,7 @@ template <typename T> __device__ __forceinline__ T bin_gelu_grad(T dy, T x) { re
 #define BINARY_ALL(T, S)                                                                    \
     BINARY(T, S, add) BINARY(T, S, sub) BINARY(T, S, mul) BINARY(T, S, div)                 \
     BINARY(T, S, relu_grad) BINARY(T, S, sigmoid_grad) BINARY(T, S, tanh_grad)              \
-    BINARY(T, S, sqrt_grad) BINARY(T, S, gelu_grad)
+    BINARY(T, S, sqrt_grad) BINARY(T, S, gelu_grad) BINARY(T, S, silu_grad)
 FOR_FLOATS(BINARY_ALL)
 
 // A binary op with a scalar operand (a constant or a rank-0 tensor): y = x op c, or c op x

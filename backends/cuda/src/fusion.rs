@@ -70,6 +70,7 @@ fn unary_name(op: OpKind) -> Option<&'static str> {
         Tanh => "tanh",
         GeLU => "gelu",
         Sigmoid => "sigmoid",
+        SiLU => "silu",
         _ => return None,
     })
 }
@@ -112,6 +113,7 @@ fn binary_name(op: OpKind) -> Option<&'static str> {
         TanhGrad => "tanh_grad",
         SqrtGrad => "sqrt_grad",
         GeLUGrad => "gelu_grad",
+        SiLUGrad => "silu_grad",
         _ => return None,
     })
 }

@@ -1,6 +1,6 @@
 //! The elementwise ops' rules: binary arithmetic (broadcasting), `Equal`, `BiasAdd`, the
-//! unary activations, `Cast` and `Dropout`. Their loops are the (broadcast) result's
-//! dimensions; a size-1 broadcast dimension stays whole.
+//! unary activations (`SiLU` among them), `Cast` and `Dropout`. Their loops are the
+//! (broadcast) result's dimensions; a size-1 broadcast dimension stays whole.
 
 use super::rule::{Cost, Dims, Gradient, OpRule, Operands, Window};
 use crate::autodiff::emitter::dtype_attr;
@@ -193,6 +193,18 @@ pub(super) static TANH: OpRule = OpRule {
     window: Window::None,
 };
 
+/// `SiLU(x)`: `x * sigmoid(x)`; its gradient is the `SiLUGrad` kernel of x.
+pub(super) static SILU: OpRule = OpRule {
+    op: SiLU,
+    signature: X,
+    infer: |cx| cx.keep(0),
+    gradient: Gradient::Rule(silu_grad),
+    differentiable: Operands::All,
+    dims: Dims::Rule(elementwise_dims),
+    cost: Cost::Vector(TRANSCENDENTAL),
+    window: Window::None,
+};
+
 /// `Cast(x)` to `dst_type`.
 pub(super) static CAST: OpRule = OpRule {
     op: Cast,
@@ -375,6 +387,10 @@ fn sigmoid_grad(r: &mut Rule<'_>) -> Grads {
 
 fn tanh_grad(r: &mut Rule<'_>) -> Grads {
     r.unary(|r, dy| r.emit(TanhGrad, vec![r.y(), dy], Attrs::new(), ""))
+}
+
+fn silu_grad(r: &mut Rule<'_>) -> Grads {
+    r.unary(|r, dy| r.emit(SiLUGrad, vec![dy, r.x(0)], Attrs::new(), ""))
 }
 
 fn cast_grad(r: &mut Rule<'_>) -> Grads {

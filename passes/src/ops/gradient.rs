@@ -55,6 +55,19 @@ pub(super) static GELU_GRAD: OpRule = OpRule {
     window: Window::None,
 };
 
+/// `SiLUGrad(dy, x)`: `dy * s * (1 + x * (1 - s))`, `s = sigmoid(x)`; elementwise, and like
+/// every gradient kernel but the linear ones, without a gradient of its own.
+pub(super) static SILU_GRAD: OpRule = OpRule {
+    op: SiLUGrad,
+    signature: Signature::fixed(&[("dy", Tensor), ("x", Tensor)]),
+    infer: same_as_dy,
+    gradient: Gradient::None(KERNEL),
+    differentiable: Operands::All,
+    dims: Dims::Rule(elementwise_dims),
+    cost: Cost::Vector(TRANSCENDENTAL),
+    window: Window::None,
+};
+
 /// `SigmoidGrad(y, dy)`.
 pub(super) static SIGMOID_GRAD: OpRule = OpRule {
     op: SigmoidGrad,
@@ -296,7 +309,8 @@ pub(super) static BN_TRAINING_REDUCE_GRAD: OpRule = OpRule {
 
 // ---- shapes ----
 
-/// Two operands of one type (`(dy, y)`, `(y, dy)`, `(dy, mask)`), the result of that type.
+/// Two operands of one type (`(dy, y)`, `(y, dy)`, `(dy, mask)`, `(dy, x)`), the result of
+/// that type.
 fn same_as_dy(cx: &Cx<'_>) -> Result<Type, InferError> {
     let t = cx.float_tensor(0)?;
     cx.same_type(0, 1)?;

@@ -61,6 +61,7 @@ pub fn rule(op: OpKind) -> &'static OpRule {
         GeLU => &elementwise::GELU,
         Sigmoid => &elementwise::SIGMOID,
         Tanh => &elementwise::TANH,
+        SiLU => &elementwise::SILU,
         Cast => &elementwise::CAST,
         Equal => &elementwise::EQUAL,
         Dropout => &elementwise::DROPOUT,
@@ -98,6 +99,7 @@ pub fn rule(op: OpKind) -> &'static OpRule {
         // gradient
         ReluGrad => &gradient::RELU_GRAD,
         GeLUGrad => &gradient::GELU_GRAD,
+        SiLUGrad => &gradient::SILU_GRAD,
         SigmoidGrad => &gradient::SIGMOID_GRAD,
         TanhGrad => &gradient::TANH_GRAD,
         SqrtGrad => &gradient::SQRT_GRAD,

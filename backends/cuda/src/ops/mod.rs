@@ -93,7 +93,7 @@ fn route(op: OpKind) -> Route {
     match op {
         MatMul | BatchMatMul => Kernel(matmul),
         Add | Sub | Mul | RealDiv | ReluGrad | SigmoidGrad | TanhGrad | SqrtGrad | GeLUGrad
-        | DropoutGrad => Kernel(binary),
+        | DropoutGrad | SiLUGrad => Kernel(binary),
         StridedSlice => Kernel(movement::strided_slice),
         StridedSliceGrad => Kernel(movement::strided_slice_grad),
         Concat => Kernel(movement::concat),
@@ -102,7 +102,7 @@ fn route(op: OpKind) -> Route {
         UnsortedSegmentSum => Kernel(movement::unsorted_segment_sum),
         Dropout => Kernel(movement::dropout),
         Equal => Kernel(movement::equal),
-        Neg | Square | Sqrt | Exp | Log | ReLU | GeLU | Sigmoid | Tanh => Kernel(unary),
+        Neg | Square | Sqrt | Exp | Log | ReLU | GeLU | Sigmoid | Tanh | SiLU => Kernel(unary),
         BiasAdd => Kernel(bias_add),
         BiasAddGrad => Kernel(bias_add_grad),
         Cast => Kernel(cast),
@@ -246,7 +246,9 @@ fn binary(call: &OpCall<'_>) -> CudaResult<Lowered> {
         SigmoidGrad => "sigmoid_grad",
         TanhGrad => "tanh_grad",
         SqrtGrad => "sqrt_grad",
-        _ => "gelu_grad",
+        GeLUGrad => "gelu_grad",
+        SiLUGrad => "silu_grad",
+        op => return Err(call.err(format!("{op} is not a binary elementwise op"))),
     };
     let n = ty.num_elements() as i64;
     match (call.inputs.first(), call.inputs.get(1)) {
@@ -308,7 +310,9 @@ fn unary(call: &OpCall<'_>) -> CudaResult<Lowered> {
         ReLU => "relu",
         GeLU => "gelu",
         Sigmoid => "sigmoid",
-        _ => "tanh",
+        Tanh => "tanh",
+        SiLU => "silu",
+        op => return Err(call.err(format!("{op} is not a unary elementwise op"))),
     };
     let n = ty.num_elements();
     call.launch(
