@@ -33,7 +33,7 @@ mod pool;
 pub(crate) use call::{copy_suffix, Lowered, OpCall, Val, Workspace};
 use call::{float_suffix, host, out_float, suffix, TARGET_BLOCKS};
 
-/// The ops the CUDA lowering has no device kernel for, each with the reason: [`lower`]
+/// The ops the CUDA lowering has no device kernel for, each with the reason: `lower`
 /// answers `Lowered::Host(reason)` for them (the executor runs the host backend's kernel on
 /// copies, or runs the op itself). [`has_kernel`] is false exactly for these ops.
 pub const HOST_FALLBACKS: &[(OpKind, &str)] = &[
