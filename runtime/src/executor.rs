@@ -38,7 +38,7 @@ use crate::error::RuntimeError;
 use crate::init::{describe, init_tensor};
 use crate::memory::{node_text, plan_with, Allocator, Location, MemoryPlan};
 use crate::tensor::{Data, Tensor};
-use shardc_ir::{Attr, Const, Graph, OpKind, Operand, ParamKind, ReduceOp, TensorType, Type};
+use shardc_ir::{Graph, OpKind, Operand, ParamKind, ReduceOp, TensorType};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
@@ -46,9 +46,11 @@ use std::time::{Duration, Instant};
 
 mod comm_call;
 mod comm_thread;
+pub mod schedule;
 use comm_call::CommFailure;
 pub use comm_call::{comm_call, CommCall};
 use comm_thread::{CommThread, Job, Reply};
+use schedule::{NodeStep, Schedule};
 
 /// Where an operand's tensor comes from at run time.
 #[derive(Clone, Copy, Debug)]
@@ -510,121 +512,8 @@ impl Executor {
             }
         }
 
-        // Structural checks the plan relies on.
-        for (i, node) in graph.nodes.iter().enumerate() {
-            let loc = || node_text(&graph, i);
-            if node.op.is_communication() && comm.is_none() {
-                return Err(RuntimeError::NeedsCommunicator {
-                    op: node.op,
-                    instance: node.instance.clone(),
-                });
-            }
-            for (j, operand) in node.inputs.iter().enumerate() {
-                match operand {
-                    Operand::Node(src) => {
-                        let s = src.index();
-                        if s >= i {
-                            return Err(graph_err(
-                                loc(),
-                                format!(
-                                    "operand {j} refers to %{}, which is not an earlier node",
-                                    s + 1
-                                ),
-                            ));
-                        }
-                        let tuple = matches!(graph.nodes[s].ty, Type::Tuple(_));
-                        if tuple && !(node.op == OpKind::TupleGetItem && j == 0) {
-                            return Err(graph_err(
-                                loc(),
-                                format!(
-                                    "operand {j} reads the tuple result of {}; only TupleGetItem may read a tuple",
-                                    node_text(&graph, s)
-                                ),
-                            ));
-                        }
-                        if !tuple && node.op == OpKind::TupleGetItem && j == 0 {
-                            return Err(graph_err(
-                                loc(),
-                                format!(
-                                    "TupleGetItem reads {}, which is not a tuple",
-                                    node_text(&graph, s)
-                                ),
-                            ));
-                        }
-                    }
-                    Operand::Param(p) => {
-                        if p.index() >= graph.params.len() {
-                            return Err(graph_err(
-                                loc(),
-                                format!(
-                                    "operand {j} refers to parameter #{}, which does not exist",
-                                    p.index() + 1
-                                ),
-                            ));
-                        }
-                    }
-                    Operand::Const(_) => {}
-                }
-            }
-            match node.op {
-                OpKind::TupleGetItem => {
-                    let ok = match (node.inputs.first(), node.inputs.get(1)) {
-                        (Some(Operand::Node(s)), Some(Operand::Const(Const::Int(k)))) => {
-                            usize::try_from(*k)
-                                .ok()
-                                .and_then(|k| graph.nodes[s.index()].ty.tensors().get(k))
-                                .is_some_and(|t| Some(t) == node.ty.as_tensor())
-                        }
-                        _ => false,
-                    };
-                    if !ok || node.inputs.len() != 2 {
-                        return Err(graph_err(
-                            loc(),
-                            "TupleGetItem needs a tuple node and an in-range Int index, and its type must be that element's".into(),
-                        ));
-                    }
-                }
-                OpKind::Assign => {
-                    let param = match node.inputs.first() {
-                        Some(Operand::Param(p)) if graph.params[p.index()].is_weight() => p,
-                        _ => {
-                            return Err(graph_err(
-                                loc(),
-                                "Assign's first operand must be a weight parameter".into(),
-                            ))
-                        }
-                    };
-                    let pty = &graph.params[param.index()].ty;
-                    let vty = node
-                        .inputs
-                        .get(1)
-                        .and_then(|o| graph.operand_tensor_type(o));
-                    if node.inputs.len() != 2 || vty != Some(pty) {
-                        return Err(graph_err(
-                            loc(),
-                            format!(
-                                "Assign's value must be a tensor of the parameter '{}''s type {pty}",
-                                graph.params[param.index()].name
-                            ),
-                        ));
-                    }
-                }
-                _ => {}
-            }
-        }
-        for (k, out) in graph.outputs.iter().enumerate() {
-            let bad = match out {
-                Operand::Node(n) => n.index() >= graph.nodes.len(),
-                Operand::Param(p) => p.index() >= graph.params.len(),
-                Operand::Const(_) => true,
-            };
-            if bad {
-                return Err(graph_err(
-                    format!("output {k}"),
-                    "must refer to an existing node or parameter".into(),
-                ));
-            }
-        }
+        // Checks, communication calls, gradient buckets: the shared schedule.
+        let schedule = Schedule::new(&graph, comm.as_deref())?;
 
         let plan = plan_with(&graph, allocator);
 
@@ -647,14 +536,14 @@ impl Executor {
             }
         };
         let mut steps = Vec::with_capacity(graph.nodes.len());
-        for (i, node) in graph.nodes.iter().enumerate() {
-            let step = match node.op {
-                OpKind::TupleGetItem => Step::Alias,
-                OpKind::Assign => {
-                    let param = match node.inputs[0] {
-                        Operand::Param(p) => p.index(),
-                        _ => unreachable!("checked above"),
-                    };
+        for (i, (node, kind)) in graph.nodes.iter().zip(&schedule.steps).enumerate() {
+            let out0 = || match plan.values[i].first().map(|v| v.location) {
+                Some(Location::Buffer(b)) => b,
+                _ => usize::MAX,
+            };
+            let step = match *kind {
+                NodeStep::Alias => Step::Alias,
+                NodeStep::Assign { param } => {
                     let value = src_of(&node.inputs[1]);
                     let swap = match (&node.inputs[1], value) {
                         (Operand::Node(n), Src::Buffer(b)) => {
@@ -665,36 +554,37 @@ impl Executor {
                     };
                     Step::Assign { param, value, swap }
                 }
-                op if op.is_communication() => {
-                    let comm = comm
-                        .as_deref()
-                        .ok_or_else(|| RuntimeError::NeedsCommunicator {
-                            op: node.op,
-                            instance: node.instance.clone(),
-                        })?;
-                    let call = comm_call(&graph, i, comm)?;
+                NodeStep::Collective => {
+                    let (Some(call), Some(ty)) = (&schedule.calls[i], node.ty.as_tensor()) else {
+                        return Err(graph_err(
+                            node_text(&graph, i),
+                            "a communication op must have a tensor result".into(),
+                        ));
+                    };
                     let input = match node.op {
                         OpKind::Receive => None,
                         _ => Some(src_of(&node.inputs[0])),
                     };
-                    let out = match plan.values[i].first().map(|v| v.location) {
-                        Some(Location::Buffer(b)) => b,
-                        _ => usize::MAX,
-                    };
-                    let ty = node.ty.as_tensor().cloned().ok_or_else(|| {
-                        graph_err(
-                            node_text(&graph, i),
-                            "a communication op must have a tensor result".into(),
-                        )
-                    })?;
                     Step::Comm {
-                        call: Arc::new(call),
+                        call: call.clone(),
                         input,
-                        out,
-                        ty: Arc::new(ty),
+                        out: out0(),
+                        ty: Arc::new(ty.clone()),
                     }
                 }
-                _ => {
+                NodeStep::Pack { member } => {
+                    if out0() == usize::MAX {
+                        return Err(graph_err(
+                            node_text(&graph, i),
+                            "the result has no buffer".into(),
+                        ));
+                    }
+                    Step::Pack {
+                        member,
+                        input: src_of(&node.inputs[0]),
+                    }
+                }
+                NodeStep::Compute => {
                     let args = node.inputs.iter().map(src_of).collect();
                     let outs = plan.values[i]
                         .iter()
@@ -724,52 +614,44 @@ impl Executor {
             }
         }
 
-        // Gradient buckets.
-        let (members, mut buckets) = plan_buckets(&graph, &mut steps)?;
-        if let Some(c) = &comm {
-            for bk in &mut buckets {
-                bk.overlaps = c.overlaps_compute(&bk.group);
-            }
-        }
-        let mut member_of = vec![usize::MAX; graph.nodes.len()];
-        for (m, mem) in members.iter().enumerate() {
-            member_of[mem.node] = m;
-        }
-        let mut needs: Vec<Vec<usize>> = vec![Vec::new(); graph.nodes.len()];
-        for (i, node) in graph.nodes.iter().enumerate() {
-            for o in &node.inputs {
-                if let Operand::Node(s) = o {
-                    let m = member_of[s.index()];
-                    if m == usize::MAX || needs[i].contains(&m) {
-                        continue;
-                    }
-                    let last = buckets[members[m].bucket].last;
-                    if i <= last {
-                        return Err(graph_err(
-                            node_text(&graph, i),
-                            format!(
-                                "it reads {}, a member of gradient bucket fusion {}, before the \
-                                 bucket's last member {} (a bucket is reduced only once all its \
-                                 members exist)",
-                                node_text(&graph, s.index()),
-                                buckets[members[m].bucket].id,
-                                node_text(&graph, last)
-                            ),
-                        ));
-                    }
-                    needs[i].push(m);
-                }
-            }
-        }
-        let mut output_needs = Vec::new();
-        for o in &graph.outputs {
-            if let Operand::Node(s) = o {
-                let m = member_of[s.index()];
-                if m != usize::MAX && !output_needs.contains(&m) {
-                    output_needs.push(m);
-                }
-            }
-        }
+        // Gradient buckets: the schedule's, with their run-time state.
+        let members: Vec<Member> = schedule
+            .members
+            .iter()
+            .map(|m| Member {
+                node: m.node,
+                bucket: m.bucket,
+                offset: m.offset,
+                len: m.len,
+                out: match plan.values[m.node].first().map(|v| v.location) {
+                    Some(Location::Buffer(b)) => b,
+                    _ => usize::MAX,
+                },
+                ty: m.ty.clone(),
+            })
+            .collect();
+        let buckets: Vec<BucketRt> = schedule
+            .buckets
+            .iter()
+            .map(|b| BucketRt {
+                id: b.id,
+                group: b.group.clone(),
+                op: b.op,
+                last: b.last,
+                flat: Some(Tensor {
+                    shape: vec![b.elements],
+                    data: Data::zeros(b.dtype, b.elements),
+                }),
+                ticket: None,
+                overlaps: comm.as_ref().is_none_or(|c| c.overlaps_compute(&b.group)),
+                done: None,
+                launched: None,
+                last_window: None,
+                last_comm: None,
+            })
+            .collect();
+        let needs = schedule.reads.clone();
+        let output_needs = schedule.output_reads.clone();
         let staging: Vec<Option<Tensor>> = steps
             .iter()
             .map(|st| match st {
@@ -1490,117 +1372,6 @@ fn ensure_member(
     }
     unpacked[m] = true;
     Ok(())
-}
-
-/// Finds the gradient buckets (`fusion: k`, k > 0, on AllReduce nodes), checks that each
-/// bucket's members agree on group, reduction and dtype, turns their steps into
-/// [`Step::Pack`] and allocates each bucket's flat buffer.
-fn plan_buckets(
-    graph: &Graph,
-    steps: &mut [Step],
-) -> Result<(Vec<Member>, Vec<BucketRt>), RuntimeError> {
-    let mut members: Vec<Member> = Vec::new();
-    let mut buckets: Vec<BucketRt> = Vec::new();
-    let mut lens: Vec<usize> = Vec::new();
-    let mut dtypes = Vec::new();
-    for (i, node) in graph.nodes.iter().enumerate() {
-        let err = |reason: String| RuntimeError::Graph {
-            graph: graph.name.clone(),
-            location: node_text(graph, i),
-            reason,
-        };
-        let id = match node.attrs.get("fusion") {
-            None => continue,
-            Some(Attr::Int(k)) if *k > 0 => *k,
-            Some(Attr::Int(k)) if *k == 0 => continue,
-            Some(other) => {
-                return Err(err(format!(
-                    "attribute `fusion` must be 0 (not fused) or a bucket id > 0, got {other}"
-                )))
-            }
-        };
-        let Step::Comm {
-            call,
-            input: Some(input),
-            out,
-            ty,
-        } = &steps[i]
-        else {
-            return Err(err(format!(
-                "attribute `fusion` {id}: only AllReduce nodes can be fused, this is {}",
-                node.op
-            )));
-        };
-        let CommCall::AllReduce { group, op } = &**call else {
-            return Err(err(format!(
-                "attribute `fusion` {id}: only AllReduce nodes can be fused, this is {}",
-                node.op
-            )));
-        };
-        if *out == usize::MAX {
-            return Err(err("the result has no buffer".into()));
-        }
-        let b = match buckets.iter().position(|b| b.id == id) {
-            Some(b) => {
-                let bk = &buckets[b];
-                if *bk.group != **group || bk.op != *op || dtypes[b] != ty.dtype {
-                    return Err(err(format!(
-                        "it is in gradient bucket fusion {id} with {}, but their groups, \
-                         reductions or dtypes differ ({} {} {} vs. {} {} {})",
-                        node_text(graph, bk.last),
-                        crate::comm::RankList(&bk.group),
-                        bk.op.name(),
-                        dtypes[b],
-                        crate::comm::RankList(group),
-                        op.name(),
-                        ty.dtype
-                    )));
-                }
-                b
-            }
-            None => {
-                buckets.push(BucketRt {
-                    id,
-                    group: group.as_slice().into(),
-                    op: *op,
-                    last: i,
-                    flat: None,
-                    ticket: None,
-                    overlaps: true,
-                    done: None,
-                    launched: None,
-                    last_window: None,
-                    last_comm: None,
-                });
-                lens.push(0);
-                dtypes.push(ty.dtype);
-                buckets.len() - 1
-            }
-        };
-        let len = ty.num_elements();
-        members.push(Member {
-            node: i,
-            bucket: b,
-            offset: lens[b],
-            len,
-            out: *out,
-            ty: TensorType::clone(ty),
-        });
-        lens[b] += len;
-        buckets[b].last = i;
-        let input = *input;
-        steps[i] = Step::Pack {
-            member: members.len() - 1,
-            input,
-        };
-    }
-    for (b, bk) in buckets.iter_mut().enumerate() {
-        bk.flat = Some(Tensor {
-            shape: vec![lens[b]],
-            data: Data::zeros(dtypes[b], lens[b]),
-        });
-    }
-    Ok((members, buckets))
 }
 
 /// Copies `src`'s elements into `flat[offset..]` (same dtype). False when they do not fit.

@@ -20,13 +20,12 @@ use crate::kernels::{DevPtr, KernelArg};
 use crate::nccl::NcclComm;
 use crate::ops::{self, Lowered, OpCall, Val};
 use crate::replay::{replay_blocker, Replay, StepCounts};
-use shardc_ir::{
-    Attr, DType, Graph, OpClass, OpKind, Operand, ParamKind, ReduceOp, TensorType, Type,
-};
-use shardc_runtime::executor::{comm_call, CommCall};
+use shardc_ir::{DType, Graph, OpKind, Operand, ParamKind, TensorType, Type};
+use shardc_runtime::executor::schedule::{launched_together, BucketSpec, MemberSpec, Schedule};
+use shardc_runtime::executor::CommCall;
 use shardc_runtime::init::init_tensor;
 use shardc_runtime::memory::{plan_aliasing_reshapes, Location, MemoryPlan};
-use shardc_runtime::{Arg, Backend, Communicator, KernelContext, Tensor};
+use shardc_runtime::{Arg, Backend, Communicator, KernelContext, RuntimeError, Tensor};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -168,10 +167,10 @@ pub struct GpuExecutor {
     params: Vec<DevPtr>,
     status: DevPtr,
     placement: Vec<Option<Lowered>>,
-    calls: Vec<Option<CommCall>>,
+    calls: Vec<Option<Arc<CommCall>>>,
     /// Gradient buckets (`fusion: k` AllReduces) and, per node, its member index.
     buckets: Vec<Bucket>,
-    members: Vec<Member>,
+    members: Vec<MemberSpec>,
     member_of: Vec<Option<usize>>,
     /// Per node: the buckets whose members' results it reads.
     needs: Vec<Vec<usize>>,
@@ -191,7 +190,7 @@ pub struct GpuExecutor {
     groups: Vec<UpdateGroup>,
     group_of: Vec<Option<(usize, bool)>>,
     /// With NCCL: runs of adjacent sends and receives issued as one NCCL group (see
-    /// [`p2p_runs`]), and per node its run and whether it issues it (the first).
+    /// [`Schedule::p2p_runs`]), and per node its run and whether it issues it (the first).
     p2p_runs: Vec<Vec<usize>>,
     p2p_of: Vec<Option<(usize, bool)>>,
     /// Whether steps replay a recorded graph.
@@ -200,65 +199,6 @@ pub struct GpuExecutor {
     /// step, so that a replayed step draws its own masks), and per node its word's number.
     dropout_keys: DevPtr,
     key_slot: Vec<Option<usize>>,
-}
-
-/// Per node, the set (of `sets`, each in program order) it is launched with and whether it
-/// launches it (the first); the first member then waits for the buckets every member reads
-/// (`needs`).
-/// Runs of two or more adjacent Send and Receive nodes of which none reads another's result:
-/// NCCL pairs a send with its receive only when both are posted, so a ring of sends each
-/// followed by a receive would wait forever issued one by one; issued as one group
-/// (`ncclGroupStart`/`End`), every transfer of the run proceeds together.
-fn p2p_runs(graph: &Graph, calls: &[Option<CommCall>]) -> Vec<Vec<usize>> {
-    let p2p = |i: usize| {
-        matches!(
-            calls[i],
-            Some(CommCall::Send { .. } | CommCall::Receive { .. })
-        )
-    };
-    let mut runs: Vec<Vec<usize>> = Vec::new();
-    let mut run: Vec<usize> = Vec::new();
-    for i in 0..graph.nodes.len() {
-        let reads_run = graph.nodes[i]
-            .inputs
-            .iter()
-            .any(|o| matches!(o, Operand::Node(id) if run.contains(&id.index())));
-        if !p2p(i) || reads_run {
-            if run.len() > 1 {
-                runs.push(std::mem::take(&mut run));
-            }
-            run.clear();
-        }
-        if p2p(i) {
-            run.push(i);
-        }
-    }
-    if run.len() > 1 {
-        runs.push(run);
-    }
-    runs
-}
-
-fn launched_together<'s>(
-    sets: impl Iterator<Item = &'s [usize]>,
-    needs: &mut [Vec<usize>],
-) -> Vec<Option<(usize, bool)>> {
-    let mut of = vec![None; needs.len()];
-    for (k, nodes) in sets.enumerate() {
-        let Some(&first) = nodes.first() else {
-            continue;
-        };
-        for &n in nodes {
-            of[n] = Some((k, n == first));
-            if n != first {
-                let extra = needs[n].clone();
-                needs[first].extend(extra);
-            }
-        }
-        needs[first].sort_unstable();
-        needs[first].dedup();
-    }
-    of
 }
 
 /// One launch of several in-place updates (`in_place::update_groups`).
@@ -280,24 +220,12 @@ struct UpdateGroup {
 /// backward pass); unpacked before the first node that reads a member.
 #[derive(Debug)]
 struct Bucket {
-    id: i64,
-    group: Vec<usize>,
-    op: ReduceOp,
-    dtype: DType,
-    last: usize,
+    /// The schedule's bucket.
+    spec: BucketSpec,
     flat: DevPtr,
-    elements: usize,
     submitted: bool,
     in_flight: bool,
     unpacked: bool,
-}
-
-#[derive(Debug)]
-struct Member {
-    node: usize,
-    bucket: usize,
-    offset: usize,
-    len: usize,
 }
 
 impl std::fmt::Debug for GpuExecutor {
@@ -378,41 +306,32 @@ impl GpuExecutor {
         nccl: Option<Arc<NcclComm>>,
     ) -> CudaResult<GpuExecutor> {
         let plan = plan_aliasing_reshapes(&graph);
-        let mut calls = vec![None; graph.nodes.len()];
-        for (i, node) in graph.nodes.iter().enumerate() {
-            if node.op.class() == OpClass::Communication {
-                let Some(c) = &comm else {
-                    return Err(CudaError::Op {
-                        op: node.op,
-                        instance: node.instance.clone(),
-                        reason: "a communication op needs a communicator (this executor has none)"
-                            .into(),
-                    });
-                };
-                calls[i] = Some(
-                    comm_call(&graph, i, c.as_ref())
-                        .map_err(|e| CudaError::Other(e.to_string()))?,
-                );
-            }
-        }
-        let (buckets, members) = plan_buckets(&graph, &calls)?;
-        let mut member_of = vec![None; graph.nodes.len()];
-        for (m, mem) in members.iter().enumerate() {
-            member_of[mem.node] = Some(m);
-        }
-        let reads = |o: &Operand| match o {
-            Operand::Node(id) => member_of[id.index()].map(|m: usize| members[m].bucket),
-            _ => None,
-        };
-        let needs: Vec<Vec<usize>> = graph
-            .nodes
+        let schedule = Schedule::new(&graph, comm.as_deref()).map_err(|e| match e {
+            RuntimeError::NeedsCommunicator { op, instance } => CudaError::Op {
+                op,
+                instance,
+                reason: "a communication op needs a communicator (this executor has none)".into(),
+            },
+            e => CudaError::Other(e.to_string()),
+        })?;
+        let calls = schedule.calls.clone();
+        let buckets: Vec<Bucket> = schedule
+            .buckets
             .iter()
-            .map(|n| {
-                let mut v: Vec<usize> = n.inputs.iter().filter_map(reads).collect();
-                v.sort_unstable();
-                v.dedup();
-                v
+            .map(|b| Bucket {
+                spec: b.clone(),
+                flat: 0,
+                submitted: false,
+                in_flight: false,
+                unpacked: false,
             })
+            .collect();
+        let members = schedule.members.clone();
+        let member_of: Vec<Option<usize>> = (0..graph.nodes.len())
+            .map(|i| schedule.member_of(i))
+            .collect();
+        let needs: Vec<Vec<usize>> = (0..graph.nodes.len())
+            .map(|i| schedule.buckets_read(i))
             .collect();
         // Elementwise runs (not through a collective's buckets); SHARDC_CUDA_FUSION=0 turns
         // fusion off (to compare).
@@ -439,7 +358,7 @@ impl GpuExecutor {
         let group_members = crate::in_place::update_groups(&graph, &in_place);
         let group_of = launched_together(group_members.iter().map(Vec::as_slice), &mut needs);
         let p2p_runs = if nccl.is_some() {
-            p2p_runs(&graph, &calls)
+            schedule.p2p_runs(&graph)
         } else {
             Vec::new()
         };
@@ -457,17 +376,7 @@ impl GpuExecutor {
             }
         }
         if let Some(n) = &nccl {
-            let world: Vec<usize> = (0..n.size()).collect();
-            let mut groups: Vec<Vec<usize>> = buckets.iter().map(|b| b.group.clone()).collect();
-            groups.extend(calls.iter().flatten().map(|c| match c {
-                CommCall::AllReduce { group, .. }
-                | CommCall::Broadcast { group, .. }
-                | CommCall::AllGather { group, .. }
-                | CommCall::ReduceScatter { group, .. }
-                | CommCall::AllToAll { group, .. } => group.clone(),
-                CommCall::Send { .. } | CommCall::Receive { .. } => world.clone(),
-            }));
-            n.prepare(&groups)?;
+            n.prepare(&schedule.groups(n.size()))?;
         }
         let mut ex = GpuExecutor {
             replay,
@@ -510,7 +419,7 @@ impl GpuExecutor {
             ex.buffers.push(p);
         }
         for i in 0..ex.buckets.len() {
-            let bytes = ex.buckets[i].elements * ex.buckets[i].dtype.size_bytes();
+            let bytes = ex.buckets[i].spec.elements * ex.buckets[i].spec.dtype.size_bytes();
             ex.buckets[i].flat = ex.device.alloc(bytes)?;
         }
         for i in 0..ex.graph.params.len() {
@@ -804,7 +713,7 @@ impl GpuExecutor {
             .enumerate()
             .filter_map(|(i, c)| {
                 let n = &self.graph.nodes[i];
-                let whom = match c.as_ref()? {
+                let whom = match c.as_deref()? {
                     CommCall::AllReduce { group, .. }
                     | CommCall::AllGather { group, .. }
                     | CommCall::ReduceScatter { group, .. }
@@ -1163,7 +1072,7 @@ impl GpuExecutor {
         }
         if let Some(call) = self.calls[i].clone() {
             self.stats.comm_ops += 1;
-            return self.run_comm(graph, i, &call);
+            return self.run_comm(graph, i, call.as_ref());
         }
         let inputs: Vec<Val<'_>> = node
             .inputs
@@ -1312,7 +1221,7 @@ impl GpuExecutor {
             let mem = &self.members[m];
             (mem.node, mem.bucket, mem.offset, mem.len)
         };
-        let elem = self.buckets[b].dtype.size_bytes();
+        let elem = self.buckets[b].spec.dtype.size_bytes();
         let src = match graph.nodes[node]
             .inputs
             .first()
@@ -1333,7 +1242,7 @@ impl GpuExecutor {
             src,
             len * elem,
         )?;
-        if self.buckets[b].last != node {
+        if self.buckets[b].spec.last != node {
             return Ok(());
         }
         self.stats.comm_ops += 1;
@@ -1342,11 +1251,17 @@ impl GpuExecutor {
         let op_err = |reason: String| CudaError::Op {
             op: graph.nodes[node].op,
             instance: graph.nodes[node].instance.clone(),
-            reason: format!("gradient bucket fusion {}: {reason}", bk.id),
+            reason: format!("gradient bucket fusion {}: {reason}", bk.spec.id),
         };
         if let Some(nccl) = &self.nccl {
-            nccl.all_reduce_on_comm_stream(&bk.group, bk.op, bk.flat, bk.elements, bk.dtype)
-                .map_err(|e| op_err(e.to_string()))?;
+            nccl.all_reduce_on_comm_stream(
+                &bk.spec.group,
+                bk.spec.op,
+                bk.flat,
+                bk.spec.elements,
+                bk.spec.dtype,
+            )
+            .map_err(|e| op_err(e.to_string()))?;
             self.device.comm_record(b)?;
             self.buckets[b].in_flight = true;
             return Ok(());
@@ -1355,11 +1270,11 @@ impl GpuExecutor {
             .comm
             .clone()
             .ok_or_else(|| op_err("no communicator".into()))?;
-        let ty = TensorType::new(bk.dtype, vec![bk.elements]);
+        let ty = TensorType::new(bk.spec.dtype, vec![bk.spec.elements]);
         let mut bytes = vec![0u8; byte_len(&ty)];
         self.device.download(bk.flat, &mut bytes)?;
         let mut t = Tensor::from_le_bytes(&ty, &bytes);
-        comm.all_reduce(&bk.group, bk.op, &mut t)
+        comm.all_reduce(&bk.spec.group, bk.spec.op, &mut t)
             .map_err(|e| op_err(e.to_string()))?;
         self.device.upload(bk.flat, &t.to_le_bytes())
     }
@@ -1370,7 +1285,7 @@ impl GpuExecutor {
         if self.buckets[b].unpacked {
             return Ok(());
         }
-        let last = self.buckets[b].last;
+        let last = self.buckets[b].spec.last;
         if self.buckets[b].in_flight {
             self.device.compute_after_comm(b)?;
             self.buckets[b].in_flight = false;
@@ -1382,15 +1297,13 @@ impl GpuExecutor {
                 instance: graph.nodes[last].instance.clone(),
                 reason: format!(
                     "gradient bucket fusion {} is read before its last member ran",
-                    self.buckets[b].id
+                    self.buckets[b].spec.id
                 ),
             });
         }
-        let elem = self.buckets[b].dtype.size_bytes();
-        for m in 0..self.members.len() {
-            if self.members[m].bucket != b {
-                continue;
-            }
+        let elem = self.buckets[b].spec.dtype.size_bytes();
+        for k in 0..self.buckets[b].spec.members.len() {
+            let m = self.buckets[b].spec.members[k];
             let (node, offset, len) = (
                 self.members[m].node,
                 self.members[m].offset,
@@ -1407,13 +1320,14 @@ impl GpuExecutor {
         Ok(())
     }
 
-    /// Issues the sends and receives of run `r` ([`p2p_runs`]) as one NCCL group.
+    /// Issues the sends and receives of run `r` ([`Schedule::p2p_runs`]) as one NCCL group.
     fn run_p2p(&mut self, graph: &Graph, r: usize) -> CudaResult<()> {
         let mut items = Vec::with_capacity(self.p2p_runs[r].len());
         for &i in &self.p2p_runs[r] {
             let node = &graph.nodes[i];
             let call = self.calls[i]
-                .clone()
+                .as_deref()
+                .cloned()
                 .ok_or_else(|| CudaError::Other(format!("node %{i} has no transfer")))?;
             let out_ty = match &node.ty {
                 Type::Tensor(t) => t.clone(),
@@ -1538,76 +1452,6 @@ impl GpuExecutor {
         }
         self.device.upload(out, &result.to_le_bytes())
     }
-}
-
-/// The gradient buckets of a graph: its AllReduce nodes with `fusion: k` (k > 0), grouped by
-/// k, each member's place in the bucket's flat buffer (buffers are allocated by the caller).
-fn plan_buckets(
-    graph: &Graph,
-    calls: &[Option<CommCall>],
-) -> CudaResult<(Vec<Bucket>, Vec<Member>)> {
-    let mut buckets: Vec<Bucket> = Vec::new();
-    let mut members = Vec::new();
-    for (i, node) in graph.nodes.iter().enumerate() {
-        let err = |reason: String| CudaError::Op {
-            op: node.op,
-            instance: node.instance.clone(),
-            reason,
-        };
-        let id = match node.attrs.get("fusion") {
-            None => continue,
-            Some(Attr::Int(k)) if *k > 0 => *k,
-            Some(Attr::Int(0)) => continue,
-            Some(other) => {
-                return Err(err(format!(
-                    "attribute `fusion` must be 0 (not fused) or a bucket id > 0, got {other}"
-                )))
-            }
-        };
-        let (Some(CommCall::AllReduce { group, op }), Type::Tensor(ty)) = (&calls[i], &node.ty)
-        else {
-            return Err(err(format!(
-                "attribute `fusion` {id}: only AllReduce nodes can be fused, this is {}",
-                node.op
-            )));
-        };
-        let b = match buckets.iter().position(|b| b.id == id) {
-            Some(b) => {
-                let bk = &buckets[b];
-                if bk.group != *group || bk.op != *op || bk.dtype != ty.dtype {
-                    return Err(err(format!(
-                        "it is in gradient bucket fusion {id}, but its group, reduction or dtype differs from the bucket's"
-                    )));
-                }
-                b
-            }
-            None => {
-                buckets.push(Bucket {
-                    id,
-                    group: group.clone(),
-                    op: *op,
-                    dtype: ty.dtype,
-                    last: i,
-                    flat: 0,
-                    elements: 0,
-                    submitted: false,
-                    in_flight: false,
-                    unpacked: false,
-                });
-                buckets.len() - 1
-            }
-        };
-        let len = ty.num_elements();
-        members.push(Member {
-            node: i,
-            bucket: b,
-            offset: buckets[b].elements,
-            len,
-        });
-        buckets[b].elements += len;
-        buckets[b].last = i;
-    }
-    Ok((buckets, members))
 }
 
 fn runtime_err(device: &dyn Device) -> impl Fn(CudaError) -> shardc_runtime::RuntimeError + '_ {
