@@ -21,6 +21,8 @@ use crate::nccl::NcclComm;
 use crate::ops::{self, Lowered, OpCall, Val};
 use crate::replay::{replay_blocker, Replay, StepCounts};
 use shardc_ir::{DType, Graph, OpKind, Operand, ParamKind, TensorType, Type};
+use shardc_runtime::executor::device::ExecDevice;
+use shardc_runtime::executor::run::{run_nodes, LoopState};
 use shardc_runtime::executor::schedule::{launched_together, BucketSpec, MemberSpec, Schedule};
 use shardc_runtime::executor::CommCall;
 use shardc_runtime::init::init_tensor;
@@ -170,10 +172,11 @@ pub struct GpuExecutor {
     calls: Vec<Option<Arc<CommCall>>>,
     /// Gradient buckets (`fusion: k` AllReduces) and, per node, its member index.
     buckets: Vec<Bucket>,
-    members: Vec<MemberSpec>,
-    member_of: Vec<Option<usize>>,
-    /// Per node: the buckets whose members' results it reads.
-    needs: Vec<Vec<usize>>,
+    /// The step's plan (the runtime's, shared with every executor), each node's reads
+    /// merged into the first of the nodes launched with it.
+    schedule: Arc<Schedule>,
+    /// What the run loop tracks within a step.
+    loop_state: LoopState,
     /// Scratch memory the ops share (im2col columns).
     workspace: ops::Workspace,
     /// Fused elementwise runs, and per node its run and whether it launches it (the first).
@@ -221,11 +224,9 @@ struct UpdateGroup {
 #[derive(Debug)]
 struct Bucket {
     /// The schedule's bucket.
-    spec: BucketSpec,
     flat: DevPtr,
-    submitted: bool,
+    /// Its AllReduce is on NCCL's stream, not yet waited for.
     in_flight: bool,
-    unpacked: bool,
 }
 
 impl std::fmt::Debug for GpuExecutor {
@@ -318,33 +319,29 @@ impl GpuExecutor {
         let buckets: Vec<Bucket> = schedule
             .buckets
             .iter()
-            .map(|b| Bucket {
-                spec: b.clone(),
+            .map(|_| Bucket {
                 flat: 0,
-                submitted: false,
                 in_flight: false,
-                unpacked: false,
             })
-            .collect();
-        let members = schedule.members.clone();
-        let member_of: Vec<Option<usize>> = (0..graph.nodes.len())
-            .map(|i| schedule.member_of(i))
-            .collect();
-        let needs: Vec<Vec<usize>> = (0..graph.nodes.len())
-            .map(|i| schedule.buckets_read(i))
             .collect();
         // Elementwise runs (not through a collective's buckets); SHARDC_CUDA_FUSION=0 turns
         // fusion off (to compare).
         let excluded: Vec<bool> = (0..graph.nodes.len())
-            .map(|i| member_of[i].is_some() || calls[i].is_some())
+            .map(|i| schedule.member_of(i).is_some() || calls[i].is_some())
             .collect();
         let mut runs = if std::env::var("SHARDC_CUDA_FUSION").as_deref() == Ok("0") {
             Vec::new()
         } else {
             crate::fusion::plan(&graph, &excluded)
         };
-        let mut needs = needs;
-        let fused = launched_together(runs.iter().map(|r| r.nodes.as_slice()), &mut needs);
+        let mut schedule = schedule;
+        let p2p_runs = if nccl.is_some() {
+            schedule.p2p_runs(&graph)
+        } else {
+            Vec::new()
+        };
+        let needs = &mut schedule.reads;
+        let fused = launched_together(runs.iter().map(|r| r.nodes.as_slice()), needs);
         if !runs.is_empty() {
             let text = crate::fusion::source(&mut runs);
             let mut names: Vec<String> = runs.iter().map(|r| r.kernel.clone()).collect();
@@ -356,13 +353,8 @@ impl GpuExecutor {
         // Runs of momentum or Adam updates launched together at their first member, which waits for
         // the buckets any member reads.
         let group_members = crate::in_place::update_groups(&graph, &in_place);
-        let group_of = launched_together(group_members.iter().map(Vec::as_slice), &mut needs);
-        let p2p_runs = if nccl.is_some() {
-            schedule.p2p_runs(&graph)
-        } else {
-            Vec::new()
-        };
-        let p2p_of = launched_together(p2p_runs.iter().map(Vec::as_slice), &mut needs);
+        let group_of = launched_together(group_members.iter().map(Vec::as_slice), needs);
+        let p2p_of = launched_together(p2p_runs.iter().map(Vec::as_slice), needs);
         let replay = match replay_blocker(&graph, &calls, comm.is_some() && nccl.is_none()) {
             Some(why) => Replay::Off(why),
             None => Replay::Warmup,
@@ -385,9 +377,8 @@ impl GpuExecutor {
             runs,
             fused,
             buckets,
-            members,
-            member_of,
-            needs,
+            loop_state: LoopState::new(&schedule),
+            schedule: Arc::new(schedule),
             placement: vec![None; graph.nodes.len()],
             calls,
             buffers: Vec::with_capacity(plan.buffers.len()),
@@ -419,7 +410,8 @@ impl GpuExecutor {
             ex.buffers.push(p);
         }
         for i in 0..ex.buckets.len() {
-            let bytes = ex.buckets[i].spec.elements * ex.buckets[i].spec.dtype.size_bytes();
+            let spec = &ex.schedule.buckets[i];
+            let bytes = spec.elements * spec.dtype.size_bytes();
             ex.buckets[i].flat = ex.device.alloc(bytes)?;
         }
         for i in 0..ex.graph.params.len() {
@@ -872,44 +864,28 @@ impl GpuExecutor {
         Ok(outs)
     }
 
-    /// Issues one step's work, node by node (`marks`: profile it).
+    /// Issues one step's work, node by node, through the runtime's run loop (`marks`:
+    /// profile it).
     fn issue_step(
         &mut self,
         graph: &Graph,
         status_users: &mut Vec<usize>,
-        mut marks: Option<&mut Vec<(usize, String)>>,
+        marks: Option<&mut Vec<(usize, String)>>,
     ) -> CudaResult<()> {
         for b in &mut self.buckets {
-            b.submitted = false;
             b.in_flight = false;
-            b.unpacked = false;
         }
-        for i in 0..graph.nodes.len() {
-            for k in 0..self.needs[i].len() {
-                let b = self.needs[i][k];
-                self.finish_bucket(graph, b)?;
-            }
-            if let Some(m) = marks.as_deref_mut() {
-                if !self.needs[i].is_empty() {
-                    self.mark_after(m, "gradient buckets".into())?;
-                }
-            }
-            self.run_node(graph, i, status_users)?;
-            if let Some(m) = marks.as_deref_mut() {
-                if let Some(what) = self.profile_label(graph, i) {
-                    self.mark_after(m, what)?;
-                }
-            }
-        }
-        for b in 0..self.buckets.len() {
-            self.finish_bucket(graph, b)?;
-        }
-        if let Some(m) = marks {
-            if !self.buckets.is_empty() {
-                self.mark_after(m, "gradient buckets".into())?;
-            }
-        }
-        Ok(())
+        let schedule = Arc::clone(&self.schedule);
+        let mut state = std::mem::take(&mut self.loop_state);
+        let mut dev = GpuStep {
+            ex: self,
+            graph,
+            status_users,
+            marks,
+        };
+        let ran = run_nodes(&mut dev, graph, &schedule, &mut state);
+        self.loop_state = state;
+        ran
     }
 
     /// Records one step's work as a graph and replays it; when the recording fails, the step
@@ -1046,9 +1022,6 @@ impl GpuExecutor {
                 return Ok(());
             }
             _ => {}
-        }
-        if let Some(m) = self.member_of[i] {
-            return self.pack(graph, m);
         }
         if let Some((r, first)) = self.fused[i] {
             self.stats.device_ops += 1;
@@ -1215,13 +1188,10 @@ impl GpuExecutor {
         self.device.launch(&run.kernel, grid, block, &args)
     }
 
-    /// Copies member `m`'s gradient into its bucket; the last member submits the bucket.
-    fn pack(&mut self, graph: &Graph, m: usize) -> CudaResult<()> {
-        let (node, b, offset, len) = {
-            let mem = &self.members[m];
-            (mem.node, mem.bucket, mem.offset, mem.len)
-        };
-        let elem = self.buckets[b].spec.dtype.size_bytes();
+    /// Copies member `m`'s gradient into its bucket's flat buffer.
+    fn pack(&mut self, graph: &Graph, m: &MemberSpec) -> CudaResult<()> {
+        let (node, b, offset, len) = (m.node, m.bucket, m.offset, m.len);
+        let elem = self.schedule.buckets[b].dtype.size_bytes();
         let src = match graph.nodes[node]
             .inputs
             .first()
@@ -1241,27 +1211,23 @@ impl GpuExecutor {
             self.buckets[b].flat + (offset * elem) as u64,
             src,
             len * elem,
-        )?;
-        if self.buckets[b].spec.last != node {
-            return Ok(());
-        }
+        )
+    }
+
+    /// Launches bucket `b`'s AllReduce (every member packed): with NCCL on its stream after
+    /// the packs, recorded in event `b`; else staged through the host, at once.
+    fn launch_bucket(&mut self, graph: &Graph, b: usize, bk: &BucketSpec) -> CudaResult<()> {
+        let node = bk.last;
         self.stats.comm_ops += 1;
-        self.buckets[b].submitted = true;
-        let bk = &self.buckets[b];
+        let flat = self.buckets[b].flat;
         let op_err = |reason: String| CudaError::Op {
             op: graph.nodes[node].op,
             instance: graph.nodes[node].instance.clone(),
-            reason: format!("gradient bucket fusion {}: {reason}", bk.spec.id),
+            reason: format!("gradient bucket fusion {}: {reason}", bk.id),
         };
         if let Some(nccl) = &self.nccl {
-            nccl.all_reduce_on_comm_stream(
-                &bk.spec.group,
-                bk.spec.op,
-                bk.flat,
-                bk.spec.elements,
-                bk.spec.dtype,
-            )
-            .map_err(|e| op_err(e.to_string()))?;
+            nccl.all_reduce_on_comm_stream(&bk.group, bk.op, flat, bk.elements, bk.dtype)
+                .map_err(|e| op_err(e.to_string()))?;
             self.device.comm_record(b)?;
             self.buckets[b].in_flight = true;
             return Ok(());
@@ -1270,54 +1236,33 @@ impl GpuExecutor {
             .comm
             .clone()
             .ok_or_else(|| op_err("no communicator".into()))?;
-        let ty = TensorType::new(bk.spec.dtype, vec![bk.spec.elements]);
+        let ty = TensorType::new(bk.dtype, vec![bk.elements]);
         let mut bytes = vec![0u8; byte_len(&ty)];
-        self.device.download(bk.flat, &mut bytes)?;
+        self.device.download(flat, &mut bytes)?;
         let mut t = Tensor::from_le_bytes(&ty, &bytes);
-        comm.all_reduce(&bk.spec.group, bk.spec.op, &mut t)
+        comm.all_reduce(&bk.group, bk.op, &mut t)
             .map_err(|e| op_err(e.to_string()))?;
-        self.device.upload(bk.flat, &t.to_le_bytes())
+        self.device.upload(flat, &t.to_le_bytes())
     }
 
-    /// Makes bucket `b`'s reduced gradients the members' results (once per step), after its
-    /// AllReduce on the device.
-    fn finish_bucket(&mut self, graph: &Graph, b: usize) -> CudaResult<()> {
-        if self.buckets[b].unpacked {
-            return Ok(());
-        }
-        let last = self.buckets[b].spec.last;
+    /// Orders the compute stream after bucket `b`'s AllReduce (its event).
+    fn wait_bucket(&mut self, b: usize) -> CudaResult<()> {
         if self.buckets[b].in_flight {
             self.device.compute_after_comm(b)?;
             self.buckets[b].in_flight = false;
-        } else if !self.buckets[b].submitted {
-            // Not submitted yet this step: a reader before the last member would be a
-            // malformed schedule.
-            return Err(CudaError::Op {
-                op: graph.nodes[last].op,
-                instance: graph.nodes[last].instance.clone(),
-                reason: format!(
-                    "gradient bucket fusion {} is read before its last member ran",
-                    self.buckets[b].spec.id
-                ),
-            });
         }
-        let elem = self.buckets[b].spec.dtype.size_bytes();
-        for k in 0..self.buckets[b].spec.members.len() {
-            let m = self.buckets[b].spec.members[k];
-            let (node, offset, len) = (
-                self.members[m].node,
-                self.members[m].offset,
-                self.members[m].len,
-            );
-            let dst = self.value_ptr(node, 0)?;
-            self.device.copy(
-                dst,
-                self.buckets[b].flat + (offset * elem) as u64,
-                len * elem,
-            )?;
-        }
-        self.buckets[b].unpacked = true;
         Ok(())
+    }
+
+    /// Copies member `m`'s reduced gradient from its bucket into its result buffer.
+    fn unpack(&mut self, m: &MemberSpec) -> CudaResult<()> {
+        let elem = self.schedule.buckets[m.bucket].dtype.size_bytes();
+        let dst = self.value_ptr(m.node, 0)?;
+        self.device.copy(
+            dst,
+            self.buckets[m.bucket].flat + (m.offset * elem) as u64,
+            m.len * elem,
+        )
     }
 
     /// Issues the sends and receives of run `r` ([`Schedule::p2p_runs`]) as one NCCL group.
@@ -1451,6 +1396,74 @@ impl GpuExecutor {
             )));
         }
         self.device.upload(out, &result.to_le_bytes())
+    }
+}
+
+/// A [`GpuExecutor`] during one step, as the runtime's run loop drives it: device
+/// pointers, kernels lowered per node (fused runs, grouped updates and grouped transfers
+/// launched at their first node), buckets on NCCL's stream or staged through the host.
+struct GpuStep<'a> {
+    ex: &'a mut GpuExecutor,
+    graph: &'a Graph,
+    status_users: &'a mut Vec<usize>,
+    /// Profiling: (mark after, what ran since the previous mark).
+    marks: Option<&'a mut Vec<(usize, String)>>,
+}
+
+impl ExecDevice for GpuStep<'_> {
+    type Error = CudaError;
+
+    fn compute(&mut self, i: usize) -> CudaResult<()> {
+        self.ex.run_node(self.graph, i, self.status_users)
+    }
+
+    fn assign(&mut self, i: usize, _param: usize) -> CudaResult<()> {
+        self.ex.run_node(self.graph, i, self.status_users)
+    }
+
+    fn collective(&mut self, i: usize, _call: &CommCall) -> CudaResult<()> {
+        self.ex.run_node(self.graph, i, self.status_users)
+    }
+
+    fn pack(&mut self, _m: usize, member: &MemberSpec) -> CudaResult<()> {
+        self.ex.pack(self.graph, member)
+    }
+
+    fn launch_bucket(&mut self, b: usize, bucket: &BucketSpec) -> CudaResult<()> {
+        self.ex.launch_bucket(self.graph, b, bucket)
+    }
+
+    fn wait_bucket(&mut self, b: usize, _bucket: &BucketSpec, _node: usize) -> CudaResult<()> {
+        self.ex.wait_bucket(b)
+    }
+
+    fn unpack(&mut self, _m: usize, member: &MemberSpec) -> CudaResult<()> {
+        self.ex.unpack(member)
+    }
+
+    fn before_node(&mut self, _i: usize, waited: bool) -> CudaResult<()> {
+        match self.marks.as_deref_mut() {
+            Some(m) if waited => self.ex.mark_after(m, "gradient buckets".into()),
+            _ => Ok(()),
+        }
+    }
+
+    fn after_node(&mut self, i: usize) -> CudaResult<()> {
+        if let Some(m) = self.marks.as_deref_mut() {
+            if let Some(what) = self.ex.profile_label(self.graph, i) {
+                self.ex.mark_after(m, what)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn nodes_done(&mut self) -> CudaResult<()> {
+        match self.marks.as_deref_mut() {
+            Some(m) if !self.ex.buckets.is_empty() => {
+                self.ex.mark_after(m, "gradient buckets".into())
+            }
+            _ => Ok(()),
+        }
     }
 }
 
