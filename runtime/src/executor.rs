@@ -1,6 +1,11 @@
 //! The executor: runs a graph step after step on a [`Backend`], with its weights kept between
 //! steps and its intermediate values in the buffers of a [`MemoryPlan`].
 //!
+//! Written once for every device: the step's plan ([`schedule`]), the device trait
+//! ([`device::ExecDevice`]) and the run loop ([`run::run_nodes`]); [`Executor`] is the CPU's
+//! device (host tensors, kernels through a [`Backend`], the communication thread as its
+//! communication stream), the CUDA backend's `GpuExecutor` another.
+//!
 //! Nodes run in graph order (the static schedule). Each compute node gets its operands as
 //! [`Arg`]s (weights, fed inputs, earlier results, constants) and its outputs as the plan's
 //! buffers, shaped to the node's result type. `TupleGetItem` is an alias resolved at planning
@@ -49,8 +54,7 @@ mod comm_thread;
 pub mod device;
 pub mod run;
 pub mod schedule;
-use comm_call::CommFailure;
-pub use comm_call::{comm_call, CommCall};
+pub use comm_call::{comm_call, run_comm, CommCall, CommFailure};
 use comm_thread::{CommThread, Job, Reply};
 use device::ExecDevice;
 use run::{run_nodes, LoopState};

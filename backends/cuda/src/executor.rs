@@ -22,9 +22,9 @@ use crate::ops::{self, Lowered, OpCall, Val};
 use crate::replay::{replay_blocker, Replay, StepCounts};
 use shardc_ir::{DType, Graph, OpKind, Operand, ParamKind, TensorType, Type};
 use shardc_runtime::executor::device::ExecDevice;
-use shardc_runtime::executor::run::{run_nodes, LoopState};
+use shardc_runtime::executor::run::{record_nodes, run_nodes, LoopState, Recorded};
 use shardc_runtime::executor::schedule::{launched_together, BucketSpec, MemberSpec, Schedule};
-use shardc_runtime::executor::CommCall;
+use shardc_runtime::executor::{run_comm, CommCall};
 use shardc_runtime::init::init_tensor;
 use shardc_runtime::memory::{plan_aliasing_reshapes, Location, MemoryPlan};
 use shardc_runtime::{Arg, Backend, Communicator, KernelContext, RuntimeError, Tensor};
@@ -169,7 +169,6 @@ pub struct GpuExecutor {
     params: Vec<DevPtr>,
     status: DevPtr,
     placement: Vec<Option<Lowered>>,
-    calls: Vec<Option<Arc<CommCall>>>,
     /// Gradient buckets (`fusion: k` AllReduces) and, per node, its member index.
     buckets: Vec<Bucket>,
     /// The step's plan (the runtime's, shared with every executor), each node's reads
@@ -315,7 +314,6 @@ impl GpuExecutor {
             },
             e => CudaError::Other(e.to_string()),
         })?;
-        let calls = schedule.calls.clone();
         let buckets: Vec<Bucket> = schedule
             .buckets
             .iter()
@@ -327,7 +325,7 @@ impl GpuExecutor {
         // Elementwise runs (not through a collective's buckets); SHARDC_CUDA_FUSION=0 turns
         // fusion off (to compare).
         let excluded: Vec<bool> = (0..graph.nodes.len())
-            .map(|i| schedule.member_of(i).is_some() || calls[i].is_some())
+            .map(|i| schedule.member_of(i).is_some() || schedule.calls[i].is_some())
             .collect();
         let mut runs = if std::env::var("SHARDC_CUDA_FUSION").as_deref() == Ok("0") {
             Vec::new()
@@ -355,7 +353,8 @@ impl GpuExecutor {
         let group_members = crate::in_place::update_groups(&graph, &in_place);
         let group_of = launched_together(group_members.iter().map(Vec::as_slice), needs);
         let p2p_of = launched_together(p2p_runs.iter().map(Vec::as_slice), needs);
-        let replay = match replay_blocker(&graph, &calls, comm.is_some() && nccl.is_none()) {
+        let replay = match replay_blocker(&graph, &schedule.calls, comm.is_some() && nccl.is_none())
+        {
             Some(why) => Replay::Off(why),
             None => Replay::Warmup,
         };
@@ -380,7 +379,6 @@ impl GpuExecutor {
             loop_state: LoopState::new(&schedule),
             schedule: Arc::new(schedule),
             placement: vec![None; graph.nodes.len()],
-            calls,
             buffers: Vec::with_capacity(plan.buffers.len()),
             params: Vec::with_capacity(graph.params.len()),
             status: 0,
@@ -700,6 +698,7 @@ impl GpuExecutor {
     /// The step's collectives, in graph order (the first eight), for an error.
     fn collectives_named(&self) -> String {
         let named: Vec<String> = self
+            .schedule
             .calls
             .iter()
             .enumerate()
@@ -893,29 +892,38 @@ impl GpuExecutor {
     /// [`GpuStats::no_replay`]).
     fn record_step(&mut self, graph: &Graph, status_users: &mut Vec<usize>) -> CudaResult<()> {
         let before = self.stats.counts();
-        if !self.device.begin_capture()? {
-            self.replay = Replay::Off("the device cannot record graphs".into());
-            return self.issue_step(graph, status_users, None);
+        for b in &mut self.buckets {
+            b.in_flight = false;
         }
-        let issued = self.issue_step(graph, status_users, None);
-        let ended = self.device.end_capture();
-        let why = match (issued, ended) {
-            (Ok(()), Ok(g)) => {
+        let schedule = Arc::clone(&self.schedule);
+        let mut state = std::mem::take(&mut self.loop_state);
+        let mut dev = GpuStep {
+            ex: self,
+            graph,
+            status_users,
+            marks: None,
+        };
+        let recorded = record_nodes(&mut dev, graph, &schedule, &mut state);
+        let replayed = match &recorded {
+            Ok(Recorded::Graph(g)) => Some(dev.replay(*g)),
+            _ => None,
+        };
+        self.loop_state = state;
+        let why = match recorded? {
+            Recorded::NotOffered => {
+                self.replay = Replay::Off("the device cannot record graphs".into());
+                return self.issue_step(graph, status_users, None);
+            }
+            Recorded::Graph(g) => {
                 self.replay = Replay::Ready {
                     graph: g,
                     counts: self.stats.counts().since(before),
                     status_users: status_users.clone(),
                 };
                 self.stats.replayed_steps += 1;
-                return self.device.replay(g);
+                return replayed.unwrap_or(Ok(()));
             }
-            (Err(e), ended) => {
-                if let Ok(g) = ended {
-                    self.device.drop_graph(g);
-                }
-                e.to_string()
-            }
-            (Ok(()), Err(e)) => e.to_string(),
+            Recorded::Failed(e) => e.to_string(),
         };
         eprintln!(
             "shardc: the step of '{}' could not be recorded as one CUDA graph, so its kernels are launched one by one: {why}",
@@ -979,50 +987,66 @@ impl GpuExecutor {
         }
     }
 
-    fn run_node(
+    /// `Assign` node `i`: a device copy into the weight, or nothing where an update wrote it
+    /// in place.
+    fn assign_node(&mut self, graph: &Graph, i: usize) -> CudaResult<()> {
+        let node = &graph.nodes[i];
+        let dst = match node.inputs.first() {
+            Some(Operand::Param(p)) => self.params[p.index()],
+            _ => {
+                return Err(CudaError::Op {
+                    op: node.op,
+                    instance: node.instance.clone(),
+                    reason: "operand 0 must be a parameter".into(),
+                })
+            }
+        };
+        let (src, ty) = match node
+            .inputs
+            .get(1)
+            .map(|o| self.operand(graph, o))
+            .transpose()?
+        {
+            Some(Val::Tensor { ptr, ty }) => (ptr, ty),
+            _ => {
+                return Err(CudaError::Op {
+                    op: node.op,
+                    instance: node.instance.clone(),
+                    reason: "operand 1 must be a tensor".into(),
+                })
+            }
+        };
+        if src != dst {
+            self.device.copy(dst, src, byte_len(ty))?;
+        } else {
+            self.stats.in_place_updates += 1;
+        }
+        Ok(())
+    }
+
+    /// Communication node `i`: its p2p group at the group's first node (NCCL), or the node
+    /// on its own.
+    fn collective_node(&mut self, graph: &Graph, i: usize, call: &CommCall) -> CudaResult<()> {
+        self.stats.comm_ops += 1;
+        if let Some((r, first)) = self.p2p_of[i] {
+            return if first {
+                self.run_p2p(graph, r)
+            } else {
+                Ok(())
+            };
+        }
+        self.run_comm(graph, i, call)
+    }
+
+    /// Compute node `i`: its fused run or update group at the first member, else its
+    /// lowering (a device kernel, the convolution library, or the host backend).
+    fn compute_node(
         &mut self,
         graph: &Graph,
         i: usize,
         status_users: &mut Vec<usize>,
     ) -> CudaResult<()> {
         let node = &graph.nodes[i];
-        match node.op {
-            OpKind::TupleGetItem => return Ok(()),
-            OpKind::Assign => {
-                let dst = match node.inputs.first() {
-                    Some(Operand::Param(p)) => self.params[p.index()],
-                    _ => {
-                        return Err(CudaError::Op {
-                            op: node.op,
-                            instance: node.instance.clone(),
-                            reason: "operand 0 must be a parameter".into(),
-                        })
-                    }
-                };
-                let (src, ty) = match node
-                    .inputs
-                    .get(1)
-                    .map(|o| self.operand(graph, o))
-                    .transpose()?
-                {
-                    Some(Val::Tensor { ptr, ty }) => (ptr, ty),
-                    _ => {
-                        return Err(CudaError::Op {
-                            op: node.op,
-                            instance: node.instance.clone(),
-                            reason: "operand 1 must be a tensor".into(),
-                        })
-                    }
-                };
-                if src != dst {
-                    self.device.copy(dst, src, byte_len(ty))?;
-                } else {
-                    self.stats.in_place_updates += 1;
-                }
-                return Ok(());
-            }
-            _ => {}
-        }
         if let Some((r, first)) = self.fused[i] {
             self.stats.device_ops += 1;
             return if first {
@@ -1034,18 +1058,6 @@ impl GpuExecutor {
         if let Some((g, first)) = self.group_of[i] {
             self.stats.device_ops += 1;
             return if first { self.run_group(g) } else { Ok(()) };
-        }
-        if let Some((r, first)) = self.p2p_of[i] {
-            self.stats.comm_ops += 1;
-            return if first {
-                self.run_p2p(graph, r)
-            } else {
-                Ok(())
-            };
-        }
-        if let Some(call) = self.calls[i].clone() {
-            self.stats.comm_ops += 1;
-            return self.run_comm(graph, i, call.as_ref());
         }
         let inputs: Vec<Val<'_>> = node
             .inputs
@@ -1270,7 +1282,7 @@ impl GpuExecutor {
         let mut items = Vec::with_capacity(self.p2p_runs[r].len());
         for &i in &self.p2p_runs[r] {
             let node = &graph.nodes[i];
-            let call = self.calls[i]
+            let call = self.schedule.calls[i]
                 .as_deref()
                 .cloned()
                 .ok_or_else(|| CudaError::Other(format!("node %{i} has no transfer")))?;
@@ -1352,49 +1364,9 @@ impl GpuExecutor {
             }
             None => None,
         };
-        let need = || {
-            host_in
-                .clone()
-                .ok_or_else(|| op_err("operand 0 is not a tensor".into()))
-        };
-        let cerr = |e: shardc_runtime::CommError| op_err(e.to_string());
-        let result: Tensor = match call {
-            CommCall::AllReduce { group, op } => {
-                let mut t = need()?;
-                comm.all_reduce(group, *op, &mut t).map_err(cerr)?;
-                t
-            }
-            CommCall::Broadcast { group, root } => {
-                let mut t = need()?;
-                comm.broadcast(group, *root, &mut t).map_err(cerr)?;
-                t
-            }
-            CommCall::AllGather { group, axis } => {
-                comm.all_gather(group, *axis, &need()?).map_err(cerr)?
-            }
-            CommCall::ReduceScatter { group, op, axis } => comm
-                .reduce_scatter(group, *op, *axis, &need()?)
-                .map_err(cerr)?,
-            CommCall::AllToAll {
-                group,
-                split_dim,
-                concat_dim,
-            } => comm
-                .all_to_all(group, *split_dim, *concat_dim, &need()?)
-                .map_err(cerr)?,
-            CommCall::Send { dest, tag } => {
-                let t = need()?;
-                comm.send(*dest, *tag, &t).map_err(cerr)?;
-                t
-            }
-            CommCall::Receive { src, tag } => comm.recv(*src, *tag, &ty).map_err(cerr)?,
-        };
-        if result.ty() != ty {
-            return Err(op_err(format!(
-                "the communicator returned {} but the node's type is {ty}",
-                result.ty()
-            )));
-        }
+        let mut result = Tensor::zeros(&ty);
+        run_comm(comm.as_ref(), call, host_in.as_ref(), &mut result, &ty)
+            .map_err(|f| op_err(f.to_string()))?;
         self.device.upload(out, &result.to_le_bytes())
     }
 }
@@ -1414,15 +1386,15 @@ impl ExecDevice for GpuStep<'_> {
     type Error = CudaError;
 
     fn compute(&mut self, i: usize) -> CudaResult<()> {
-        self.ex.run_node(self.graph, i, self.status_users)
+        self.ex.compute_node(self.graph, i, self.status_users)
     }
 
     fn assign(&mut self, i: usize, _param: usize) -> CudaResult<()> {
-        self.ex.run_node(self.graph, i, self.status_users)
+        self.ex.assign_node(self.graph, i)
     }
 
-    fn collective(&mut self, i: usize, _call: &CommCall) -> CudaResult<()> {
-        self.ex.run_node(self.graph, i, self.status_users)
+    fn collective(&mut self, i: usize, call: &CommCall) -> CudaResult<()> {
+        self.ex.collective_node(self.graph, i, call)
     }
 
     fn pack(&mut self, _m: usize, member: &MemberSpec) -> CudaResult<()> {
@@ -1455,6 +1427,22 @@ impl ExecDevice for GpuStep<'_> {
             }
         }
         Ok(())
+    }
+
+    fn begin_capture(&mut self) -> CudaResult<bool> {
+        self.ex.device.begin_capture()
+    }
+
+    fn end_capture(&mut self) -> CudaResult<usize> {
+        self.ex.device.end_capture()
+    }
+
+    fn replay(&mut self, graph: usize) -> CudaResult<()> {
+        self.ex.device.replay(graph)
+    }
+
+    fn drop_capture(&mut self, graph: usize) {
+        self.ex.device.drop_graph(graph)
     }
 
     fn nodes_done(&mut self) -> CudaResult<()> {

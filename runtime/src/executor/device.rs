@@ -7,8 +7,8 @@
 //!
 //! The executor of a device is a type that owns the device's state for one graph and
 //! implements [`ExecDevice`]; its `step` binds the feeds, calls [`super::run::run_nodes`]
-//! (or [`super::run::Replay::step`] where the device records and replays whole steps), then
-//! reads the outputs. It never walks the graph itself: the walk, what waits for what, and
+//! (or, where the device records and replays whole steps, [`super::run::record_nodes`] once
+//! and [`ExecDevice::replay`] after), then reads the outputs. It never walks the graph itself: the walk, what waits for what, and
 //! when a bucket is launched are the loop's. What it builds once, at creation:
 //!
 //! - **The schedule** ([`super::schedule::Schedule::new`]): per node a

@@ -99,6 +99,43 @@ pub fn run_nodes<D: ExecDevice>(
     dev.nodes_done()
 }
 
+/// How [`record_nodes`] went.
+#[derive(Debug)]
+pub enum Recorded<E> {
+    /// The device does not record ([`ExecDevice::begin_capture`] said so); nothing ran.
+    NotOffered,
+    /// Recorded as this graph (nothing of it ran yet: replay it).
+    Graph(usize),
+    /// Issuing or ending the recording failed; the recording is discarded and nothing ran.
+    Failed(E),
+}
+
+/// Records one step's nodes as one graph instead of running them: the device's capture
+/// hooks around [`run_nodes`]. Graph replay on any device goes through here: the first
+/// step runs node by node (libraries make their plans), the second is recorded and
+/// replayed ([`ExecDevice::replay`]), every later step is one replay; a device whose
+/// recording fails runs node by node from then on.
+pub fn record_nodes<D: ExecDevice>(
+    dev: &mut D,
+    graph: &Graph,
+    schedule: &Schedule,
+    state: &mut LoopState,
+) -> Result<Recorded<D::Error>, D::Error> {
+    if !dev.begin_capture()? {
+        return Ok(Recorded::NotOffered);
+    }
+    let issued = run_nodes(dev, graph, schedule, state);
+    let ended = dev.end_capture();
+    Ok(match (issued, ended) {
+        (Ok(()), Ok(g)) => Recorded::Graph(g),
+        (Err(e), Ok(g)) => {
+            dev.drop_capture(g);
+            Recorded::Failed(e)
+        }
+        (Err(e), Err(_)) | (Ok(()), Err(e)) => Recorded::Failed(e),
+    })
+}
+
 /// Makes member `m`'s result ready for `reader`: waits for its bucket (once), unpacks it
 /// (once); errors name the member's node. Returns whether it did anything.
 fn ready<D: ExecDevice>(
