@@ -58,7 +58,7 @@ pub use comm_call::{comm_call, run_comm, CommCall, CommFailure};
 use comm_thread::{CommThread, Job, Reply};
 use device::ExecDevice;
 use run::{run_nodes, LoopState};
-use schedule::{BucketSpec, MemberSpec, NodeStep, Schedule};
+use schedule::{bind_feeds, BucketSpec, MemberSpec, NodeStep, Schedule};
 
 /// Where an operand's tensor comes from at run time.
 #[derive(Clone, Copy, Debug)]
@@ -779,53 +779,7 @@ impl Executor {
 
     /// Checks the feeds and records where each input's tensor is.
     fn bind_feeds(&mut self, feeds: &[(&str, Tensor)]) -> Result<(), RuntimeError> {
-        self.feed_index.fill(usize::MAX);
-        for (k, (name, t)) in feeds.iter().enumerate() {
-            let Some(pid) = self.graph.param_by_name(name) else {
-                let inputs: Vec<&str> = self
-                    .graph
-                    .params
-                    .iter()
-                    .filter(|p| p.kind == ParamKind::Input)
-                    .map(|p| p.name.as_str())
-                    .collect();
-                return Err(RuntimeError::UnknownFeed {
-                    name: name.to_string(),
-                    graph: self.graph.name.clone(),
-                    reason: format!("its inputs are {}", inputs.join(", ")),
-                });
-            };
-            let p = &self.graph.params[pid.index()];
-            if p.is_weight() {
-                return Err(RuntimeError::UnknownFeed {
-                    name: name.to_string(),
-                    graph: self.graph.name.clone(),
-                    reason: "it is a weight; set it with set_param".into(),
-                });
-            }
-            if self.feed_index[pid.index()] != usize::MAX {
-                return Err(RuntimeError::DuplicateFeed {
-                    input: name.to_string(),
-                });
-            }
-            if t.shape != p.ty.shape || t.dtype() != p.ty.dtype || t.len() != p.ty.num_elements() {
-                return Err(RuntimeError::FeedMismatch {
-                    input: p.name.clone(),
-                    expected: p.ty.clone(),
-                    got: t.ty(),
-                });
-            }
-            self.feed_index[pid.index()] = k;
-        }
-        for (i, p) in self.graph.params.iter().enumerate() {
-            if p.kind == ParamKind::Input && self.feed_index[i] == usize::MAX {
-                return Err(RuntimeError::MissingFeed {
-                    input: p.name.clone(),
-                    expected: p.ty.clone(),
-                });
-            }
-        }
-        Ok(())
+        bind_feeds(&self.graph, feeds, &mut self.feed_index)
     }
 
     /// The graph being run.

@@ -23,7 +23,9 @@ use crate::replay::{replay_blocker, Replay, StepCounts};
 use shardc_ir::{DType, Graph, OpKind, Operand, ParamKind, TensorType, Type};
 use shardc_runtime::executor::device::ExecDevice;
 use shardc_runtime::executor::run::{record_nodes, run_nodes, LoopState, Recorded};
-use shardc_runtime::executor::schedule::{launched_together, BucketSpec, MemberSpec, Schedule};
+use shardc_runtime::executor::schedule::{
+    bind_feeds, launched_together, BucketSpec, MemberSpec, Schedule,
+};
 use shardc_runtime::executor::{run_comm, CommCall};
 use shardc_runtime::init::init_tensor;
 use shardc_runtime::memory::{plan_aliasing_reshapes, Location, MemoryPlan};
@@ -727,30 +729,11 @@ impl GpuExecutor {
     }
 
     fn run_step(&mut self, feeds: &[(&str, Tensor)]) -> CudaResult<Vec<Tensor>> {
-        for (name, t) in feeds {
-            let i = self
-                .graph
-                .params
-                .iter()
-                .position(|p| p.name == *name && !p.is_weight())
-                .ok_or_else(|| {
-                    CudaError::Other(format!("the graph has no data input named {name}"))
-                })?;
-            let ty = &self.graph.params[i].ty;
-            if t.ty() != *ty {
-                return Err(CudaError::Other(format!(
-                    "input {name} must be {ty}, the feed is {}",
-                    t.ty()
-                )));
-            }
-            self.device.upload(self.params[i], &t.to_le_bytes())?;
-        }
-        for p in self.graph.params.iter().filter(|p| !p.is_weight()) {
-            if !feeds.iter().any(|(n, _)| *n == p.name) {
-                return Err(CudaError::Other(format!(
-                    "no feed for data input {} ({})",
-                    p.name, p.ty
-                )));
+        let mut feed_index = vec![usize::MAX; self.graph.params.len()];
+        bind_feeds(&self.graph, feeds, &mut feed_index)?;
+        for (i, &k) in feed_index.iter().enumerate() {
+            if let Some((_, t)) = feeds.get(k) {
+                self.device.upload(self.params[i], &t.to_le_bytes())?;
             }
         }
         let graph = self.graph.clone();

@@ -19,7 +19,10 @@ use super::comm_call::{comm_call, CommCall};
 use crate::comm::Communicator;
 use crate::error::RuntimeError;
 use crate::memory::node_text;
-use shardc_ir::{Attr, Const, DType, Graph, OpKind, Operand, ReduceOp, TensorType, Type};
+use crate::tensor::Tensor;
+use shardc_ir::{
+    Attr, Const, DType, Graph, OpKind, Operand, ParamKind, ReduceOp, TensorType, Type,
+};
 use std::sync::Arc;
 
 /// What the run loop does at one node.
@@ -288,6 +291,69 @@ pub fn launched_together<'s>(
         needs[first].dedup();
     }
     of
+}
+
+/// Checks a step's feeds (every data input exactly once, by name, of its type; no weight)
+/// and records in `feed_index` (one entry per parameter) the position of each input's feed;
+/// `usize::MAX` for weights. Every device binds its feeds through here.
+pub fn bind_feeds(
+    graph: &Graph,
+    feeds: &[(&str, Tensor)],
+    feed_index: &mut [usize],
+) -> Result<(), RuntimeError> {
+    feed_index.fill(usize::MAX);
+    for (k, (name, t)) in feeds.iter().enumerate() {
+        let Some(pid) = graph.param_by_name(name) else {
+            let inputs: Vec<&str> = graph
+                .params
+                .iter()
+                .filter(|p| p.kind == ParamKind::Input)
+                .map(|p| p.name.as_str())
+                .collect();
+            return Err(RuntimeError::UnknownFeed {
+                name: name.to_string(),
+                graph: graph.name.clone(),
+                reason: format!("its inputs are {}", inputs.join(", ")),
+            });
+        };
+        let p = &graph.params[pid.index()];
+        if p.is_weight() {
+            return Err(RuntimeError::UnknownFeed {
+                name: name.to_string(),
+                graph: graph.name.clone(),
+                reason: "it is a weight; set it with set_param".into(),
+            });
+        }
+        let Some(slot) = feed_index.get_mut(pid.index()) else {
+            return Err(RuntimeError::UnknownFeed {
+                name: name.to_string(),
+                graph: graph.name.clone(),
+                reason: "the feed table is shorter than the parameters".into(),
+            });
+        };
+        if *slot != usize::MAX {
+            return Err(RuntimeError::DuplicateFeed {
+                input: name.to_string(),
+            });
+        }
+        if t.shape != p.ty.shape || t.dtype() != p.ty.dtype || t.len() != p.ty.num_elements() {
+            return Err(RuntimeError::FeedMismatch {
+                input: p.name.clone(),
+                expected: p.ty.clone(),
+                got: t.ty(),
+            });
+        }
+        *slot = k;
+    }
+    for (i, p) in graph.params.iter().enumerate() {
+        if p.kind == ParamKind::Input && feed_index.get(i).is_none_or(|&k| k == usize::MAX) {
+            return Err(RuntimeError::MissingFeed {
+                input: p.name.clone(),
+                expected: p.ty.clone(),
+            });
+        }
+    }
+    Ok(())
 }
 
 fn graph_error(graph: &Graph, i: usize, reason: &str) -> RuntimeError {
