@@ -3,16 +3,21 @@
 //! alias: a `Reshape` of a node's result is that result in place, no copy), one kernel
 //! sequence per step in the graph's order.
 //!
-//! Per node: `TupleGetItem` and such a `Reshape` are aliases (the plan gives them the buffer
-//! of the value they name);
+//! The step is the runtime's, written once for every device: its plan
+//! ([`shardc_runtime::executor::schedule::Schedule`]: step kinds, communication calls,
+//! gradient buckets and their readers, feeds), its loop ([`run_nodes`]) and its recording for
+//! replay ([`record_nodes`]). This executor is the loop's GPU device (`GpuStep` implements
+//! [`ExecDevice`]): what it adds is the device's own: per node `TupleGetItem` and such a
+//! `Reshape` are aliases (the plan gives them the buffer of the value they name);
 //! `Assign` copies the new value into the parameter's device memory; a communication op goes
 //! to the communicator (NCCL on device memory when the communicator is an
-//! [`crate::nccl::NcclComm`], else staged through host tensors, so any shardc communicator
-//! works: threads, shared memory, TCP, MPI); every other op is lowered to kernels
-//! (`ops.rs`), and an op no device kernel covers runs on the host backend on copies of its
-//! operands, counted in [`GpuStats::host_ops`]. Kernels that meet bad data (a label out of
-//! range) set a status word that is read with the step's outputs and reported with the op's
-//! name.
+//! [`crate::nccl::NcclComm`], else staged through host tensors by the runtime's
+//! [`run_comm`], so any shardc communicator works: threads, shared memory, TCP, MPI); every
+//! other op is lowered to kernels (`ops.rs`; fused elementwise runs and grouped optimizer
+//! updates launched at their first node), and an op no device kernel covers runs on the host
+//! backend on copies of its operands, counted in [`GpuStats::host_ops`]. Kernels that meet
+//! bad data (a label out of range) set a status word that is read with the step's outputs
+//! and reported with the op's name.
 
 use crate::device::Device;
 use crate::error::{CudaError, CudaResult};
