@@ -563,7 +563,7 @@ impl Executor {
                         ));
                     }
                     Step::Pack {
-                        input: src_of(&node.inputs[0]),
+                        input: node.inputs.first().map_or(Src::Const, src_of),
                     }
                 }
                 NodeStep::Compute => {
