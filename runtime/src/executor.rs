@@ -1,6 +1,11 @@
 //! The executor: runs a graph step after step on a [`Backend`], with its weights kept between
 //! steps and its intermediate values in the buffers of a [`MemoryPlan`].
 //!
+//! Written once for every device: the step's plan ([`schedule`]), the device trait
+//! ([`device::ExecDevice`]) and the run loop ([`run::run_nodes`]); [`Executor`] is the CPU's
+//! device (host tensors, kernels through a [`Backend`], the communication thread as its
+//! communication stream), the CUDA backend's `GpuExecutor` another.
+//!
 //! Nodes run in graph order (the static schedule). Each compute node gets its operands as
 //! [`Arg`]s (weights, fed inputs, earlier results, constants) and its outputs as the plan's
 //! buffers, shaped to the node's result type. `TupleGetItem` is an alias resolved at planning
@@ -38,7 +43,7 @@ use crate::error::RuntimeError;
 use crate::init::{describe, init_tensor};
 use crate::memory::{node_text, plan_with, Allocator, Location, MemoryPlan};
 use crate::tensor::{Data, Tensor};
-use shardc_ir::{Attr, Const, Graph, OpKind, Operand, ParamKind, ReduceOp, TensorType, Type};
+use shardc_ir::{Graph, OpKind, Operand, ParamKind, ReduceOp, TensorType};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
@@ -46,9 +51,14 @@ use std::time::{Duration, Instant};
 
 mod comm_call;
 mod comm_thread;
-use comm_call::CommFailure;
-pub use comm_call::{comm_call, CommCall};
+pub mod device;
+pub mod run;
+pub mod schedule;
+pub use comm_call::{comm_call, run_comm, CommCall, CommFailure};
 use comm_thread::{CommThread, Job, Reply};
+use device::ExecDevice;
+use run::{run_nodes, LoopState};
+use schedule::{bind_feeds, BucketSpec, MemberSpec, NodeStep, Schedule};
 
 /// Where an operand's tensor comes from at run time.
 #[derive(Clone, Copy, Debug)]
@@ -74,12 +84,8 @@ enum Step {
     },
     /// Nothing at run time (a `TupleGetItem`: its users read the tuple element's buffer).
     Alias,
-    /// The weight `param` takes `value`; `swap` when the value's buffer can be moved.
-    Assign {
-        param: usize,
-        value: Src,
-        swap: bool,
-    },
+    /// The weight takes `value`; `swap` when the value's buffer can be moved.
+    Assign { value: Src, swap: bool },
     /// A communication node: its collective, its tensor operand (none for `Receive`), its
     /// output buffer and type.
     Comm {
@@ -90,24 +96,7 @@ enum Step {
     },
     /// A member of a gradient bucket: its input is packed into the bucket's flat buffer; the
     /// bucket's last member submits the bucket's AllReduce.
-    Pack { member: usize, input: Src },
-}
-
-/// One AllReduce of a gradient bucket.
-#[derive(Debug)]
-struct Member {
-    /// Its node.
-    node: usize,
-    /// Its bucket (index into the executor's buckets).
-    bucket: usize,
-    /// Where its elements sit in the flat buffer.
-    offset: usize,
-    /// How many elements it has.
-    len: usize,
-    /// Its result buffer.
-    out: usize,
-    /// Its result type.
-    ty: TensorType,
+    Pack { input: Src },
 }
 
 /// A gradient bucket (`fusion: id`) at run time.
@@ -118,8 +107,6 @@ struct BucketRt {
     /// Its group and reduction.
     group: Arc<[usize]>,
     op: ReduceOp,
-    /// The node of its last member (it submits the bucket).
-    last: usize,
     /// The flat buffer; `None` while the communication thread has it.
     flat: Option<Tensor>,
     /// The ticket of the bucket's AllReduce while it is in flight.
@@ -314,7 +301,7 @@ impl fmt::Display for ExecStats {
 
 /// Runs a graph, step after step (see the module doc).
 pub struct Executor {
-    graph: Graph,
+    graph: Arc<Graph>,
     backend: Arc<dyn Backend>,
     comm: Option<Arc<dyn Communicator>>,
     plan: MemoryPlan,
@@ -332,16 +319,14 @@ pub struct Executor {
     stats: ExecStats,
     /// The communication thread (with a communicator).
     comm_thread: Option<CommThread>,
-    /// Gradient bucket members, in program order.
-    members: Vec<Member>,
-    /// Gradient buckets, by first member.
+    /// The step's plan (shared with every executor: [`schedule`]).
+    schedule: Arc<Schedule>,
+    /// What the run loop tracks within a step.
+    loop_state: LoopState,
+    /// Per gradient bucket member: its result buffer.
+    member_out: Vec<usize>,
+    /// Gradient buckets, by first member: their run-time state.
     buckets: Vec<BucketRt>,
-    /// Per node: the members whose results it reads.
-    needs: Vec<Vec<usize>>,
-    /// The members the graph's outputs read.
-    output_needs: Vec<usize>,
-    /// Per member: whether its result is unpacked in this step.
-    unpacked: Vec<bool>,
     /// Per node: a buffer for a communication node's data-input operand (the communication
     /// thread gets its own copy of a feed).
     staging: Vec<Option<Tensor>>,
@@ -510,121 +495,8 @@ impl Executor {
             }
         }
 
-        // Structural checks the plan relies on.
-        for (i, node) in graph.nodes.iter().enumerate() {
-            let loc = || node_text(&graph, i);
-            if node.op.is_communication() && comm.is_none() {
-                return Err(RuntimeError::NeedsCommunicator {
-                    op: node.op,
-                    instance: node.instance.clone(),
-                });
-            }
-            for (j, operand) in node.inputs.iter().enumerate() {
-                match operand {
-                    Operand::Node(src) => {
-                        let s = src.index();
-                        if s >= i {
-                            return Err(graph_err(
-                                loc(),
-                                format!(
-                                    "operand {j} refers to %{}, which is not an earlier node",
-                                    s + 1
-                                ),
-                            ));
-                        }
-                        let tuple = matches!(graph.nodes[s].ty, Type::Tuple(_));
-                        if tuple && !(node.op == OpKind::TupleGetItem && j == 0) {
-                            return Err(graph_err(
-                                loc(),
-                                format!(
-                                    "operand {j} reads the tuple result of {}; only TupleGetItem may read a tuple",
-                                    node_text(&graph, s)
-                                ),
-                            ));
-                        }
-                        if !tuple && node.op == OpKind::TupleGetItem && j == 0 {
-                            return Err(graph_err(
-                                loc(),
-                                format!(
-                                    "TupleGetItem reads {}, which is not a tuple",
-                                    node_text(&graph, s)
-                                ),
-                            ));
-                        }
-                    }
-                    Operand::Param(p) => {
-                        if p.index() >= graph.params.len() {
-                            return Err(graph_err(
-                                loc(),
-                                format!(
-                                    "operand {j} refers to parameter #{}, which does not exist",
-                                    p.index() + 1
-                                ),
-                            ));
-                        }
-                    }
-                    Operand::Const(_) => {}
-                }
-            }
-            match node.op {
-                OpKind::TupleGetItem => {
-                    let ok = match (node.inputs.first(), node.inputs.get(1)) {
-                        (Some(Operand::Node(s)), Some(Operand::Const(Const::Int(k)))) => {
-                            usize::try_from(*k)
-                                .ok()
-                                .and_then(|k| graph.nodes[s.index()].ty.tensors().get(k))
-                                .is_some_and(|t| Some(t) == node.ty.as_tensor())
-                        }
-                        _ => false,
-                    };
-                    if !ok || node.inputs.len() != 2 {
-                        return Err(graph_err(
-                            loc(),
-                            "TupleGetItem needs a tuple node and an in-range Int index, and its type must be that element's".into(),
-                        ));
-                    }
-                }
-                OpKind::Assign => {
-                    let param = match node.inputs.first() {
-                        Some(Operand::Param(p)) if graph.params[p.index()].is_weight() => p,
-                        _ => {
-                            return Err(graph_err(
-                                loc(),
-                                "Assign's first operand must be a weight parameter".into(),
-                            ))
-                        }
-                    };
-                    let pty = &graph.params[param.index()].ty;
-                    let vty = node
-                        .inputs
-                        .get(1)
-                        .and_then(|o| graph.operand_tensor_type(o));
-                    if node.inputs.len() != 2 || vty != Some(pty) {
-                        return Err(graph_err(
-                            loc(),
-                            format!(
-                                "Assign's value must be a tensor of the parameter '{}''s type {pty}",
-                                graph.params[param.index()].name
-                            ),
-                        ));
-                    }
-                }
-                _ => {}
-            }
-        }
-        for (k, out) in graph.outputs.iter().enumerate() {
-            let bad = match out {
-                Operand::Node(n) => n.index() >= graph.nodes.len(),
-                Operand::Param(p) => p.index() >= graph.params.len(),
-                Operand::Const(_) => true,
-            };
-            if bad {
-                return Err(graph_err(
-                    format!("output {k}"),
-                    "must refer to an existing node or parameter".into(),
-                ));
-            }
-        }
+        // Checks, communication calls, gradient buckets: the shared schedule.
+        let schedule = Schedule::new(&graph, comm.as_deref())?;
 
         let plan = plan_with(&graph, allocator);
 
@@ -647,14 +519,14 @@ impl Executor {
             }
         };
         let mut steps = Vec::with_capacity(graph.nodes.len());
-        for (i, node) in graph.nodes.iter().enumerate() {
-            let step = match node.op {
-                OpKind::TupleGetItem => Step::Alias,
-                OpKind::Assign => {
-                    let param = match node.inputs[0] {
-                        Operand::Param(p) => p.index(),
-                        _ => unreachable!("checked above"),
-                    };
+        for (i, (node, kind)) in graph.nodes.iter().zip(&schedule.steps).enumerate() {
+            let out0 = || match plan.values[i].first().map(|v| v.location) {
+                Some(Location::Buffer(b)) => b,
+                _ => usize::MAX,
+            };
+            let step = match *kind {
+                NodeStep::Alias => Step::Alias,
+                NodeStep::Assign { param } => {
                     let value = src_of(&node.inputs[1]);
                     let swap = match (&node.inputs[1], value) {
                         (Operand::Node(n), Src::Buffer(b)) => {
@@ -663,38 +535,38 @@ impl Executor {
                         }
                         _ => false,
                     };
-                    Step::Assign { param, value, swap }
+                    Step::Assign { value, swap }
                 }
-                op if op.is_communication() => {
-                    let comm = comm
-                        .as_deref()
-                        .ok_or_else(|| RuntimeError::NeedsCommunicator {
-                            op: node.op,
-                            instance: node.instance.clone(),
-                        })?;
-                    let call = comm_call(&graph, i, comm)?;
+                NodeStep::Collective => {
+                    let (Some(call), Some(ty)) = (&schedule.calls[i], node.ty.as_tensor()) else {
+                        return Err(graph_err(
+                            node_text(&graph, i),
+                            "a communication op must have a tensor result".into(),
+                        ));
+                    };
                     let input = match node.op {
                         OpKind::Receive => None,
                         _ => Some(src_of(&node.inputs[0])),
                     };
-                    let out = match plan.values[i].first().map(|v| v.location) {
-                        Some(Location::Buffer(b)) => b,
-                        _ => usize::MAX,
-                    };
-                    let ty = node.ty.as_tensor().cloned().ok_or_else(|| {
-                        graph_err(
-                            node_text(&graph, i),
-                            "a communication op must have a tensor result".into(),
-                        )
-                    })?;
                     Step::Comm {
-                        call: Arc::new(call),
+                        call: call.clone(),
                         input,
-                        out,
-                        ty: Arc::new(ty),
+                        out: out0(),
+                        ty: Arc::new(ty.clone()),
                     }
                 }
-                _ => {
+                NodeStep::Pack { .. } => {
+                    if out0() == usize::MAX {
+                        return Err(graph_err(
+                            node_text(&graph, i),
+                            "the result has no buffer".into(),
+                        ));
+                    }
+                    Step::Pack {
+                        input: node.inputs.first().map_or(Src::Const, src_of),
+                    }
+                }
+                NodeStep::Compute => {
                     let args = node.inputs.iter().map(src_of).collect();
                     let outs = plan.values[i]
                         .iter()
@@ -724,52 +596,34 @@ impl Executor {
             }
         }
 
-        // Gradient buckets.
-        let (members, mut buckets) = plan_buckets(&graph, &mut steps)?;
-        if let Some(c) = &comm {
-            for bk in &mut buckets {
-                bk.overlaps = c.overlaps_compute(&bk.group);
-            }
-        }
-        let mut member_of = vec![usize::MAX; graph.nodes.len()];
-        for (m, mem) in members.iter().enumerate() {
-            member_of[mem.node] = m;
-        }
-        let mut needs: Vec<Vec<usize>> = vec![Vec::new(); graph.nodes.len()];
-        for (i, node) in graph.nodes.iter().enumerate() {
-            for o in &node.inputs {
-                if let Operand::Node(s) = o {
-                    let m = member_of[s.index()];
-                    if m == usize::MAX || needs[i].contains(&m) {
-                        continue;
-                    }
-                    let last = buckets[members[m].bucket].last;
-                    if i <= last {
-                        return Err(graph_err(
-                            node_text(&graph, i),
-                            format!(
-                                "it reads {}, a member of gradient bucket fusion {}, before the \
-                                 bucket's last member {} (a bucket is reduced only once all its \
-                                 members exist)",
-                                node_text(&graph, s.index()),
-                                buckets[members[m].bucket].id,
-                                node_text(&graph, last)
-                            ),
-                        ));
-                    }
-                    needs[i].push(m);
-                }
-            }
-        }
-        let mut output_needs = Vec::new();
-        for o in &graph.outputs {
-            if let Operand::Node(s) = o {
-                let m = member_of[s.index()];
-                if m != usize::MAX && !output_needs.contains(&m) {
-                    output_needs.push(m);
-                }
-            }
-        }
+        // Gradient buckets: the schedule's, with their run-time state.
+        let member_out: Vec<usize> = schedule
+            .members
+            .iter()
+            .map(|m| match plan.values[m.node].first().map(|v| v.location) {
+                Some(Location::Buffer(b)) => b,
+                _ => usize::MAX,
+            })
+            .collect();
+        let buckets: Vec<BucketRt> = schedule
+            .buckets
+            .iter()
+            .map(|b| BucketRt {
+                id: b.id,
+                group: b.group.clone(),
+                op: b.op,
+                flat: Some(Tensor {
+                    shape: vec![b.elements],
+                    data: Data::zeros(b.dtype, b.elements),
+                }),
+                ticket: None,
+                overlaps: comm.as_ref().is_none_or(|c| c.overlaps_compute(&b.group)),
+                done: None,
+                launched: None,
+                last_window: None,
+                last_comm: None,
+            })
+            .collect();
         let staging: Vec<Option<Tensor>> = steps
             .iter()
             .map(|st| match st {
@@ -813,10 +667,10 @@ impl Executor {
             },
             ..ExecStats::default()
         };
-        let nmembers = members.len();
         let nparams = graph.params.len();
+        let loop_state = LoopState::new(&schedule);
         Ok(Executor {
-            graph,
+            graph: Arc::new(graph),
             backend,
             comm,
             plan,
@@ -829,11 +683,10 @@ impl Executor {
             step_count: 0,
             stats,
             comm_thread,
-            members,
+            schedule: Arc::new(schedule),
+            loop_state,
+            member_out,
             buckets,
-            needs,
-            output_needs,
-            unpacked: vec![false; nmembers],
             staging,
         })
     }
@@ -883,7 +736,6 @@ impl Executor {
             }
             bk.launched = None;
         }
-        self.unpacked.fill(false);
     }
 
     fn run_step(&mut self, feeds: &[(&str, Tensor)]) -> Result<Vec<Tensor>, RuntimeError> {
@@ -894,327 +746,21 @@ impl Executor {
                 .as_ref()
                 .map_or(0, |c| u32::try_from(c.rank()).unwrap_or(u32::MAX)),
         };
-        let Executor {
-            graph,
-            backend,
-            comm,
-            steps,
-            weights,
-            pool,
-            feed_index,
-            scratch,
-            stats,
-            outputs,
-            comm_thread,
-            members,
-            buckets,
-            needs,
-            output_needs,
-            unpacked,
-            staging,
-            ..
-        } = self;
-        let mut bucket_time = BucketTime::default();
-        for (i, (node, step)) in graph.nodes.iter().zip(steps.iter()).enumerate() {
-            for &m in &needs[i] {
-                ensure_member(
-                    m,
-                    graph,
-                    members,
-                    buckets,
-                    unpacked,
-                    pool,
-                    comm_thread,
-                    &mut bucket_time,
-                    stats,
-                )?;
-            }
-            match step {
-                Step::Alias => {}
-                Step::Compute { args, outs, types } => {
-                    scratch.clear();
-                    for (&b, ty) in outs.iter().zip(types) {
-                        let mut t = std::mem::replace(&mut pool[b], empty_tensor());
-                        if shape_buffer(&mut t, ty) {
-                            stats.buffer_allocations += 1;
-                        }
-                        scratch.push(t);
-                    }
-                    let t0 = Instant::now();
-                    let result = {
-                        let mut inputs: Vec<Arg<'_>> = Vec::with_capacity(args.len());
-                        let mut missing = None;
-                        for (k, &src) in args.iter().enumerate() {
-                            let arg = match (src, &node.inputs[k]) {
-                                (Src::Const, Operand::Const(c)) => Some(Arg::Const(c)),
-                                _ => fetch(src, pool, weights, feeds, feed_index).map(Arg::Tensor),
-                            };
-                            match arg {
-                                Some(a) => inputs.push(a),
-                                None => missing = missing.or(Some(k)),
-                            }
-                        }
-                        match missing {
-                            None => backend.run(node, &inputs, scratch, &ctx),
-                            Some(k) => Err(KernelError::new(
-                                node,
-                                format!("the executor has no value for operand {k}"),
-                            )),
-                        }
-                    };
-                    let dt = t0.elapsed();
-                    let entry = stats.per_op.entry(node.op).or_default();
-                    entry.count += 1;
-                    entry.time += dt;
-                    // Give the buffers back before reporting any error.
-                    let mut bad_output = None;
-                    for (k, (&b, ty)) in outs.iter().zip(types).enumerate() {
-                        let t = std::mem::replace(&mut scratch[k], empty_tensor());
-                        if bad_output.is_none() && (t.shape != ty.shape || t.dtype() != ty.dtype) {
-                            bad_output = Some((k, t.ty()));
-                        }
-                        pool[b] = t;
-                    }
-                    scratch.clear();
-                    if let Err(error) = result {
-                        return Err(RuntimeError::Kernel { node: i, error });
-                    }
-                    if let Some((index, got)) = bad_output {
-                        return Err(RuntimeError::KernelOutput {
-                            node: i,
-                            op: node.op,
-                            instance: node.instance.clone(),
-                            reason: format!(
-                                "the {} kernel left output {index} as {got}, but the node's type says {}",
-                                backend.name(),
-                                types[index]
-                            ),
-                        });
-                    }
-                }
-                Step::Comm {
-                    call,
-                    input,
-                    out,
-                    ty,
-                } => {
-                    let t0 = Instant::now();
-                    let graph_error = |reason: String| RuntimeError::Graph {
-                        graph: graph.name.clone(),
-                        location: node_text(graph, i),
-                        reason,
-                    };
-                    if comm.is_none() {
-                        return Err(RuntimeError::NeedsCommunicator {
-                            op: node.op,
-                            instance: node.instance.clone(),
-                        });
-                    }
-                    let Some(thread) = comm_thread.as_mut() else {
-                        return Err(graph_error(
-                            "the communication thread is not running".into(),
-                        ));
-                    };
-                    let Some(slot) = pool.get_mut(*out) else {
-                        return Err(graph_error("the result has no buffer".into()));
-                    };
-                    let mut dst = std::mem::replace(slot, empty_tensor());
-                    if shape_buffer(&mut dst, ty) {
-                        stats.buffer_allocations += 1;
-                    }
-                    // The communication thread gets the operand by value and gives it back.
-                    let (operand, taken) = match input {
-                        Some(Src::Buffer(b)) if *b == *out => (Some(dst.clone()), Taken::Nothing),
-                        Some(Src::Buffer(b)) if *b < pool.len() => (
-                            Some(std::mem::replace(&mut pool[*b], empty_tensor())),
-                            Taken::Buffer(*b),
-                        ),
-                        Some(Src::Weight(p)) => match weights.get_mut(*p).and_then(Option::take) {
-                            Some(t) => (Some(t), Taken::Weight(*p)),
-                            None => (None, Taken::Nothing),
-                        },
-                        Some(Src::Input(p)) => {
-                            let feed = fetch(Src::Input(*p), pool, weights, feeds, feed_index);
-                            match (staging[i].take(), feed) {
-                                (Some(mut st), Some(f)) => {
-                                    if st.copy_from(f) {
-                                        (Some(st), Taken::Staging)
-                                    } else {
-                                        staging[i] = Some(st);
-                                        (None, Taken::Nothing)
-                                    }
-                                }
-                                (st, _) => {
-                                    staging[i] = st;
-                                    (None, Taken::Nothing)
-                                }
-                            }
-                        }
-                        _ => (None, Taken::Nothing),
-                    };
-                    let job = Job::Node {
-                        call: call.clone(),
-                        input: operand,
-                        dst,
-                        ty: ty.clone(),
-                    };
-                    let reply = thread.run(job);
-                    let Some(reply) = reply else {
-                        return Err(graph_error(
-                            "the communication thread ended during the collective".into(),
-                        ));
-                    };
-                    pool[*out] = reply.dst;
-                    match (taken, reply.input) {
-                        (Taken::Buffer(b), Some(t)) => pool[b] = t,
-                        (Taken::Weight(p), Some(t)) => weights[p] = Some(t),
-                        (Taken::Staging, Some(t)) => staging[i] = Some(t),
-                        _ => {}
-                    }
-                    let entry = stats.per_op.entry(node.op).or_default();
-                    entry.count += 1;
-                    entry.time += t0.elapsed();
-                    match reply.result {
-                        Ok(()) => {}
-                        Err(CommFailure::Comm(error)) => {
-                            return Err(RuntimeError::Comm {
-                                node: i,
-                                op: node.op,
-                                instance: node.instance.clone(),
-                                error,
-                            })
-                        }
-                        Err(CommFailure::Local(reason)) => return Err(graph_error(reason)),
-                    }
-                }
-                Step::Pack { member, input } => {
-                    let t0 = Instant::now();
-                    let mem = &members[*member];
-                    let bk = &mut buckets[mem.bucket];
-                    let graph_error = |reason: String| RuntimeError::Graph {
-                        graph: graph.name.clone(),
-                        location: node_text(graph, i),
-                        reason,
-                    };
-                    let Some(flat) = bk.flat.as_mut() else {
-                        return Err(graph_error(format!(
-                            "the buffer of gradient bucket fusion {} was lost with the \
-                             communication thread",
-                            bk.id
-                        )));
-                    };
-                    let packed = match fetch(*input, pool, weights, feeds, feed_index) {
-                        Some(t) if t.len() == mem.len => pack_into(flat, mem.offset, t),
-                        _ => false,
-                    };
-                    if !packed {
-                        return Err(graph_error(format!(
-                            "the executor has no {} value for operand 0 to pack into gradient \
-                             bucket fusion {}",
-                            mem.ty, bk.id
-                        )));
-                    }
-                    if i == bk.last {
-                        let Some(thread) = comm_thread.as_mut() else {
-                            return Err(graph_error(
-                                "the communication thread is not running".into(),
-                            ));
-                        };
-                        let flat = bk.flat.take().unwrap_or_else(empty_tensor);
-                        let job = Job::Bucket {
-                            group: bk.group.clone(),
-                            op: bk.op,
-                            flat,
-                        };
-                        let job = if bk.better_inline() {
-                            match thread.run_if_idle(job) {
-                                Ok(reply) => {
-                                    // The main thread ran it: all of it is waited for.
-                                    bucket_time.wait += reply.elapsed;
-                                    buckets[mem.bucket].done = Some(reply);
-                                    None
-                                }
-                                Err(job) => Some(*job),
-                            }
-                        } else {
-                            Some(job)
-                        };
-                        let bk = &mut buckets[mem.bucket];
-                        if let Some(job) = job {
-                            match thread.submit(job) {
-                                Ok(ticket) => bk.ticket = Some(ticket),
-                                Err(job) => {
-                                    if let Job::Bucket { flat, .. } = *job {
-                                        bk.flat = Some(flat);
-                                    }
-                                    return Err(graph_error(
-                                        "the communication thread has ended".into(),
-                                    ));
-                                }
-                            }
-                        }
-                        bk.launched = Some(Instant::now());
-                    }
-                    let entry = stats.per_op.entry(node.op).or_default();
-                    entry.count += 1;
-                    entry.time += t0.elapsed();
-                }
-                Step::Assign { param, value, swap } => {
-                    let t0 = Instant::now();
-                    let mut dst = weights[*param].take().unwrap_or_else(empty_tensor);
-                    let ok = match value {
-                        Src::Buffer(b) if *swap && capacity(&dst) >= capacity(&pool[*b]) => {
-                            std::mem::swap(&mut dst, &mut pool[*b]);
-                            true
-                        }
-                        Src::Weight(p) if *p == *param => true,
-                        _ => match fetch(*value, pool, weights, feeds, feed_index) {
-                            Some(src) => dst.copy_from(src),
-                            None => false,
-                        },
-                    };
-                    weights[*param] = Some(dst);
-                    let entry = stats.per_op.entry(OpKind::Assign).or_default();
-                    entry.count += 1;
-                    entry.time += t0.elapsed();
-                    if !ok {
-                        return Err(RuntimeError::Graph {
-                            graph: graph.name.clone(),
-                            location: node_text(graph, i),
-                            reason: "the assigned value does not match the parameter".into(),
-                        });
-                    }
-                }
-            }
-        }
-        for &m in output_needs.iter() {
-            ensure_member(
-                m,
-                graph,
-                members,
-                buckets,
-                unpacked,
-                pool,
-                comm_thread,
-                &mut bucket_time,
-                stats,
-            )?;
-        }
-        // Buckets whose results nobody read this step.
-        for m in 0..members.len() {
-            if buckets[members[m].bucket].ticket.is_some() {
-                wait_bucket(
-                    members[m].bucket,
-                    members[m].node,
-                    graph,
-                    buckets,
-                    comm_thread,
-                    &mut bucket_time,
-                )?;
-            }
-        }
-        unpacked.fill(false);
-        let g = &mut stats.gradient_comm;
+        let graph = Arc::clone(&self.graph);
+        let schedule = Arc::clone(&self.schedule);
+        let mut state = std::mem::take(&mut self.loop_state);
+        let mut host = HostStep {
+            ex: self,
+            graph: &graph,
+            feeds,
+            ctx,
+            time: BucketTime::default(),
+        };
+        let ran = run_nodes(&mut host, &graph, &schedule, &mut state);
+        let bucket_time = host.time;
+        self.loop_state = state;
+        ran?;
+        let g = &mut self.stats.gradient_comm;
         if g.buckets > 0 {
             g.steps += 1;
             g.comm += bucket_time.comm;
@@ -1222,9 +768,9 @@ impl Executor {
             g.last_comm = bucket_time.comm;
             g.last_wait = bucket_time.wait;
         }
-        let mut result = Vec::with_capacity(outputs.len());
-        for &src in outputs.iter() {
-            if let Some(t) = fetch(src, pool, weights, feeds, feed_index) {
+        let mut result = Vec::with_capacity(self.outputs.len());
+        for &src in self.outputs.iter() {
+            if let Some(t) = fetch(src, &self.pool, &self.weights, feeds, &self.feed_index) {
                 result.push(t.clone());
             }
         }
@@ -1233,53 +779,7 @@ impl Executor {
 
     /// Checks the feeds and records where each input's tensor is.
     fn bind_feeds(&mut self, feeds: &[(&str, Tensor)]) -> Result<(), RuntimeError> {
-        self.feed_index.fill(usize::MAX);
-        for (k, (name, t)) in feeds.iter().enumerate() {
-            let Some(pid) = self.graph.param_by_name(name) else {
-                let inputs: Vec<&str> = self
-                    .graph
-                    .params
-                    .iter()
-                    .filter(|p| p.kind == ParamKind::Input)
-                    .map(|p| p.name.as_str())
-                    .collect();
-                return Err(RuntimeError::UnknownFeed {
-                    name: name.to_string(),
-                    graph: self.graph.name.clone(),
-                    reason: format!("its inputs are {}", inputs.join(", ")),
-                });
-            };
-            let p = &self.graph.params[pid.index()];
-            if p.is_weight() {
-                return Err(RuntimeError::UnknownFeed {
-                    name: name.to_string(),
-                    graph: self.graph.name.clone(),
-                    reason: "it is a weight; set it with set_param".into(),
-                });
-            }
-            if self.feed_index[pid.index()] != usize::MAX {
-                return Err(RuntimeError::DuplicateFeed {
-                    input: name.to_string(),
-                });
-            }
-            if t.shape != p.ty.shape || t.dtype() != p.ty.dtype || t.len() != p.ty.num_elements() {
-                return Err(RuntimeError::FeedMismatch {
-                    input: p.name.clone(),
-                    expected: p.ty.clone(),
-                    got: t.ty(),
-                });
-            }
-            self.feed_index[pid.index()] = k;
-        }
-        for (i, p) in self.graph.params.iter().enumerate() {
-            if p.kind == ParamKind::Input && self.feed_index[i] == usize::MAX {
-                return Err(RuntimeError::MissingFeed {
-                    input: p.name.clone(),
-                    expected: p.ty.clone(),
-                });
-            }
-        }
-        Ok(())
+        bind_feeds(&self.graph, feeds, &mut self.feed_index)
     }
 
     /// The graph being run.
@@ -1359,6 +859,402 @@ impl Executor {
     /// Cumulative execution statistics.
     pub fn stats(&self) -> &ExecStats {
         &self.stats
+    }
+}
+
+/// The CPU executor during one step, as the run loop drives it: host tensors, kernels
+/// through [`Backend::run`], the communication thread as its communication stream.
+struct HostStep<'a, 'f> {
+    ex: &'a mut Executor,
+    graph: &'a Graph,
+    feeds: &'a [(&'f str, Tensor)],
+    ctx: KernelContext,
+    time: BucketTime,
+}
+
+impl HostStep<'_, '_> {
+    fn graph_error(&self, i: usize, reason: String) -> RuntimeError {
+        RuntimeError::Graph {
+            graph: self.graph.name.clone(),
+            location: node_text(self.graph, i),
+            reason,
+        }
+    }
+
+    fn count(&mut self, op: OpKind, t0: Instant) {
+        let entry = self.ex.stats.per_op.entry(op).or_default();
+        entry.count += 1;
+        entry.time += t0.elapsed();
+    }
+}
+
+impl ExecDevice for HostStep<'_, '_> {
+    type Error = RuntimeError;
+
+    fn compute(&mut self, i: usize) -> Result<(), RuntimeError> {
+        let node = &self.graph.nodes[i];
+        let feeds = self.feeds;
+        let Executor {
+            backend,
+            steps,
+            weights,
+            pool,
+            feed_index,
+            scratch,
+            stats,
+            ..
+        } = &mut *self.ex;
+        let Step::Compute { args, outs, types } = &steps[i] else {
+            return Err(self.graph_error(i, "not a compute node".into()));
+        };
+        scratch.clear();
+        for (&b, ty) in outs.iter().zip(types) {
+            let mut t = std::mem::replace(&mut pool[b], empty_tensor());
+            if shape_buffer(&mut t, ty) {
+                stats.buffer_allocations += 1;
+            }
+            scratch.push(t);
+        }
+        let t0 = Instant::now();
+        let result = {
+            let mut inputs: Vec<Arg<'_>> = Vec::with_capacity(args.len());
+            let mut missing = None;
+            for (k, &src) in args.iter().enumerate() {
+                let arg = match (src, &node.inputs[k]) {
+                    (Src::Const, Operand::Const(c)) => Some(Arg::Const(c)),
+                    _ => fetch(src, pool, weights, feeds, feed_index).map(Arg::Tensor),
+                };
+                match arg {
+                    Some(a) => inputs.push(a),
+                    None => missing = missing.or(Some(k)),
+                }
+            }
+            match missing {
+                None => backend.run(node, &inputs, scratch, &self.ctx),
+                Some(k) => Err(KernelError::new(
+                    node,
+                    format!("the executor has no value for operand {k}"),
+                )),
+            }
+        };
+        let dt = t0.elapsed();
+        let entry = stats.per_op.entry(node.op).or_default();
+        entry.count += 1;
+        entry.time += dt;
+        // Give the buffers back before reporting any error.
+        let mut bad_output = None;
+        for (k, (&b, ty)) in outs.iter().zip(types).enumerate() {
+            let t = std::mem::replace(&mut scratch[k], empty_tensor());
+            if bad_output.is_none() && (t.shape != ty.shape || t.dtype() != ty.dtype) {
+                bad_output = Some((k, t.ty()));
+            }
+            pool[b] = t;
+        }
+        scratch.clear();
+        if let Err(error) = result {
+            return Err(RuntimeError::Kernel { node: i, error });
+        }
+        if let Some((index, got)) = bad_output {
+            return Err(RuntimeError::KernelOutput {
+                node: i,
+                op: node.op,
+                instance: node.instance.clone(),
+                reason: format!(
+                    "the {} kernel left output {index} as {got}, but the node's type says {}",
+                    backend.name(),
+                    types[index]
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn assign(&mut self, i: usize, param: usize) -> Result<(), RuntimeError> {
+        let t0 = Instant::now();
+        let feeds = self.feeds;
+        let Executor {
+            steps,
+            weights,
+            pool,
+            feed_index,
+            ..
+        } = &mut *self.ex;
+        let Step::Assign { value, swap } = &steps[i] else {
+            return Err(self.graph_error(i, "not an Assign node".into()));
+        };
+        let mut dst = weights[param].take().unwrap_or_else(empty_tensor);
+        let ok = match value {
+            Src::Buffer(b) if *swap && capacity(&dst) >= capacity(&pool[*b]) => {
+                std::mem::swap(&mut dst, &mut pool[*b]);
+                true
+            }
+            Src::Weight(p) if *p == param => true,
+            _ => match fetch(*value, pool, weights, feeds, feed_index) {
+                Some(src) => dst.copy_from(src),
+                None => false,
+            },
+        };
+        weights[param] = Some(dst);
+        self.count(OpKind::Assign, t0);
+        if !ok {
+            return Err(
+                self.graph_error(i, "the assigned value does not match the parameter".into())
+            );
+        }
+        Ok(())
+    }
+
+    fn collective(&mut self, i: usize, _call: &CommCall) -> Result<(), RuntimeError> {
+        let node = &self.graph.nodes[i];
+        let t0 = Instant::now();
+        let feeds = self.feeds;
+        let Executor {
+            comm,
+            steps,
+            weights,
+            pool,
+            feed_index,
+            stats,
+            comm_thread,
+            staging,
+            ..
+        } = &mut *self.ex;
+        let graph_error = |reason: String| RuntimeError::Graph {
+            graph: self.graph.name.clone(),
+            location: node_text(self.graph, i),
+            reason,
+        };
+        let Step::Comm {
+            call,
+            input,
+            out,
+            ty,
+        } = &steps[i]
+        else {
+            return Err(graph_error("not a communication node".into()));
+        };
+        if comm.is_none() {
+            return Err(RuntimeError::NeedsCommunicator {
+                op: node.op,
+                instance: node.instance.clone(),
+            });
+        }
+        let Some(thread) = comm_thread.as_mut() else {
+            return Err(graph_error(
+                "the communication thread is not running".into(),
+            ));
+        };
+        let Some(slot) = pool.get_mut(*out) else {
+            return Err(graph_error("the result has no buffer".into()));
+        };
+        let mut dst = std::mem::replace(slot, empty_tensor());
+        if shape_buffer(&mut dst, ty) {
+            stats.buffer_allocations += 1;
+        }
+        // The communication thread gets the operand by value and gives it back.
+        let (operand, taken) = match input {
+            Some(Src::Buffer(b)) if *b == *out => (Some(dst.clone()), Taken::Nothing),
+            Some(Src::Buffer(b)) if *b < pool.len() => (
+                Some(std::mem::replace(&mut pool[*b], empty_tensor())),
+                Taken::Buffer(*b),
+            ),
+            Some(Src::Weight(p)) => match weights.get_mut(*p).and_then(Option::take) {
+                Some(t) => (Some(t), Taken::Weight(*p)),
+                None => (None, Taken::Nothing),
+            },
+            Some(Src::Input(p)) => {
+                let feed = fetch(Src::Input(*p), pool, weights, feeds, feed_index);
+                match (staging[i].take(), feed) {
+                    (Some(mut st), Some(f)) => {
+                        if st.copy_from(f) {
+                            (Some(st), Taken::Staging)
+                        } else {
+                            staging[i] = Some(st);
+                            (None, Taken::Nothing)
+                        }
+                    }
+                    (st, _) => {
+                        staging[i] = st;
+                        (None, Taken::Nothing)
+                    }
+                }
+            }
+            _ => (None, Taken::Nothing),
+        };
+        let job = Job::Node {
+            call: call.clone(),
+            input: operand,
+            dst,
+            ty: ty.clone(),
+        };
+        let reply = thread.run(job);
+        let Some(reply) = reply else {
+            return Err(graph_error(
+                "the communication thread ended during the collective".into(),
+            ));
+        };
+        pool[*out] = reply.dst;
+        match (taken, reply.input) {
+            (Taken::Buffer(b), Some(t)) => pool[b] = t,
+            (Taken::Weight(p), Some(t)) => weights[p] = Some(t),
+            (Taken::Staging, Some(t)) => staging[i] = Some(t),
+            _ => {}
+        }
+        let entry = stats.per_op.entry(node.op).or_default();
+        entry.count += 1;
+        entry.time += t0.elapsed();
+        match reply.result {
+            Ok(()) => Ok(()),
+            Err(CommFailure::Comm(error)) => Err(RuntimeError::Comm {
+                node: i,
+                op: node.op,
+                instance: node.instance.clone(),
+                error,
+            }),
+            Err(CommFailure::Local(reason)) => Err(graph_error(reason)),
+        }
+    }
+
+    fn pack(&mut self, _m: usize, member: &MemberSpec) -> Result<(), RuntimeError> {
+        let t0 = Instant::now();
+        let i = member.node;
+        let feeds = self.feeds;
+        let Executor {
+            steps,
+            weights,
+            pool,
+            feed_index,
+            buckets,
+            ..
+        } = &mut *self.ex;
+        let bk = &mut buckets[member.bucket];
+        let input = match &steps[i] {
+            Step::Pack { input } => Some(*input),
+            _ => None,
+        };
+        let Some(flat) = bk.flat.as_mut() else {
+            let reason = format!(
+                "the buffer of gradient bucket fusion {} was lost with the communication thread",
+                bk.id
+            );
+            return Err(self.graph_error(i, reason));
+        };
+        let packed = match input.and_then(|s| fetch(s, pool, weights, feeds, feed_index)) {
+            Some(t) if t.len() == member.len => pack_into(flat, member.offset, t),
+            _ => false,
+        };
+        if !packed {
+            let reason = format!(
+                "the executor has no {} value for operand 0 to pack into gradient bucket \
+                 fusion {}",
+                member.ty, bk.id
+            );
+            return Err(self.graph_error(i, reason));
+        }
+        let op = self.graph.nodes[i].op;
+        self.count(op, t0);
+        Ok(())
+    }
+
+    fn launch_bucket(&mut self, b: usize, bucket: &BucketSpec) -> Result<(), RuntimeError> {
+        let t0 = Instant::now();
+        let i = bucket.last;
+        let Executor {
+            comm_thread,
+            buckets,
+            ..
+        } = &mut *self.ex;
+        let Some(thread) = comm_thread.as_mut() else {
+            return Err(self.graph_error(i, "the communication thread is not running".into()));
+        };
+        let bk = &mut buckets[b];
+        let flat = bk.flat.take().unwrap_or_else(empty_tensor);
+        let job = Job::Bucket {
+            group: bk.group.clone(),
+            op: bk.op,
+            flat,
+        };
+        let job = if bk.better_inline() {
+            match thread.run_if_idle(job) {
+                Ok(reply) => {
+                    // The main thread ran it: all of it is waited for.
+                    self.time.wait += reply.elapsed;
+                    bk.done = Some(reply);
+                    None
+                }
+                Err(job) => Some(*job),
+            }
+        } else {
+            Some(job)
+        };
+        if let Some(job) = job {
+            match thread.submit(job) {
+                Ok(ticket) => bk.ticket = Some(ticket),
+                Err(job) => {
+                    if let Job::Bucket { flat, .. } = *job {
+                        bk.flat = Some(flat);
+                    }
+                    return Err(self.graph_error(i, "the communication thread has ended".into()));
+                }
+            }
+        }
+        bk.launched = Some(Instant::now());
+        // The launch is the last member's: its time joins the member's packing.
+        let op = self.graph.nodes[i].op;
+        let entry = self.ex.stats.per_op.entry(op).or_default();
+        entry.time += t0.elapsed();
+        Ok(())
+    }
+
+    fn wait_bucket(
+        &mut self,
+        b: usize,
+        _bucket: &BucketSpec,
+        node: usize,
+    ) -> Result<(), RuntimeError> {
+        wait_bucket(
+            b,
+            node,
+            self.graph,
+            &mut self.ex.buckets,
+            &mut self.ex.comm_thread,
+            &mut self.time,
+        )
+    }
+
+    fn unpack(&mut self, m: usize, mem: &MemberSpec) -> Result<(), RuntimeError> {
+        let Executor {
+            pool,
+            stats,
+            buckets,
+            member_out,
+            ..
+        } = &mut *self.ex;
+        let bk = &buckets[mem.bucket];
+        let err = |reason: String| RuntimeError::Graph {
+            graph: self.graph.name.clone(),
+            location: node_text(self.graph, mem.node),
+            reason,
+        };
+        let Some(flat) = bk.flat.as_ref() else {
+            return Err(err(format!(
+                "gradient bucket fusion {} was never submitted",
+                bk.id
+            )));
+        };
+        let Some(dst) = pool.get_mut(member_out[m]) else {
+            return Err(err("the result has no buffer".into()));
+        };
+        if shape_buffer(dst, &mem.ty) {
+            stats.buffer_allocations += 1;
+        }
+        if !unpack_from(dst, flat, mem.offset) {
+            return Err(err(format!(
+                "gradient bucket fusion {} does not hold this member's {} elements",
+                bk.id, mem.len
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -1444,163 +1340,6 @@ fn finish_bucket(
             reason,
         }),
     }
-}
-
-/// Makes member `m`'s result available in its buffer: waits for its bucket, then unpacks it.
-#[allow(clippy::too_many_arguments)]
-fn ensure_member(
-    m: usize,
-    graph: &Graph,
-    members: &[Member],
-    buckets: &mut [BucketRt],
-    unpacked: &mut [bool],
-    pool: &mut [Tensor],
-    comm_thread: &mut Option<CommThread>,
-    time: &mut BucketTime,
-    stats: &mut ExecStats,
-) -> Result<(), RuntimeError> {
-    if unpacked[m] {
-        return Ok(());
-    }
-    let mem = &members[m];
-    wait_bucket(mem.bucket, mem.node, graph, buckets, comm_thread, time)?;
-    let bk = &buckets[mem.bucket];
-    let err = |reason: String| RuntimeError::Graph {
-        graph: graph.name.clone(),
-        location: node_text(graph, mem.node),
-        reason,
-    };
-    let Some(flat) = bk.flat.as_ref() else {
-        return Err(err(format!(
-            "gradient bucket fusion {} was never submitted",
-            bk.id
-        )));
-    };
-    let Some(dst) = pool.get_mut(mem.out) else {
-        return Err(err("the result has no buffer".into()));
-    };
-    if shape_buffer(dst, &mem.ty) {
-        stats.buffer_allocations += 1;
-    }
-    if !unpack_from(dst, flat, mem.offset) {
-        return Err(err(format!(
-            "gradient bucket fusion {} does not hold this member's {} elements",
-            bk.id, mem.len
-        )));
-    }
-    unpacked[m] = true;
-    Ok(())
-}
-
-/// Finds the gradient buckets (`fusion: k`, k > 0, on AllReduce nodes), checks that each
-/// bucket's members agree on group, reduction and dtype, turns their steps into
-/// [`Step::Pack`] and allocates each bucket's flat buffer.
-fn plan_buckets(
-    graph: &Graph,
-    steps: &mut [Step],
-) -> Result<(Vec<Member>, Vec<BucketRt>), RuntimeError> {
-    let mut members: Vec<Member> = Vec::new();
-    let mut buckets: Vec<BucketRt> = Vec::new();
-    let mut lens: Vec<usize> = Vec::new();
-    let mut dtypes = Vec::new();
-    for (i, node) in graph.nodes.iter().enumerate() {
-        let err = |reason: String| RuntimeError::Graph {
-            graph: graph.name.clone(),
-            location: node_text(graph, i),
-            reason,
-        };
-        let id = match node.attrs.get("fusion") {
-            None => continue,
-            Some(Attr::Int(k)) if *k > 0 => *k,
-            Some(Attr::Int(k)) if *k == 0 => continue,
-            Some(other) => {
-                return Err(err(format!(
-                    "attribute `fusion` must be 0 (not fused) or a bucket id > 0, got {other}"
-                )))
-            }
-        };
-        let Step::Comm {
-            call,
-            input: Some(input),
-            out,
-            ty,
-        } = &steps[i]
-        else {
-            return Err(err(format!(
-                "attribute `fusion` {id}: only AllReduce nodes can be fused, this is {}",
-                node.op
-            )));
-        };
-        let CommCall::AllReduce { group, op } = &**call else {
-            return Err(err(format!(
-                "attribute `fusion` {id}: only AllReduce nodes can be fused, this is {}",
-                node.op
-            )));
-        };
-        if *out == usize::MAX {
-            return Err(err("the result has no buffer".into()));
-        }
-        let b = match buckets.iter().position(|b| b.id == id) {
-            Some(b) => {
-                let bk = &buckets[b];
-                if *bk.group != **group || bk.op != *op || dtypes[b] != ty.dtype {
-                    return Err(err(format!(
-                        "it is in gradient bucket fusion {id} with {}, but their groups, \
-                         reductions or dtypes differ ({} {} {} vs. {} {} {})",
-                        node_text(graph, bk.last),
-                        crate::comm::RankList(&bk.group),
-                        bk.op.name(),
-                        dtypes[b],
-                        crate::comm::RankList(group),
-                        op.name(),
-                        ty.dtype
-                    )));
-                }
-                b
-            }
-            None => {
-                buckets.push(BucketRt {
-                    id,
-                    group: group.as_slice().into(),
-                    op: *op,
-                    last: i,
-                    flat: None,
-                    ticket: None,
-                    overlaps: true,
-                    done: None,
-                    launched: None,
-                    last_window: None,
-                    last_comm: None,
-                });
-                lens.push(0);
-                dtypes.push(ty.dtype);
-                buckets.len() - 1
-            }
-        };
-        let len = ty.num_elements();
-        members.push(Member {
-            node: i,
-            bucket: b,
-            offset: lens[b],
-            len,
-            out: *out,
-            ty: TensorType::clone(ty),
-        });
-        lens[b] += len;
-        buckets[b].last = i;
-        let input = *input;
-        steps[i] = Step::Pack {
-            member: members.len() - 1,
-            input,
-        };
-    }
-    for (b, bk) in buckets.iter_mut().enumerate() {
-        bk.flat = Some(Tensor {
-            shape: vec![lens[b]],
-            data: Data::zeros(dtypes[b], lens[b]),
-        });
-    }
-    Ok((members, buckets))
 }
 
 /// Copies `src`'s elements into `flat[offset..]` (same dtype). False when they do not fit.

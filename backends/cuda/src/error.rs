@@ -82,3 +82,10 @@ pub enum CudaError {
 
 /// Shorthand for results of this crate.
 pub type CudaResult<T> = Result<T, CudaError>;
+
+impl From<shardc_runtime::RuntimeError> for CudaError {
+    /// A runtime error met on a device's step (the run loop's, the schedule's).
+    fn from(e: shardc_runtime::RuntimeError) -> Self {
+        CudaError::Other(e.to_string())
+    }
+}

@@ -3,16 +3,21 @@
 //! alias: a `Reshape` of a node's result is that result in place, no copy), one kernel
 //! sequence per step in the graph's order.
 //!
-//! Per node: `TupleGetItem` and such a `Reshape` are aliases (the plan gives them the buffer
-//! of the value they name);
+//! The step is the runtime's, written once for every device: its plan
+//! ([`shardc_runtime::executor::schedule::Schedule`]: step kinds, communication calls,
+//! gradient buckets and their readers, feeds), its loop ([`run_nodes`]) and its recording for
+//! replay ([`record_nodes`]). This executor is the loop's GPU device (`GpuStep` implements
+//! [`ExecDevice`]): what it adds is the device's own: per node `TupleGetItem` and such a
+//! `Reshape` are aliases (the plan gives them the buffer of the value they name);
 //! `Assign` copies the new value into the parameter's device memory; a communication op goes
 //! to the communicator (NCCL on device memory when the communicator is an
-//! [`crate::nccl::NcclComm`], else staged through host tensors, so any shardc communicator
-//! works: threads, shared memory, TCP, MPI); every other op is lowered to kernels
-//! (`ops.rs`), and an op no device kernel covers runs on the host backend on copies of its
-//! operands, counted in [`GpuStats::host_ops`]. Kernels that meet bad data (a label out of
-//! range) set a status word that is read with the step's outputs and reported with the op's
-//! name.
+//! [`crate::nccl::NcclComm`], else staged through host tensors by the runtime's
+//! [`run_comm`], so any shardc communicator works: threads, shared memory, TCP, MPI); every
+//! other op is lowered to kernels (`ops.rs`; fused elementwise runs and grouped optimizer
+//! updates launched at their first node), and an op no device kernel covers runs on the host
+//! backend on copies of its operands, counted in [`GpuStats::host_ops`]. Kernels that meet
+//! bad data (a label out of range) set a status word that is read with the step's outputs
+//! and reported with the op's name.
 
 use crate::device::Device;
 use crate::error::{CudaError, CudaResult};
@@ -20,13 +25,16 @@ use crate::kernels::{DevPtr, KernelArg};
 use crate::nccl::NcclComm;
 use crate::ops::{self, Lowered, OpCall, Val};
 use crate::replay::{replay_blocker, Replay, StepCounts};
-use shardc_ir::{
-    Attr, DType, Graph, OpClass, OpKind, Operand, ParamKind, ReduceOp, TensorType, Type,
+use shardc_ir::{DType, Graph, OpKind, Operand, ParamKind, TensorType, Type};
+use shardc_runtime::executor::device::ExecDevice;
+use shardc_runtime::executor::run::{record_nodes, run_nodes, LoopState, Recorded};
+use shardc_runtime::executor::schedule::{
+    bind_feeds, launched_together, BucketSpec, MemberSpec, Schedule,
 };
-use shardc_runtime::executor::{comm_call, CommCall};
+use shardc_runtime::executor::{run_comm, CommCall};
 use shardc_runtime::init::init_tensor;
 use shardc_runtime::memory::{plan_aliasing_reshapes, Location, MemoryPlan};
-use shardc_runtime::{Arg, Backend, Communicator, KernelContext, Tensor};
+use shardc_runtime::{Arg, Backend, Communicator, KernelContext, RuntimeError, Tensor};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -168,13 +176,13 @@ pub struct GpuExecutor {
     params: Vec<DevPtr>,
     status: DevPtr,
     placement: Vec<Option<Lowered>>,
-    calls: Vec<Option<CommCall>>,
     /// Gradient buckets (`fusion: k` AllReduces) and, per node, its member index.
     buckets: Vec<Bucket>,
-    members: Vec<Member>,
-    member_of: Vec<Option<usize>>,
-    /// Per node: the buckets whose members' results it reads.
-    needs: Vec<Vec<usize>>,
+    /// The step's plan (the runtime's, shared with every executor), each node's reads
+    /// merged into the first of the nodes launched with it.
+    schedule: Arc<Schedule>,
+    /// What the run loop tracks within a step.
+    loop_state: LoopState,
     /// Scratch memory the ops share (im2col columns).
     workspace: ops::Workspace,
     /// Fused elementwise runs, and per node its run and whether it launches it (the first).
@@ -191,7 +199,7 @@ pub struct GpuExecutor {
     groups: Vec<UpdateGroup>,
     group_of: Vec<Option<(usize, bool)>>,
     /// With NCCL: runs of adjacent sends and receives issued as one NCCL group (see
-    /// [`p2p_runs`]), and per node its run and whether it issues it (the first).
+    /// [`Schedule::p2p_runs`]), and per node its run and whether it issues it (the first).
     p2p_runs: Vec<Vec<usize>>,
     p2p_of: Vec<Option<(usize, bool)>>,
     /// Whether steps replay a recorded graph.
@@ -200,65 +208,6 @@ pub struct GpuExecutor {
     /// step, so that a replayed step draws its own masks), and per node its word's number.
     dropout_keys: DevPtr,
     key_slot: Vec<Option<usize>>,
-}
-
-/// Per node, the set (of `sets`, each in program order) it is launched with and whether it
-/// launches it (the first); the first member then waits for the buckets every member reads
-/// (`needs`).
-/// Runs of two or more adjacent Send and Receive nodes of which none reads another's result:
-/// NCCL pairs a send with its receive only when both are posted, so a ring of sends each
-/// followed by a receive would wait forever issued one by one; issued as one group
-/// (`ncclGroupStart`/`End`), every transfer of the run proceeds together.
-fn p2p_runs(graph: &Graph, calls: &[Option<CommCall>]) -> Vec<Vec<usize>> {
-    let p2p = |i: usize| {
-        matches!(
-            calls[i],
-            Some(CommCall::Send { .. } | CommCall::Receive { .. })
-        )
-    };
-    let mut runs: Vec<Vec<usize>> = Vec::new();
-    let mut run: Vec<usize> = Vec::new();
-    for i in 0..graph.nodes.len() {
-        let reads_run = graph.nodes[i]
-            .inputs
-            .iter()
-            .any(|o| matches!(o, Operand::Node(id) if run.contains(&id.index())));
-        if !p2p(i) || reads_run {
-            if run.len() > 1 {
-                runs.push(std::mem::take(&mut run));
-            }
-            run.clear();
-        }
-        if p2p(i) {
-            run.push(i);
-        }
-    }
-    if run.len() > 1 {
-        runs.push(run);
-    }
-    runs
-}
-
-fn launched_together<'s>(
-    sets: impl Iterator<Item = &'s [usize]>,
-    needs: &mut [Vec<usize>],
-) -> Vec<Option<(usize, bool)>> {
-    let mut of = vec![None; needs.len()];
-    for (k, nodes) in sets.enumerate() {
-        let Some(&first) = nodes.first() else {
-            continue;
-        };
-        for &n in nodes {
-            of[n] = Some((k, n == first));
-            if n != first {
-                let extra = needs[n].clone();
-                needs[first].extend(extra);
-            }
-        }
-        needs[first].sort_unstable();
-        needs[first].dedup();
-    }
-    of
 }
 
 /// One launch of several in-place updates (`in_place::update_groups`).
@@ -280,24 +229,10 @@ struct UpdateGroup {
 /// backward pass); unpacked before the first node that reads a member.
 #[derive(Debug)]
 struct Bucket {
-    id: i64,
-    group: Vec<usize>,
-    op: ReduceOp,
-    dtype: DType,
-    last: usize,
+    /// The schedule's bucket.
     flat: DevPtr,
-    elements: usize,
-    submitted: bool,
+    /// Its AllReduce is on NCCL's stream, not yet waited for.
     in_flight: bool,
-    unpacked: bool,
-}
-
-#[derive(Debug)]
-struct Member {
-    node: usize,
-    bucket: usize,
-    offset: usize,
-    len: usize,
 }
 
 impl std::fmt::Debug for GpuExecutor {
@@ -378,54 +313,40 @@ impl GpuExecutor {
         nccl: Option<Arc<NcclComm>>,
     ) -> CudaResult<GpuExecutor> {
         let plan = plan_aliasing_reshapes(&graph);
-        let mut calls = vec![None; graph.nodes.len()];
-        for (i, node) in graph.nodes.iter().enumerate() {
-            if node.op.class() == OpClass::Communication {
-                let Some(c) = &comm else {
-                    return Err(CudaError::Op {
-                        op: node.op,
-                        instance: node.instance.clone(),
-                        reason: "a communication op needs a communicator (this executor has none)"
-                            .into(),
-                    });
-                };
-                calls[i] = Some(
-                    comm_call(&graph, i, c.as_ref())
-                        .map_err(|e| CudaError::Other(e.to_string()))?,
-                );
-            }
-        }
-        let (buckets, members) = plan_buckets(&graph, &calls)?;
-        let mut member_of = vec![None; graph.nodes.len()];
-        for (m, mem) in members.iter().enumerate() {
-            member_of[mem.node] = Some(m);
-        }
-        let reads = |o: &Operand| match o {
-            Operand::Node(id) => member_of[id.index()].map(|m: usize| members[m].bucket),
-            _ => None,
-        };
-        let needs: Vec<Vec<usize>> = graph
-            .nodes
+        let schedule = Schedule::new(&graph, comm.as_deref()).map_err(|e| match e {
+            RuntimeError::NeedsCommunicator { op, instance } => CudaError::Op {
+                op,
+                instance,
+                reason: "a communication op needs a communicator (this executor has none)".into(),
+            },
+            e => CudaError::Other(e.to_string()),
+        })?;
+        let buckets: Vec<Bucket> = schedule
+            .buckets
             .iter()
-            .map(|n| {
-                let mut v: Vec<usize> = n.inputs.iter().filter_map(reads).collect();
-                v.sort_unstable();
-                v.dedup();
-                v
+            .map(|_| Bucket {
+                flat: 0,
+                in_flight: false,
             })
             .collect();
         // Elementwise runs (not through a collective's buckets); SHARDC_CUDA_FUSION=0 turns
         // fusion off (to compare).
         let excluded: Vec<bool> = (0..graph.nodes.len())
-            .map(|i| member_of[i].is_some() || calls[i].is_some())
+            .map(|i| schedule.member_of(i).is_some() || schedule.calls[i].is_some())
             .collect();
         let mut runs = if std::env::var("SHARDC_CUDA_FUSION").as_deref() == Ok("0") {
             Vec::new()
         } else {
             crate::fusion::plan(&graph, &excluded)
         };
-        let mut needs = needs;
-        let fused = launched_together(runs.iter().map(|r| r.nodes.as_slice()), &mut needs);
+        let mut schedule = schedule;
+        let p2p_runs = if nccl.is_some() {
+            schedule.p2p_runs(&graph)
+        } else {
+            Vec::new()
+        };
+        let needs = &mut schedule.reads;
+        let fused = launched_together(runs.iter().map(|r| r.nodes.as_slice()), needs);
         if !runs.is_empty() {
             let text = crate::fusion::source(&mut runs);
             let mut names: Vec<String> = runs.iter().map(|r| r.kernel.clone()).collect();
@@ -437,14 +358,10 @@ impl GpuExecutor {
         // Runs of momentum or Adam updates launched together at their first member, which waits for
         // the buckets any member reads.
         let group_members = crate::in_place::update_groups(&graph, &in_place);
-        let group_of = launched_together(group_members.iter().map(Vec::as_slice), &mut needs);
-        let p2p_runs = if nccl.is_some() {
-            p2p_runs(&graph, &calls)
-        } else {
-            Vec::new()
-        };
-        let p2p_of = launched_together(p2p_runs.iter().map(Vec::as_slice), &mut needs);
-        let replay = match replay_blocker(&graph, &calls, comm.is_some() && nccl.is_none()) {
+        let group_of = launched_together(group_members.iter().map(Vec::as_slice), needs);
+        let p2p_of = launched_together(p2p_runs.iter().map(Vec::as_slice), needs);
+        let replay = match replay_blocker(&graph, &schedule.calls, comm.is_some() && nccl.is_none())
+        {
             Some(why) => Replay::Off(why),
             None => Replay::Warmup,
         };
@@ -457,17 +374,7 @@ impl GpuExecutor {
             }
         }
         if let Some(n) = &nccl {
-            let world: Vec<usize> = (0..n.size()).collect();
-            let mut groups: Vec<Vec<usize>> = buckets.iter().map(|b| b.group.clone()).collect();
-            groups.extend(calls.iter().flatten().map(|c| match c {
-                CommCall::AllReduce { group, .. }
-                | CommCall::Broadcast { group, .. }
-                | CommCall::AllGather { group, .. }
-                | CommCall::ReduceScatter { group, .. }
-                | CommCall::AllToAll { group, .. } => group.clone(),
-                CommCall::Send { .. } | CommCall::Receive { .. } => world.clone(),
-            }));
-            n.prepare(&groups)?;
+            n.prepare(&schedule.groups(n.size()))?;
         }
         let mut ex = GpuExecutor {
             replay,
@@ -476,11 +383,9 @@ impl GpuExecutor {
             runs,
             fused,
             buckets,
-            members,
-            member_of,
-            needs,
+            loop_state: LoopState::new(&schedule),
+            schedule: Arc::new(schedule),
             placement: vec![None; graph.nodes.len()],
-            calls,
             buffers: Vec::with_capacity(plan.buffers.len()),
             params: Vec::with_capacity(graph.params.len()),
             status: 0,
@@ -510,7 +415,8 @@ impl GpuExecutor {
             ex.buffers.push(p);
         }
         for i in 0..ex.buckets.len() {
-            let bytes = ex.buckets[i].elements * ex.buckets[i].dtype.size_bytes();
+            let spec = &ex.schedule.buckets[i];
+            let bytes = spec.elements * spec.dtype.size_bytes();
             ex.buckets[i].flat = ex.device.alloc(bytes)?;
         }
         for i in 0..ex.graph.params.len() {
@@ -799,12 +705,13 @@ impl GpuExecutor {
     /// The step's collectives, in graph order (the first eight), for an error.
     fn collectives_named(&self) -> String {
         let named: Vec<String> = self
+            .schedule
             .calls
             .iter()
             .enumerate()
             .filter_map(|(i, c)| {
                 let n = &self.graph.nodes[i];
-                let whom = match c.as_ref()? {
+                let whom = match c.as_deref()? {
                     CommCall::AllReduce { group, .. }
                     | CommCall::AllGather { group, .. }
                     | CommCall::ReduceScatter { group, .. }
@@ -827,30 +734,11 @@ impl GpuExecutor {
     }
 
     fn run_step(&mut self, feeds: &[(&str, Tensor)]) -> CudaResult<Vec<Tensor>> {
-        for (name, t) in feeds {
-            let i = self
-                .graph
-                .params
-                .iter()
-                .position(|p| p.name == *name && !p.is_weight())
-                .ok_or_else(|| {
-                    CudaError::Other(format!("the graph has no data input named {name}"))
-                })?;
-            let ty = &self.graph.params[i].ty;
-            if t.ty() != *ty {
-                return Err(CudaError::Other(format!(
-                    "input {name} must be {ty}, the feed is {}",
-                    t.ty()
-                )));
-            }
-            self.device.upload(self.params[i], &t.to_le_bytes())?;
-        }
-        for p in self.graph.params.iter().filter(|p| !p.is_weight()) {
-            if !feeds.iter().any(|(n, _)| *n == p.name) {
-                return Err(CudaError::Other(format!(
-                    "no feed for data input {} ({})",
-                    p.name, p.ty
-                )));
+        let mut feed_index = vec![usize::MAX; self.graph.params.len()];
+        bind_feeds(&self.graph, feeds, &mut feed_index)?;
+        for (i, &k) in feed_index.iter().enumerate() {
+            if let Some((_, t)) = feeds.get(k) {
+                self.device.upload(self.params[i], &t.to_le_bytes())?;
             }
         }
         let graph = self.graph.clone();
@@ -963,44 +851,28 @@ impl GpuExecutor {
         Ok(outs)
     }
 
-    /// Issues one step's work, node by node (`marks`: profile it).
+    /// Issues one step's work, node by node, through the runtime's run loop (`marks`:
+    /// profile it).
     fn issue_step(
         &mut self,
         graph: &Graph,
         status_users: &mut Vec<usize>,
-        mut marks: Option<&mut Vec<(usize, String)>>,
+        marks: Option<&mut Vec<(usize, String)>>,
     ) -> CudaResult<()> {
         for b in &mut self.buckets {
-            b.submitted = false;
             b.in_flight = false;
-            b.unpacked = false;
         }
-        for i in 0..graph.nodes.len() {
-            for k in 0..self.needs[i].len() {
-                let b = self.needs[i][k];
-                self.finish_bucket(graph, b)?;
-            }
-            if let Some(m) = marks.as_deref_mut() {
-                if !self.needs[i].is_empty() {
-                    self.mark_after(m, "gradient buckets".into())?;
-                }
-            }
-            self.run_node(graph, i, status_users)?;
-            if let Some(m) = marks.as_deref_mut() {
-                if let Some(what) = self.profile_label(graph, i) {
-                    self.mark_after(m, what)?;
-                }
-            }
-        }
-        for b in 0..self.buckets.len() {
-            self.finish_bucket(graph, b)?;
-        }
-        if let Some(m) = marks {
-            if !self.buckets.is_empty() {
-                self.mark_after(m, "gradient buckets".into())?;
-            }
-        }
-        Ok(())
+        let schedule = Arc::clone(&self.schedule);
+        let mut state = std::mem::take(&mut self.loop_state);
+        let mut dev = GpuStep {
+            ex: self,
+            graph,
+            status_users,
+            marks,
+        };
+        let ran = run_nodes(&mut dev, graph, &schedule, &mut state);
+        self.loop_state = state;
+        ran
     }
 
     /// Records one step's work as a graph and replays it; when the recording fails, the step
@@ -1008,29 +880,38 @@ impl GpuExecutor {
     /// [`GpuStats::no_replay`]).
     fn record_step(&mut self, graph: &Graph, status_users: &mut Vec<usize>) -> CudaResult<()> {
         let before = self.stats.counts();
-        if !self.device.begin_capture()? {
-            self.replay = Replay::Off("the device cannot record graphs".into());
-            return self.issue_step(graph, status_users, None);
+        for b in &mut self.buckets {
+            b.in_flight = false;
         }
-        let issued = self.issue_step(graph, status_users, None);
-        let ended = self.device.end_capture();
-        let why = match (issued, ended) {
-            (Ok(()), Ok(g)) => {
+        let schedule = Arc::clone(&self.schedule);
+        let mut state = std::mem::take(&mut self.loop_state);
+        let mut dev = GpuStep {
+            ex: self,
+            graph,
+            status_users,
+            marks: None,
+        };
+        let recorded = record_nodes(&mut dev, graph, &schedule, &mut state);
+        let replayed = match &recorded {
+            Ok(Recorded::Graph(g)) => Some(dev.replay(*g)),
+            _ => None,
+        };
+        self.loop_state = state;
+        let why = match recorded? {
+            Recorded::NotOffered => {
+                self.replay = Replay::Off("the device cannot record graphs".into());
+                return self.issue_step(graph, status_users, None);
+            }
+            Recorded::Graph(g) => {
                 self.replay = Replay::Ready {
                     graph: g,
                     counts: self.stats.counts().since(before),
                     status_users: status_users.clone(),
                 };
                 self.stats.replayed_steps += 1;
-                return self.device.replay(g);
+                return replayed.unwrap_or(Ok(()));
             }
-            (Err(e), ended) => {
-                if let Ok(g) = ended {
-                    self.device.drop_graph(g);
-                }
-                e.to_string()
-            }
-            (Ok(()), Err(e)) => e.to_string(),
+            Recorded::Failed(e) => e.to_string(),
         };
         eprintln!(
             "shardc: the step of '{}' could not be recorded as one CUDA graph, so its kernels are launched one by one: {why}",
@@ -1094,53 +975,66 @@ impl GpuExecutor {
         }
     }
 
-    fn run_node(
+    /// `Assign` node `i`: a device copy into the weight, or nothing where an update wrote it
+    /// in place.
+    fn assign_node(&mut self, graph: &Graph, i: usize) -> CudaResult<()> {
+        let node = &graph.nodes[i];
+        let dst = match node.inputs.first() {
+            Some(Operand::Param(p)) => self.params[p.index()],
+            _ => {
+                return Err(CudaError::Op {
+                    op: node.op,
+                    instance: node.instance.clone(),
+                    reason: "operand 0 must be a parameter".into(),
+                })
+            }
+        };
+        let (src, ty) = match node
+            .inputs
+            .get(1)
+            .map(|o| self.operand(graph, o))
+            .transpose()?
+        {
+            Some(Val::Tensor { ptr, ty }) => (ptr, ty),
+            _ => {
+                return Err(CudaError::Op {
+                    op: node.op,
+                    instance: node.instance.clone(),
+                    reason: "operand 1 must be a tensor".into(),
+                })
+            }
+        };
+        if src != dst {
+            self.device.copy(dst, src, byte_len(ty))?;
+        } else {
+            self.stats.in_place_updates += 1;
+        }
+        Ok(())
+    }
+
+    /// Communication node `i`: its p2p group at the group's first node (NCCL), or the node
+    /// on its own.
+    fn collective_node(&mut self, graph: &Graph, i: usize, call: &CommCall) -> CudaResult<()> {
+        self.stats.comm_ops += 1;
+        if let Some((r, first)) = self.p2p_of[i] {
+            return if first {
+                self.run_p2p(graph, r)
+            } else {
+                Ok(())
+            };
+        }
+        self.run_comm(graph, i, call)
+    }
+
+    /// Compute node `i`: its fused run or update group at the first member, else its
+    /// lowering (a device kernel, the convolution library, or the host backend).
+    fn compute_node(
         &mut self,
         graph: &Graph,
         i: usize,
         status_users: &mut Vec<usize>,
     ) -> CudaResult<()> {
         let node = &graph.nodes[i];
-        match node.op {
-            OpKind::TupleGetItem => return Ok(()),
-            OpKind::Assign => {
-                let dst = match node.inputs.first() {
-                    Some(Operand::Param(p)) => self.params[p.index()],
-                    _ => {
-                        return Err(CudaError::Op {
-                            op: node.op,
-                            instance: node.instance.clone(),
-                            reason: "operand 0 must be a parameter".into(),
-                        })
-                    }
-                };
-                let (src, ty) = match node
-                    .inputs
-                    .get(1)
-                    .map(|o| self.operand(graph, o))
-                    .transpose()?
-                {
-                    Some(Val::Tensor { ptr, ty }) => (ptr, ty),
-                    _ => {
-                        return Err(CudaError::Op {
-                            op: node.op,
-                            instance: node.instance.clone(),
-                            reason: "operand 1 must be a tensor".into(),
-                        })
-                    }
-                };
-                if src != dst {
-                    self.device.copy(dst, src, byte_len(ty))?;
-                } else {
-                    self.stats.in_place_updates += 1;
-                }
-                return Ok(());
-            }
-            _ => {}
-        }
-        if let Some(m) = self.member_of[i] {
-            return self.pack(graph, m);
-        }
         if let Some((r, first)) = self.fused[i] {
             self.stats.device_ops += 1;
             return if first {
@@ -1152,18 +1046,6 @@ impl GpuExecutor {
         if let Some((g, first)) = self.group_of[i] {
             self.stats.device_ops += 1;
             return if first { self.run_group(g) } else { Ok(()) };
-        }
-        if let Some((r, first)) = self.p2p_of[i] {
-            self.stats.comm_ops += 1;
-            return if first {
-                self.run_p2p(graph, r)
-            } else {
-                Ok(())
-            };
-        }
-        if let Some(call) = self.calls[i].clone() {
-            self.stats.comm_ops += 1;
-            return self.run_comm(graph, i, &call);
         }
         let inputs: Vec<Val<'_>> = node
             .inputs
@@ -1306,13 +1188,10 @@ impl GpuExecutor {
         self.device.launch(&run.kernel, grid, block, &args)
     }
 
-    /// Copies member `m`'s gradient into its bucket; the last member submits the bucket.
-    fn pack(&mut self, graph: &Graph, m: usize) -> CudaResult<()> {
-        let (node, b, offset, len) = {
-            let mem = &self.members[m];
-            (mem.node, mem.bucket, mem.offset, mem.len)
-        };
-        let elem = self.buckets[b].dtype.size_bytes();
+    /// Copies member `m`'s gradient into its bucket's flat buffer.
+    fn pack(&mut self, graph: &Graph, m: &MemberSpec) -> CudaResult<()> {
+        let (node, b, offset, len) = (m.node, m.bucket, m.offset, m.len);
+        let elem = self.schedule.buckets[b].dtype.size_bytes();
         let src = match graph.nodes[node]
             .inputs
             .first()
@@ -1332,20 +1211,22 @@ impl GpuExecutor {
             self.buckets[b].flat + (offset * elem) as u64,
             src,
             len * elem,
-        )?;
-        if self.buckets[b].last != node {
-            return Ok(());
-        }
+        )
+    }
+
+    /// Launches bucket `b`'s AllReduce (every member packed): with NCCL on its stream after
+    /// the packs, recorded in event `b`; else staged through the host, at once.
+    fn launch_bucket(&mut self, graph: &Graph, b: usize, bk: &BucketSpec) -> CudaResult<()> {
+        let node = bk.last;
         self.stats.comm_ops += 1;
-        self.buckets[b].submitted = true;
-        let bk = &self.buckets[b];
+        let flat = self.buckets[b].flat;
         let op_err = |reason: String| CudaError::Op {
             op: graph.nodes[node].op,
             instance: graph.nodes[node].instance.clone(),
             reason: format!("gradient bucket fusion {}: {reason}", bk.id),
         };
         if let Some(nccl) = &self.nccl {
-            nccl.all_reduce_on_comm_stream(&bk.group, bk.op, bk.flat, bk.elements, bk.dtype)
+            nccl.all_reduce_on_comm_stream(&bk.group, bk.op, flat, bk.elements, bk.dtype)
                 .map_err(|e| op_err(e.to_string()))?;
             self.device.comm_record(b)?;
             self.buckets[b].in_flight = true;
@@ -1357,63 +1238,41 @@ impl GpuExecutor {
             .ok_or_else(|| op_err("no communicator".into()))?;
         let ty = TensorType::new(bk.dtype, vec![bk.elements]);
         let mut bytes = vec![0u8; byte_len(&ty)];
-        self.device.download(bk.flat, &mut bytes)?;
+        self.device.download(flat, &mut bytes)?;
         let mut t = Tensor::from_le_bytes(&ty, &bytes);
         comm.all_reduce(&bk.group, bk.op, &mut t)
             .map_err(|e| op_err(e.to_string()))?;
-        self.device.upload(bk.flat, &t.to_le_bytes())
+        self.device.upload(flat, &t.to_le_bytes())
     }
 
-    /// Makes bucket `b`'s reduced gradients the members' results (once per step), after its
-    /// AllReduce on the device.
-    fn finish_bucket(&mut self, graph: &Graph, b: usize) -> CudaResult<()> {
-        if self.buckets[b].unpacked {
-            return Ok(());
-        }
-        let last = self.buckets[b].last;
+    /// Orders the compute stream after bucket `b`'s AllReduce (its event).
+    fn wait_bucket(&mut self, b: usize) -> CudaResult<()> {
         if self.buckets[b].in_flight {
             self.device.compute_after_comm(b)?;
             self.buckets[b].in_flight = false;
-        } else if !self.buckets[b].submitted {
-            // Not submitted yet this step: a reader before the last member would be a
-            // malformed schedule.
-            return Err(CudaError::Op {
-                op: graph.nodes[last].op,
-                instance: graph.nodes[last].instance.clone(),
-                reason: format!(
-                    "gradient bucket fusion {} is read before its last member ran",
-                    self.buckets[b].id
-                ),
-            });
         }
-        let elem = self.buckets[b].dtype.size_bytes();
-        for m in 0..self.members.len() {
-            if self.members[m].bucket != b {
-                continue;
-            }
-            let (node, offset, len) = (
-                self.members[m].node,
-                self.members[m].offset,
-                self.members[m].len,
-            );
-            let dst = self.value_ptr(node, 0)?;
-            self.device.copy(
-                dst,
-                self.buckets[b].flat + (offset * elem) as u64,
-                len * elem,
-            )?;
-        }
-        self.buckets[b].unpacked = true;
         Ok(())
     }
 
-    /// Issues the sends and receives of run `r` ([`p2p_runs`]) as one NCCL group.
+    /// Copies member `m`'s reduced gradient from its bucket into its result buffer.
+    fn unpack(&mut self, m: &MemberSpec) -> CudaResult<()> {
+        let elem = self.schedule.buckets[m.bucket].dtype.size_bytes();
+        let dst = self.value_ptr(m.node, 0)?;
+        self.device.copy(
+            dst,
+            self.buckets[m.bucket].flat + (m.offset * elem) as u64,
+            m.len * elem,
+        )
+    }
+
+    /// Issues the sends and receives of run `r` ([`Schedule::p2p_runs`]) as one NCCL group.
     fn run_p2p(&mut self, graph: &Graph, r: usize) -> CudaResult<()> {
         let mut items = Vec::with_capacity(self.p2p_runs[r].len());
         for &i in &self.p2p_runs[r] {
             let node = &graph.nodes[i];
-            let call = self.calls[i]
-                .clone()
+            let call = self.schedule.calls[i]
+                .as_deref()
+                .cloned()
                 .ok_or_else(|| CudaError::Other(format!("node %{i} has no transfer")))?;
             let out_ty = match &node.ty {
                 Type::Tensor(t) => t.clone(),
@@ -1493,121 +1352,95 @@ impl GpuExecutor {
             }
             None => None,
         };
-        let need = || {
-            host_in
-                .clone()
-                .ok_or_else(|| op_err("operand 0 is not a tensor".into()))
-        };
-        let cerr = |e: shardc_runtime::CommError| op_err(e.to_string());
-        let result: Tensor = match call {
-            CommCall::AllReduce { group, op } => {
-                let mut t = need()?;
-                comm.all_reduce(group, *op, &mut t).map_err(cerr)?;
-                t
-            }
-            CommCall::Broadcast { group, root } => {
-                let mut t = need()?;
-                comm.broadcast(group, *root, &mut t).map_err(cerr)?;
-                t
-            }
-            CommCall::AllGather { group, axis } => {
-                comm.all_gather(group, *axis, &need()?).map_err(cerr)?
-            }
-            CommCall::ReduceScatter { group, op, axis } => comm
-                .reduce_scatter(group, *op, *axis, &need()?)
-                .map_err(cerr)?,
-            CommCall::AllToAll {
-                group,
-                split_dim,
-                concat_dim,
-            } => comm
-                .all_to_all(group, *split_dim, *concat_dim, &need()?)
-                .map_err(cerr)?,
-            CommCall::Send { dest, tag } => {
-                let t = need()?;
-                comm.send(*dest, *tag, &t).map_err(cerr)?;
-                t
-            }
-            CommCall::Receive { src, tag } => comm.recv(*src, *tag, &ty).map_err(cerr)?,
-        };
-        if result.ty() != ty {
-            return Err(op_err(format!(
-                "the communicator returned {} but the node's type is {ty}",
-                result.ty()
-            )));
-        }
+        let mut result = Tensor::zeros(&ty);
+        run_comm(comm.as_ref(), call, host_in.as_ref(), &mut result, &ty)
+            .map_err(|f| op_err(f.to_string()))?;
         self.device.upload(out, &result.to_le_bytes())
     }
 }
 
-/// The gradient buckets of a graph: its AllReduce nodes with `fusion: k` (k > 0), grouped by
-/// k, each member's place in the bucket's flat buffer (buffers are allocated by the caller).
-fn plan_buckets(
-    graph: &Graph,
-    calls: &[Option<CommCall>],
-) -> CudaResult<(Vec<Bucket>, Vec<Member>)> {
-    let mut buckets: Vec<Bucket> = Vec::new();
-    let mut members = Vec::new();
-    for (i, node) in graph.nodes.iter().enumerate() {
-        let err = |reason: String| CudaError::Op {
-            op: node.op,
-            instance: node.instance.clone(),
-            reason,
-        };
-        let id = match node.attrs.get("fusion") {
-            None => continue,
-            Some(Attr::Int(k)) if *k > 0 => *k,
-            Some(Attr::Int(0)) => continue,
-            Some(other) => {
-                return Err(err(format!(
-                    "attribute `fusion` must be 0 (not fused) or a bucket id > 0, got {other}"
-                )))
-            }
-        };
-        let (Some(CommCall::AllReduce { group, op }), Type::Tensor(ty)) = (&calls[i], &node.ty)
-        else {
-            return Err(err(format!(
-                "attribute `fusion` {id}: only AllReduce nodes can be fused, this is {}",
-                node.op
-            )));
-        };
-        let b = match buckets.iter().position(|b| b.id == id) {
-            Some(b) => {
-                let bk = &buckets[b];
-                if bk.group != *group || bk.op != *op || bk.dtype != ty.dtype {
-                    return Err(err(format!(
-                        "it is in gradient bucket fusion {id}, but its group, reduction or dtype differs from the bucket's"
-                    )));
-                }
-                b
-            }
-            None => {
-                buckets.push(Bucket {
-                    id,
-                    group: group.clone(),
-                    op: *op,
-                    dtype: ty.dtype,
-                    last: i,
-                    flat: 0,
-                    elements: 0,
-                    submitted: false,
-                    in_flight: false,
-                    unpacked: false,
-                });
-                buckets.len() - 1
-            }
-        };
-        let len = ty.num_elements();
-        members.push(Member {
-            node: i,
-            bucket: b,
-            offset: buckets[b].elements,
-            len,
-        });
-        buckets[b].elements += len;
-        buckets[b].last = i;
+/// A [`GpuExecutor`] during one step, as the runtime's run loop drives it: device
+/// pointers, kernels lowered per node (fused runs, grouped updates and grouped transfers
+/// launched at their first node), buckets on NCCL's stream or staged through the host.
+struct GpuStep<'a> {
+    ex: &'a mut GpuExecutor,
+    graph: &'a Graph,
+    status_users: &'a mut Vec<usize>,
+    /// Profiling: (mark after, what ran since the previous mark).
+    marks: Option<&'a mut Vec<(usize, String)>>,
+}
+
+impl ExecDevice for GpuStep<'_> {
+    type Error = CudaError;
+
+    fn compute(&mut self, i: usize) -> CudaResult<()> {
+        self.ex.compute_node(self.graph, i, self.status_users)
     }
-    Ok((buckets, members))
+
+    fn assign(&mut self, i: usize, _param: usize) -> CudaResult<()> {
+        self.ex.assign_node(self.graph, i)
+    }
+
+    fn collective(&mut self, i: usize, call: &CommCall) -> CudaResult<()> {
+        self.ex.collective_node(self.graph, i, call)
+    }
+
+    fn pack(&mut self, _m: usize, member: &MemberSpec) -> CudaResult<()> {
+        self.ex.pack(self.graph, member)
+    }
+
+    fn launch_bucket(&mut self, b: usize, bucket: &BucketSpec) -> CudaResult<()> {
+        self.ex.launch_bucket(self.graph, b, bucket)
+    }
+
+    fn wait_bucket(&mut self, b: usize, _bucket: &BucketSpec, _node: usize) -> CudaResult<()> {
+        self.ex.wait_bucket(b)
+    }
+
+    fn unpack(&mut self, _m: usize, member: &MemberSpec) -> CudaResult<()> {
+        self.ex.unpack(member)
+    }
+
+    fn before_node(&mut self, _i: usize, waited: bool) -> CudaResult<()> {
+        match self.marks.as_deref_mut() {
+            Some(m) if waited => self.ex.mark_after(m, "gradient buckets".into()),
+            _ => Ok(()),
+        }
+    }
+
+    fn after_node(&mut self, i: usize) -> CudaResult<()> {
+        if let Some(m) = self.marks.as_deref_mut() {
+            if let Some(what) = self.ex.profile_label(self.graph, i) {
+                self.ex.mark_after(m, what)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn begin_capture(&mut self) -> CudaResult<bool> {
+        self.ex.device.begin_capture()
+    }
+
+    fn end_capture(&mut self) -> CudaResult<usize> {
+        self.ex.device.end_capture()
+    }
+
+    fn replay(&mut self, graph: usize) -> CudaResult<()> {
+        self.ex.device.replay(graph)
+    }
+
+    fn drop_capture(&mut self, graph: usize) {
+        self.ex.device.drop_graph(graph)
+    }
+
+    fn nodes_done(&mut self) -> CudaResult<()> {
+        match self.marks.as_deref_mut() {
+            Some(m) if !self.ex.buckets.is_empty() => {
+                self.ex.mark_after(m, "gradient buckets".into())
+            }
+            _ => Ok(()),
+        }
+    }
 }
 
 fn runtime_err(device: &dyn Device) -> impl Fn(CudaError) -> shardc_runtime::RuntimeError + '_ {

@@ -58,7 +58,7 @@ pub const CUDA_GRAPHS_ENV: &str = "SHARDC_CUDA_GRAPHS";
 /// communicator tell before a step runs (ops placed on the host are known after the first).
 pub(crate) fn replay_blocker(
     graph: &Graph,
-    calls: &[Option<CommCall>],
+    calls: &[Option<std::sync::Arc<CommCall>>],
     staged: bool,
 ) -> Option<String> {
     if std::env::var(CUDA_GRAPHS_ENV).as_deref() == Ok("0") {
@@ -69,7 +69,9 @@ pub(crate) fn replay_blocker(
         return Some("its communicator stages collectives through the host (no NCCL)".into());
     }
     for (i, call) in calls.iter().enumerate() {
-        let Some(call) = call else { continue };
+        let Some(call) = call.as_deref() else {
+            continue;
+        };
         let node = &graph.nodes[i];
         // Collectives rearranged around NCCL (axes other than 0, AllToAll) do so in the
         // executor's scratch memory, at fixed addresses.

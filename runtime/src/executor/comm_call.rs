@@ -1,5 +1,6 @@
 //! A communication node as the executor runs it: its attributes read and checked once
-//! ([`comm_call`] into a [`CommCall`]), and the call on a communicator (`run_comm`, used by
+//! ([`comm_call`] into a [`CommCall`]), and the call on a communicator ([`run_comm`]: the one
+//! host implementation of a communication node, for any [`Communicator`], used by
 //! the executor and its communication thread alike).
 
 use crate::comm::{CommError, Communicator};
@@ -71,14 +72,27 @@ pub enum CommCall {
 
 /// Why a communication node failed: in the communicator, or before reaching it.
 #[derive(Debug)]
-pub(super) enum CommFailure {
+pub enum CommFailure {
+    /// The communicator's error.
     Comm(CommError),
+    /// A missing operand or a result of the wrong type.
     Local(String),
 }
 
-/// Runs one communication node: `input` is its operand (none for `Receive`), `dst` its
-/// output buffer, already of type `ty`.
-pub(super) fn run_comm(
+impl std::fmt::Display for CommFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CommFailure::Comm(e) => write!(f, "{e}"),
+            CommFailure::Local(reason) => f.write_str(reason),
+        }
+    }
+}
+
+/// Runs one communication node on host tensors: `input` is its operand (none for
+/// `Receive`), `dst` its output buffer, already of type `ty`. A device without a
+/// communicator of its own stages a node through here (operand downloaded, result
+/// uploaded), so every device reads a [`CommCall`] the same way.
+pub fn run_comm(
     comm: &dyn Communicator,
     call: &CommCall,
     input: Option<&Tensor>,

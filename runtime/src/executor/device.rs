@@ -1,0 +1,153 @@
+//! The device trait: what the one run loop ([`super::run::run_nodes`]) asks of a device, so
+//! that the schedule, the gradient buckets and their overlap with compute, the order of the
+//! collectives and graph capture are written once, and a device brings only its memory, its
+//! kernels, its streams and its communicator.
+//!
+//! # For the implementer of a new device (Ascend: AscendCL, aclnn, HCCL)
+//!
+//! The executor of a device is a type that owns the device's state for one graph and
+//! implements [`ExecDevice`]; its `step` binds the feeds, calls [`super::run::run_nodes`]
+//! (or, where the device records and replays whole steps, [`super::run::record_nodes`] once
+//! and [`ExecDevice::replay`] after), then reads the outputs. It never walks the graph itself: the walk, what waits for what, and
+//! when a bucket is launched are the loop's. What it builds once, at creation:
+//!
+//! - **The schedule** ([`super::schedule::Schedule::new`]): per node a
+//!   [`super::schedule::NodeStep`], the communication nodes' calls (attributes checked), the
+//!   gradient buckets (members, offsets in the flat buffer, the launching last member) and,
+//!   per node, the members it reads. A device that launches several nodes as one (fused
+//!   elementwise chains, grouped optimizer updates, grouped point-to-point transfers) merges
+//!   the members the later nodes read into the first's
+//!   ([`super::schedule::launched_together`]), so the loop waits before the launch.
+//! - **Memory** from the runtime's liveness plan ([`crate::memory::plan`], or
+//!   [`crate::memory::plan_aliasing_reshapes`] where a `Reshape` can be a view): one device
+//!   allocation per plan buffer (`aclrtMalloc`), one per weight (uploaded from its
+//!   initializer, [`crate::init::init_tensor`]), one flat buffer per gradient bucket
+//!   ([`super::schedule::BucketSpec::elements`] of its dtype). Every address is then fixed for
+//!   the executor's life, which is what lets a recorded step be replayed.
+//! - **Kernels by `OpKind`**: a lowering per node, decided at its first run or at creation: a
+//!   device kernel (on Ascend an aclnn operator: `aclnnXxxGetWorkspaceSize` once for the
+//!   node's shapes, then `aclnnXxx` on the compute stream with the workspace), or the host
+//!   fallback: the CPU backend's kernel ([`crate::Backend::run`]) on copies of the operands,
+//!   counted and reported with its reason.
+//! - **Two streams**: a compute stream (every kernel, copy, pack and unpack, in the loop's
+//!   order) and a communication stream for the gradient buckets, joined by events (`aclrtEvent`,
+//!   `aclrtRecordEvent` / `aclrtStreamWaitEvent`). A device with one stream and a host
+//!   thread for collectives (the CPU) is the same shape: its communication thread is its
+//!   communication stream, a ticket its event.
+//! - **A communicator**: device-native (NCCL, HCCL: collectives on device memory on the
+//!   communication stream) or any runtime [`crate::Communicator`] staged through host
+//!   tensors ([`super::comm_call::run_comm`], the one host implementation of a communication
+//!   node). Which one is the caller's choice of constructor; the loop only sees
+//!   [`ExecDevice::collective`] and the bucket hooks.
+//!
+//! # What the loop calls, per step
+//!
+//! For each node `i` in program order: for each member `m` it reads whose result is not yet
+//! unpacked this step, [`ExecDevice::wait_bucket`] once per bucket, then
+//! [`ExecDevice::unpack`]; then [`ExecDevice::before_node`], the node's own hook by its
+//! [`super::schedule::NodeStep`] (`Compute` → [`ExecDevice::compute`], `Assign` →
+//! [`ExecDevice::assign`], `Collective` → [`ExecDevice::collective`], `Pack` →
+//! [`ExecDevice::pack`] and, at the bucket's last member, [`ExecDevice::launch_bucket`];
+//! `Alias` → nothing), then [`ExecDevice::after_node`]. After the last node: the members the
+//! outputs read are unpacked, every launched bucket not yet waited for is waited for (a
+//! device stream that forked for a bucket is joined again), and [`ExecDevice::nodes_done`].
+//!
+//! Collectives are issued in program order by every rank (the loop never reorders them), so
+//! every rank's communicator sees the same sequence; a bucket reduces its members exactly
+//! as their separate AllReduces would.
+
+use super::comm_call::CommCall;
+use super::schedule::{BucketSpec, MemberSpec};
+use crate::error::RuntimeError;
+
+/// A device as the run loop drives it (see the module doc). Every hook issues its work in
+/// stream order and may return before the work is done, except where its doc says it waits.
+pub trait ExecDevice {
+    /// The device's error (the runtime's errors convert into it).
+    type Error: From<RuntimeError>;
+
+    /// Runs compute node `i`: its kernel by `OpKind` (or, for a node launched with others,
+    /// the group's launch at the first node and nothing at the others), or the host fallback.
+    /// Outputs go to the node's planned buffers; the operands are the plan's buffers, the
+    /// weights, the fed inputs and the node's constants.
+    fn compute(&mut self, i: usize) -> Result<(), Self::Error>;
+
+    /// `Assign` node `i`: weight `param` takes the node's value (a copy, a buffer swap on
+    /// the host, or nothing where an update already wrote into the weight).
+    fn assign(&mut self, i: usize, param: usize) -> Result<(), Self::Error>;
+
+    /// Communication node `i` on its own (not a bucket member): `call` from its operand
+    /// into its result buffer, finished (in stream order) before the next node.
+    fn collective(&mut self, i: usize, call: &CommCall) -> Result<(), Self::Error>;
+
+    /// Copies member `m`'s operand into its bucket's flat buffer at its offset.
+    fn pack(&mut self, m: usize, member: &MemberSpec) -> Result<(), Self::Error>;
+
+    /// Launches bucket `b`'s AllReduce over its flat buffer (every member packed): on the
+    /// communication stream after the compute stream's packs, so compute goes on; a device
+    /// may run it at once where overlapping would not pay.
+    fn launch_bucket(&mut self, b: usize, bucket: &BucketSpec) -> Result<(), Self::Error>;
+
+    /// Orders what follows after bucket `b`'s AllReduce (the compute stream waits for its
+    /// event; the host thread waits for its ticket). `node` is the member whose result is
+    /// needed first (errors name it). Called once per launched bucket per step.
+    fn wait_bucket(
+        &mut self,
+        b: usize,
+        bucket: &BucketSpec,
+        node: usize,
+    ) -> Result<(), Self::Error>;
+
+    /// Copies member `m`'s reduced elements from its bucket into the member's result buffer
+    /// (after [`ExecDevice::wait_bucket`] of its bucket).
+    fn unpack(&mut self, m: usize, member: &MemberSpec) -> Result<(), Self::Error>;
+
+    /// Before node `i`'s hook; `waited` says whether buckets were waited for and unpacked
+    /// for it (a profiler's mark). The default does nothing.
+    fn before_node(&mut self, i: usize, waited: bool) -> Result<(), Self::Error> {
+        let _ = (i, waited);
+        Ok(())
+    }
+
+    /// After node `i`'s hook (a profiler's mark). The default does nothing.
+    fn after_node(&mut self, i: usize) -> Result<(), Self::Error> {
+        let _ = i;
+        Ok(())
+    }
+
+    /// After the last node, its buckets waited for. The default does nothing.
+    fn nodes_done(&mut self) -> Result<(), Self::Error> {
+        Ok(())
+    }
+
+    /// Starts recording the work issued until [`ExecDevice::end_capture`] instead of running
+    /// it (a CUDA Graph; on Ascend an `aclmdlRI` model capture), with every argument's value
+    /// of now. `Ok(false)`: the device does not record (the default), and steps are issued
+    /// node by node.
+    fn begin_capture(&mut self) -> Result<bool, Self::Error> {
+        Ok(false)
+    }
+
+    /// Ends the recording and returns its number; an error discards it (none of it ran).
+    fn end_capture(&mut self) -> Result<usize, Self::Error> {
+        Err(RuntimeError::Device {
+            device: "this device".into(),
+            reason: "it cannot record steps".into(),
+        }
+        .into())
+    }
+
+    /// Runs recorded step `graph` (the same work on the same addresses).
+    fn replay(&mut self, graph: usize) -> Result<(), Self::Error> {
+        Err(RuntimeError::Device {
+            device: "this device".into(),
+            reason: format!("it has no recorded step {graph}"),
+        }
+        .into())
+    }
+
+    /// Frees recorded step `graph`.
+    fn drop_capture(&mut self, graph: usize) {
+        let _ = graph;
+    }
+}
