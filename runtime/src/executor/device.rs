@@ -7,9 +7,12 @@
 //!
 //! The executor of a device is a type that owns the device's state for one graph and
 //! implements [`ExecDevice`]; its `step` binds the feeds, calls [`super::run::run_nodes`]
-//! (or, where the device records and replays whole steps, [`super::run::record_nodes`] once
-//! and [`ExecDevice::replay`] after), then reads the outputs. It never walks the graph itself: the walk, what waits for what, and
-//! when a bucket is launched are the loop's. What it builds once, at creation:
+//! (or, where the device records and replays whole steps, [`super::replay::Replay::step`],
+//! which also implements [`super::replay::Replayable`]: the runtime decides when to warm up,
+//! record, replay or stay off, the device brings the capture hooks, its counts and its
+//! ops placed on the host), then reads the outputs. It never walks the graph itself: the
+//! walk, what waits for what, when a bucket is launched and when a step is recorded are the
+//! runtime's. What it builds once, at creation:
 //!
 //! - **The schedule** ([`super::schedule::Schedule::new`]): per node a
 //!   [`super::schedule::NodeStep`], the communication nodes' calls (attributes checked), the
