@@ -26,7 +26,7 @@ use crate::kernels::{DevPtr, KernelArg};
 use crate::nccl::NcclComm;
 use crate::ops::{self, Lowered, OpCall, Val};
 use shardc_ir::{DType, Graph, OpKind, Operand, ParamKind, TensorType, Type};
-use shardc_runtime::executor::device::ExecDevice;
+use shardc_runtime::executor::device::{DeviceComm, ExecDevice};
 use shardc_runtime::executor::replay::{replay_blocker, Ran, Replay, Replayable};
 use shardc_runtime::executor::run::LoopState;
 use shardc_runtime::executor::schedule::{
@@ -202,8 +202,8 @@ pub struct GpuExecutor {
     graph: Arc<Graph>,
     device: Arc<dyn Device>,
     host: Arc<dyn Backend>,
-    comm: Option<Arc<dyn Communicator>>,
-    nccl: Option<Arc<NcclComm>>,
+    /// NCCL on device memory, or staged through the host, or none: decided once.
+    comm: DeviceComm<NcclComm>,
     plan: MemoryPlan,
     buffers: Vec<DevPtr>,
     params: Vec<DevPtr>,
@@ -313,7 +313,7 @@ impl GpuExecutor {
         device: Arc<dyn Device>,
         host: Arc<dyn Backend>,
     ) -> CudaResult<GpuExecutor> {
-        GpuExecutor::build(graph, device, host, None, None)
+        GpuExecutor::build(graph, device, host, DeviceComm::Alone)
     }
 
     /// As [`GpuExecutor::new`], with the communicator the graph's collectives use (staged
@@ -324,7 +324,7 @@ impl GpuExecutor {
         host: Arc<dyn Backend>,
         comm: Arc<dyn Communicator>,
     ) -> CudaResult<GpuExecutor> {
-        GpuExecutor::build(graph, device, host, Some(comm), None)
+        GpuExecutor::build(graph, device, host, DeviceComm::Staged(comm))
     }
 
     /// As [`GpuExecutor::new`], collectives through NCCL on device memory.
@@ -334,26 +334,26 @@ impl GpuExecutor {
         host: Arc<dyn Backend>,
         nccl: Arc<NcclComm>,
     ) -> CudaResult<GpuExecutor> {
-        let comm: Arc<dyn Communicator> = nccl.clone();
-        GpuExecutor::build(graph, device, host, Some(comm), Some(nccl))
+        GpuExecutor::build(graph, device, host, DeviceComm::Native(nccl))
     }
 
     fn build(
         graph: Graph,
         device: Arc<dyn Device>,
         host: Arc<dyn Backend>,
-        comm: Option<Arc<dyn Communicator>>,
-        nccl: Option<Arc<NcclComm>>,
+        comm: DeviceComm<NcclComm>,
     ) -> CudaResult<GpuExecutor> {
         let plan = plan_aliasing_reshapes(&graph);
-        let schedule = Schedule::new(&graph, comm.as_deref()).map_err(|e| match e {
-            RuntimeError::NeedsCommunicator { op, instance } => CudaError::Op {
-                op,
-                instance,
-                reason: "a communication op needs a communicator (this executor has none)".into(),
-            },
-            e => CudaError::Other(e.to_string()),
-        })?;
+        let schedule =
+            Schedule::new(&graph, comm.communicator().as_deref()).map_err(|e| match e {
+                RuntimeError::NeedsCommunicator { op, instance } => CudaError::Op {
+                    op,
+                    instance,
+                    reason: "a communication op needs a communicator (this executor has none)"
+                        .into(),
+                },
+                e => CudaError::Other(e.to_string()),
+            })?;
         let buckets: Vec<Bucket> = schedule
             .buckets
             .iter()
@@ -373,7 +373,7 @@ impl GpuExecutor {
             crate::fusion::plan(&graph, &excluded)
         };
         let mut schedule = schedule;
-        let p2p_runs = if nccl.is_some() {
+        let p2p_runs = if comm.native().is_some() {
             schedule.p2p_runs(&graph)
         } else {
             Vec::new()
@@ -393,11 +393,7 @@ impl GpuExecutor {
         let group_members = crate::in_place::update_groups(&graph, &in_place);
         let group_of = launched_together(group_members.iter().map(Vec::as_slice), needs);
         let p2p_of = launched_together(p2p_runs.iter().map(Vec::as_slice), needs);
-        let replay = Replay::new(replay_blocker(
-            &graph,
-            &schedule.calls,
-            comm.is_some() && nccl.is_none(),
-        ));
+        let replay = Replay::new(replay_blocker(&graph, &schedule.calls, comm.staged()));
         let mut key_slot = vec![None; graph.nodes.len()];
         let mut keys = 0;
         for (i, n) in graph.nodes.iter().enumerate() {
@@ -406,7 +402,7 @@ impl GpuExecutor {
                 keys += 1;
             }
         }
-        if let Some(n) = &nccl {
+        if let Some(n) = comm.native() {
             n.prepare(&schedule.groups(n.size()))?;
         }
         let mut ex = GpuExecutor {
@@ -426,7 +422,6 @@ impl GpuExecutor {
             device,
             host,
             comm,
-            nccl,
             plan,
             workspace: ops::Workspace::default(),
             step_count: 0,
@@ -726,7 +721,7 @@ impl GpuExecutor {
     /// past the communicator's timeout for a member that never comes, the communicators are
     /// aborted and the step fails, naming its collectives ([`NcclComm::arm`]).
     pub fn step(&mut self, feeds: &[(&str, Tensor)]) -> CudaResult<Vec<Tensor>> {
-        let Some(nccl) = self.nccl.clone() else {
+        let Some(nccl) = self.comm.native().cloned() else {
             return self.run_step(feeds);
         };
         let armed = nccl.arm();
@@ -1114,7 +1109,7 @@ impl GpuExecutor {
         let mut outs: Vec<Tensor> = outputs.iter().map(|(_, t)| Tensor::zeros(t)).collect();
         let ctx = KernelContext {
             step: self.step_count,
-            rank: self.comm.as_ref().map_or(0, |c| c.rank() as u32),
+            rank: self.comm.rank() as u32,
         };
         self.host
             .run(node, &args, &mut outs, &ctx)
@@ -1202,7 +1197,7 @@ impl GpuExecutor {
             instance: graph.nodes[node].instance.clone(),
             reason: format!("gradient bucket fusion {}: {reason}", bk.id),
         };
-        if let Some(nccl) = &self.nccl {
+        if let Some(nccl) = self.comm.native() {
             nccl.all_reduce_on_comm_stream(&bk.group, bk.op, flat, bk.elements, bk.dtype)
                 .map_err(|e| op_err(e.to_string()))?;
             self.device.comm_record(b)?;
@@ -1211,7 +1206,7 @@ impl GpuExecutor {
         }
         let comm = self
             .comm
-            .clone()
+            .communicator()
             .ok_or_else(|| op_err("no communicator".into()))?;
         let ty = TensorType::new(bk.dtype, vec![bk.elements]);
         let mut bytes = vec![0u8; byte_len(&ty)];
@@ -1271,8 +1266,9 @@ impl GpuExecutor {
             });
         }
         let nccl = self
-            .nccl
-            .clone()
+            .comm
+            .native()
+            .cloned()
             .ok_or_else(|| CudaError::Other("grouped transfers need NCCL".into()))?;
         nccl.run_transfers(&items).map_err(|e| {
             let first = &graph.nodes[self.p2p_runs[r][0]];
@@ -1306,7 +1302,7 @@ impl GpuExecutor {
             instance: node.instance.clone(),
             reason,
         };
-        if let Some(nccl) = &self.nccl {
+        if let Some(nccl) = self.comm.native() {
             return nccl
                 .run_on_device_in(
                     call,
@@ -1318,9 +1314,8 @@ impl GpuExecutor {
         }
         let comm = self
             .comm
-            .as_ref()
-            .ok_or_else(|| op_err("no communicator".into()))?
-            .clone();
+            .communicator()
+            .ok_or_else(|| op_err("no communicator".into()))?;
         let host_in = match &input {
             Some((p, t)) => {
                 let mut bytes = vec![0u8; byte_len(t)];
