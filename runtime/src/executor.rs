@@ -52,6 +52,7 @@ use std::time::{Duration, Instant};
 mod comm_call;
 mod comm_thread;
 pub mod device;
+pub mod replay;
 pub mod run;
 pub mod schedule;
 pub use comm_call::{comm_call, run_comm, CommCall, CommFailure};

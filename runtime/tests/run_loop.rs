@@ -1,7 +1,8 @@
 //! The one run loop on a device that only records what it is asked: the order of the hooks
 //! (packs, the bucket launched by its last member, waited for once before the first reader,
 //! members unpacked as they are read, every launched bucket waited for at the end), and
-//! recording under the capture hooks.
+//! recording under the capture hooks, and the replay state machine (warm-up, record,
+//! replay, off) over them.
 
 mod common;
 
@@ -9,6 +10,7 @@ use common::Builder;
 use shardc_ir::{Attr, Attrs, Const, DType, Graph, OpKind, Operand, Type};
 use shardc_runtime::comm::InProcessWorld;
 use shardc_runtime::executor::device::ExecDevice;
+use shardc_runtime::executor::replay::{replay_blocker, Ran, Replay, Replayable};
 use shardc_runtime::executor::run::{record_nodes, run_nodes, LoopState, Recorded};
 use shardc_runtime::executor::schedule::{BucketSpec, MemberSpec, NodeStep, Schedule};
 use shardc_runtime::executor::CommCall;
@@ -22,6 +24,13 @@ struct Log {
     capture: bool,
     fail_at: Option<usize>,
     dropped: Vec<usize>,
+    /// Compute fails while capturing (a recording that fails).
+    fail_in_capture: bool,
+    capturing: bool,
+    /// Computes issued or replayed (the tally a replay adds again).
+    computes: usize,
+    /// An op placed on the host (blocks replay after the first step).
+    host: Option<String>,
 }
 
 impl ExecDevice for Log {
@@ -29,12 +38,13 @@ impl ExecDevice for Log {
 
     fn compute(&mut self, i: usize) -> Result<(), RuntimeError> {
         self.calls.push(format!("compute {i}"));
-        if self.fail_at == Some(i) {
+        if self.fail_at == Some(i) || (self.fail_in_capture && self.capturing) {
             return Err(RuntimeError::Device {
                 device: "log".into(),
                 reason: format!("node {i} failed"),
             });
         }
+        self.computes += 1;
         Ok(())
     }
 
@@ -71,16 +81,47 @@ impl ExecDevice for Log {
 
     fn begin_capture(&mut self) -> Result<bool, RuntimeError> {
         self.calls.push("begin capture".into());
+        self.capturing = self.capture;
         Ok(self.capture)
     }
 
     fn end_capture(&mut self) -> Result<usize, RuntimeError> {
         self.calls.push("end capture".into());
+        self.capturing = false;
         Ok(7)
+    }
+
+    fn replay(&mut self, graph: usize) -> Result<(), RuntimeError> {
+        self.calls.push(format!("replay {graph}"));
+        Ok(())
     }
 
     fn drop_capture(&mut self, graph: usize) {
         self.dropped.push(graph);
+    }
+}
+
+impl Replayable for Log {
+    type Tally = usize;
+
+    fn tally(&self) -> usize {
+        self.computes
+    }
+
+    fn tally_since(&self, before: &usize) -> usize {
+        self.computes - before
+    }
+
+    fn rewind(&mut self, before: &usize) {
+        self.computes = *before;
+    }
+
+    fn replayed(&mut self, added: &usize) {
+        self.computes += added;
+    }
+
+    fn placed_on_host(&self) -> Option<String> {
+        self.host.clone()
     }
 }
 
@@ -222,4 +263,112 @@ fn recording_runs_the_loop_under_the_capture_hooks() {
         Recorded::Failed(_)
     ));
     assert_eq!(failing.dropped, [7], "a failed recording is discarded");
+}
+
+/// Runs `n` steps through `replay` (the last `profiled` of them profiled); returns how each ran.
+fn steps(dev: &mut Log, replay: &mut Replay<usize>, n: usize, profiled: usize) -> Vec<Ran> {
+    let g = graph();
+    let s = schedule(&g);
+    let mut state = LoopState::new(&s);
+    (0..n)
+        .map(|k| {
+            replay
+                .step(dev, &g, &s, &mut state, k + profiled >= n)
+                .unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn replay_warms_up_records_then_replays_adding_what_the_recording_added() {
+    let mut dev = Log {
+        capture: true,
+        ..Log::default()
+    };
+    let mut replay = Replay::new(None);
+    let ran = steps(&mut dev, &mut replay, 5, 1);
+    assert_eq!(
+        ran,
+        [
+            Ran::Issued,
+            Ran::Recorded,
+            Ran::Replayed,
+            Ran::Replayed,
+            Ran::Issued
+        ],
+        "a profiled step runs node by node"
+    );
+    assert_eq!(dev.computes, 5 * 5, "every step counts its five computes");
+    assert_eq!(
+        dev.calls.iter().filter(|c| *c == "replay 7").count(),
+        3,
+        "recorded once, replayed by three steps"
+    );
+    assert_eq!(replay.recorded(), Some(7));
+    assert_eq!(replay.off(), None);
+    assert_eq!(replay.turn_off("turned off".into()), Some(7));
+    assert_eq!(replay.off(), Some("turned off"));
+}
+
+#[test]
+fn replay_is_off_for_a_blocker_a_host_op_a_device_without_capture_or_a_failed_recording() {
+    let g = graph();
+    let calls = schedule(&g).calls;
+    let staged = replay_blocker(&g, &calls, true);
+    assert_eq!(
+        staged.as_deref(),
+        Some("its communicator stages collectives through the host (no NCCL)")
+    );
+    assert_eq!(replay_blocker(&g, &calls, false), None);
+    let mut replay = Replay::new(staged);
+    let mut dev = Log {
+        capture: true,
+        ..Log::default()
+    };
+    assert_eq!(
+        steps(&mut dev, &mut replay, 3, 0),
+        [Ran::Issued, Ran::Issued, Ran::Issued]
+    );
+    assert!(!dev.calls.iter().any(|c| c == "begin capture"));
+
+    let mut host = Log {
+        capture: true,
+        host: Some("Gather 'g' runs on the host".into()),
+        ..Log::default()
+    };
+    let mut replay = Replay::new(None);
+    assert_eq!(
+        steps(&mut host, &mut replay, 3, 0),
+        [Ran::Issued, Ran::Issued, Ran::Issued]
+    );
+    assert_eq!(replay.off(), Some("Gather 'g' runs on the host"));
+
+    let mut none = Log::default();
+    let mut replay = Replay::new(None);
+    assert_eq!(
+        steps(&mut none, &mut replay, 3, 0),
+        [Ran::Issued, Ran::Issued, Ran::Issued]
+    );
+    assert_eq!(replay.off(), Some("the device cannot record graphs"));
+
+    let mut failing = Log {
+        capture: true,
+        fail_in_capture: true,
+        ..Log::default()
+    };
+    let mut replay = Replay::new(None);
+    let ran = steps(&mut failing, &mut replay, 3, 0);
+    assert!(
+        matches!(&ran[1], Ran::RecordingFailed(why) if why.contains("node 0 failed")),
+        "{ran:?}"
+    );
+    assert_eq!(ran[2], Ran::Issued);
+    assert_eq!(
+        failing.computes,
+        3 * 5,
+        "the failed recording counts nothing"
+    );
+    assert!(replay
+        .off()
+        .is_some_and(|w| w.starts_with("the recording failed: ")));
 }

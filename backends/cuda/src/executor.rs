@@ -5,8 +5,9 @@
 //!
 //! The step is the runtime's, written once for every device: its plan
 //! ([`shardc_runtime::executor::schedule::Schedule`]: step kinds, communication calls,
-//! gradient buckets and their readers, feeds), its loop ([`run_nodes`]) and its recording for
-//! replay ([`record_nodes`]). This executor is the loop's GPU device (`GpuStep` implements
+//! gradient buckets and their readers, feeds), its loop
+//! ([`shardc_runtime::executor::run::run_nodes`]) and its replay state machine ([`Replay`]:
+//! warm-up, recording, replay, the reasons it is off). This executor is the loop's GPU device (`GpuStep` implements
 //! [`ExecDevice`]): what it adds is the device's own: per node `TupleGetItem` and such a
 //! `Reshape` are aliases (the plan gives them the buffer of the value they name);
 //! `Assign` copies the new value into the parameter's device memory; a communication op goes
@@ -24,10 +25,10 @@ use crate::error::{CudaError, CudaResult};
 use crate::kernels::{DevPtr, KernelArg};
 use crate::nccl::NcclComm;
 use crate::ops::{self, Lowered, OpCall, Val};
-use crate::replay::{replay_blocker, Replay, StepCounts};
 use shardc_ir::{DType, Graph, OpKind, Operand, ParamKind, TensorType, Type};
-use shardc_runtime::executor::device::ExecDevice;
-use shardc_runtime::executor::run::{record_nodes, run_nodes, LoopState, Recorded};
+use shardc_runtime::executor::device::{DeviceComm, ExecDevice};
+use shardc_runtime::executor::replay::{replay_blocker, Ran, Replay, Replayable};
+use shardc_runtime::executor::run::LoopState;
 use shardc_runtime::executor::schedule::{
     bind_feeds, launched_together, BucketSpec, MemberSpec, Schedule,
 };
@@ -67,6 +68,38 @@ pub struct GpuStats {
     pub replayed_steps: u64,
     /// Why steps do not replay a recorded graph, once that is known.
     pub no_replay: Option<String>,
+}
+
+/// The counts one step adds to [`GpuStats`] (what a replayed step adds, as recorded).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct StepCounts {
+    device_ops: u64,
+    comm_ops: u64,
+    fused_kernels: u64,
+    library_ops: u64,
+    in_place_updates: u64,
+}
+
+impl StepCounts {
+    /// What was added since `before`.
+    fn since(self, before: StepCounts) -> StepCounts {
+        StepCounts {
+            device_ops: self.device_ops - before.device_ops,
+            comm_ops: self.comm_ops - before.comm_ops,
+            fused_kernels: self.fused_kernels - before.fused_kernels,
+            library_ops: self.library_ops - before.library_ops,
+            in_place_updates: self.in_place_updates - before.in_place_updates,
+        }
+    }
+}
+
+/// What issuing a step adds besides its work, kept with a recording and added again by
+/// each replay: the counts, and the nodes whose kernels report bad data through the status
+/// word.
+#[derive(Clone, Debug, Default)]
+struct Tally {
+    counts: StepCounts,
+    status_users: Vec<usize>,
 }
 
 impl GpuStats {
@@ -169,8 +202,8 @@ pub struct GpuExecutor {
     graph: Arc<Graph>,
     device: Arc<dyn Device>,
     host: Arc<dyn Backend>,
-    comm: Option<Arc<dyn Communicator>>,
-    nccl: Option<Arc<NcclComm>>,
+    /// NCCL on device memory, or staged through the host, or none: decided once.
+    comm: DeviceComm<NcclComm>,
     plan: MemoryPlan,
     buffers: Vec<DevPtr>,
     params: Vec<DevPtr>,
@@ -202,8 +235,8 @@ pub struct GpuExecutor {
     /// [`Schedule::p2p_runs`]), and per node its run and whether it issues it (the first).
     p2p_runs: Vec<Vec<usize>>,
     p2p_of: Vec<Option<(usize, bool)>>,
-    /// Whether steps replay a recorded graph.
-    replay: Replay,
+    /// Whether steps replay a recorded graph (the runtime's state machine).
+    replay: Replay<Tally>,
     /// One device word per Dropout node, its key for the running step (written before each
     /// step, so that a replayed step draws its own masks), and per node its word's number.
     dropout_keys: DevPtr,
@@ -257,7 +290,7 @@ impl Drop for GpuExecutor {
         for g in &self.groups {
             self.device.free(g.table);
         }
-        if let Replay::Ready { graph, .. } = self.replay {
+        if let Some(graph) = self.replay.recorded() {
             self.device.drop_graph(graph);
         }
         self.workspace.release(self.device.as_ref());
@@ -280,7 +313,7 @@ impl GpuExecutor {
         device: Arc<dyn Device>,
         host: Arc<dyn Backend>,
     ) -> CudaResult<GpuExecutor> {
-        GpuExecutor::build(graph, device, host, None, None)
+        GpuExecutor::build(graph, device, host, DeviceComm::Alone)
     }
 
     /// As [`GpuExecutor::new`], with the communicator the graph's collectives use (staged
@@ -291,7 +324,7 @@ impl GpuExecutor {
         host: Arc<dyn Backend>,
         comm: Arc<dyn Communicator>,
     ) -> CudaResult<GpuExecutor> {
-        GpuExecutor::build(graph, device, host, Some(comm), None)
+        GpuExecutor::build(graph, device, host, DeviceComm::Staged(comm))
     }
 
     /// As [`GpuExecutor::new`], collectives through NCCL on device memory.
@@ -301,26 +334,26 @@ impl GpuExecutor {
         host: Arc<dyn Backend>,
         nccl: Arc<NcclComm>,
     ) -> CudaResult<GpuExecutor> {
-        let comm: Arc<dyn Communicator> = nccl.clone();
-        GpuExecutor::build(graph, device, host, Some(comm), Some(nccl))
+        GpuExecutor::build(graph, device, host, DeviceComm::Native(nccl))
     }
 
     fn build(
         graph: Graph,
         device: Arc<dyn Device>,
         host: Arc<dyn Backend>,
-        comm: Option<Arc<dyn Communicator>>,
-        nccl: Option<Arc<NcclComm>>,
+        comm: DeviceComm<NcclComm>,
     ) -> CudaResult<GpuExecutor> {
         let plan = plan_aliasing_reshapes(&graph);
-        let schedule = Schedule::new(&graph, comm.as_deref()).map_err(|e| match e {
-            RuntimeError::NeedsCommunicator { op, instance } => CudaError::Op {
-                op,
-                instance,
-                reason: "a communication op needs a communicator (this executor has none)".into(),
-            },
-            e => CudaError::Other(e.to_string()),
-        })?;
+        let schedule =
+            Schedule::new(&graph, comm.communicator().as_deref()).map_err(|e| match e {
+                RuntimeError::NeedsCommunicator { op, instance } => CudaError::Op {
+                    op,
+                    instance,
+                    reason: "a communication op needs a communicator (this executor has none)"
+                        .into(),
+                },
+                e => CudaError::Other(e.to_string()),
+            })?;
         let buckets: Vec<Bucket> = schedule
             .buckets
             .iter()
@@ -340,7 +373,7 @@ impl GpuExecutor {
             crate::fusion::plan(&graph, &excluded)
         };
         let mut schedule = schedule;
-        let p2p_runs = if nccl.is_some() {
+        let p2p_runs = if comm.native().is_some() {
             schedule.p2p_runs(&graph)
         } else {
             Vec::new()
@@ -360,11 +393,7 @@ impl GpuExecutor {
         let group_members = crate::in_place::update_groups(&graph, &in_place);
         let group_of = launched_together(group_members.iter().map(Vec::as_slice), needs);
         let p2p_of = launched_together(p2p_runs.iter().map(Vec::as_slice), needs);
-        let replay = match replay_blocker(&graph, &schedule.calls, comm.is_some() && nccl.is_none())
-        {
-            Some(why) => Replay::Off(why),
-            None => Replay::Warmup,
-        };
+        let replay = Replay::new(replay_blocker(&graph, &schedule.calls, comm.staged()));
         let mut key_slot = vec![None; graph.nodes.len()];
         let mut keys = 0;
         for (i, n) in graph.nodes.iter().enumerate() {
@@ -373,7 +402,7 @@ impl GpuExecutor {
                 keys += 1;
             }
         }
-        if let Some(n) = &nccl {
+        if let Some(n) = comm.native() {
             n.prepare(&schedule.groups(n.size()))?;
         }
         let mut ex = GpuExecutor {
@@ -393,7 +422,6 @@ impl GpuExecutor {
             device,
             host,
             comm,
-            nccl,
             plan,
             workspace: ops::Workspace::default(),
             step_count: 0,
@@ -553,10 +581,12 @@ impl GpuExecutor {
     /// Makes every later step launch its kernels one by one instead of replaying a recorded
     /// graph (to compare the two; `SHARDC_CUDA_GRAPHS=0` does it for every executor).
     pub fn disable_graph_replay(&mut self) {
-        if let Replay::Ready { graph, .. } = self.replay {
+        if let Some(graph) = self
+            .replay
+            .turn_off("turned off by disable_graph_replay".into())
+        {
             self.device.drop_graph(graph);
         }
-        self.replay = Replay::Off("turned off by disable_graph_replay".into());
     }
 
     /// The device.
@@ -691,7 +721,7 @@ impl GpuExecutor {
     /// past the communicator's timeout for a member that never comes, the communicators are
     /// aborted and the step fails, naming its collectives ([`NcclComm::arm`]).
     pub fn step(&mut self, feeds: &[(&str, Tensor)]) -> CudaResult<Vec<Tensor>> {
-        let Some(nccl) = self.nccl.clone() else {
+        let Some(nccl) = self.comm.native().cloned() else {
             return self.run_step(feeds);
         };
         let armed = nccl.arm();
@@ -762,32 +792,19 @@ impl GpuExecutor {
             self.device.reset_marks();
             first_mark = self.device.mark()?;
         }
-        match &self.replay {
-            Replay::Ready {
-                graph: g,
-                counts,
-                status_users: users,
-            } if !self.profiling => {
-                let (g, counts) = (*g, *counts);
-                status_users.clone_from(users);
-                self.device.replay(g)?;
-                self.stats.add_counts(counts);
-                self.stats.replayed_steps += 1;
-            }
-            Replay::Record if !self.profiling => self.record_step(&graph, &mut status_users)?,
-            _ => {
-                let profile = first_mark.is_some().then_some(&mut marks);
-                self.issue_step(&graph, &mut status_users, profile)?;
-                if matches!(self.replay, Replay::Warmup) {
-                    self.replay = match self.placed_on_host() {
-                        Some(why) => Replay::Off(why),
-                        None => Replay::Record,
-                    };
-                }
-            }
+        let profile = first_mark.is_some().then_some(&mut marks);
+        let ran = self.issue_step(&graph, &mut status_users, profile)?;
+        if ran.replayed() {
+            self.stats.replayed_steps += 1;
         }
-        if let Replay::Off(why) = &self.replay {
-            self.stats.no_replay = Some(why.clone());
+        if let Ran::RecordingFailed(why) = &ran {
+            eprintln!(
+                "shardc: the step of '{}' could not be recorded as one CUDA graph, so its kernels are launched one by one: {why}",
+                graph.name
+            );
+        }
+        if let Some(why) = self.replay.off() {
+            self.stats.no_replay = Some(why.to_string());
         }
         let mut outs = Vec::with_capacity(graph.outputs.len());
         for o in &graph.outputs {
@@ -851,76 +868,31 @@ impl GpuExecutor {
         Ok(outs)
     }
 
-    /// Issues one step's work, node by node, through the runtime's run loop (`marks`:
-    /// profile it).
+    /// Issues one step's work through the runtime's replay state machine and run loop:
+    /// replayed, recorded, or node by node (always when `marks`: profile it).
     fn issue_step(
         &mut self,
         graph: &Graph,
         status_users: &mut Vec<usize>,
         marks: Option<&mut Vec<(usize, String)>>,
-    ) -> CudaResult<()> {
+    ) -> CudaResult<Ran> {
         for b in &mut self.buckets {
             b.in_flight = false;
         }
+        let profiled = marks.is_some();
         let schedule = Arc::clone(&self.schedule);
         let mut state = std::mem::take(&mut self.loop_state);
+        let mut replay = std::mem::take(&mut self.replay);
         let mut dev = GpuStep {
             ex: self,
             graph,
             status_users,
             marks,
         };
-        let ran = run_nodes(&mut dev, graph, &schedule, &mut state);
+        let ran = replay.step(&mut dev, graph, &schedule, &mut state, profiled);
         self.loop_state = state;
+        self.replay = replay;
         ran
-    }
-
-    /// Records one step's work as a graph and replays it; when the recording fails, the step
-    /// runs node by node, as every later step will (the reason goes to stderr once and to
-    /// [`GpuStats::no_replay`]).
-    fn record_step(&mut self, graph: &Graph, status_users: &mut Vec<usize>) -> CudaResult<()> {
-        let before = self.stats.counts();
-        for b in &mut self.buckets {
-            b.in_flight = false;
-        }
-        let schedule = Arc::clone(&self.schedule);
-        let mut state = std::mem::take(&mut self.loop_state);
-        let mut dev = GpuStep {
-            ex: self,
-            graph,
-            status_users,
-            marks: None,
-        };
-        let recorded = record_nodes(&mut dev, graph, &schedule, &mut state);
-        let replayed = match &recorded {
-            Ok(Recorded::Graph(g)) => Some(dev.replay(*g)),
-            _ => None,
-        };
-        self.loop_state = state;
-        let why = match recorded? {
-            Recorded::NotOffered => {
-                self.replay = Replay::Off("the device cannot record graphs".into());
-                return self.issue_step(graph, status_users, None);
-            }
-            Recorded::Graph(g) => {
-                self.replay = Replay::Ready {
-                    graph: g,
-                    counts: self.stats.counts().since(before),
-                    status_users: status_users.clone(),
-                };
-                self.stats.replayed_steps += 1;
-                return replayed.unwrap_or(Ok(()));
-            }
-            Recorded::Failed(e) => e.to_string(),
-        };
-        eprintln!(
-            "shardc: the step of '{}' could not be recorded as one CUDA graph, so its kernels are launched one by one: {why}",
-            graph.name
-        );
-        self.replay = Replay::Off(format!("the recording failed: {why}"));
-        self.stats.set_counts(before);
-        status_users.clear();
-        self.issue_step(graph, status_users, None)
     }
 
     /// The first op placed on the host, as a reason not to replay (after the first step).
@@ -1137,7 +1109,7 @@ impl GpuExecutor {
         let mut outs: Vec<Tensor> = outputs.iter().map(|(_, t)| Tensor::zeros(t)).collect();
         let ctx = KernelContext {
             step: self.step_count,
-            rank: self.comm.as_ref().map_or(0, |c| c.rank() as u32),
+            rank: self.comm.rank() as u32,
         };
         self.host
             .run(node, &args, &mut outs, &ctx)
@@ -1225,7 +1197,7 @@ impl GpuExecutor {
             instance: graph.nodes[node].instance.clone(),
             reason: format!("gradient bucket fusion {}: {reason}", bk.id),
         };
-        if let Some(nccl) = &self.nccl {
+        if let Some(nccl) = self.comm.native() {
             nccl.all_reduce_on_comm_stream(&bk.group, bk.op, flat, bk.elements, bk.dtype)
                 .map_err(|e| op_err(e.to_string()))?;
             self.device.comm_record(b)?;
@@ -1234,7 +1206,7 @@ impl GpuExecutor {
         }
         let comm = self
             .comm
-            .clone()
+            .communicator()
             .ok_or_else(|| op_err("no communicator".into()))?;
         let ty = TensorType::new(bk.dtype, vec![bk.elements]);
         let mut bytes = vec![0u8; byte_len(&ty)];
@@ -1294,8 +1266,9 @@ impl GpuExecutor {
             });
         }
         let nccl = self
-            .nccl
-            .clone()
+            .comm
+            .native()
+            .cloned()
             .ok_or_else(|| CudaError::Other("grouped transfers need NCCL".into()))?;
         nccl.run_transfers(&items).map_err(|e| {
             let first = &graph.nodes[self.p2p_runs[r][0]];
@@ -1329,7 +1302,7 @@ impl GpuExecutor {
             instance: node.instance.clone(),
             reason,
         };
-        if let Some(nccl) = &self.nccl {
+        if let Some(nccl) = self.comm.native() {
             return nccl
                 .run_on_device_in(
                     call,
@@ -1341,9 +1314,8 @@ impl GpuExecutor {
         }
         let comm = self
             .comm
-            .as_ref()
-            .ok_or_else(|| op_err("no communicator".into()))?
-            .clone();
+            .communicator()
+            .ok_or_else(|| op_err("no communicator".into()))?;
         let host_in = match &input {
             Some((p, t)) => {
                 let mut bytes = vec![0u8; byte_len(t)];
@@ -1440,6 +1412,45 @@ impl ExecDevice for GpuStep<'_> {
             }
             _ => Ok(()),
         }
+    }
+}
+
+impl Replayable for GpuStep<'_> {
+    type Tally = Tally;
+
+    fn tally(&self) -> Tally {
+        Tally {
+            counts: self.ex.stats.counts(),
+            status_users: self.status_users.clone(),
+        }
+    }
+
+    fn tally_since(&self, before: &Tally) -> Tally {
+        Tally {
+            counts: self.ex.stats.counts().since(before.counts),
+            status_users: self
+                .status_users
+                .get(before.status_users.len()..)
+                .unwrap_or_default()
+                .to_vec(),
+        }
+    }
+
+    fn rewind(&mut self, before: &Tally) {
+        self.ex.stats.set_counts(before.counts);
+        self.status_users.truncate(before.status_users.len());
+        for b in &mut self.ex.buckets {
+            b.in_flight = false;
+        }
+    }
+
+    fn replayed(&mut self, added: &Tally) {
+        self.ex.stats.add_counts(added.counts);
+        self.status_users.extend_from_slice(&added.status_users);
+    }
+
+    fn placed_on_host(&self) -> Option<String> {
+        self.ex.placed_on_host()
     }
 }
 

@@ -14,7 +14,6 @@
 //!   liveness memory plan; ops without a device kernel run on a host backend, counted.
 //! - [`nccl`]: the NCCL communicator.
 //! - [`cudnn`]: convolutions through cuDNN where it is found (else im2col + cuBLAS).
-//! - [`replay`]: whether an executor's steps replay one recorded graph (CUDA Graphs).
 
 #![warn(missing_docs)]
 
@@ -30,7 +29,6 @@ pub mod kernels;
 pub mod nccl;
 mod ops;
 pub mod probe;
-pub mod replay;
 
 pub use device::{Device, Gemm};
 pub use error::{CudaError, CudaResult};

@@ -7,9 +7,12 @@
 //!
 //! The executor of a device is a type that owns the device's state for one graph and
 //! implements [`ExecDevice`]; its `step` binds the feeds, calls [`super::run::run_nodes`]
-//! (or, where the device records and replays whole steps, [`super::run::record_nodes`] once
-//! and [`ExecDevice::replay`] after), then reads the outputs. It never walks the graph itself: the walk, what waits for what, and
-//! when a bucket is launched are the loop's. What it builds once, at creation:
+//! (or, where the device records and replays whole steps, [`super::replay::Replay::step`],
+//! which also implements [`super::replay::Replayable`]: the runtime decides when to warm up,
+//! record, replay or stay off, the device brings the capture hooks, its counts and its
+//! ops placed on the host), then reads the outputs. It never walks the graph itself: the
+//! walk, what waits for what, when a bucket is launched and when a step is recorded are the
+//! runtime's. What it builds once, at creation:
 //!
 //! - **The schedule** ([`super::schedule::Schedule::new`]): per node a
 //!   [`super::schedule::NodeStep`], the communication nodes' calls (attributes checked), the
@@ -37,8 +40,8 @@
 //! - **A communicator**: device-native (NCCL, HCCL: collectives on device memory on the
 //!   communication stream) or any runtime [`crate::Communicator`] staged through host
 //!   tensors ([`super::comm_call::run_comm`], the one host implementation of a communication
-//!   node). Which one is the caller's choice of constructor; the loop only sees
-//!   [`ExecDevice::collective`] and the bucket hooks.
+//!   node), held as one [`DeviceComm`] decided at construction (the caller's choice of
+//!   constructor); the loop only sees [`ExecDevice::collective`] and the bucket hooks.
 //!
 //! # What the loop calls, per step
 //!
@@ -149,5 +152,55 @@ pub trait ExecDevice {
     /// Frees recorded step `graph`.
     fn drop_capture(&mut self, graph: usize) {
         let _ = graph;
+    }
+}
+
+/// A device's communicator, decided once when its executor is built (see the module doc):
+/// device-native collectives on device buffers on the communication stream (`N`: NCCL,
+/// HCCL, which is also a runtime [`crate::Communicator`]), or any runtime communicator
+/// staged through host tensors ([`super::comm_call::run_comm`]), or none (one rank).
+///
+/// For the Ascend implementer: build `Native` with the HCCL communicator where every rank
+/// has its own device and HCCL is found, `Staged` with the caller's communicator otherwise;
+/// a staged communicator blocks graph replay ([`super::replay::replay_blocker`]).
+pub enum DeviceComm<N> {
+    /// One rank: no collectives.
+    Alone,
+    /// Device-native collectives on device memory, on the communication stream.
+    Native(std::sync::Arc<N>),
+    /// A runtime communicator, staged through host tensors.
+    Staged(std::sync::Arc<dyn crate::Communicator>),
+}
+
+impl<N: crate::Communicator + 'static> DeviceComm<N> {
+    /// The communicator as the runtime's (the schedule's checks, ranks, the host fallback).
+    pub fn communicator(&self) -> Option<std::sync::Arc<dyn crate::Communicator>> {
+        match self {
+            DeviceComm::Alone => None,
+            DeviceComm::Native(n) => Some(n.clone()),
+            DeviceComm::Staged(c) => Some(c.clone()),
+        }
+    }
+
+    /// The device-native communicator, if that is the choice.
+    pub fn native(&self) -> Option<&std::sync::Arc<N>> {
+        match self {
+            DeviceComm::Native(n) => Some(n),
+            _ => None,
+        }
+    }
+
+    /// Whether collectives are staged through the host.
+    pub fn staged(&self) -> bool {
+        matches!(self, DeviceComm::Staged(_))
+    }
+
+    /// This rank (0 alone).
+    pub fn rank(&self) -> usize {
+        match self {
+            DeviceComm::Alone => 0,
+            DeviceComm::Native(n) => n.rank(),
+            DeviceComm::Staged(c) => c.rank(),
+        }
     }
 }
