@@ -11,9 +11,10 @@
 //! [`ExecDevice`]): what it adds is the device's own: per node `TupleGetItem` and such a
 //! `Reshape` are aliases (the plan gives them the buffer of the value they name);
 //! `Assign` copies the new value into the parameter's device memory; a communication op goes
-//! to the communicator (NCCL on device memory when the communicator is an
-//! [`crate::nccl::NcclComm`], else staged through host tensors by the runtime's
-//! [`run_comm`], so any shardc communicator works: threads, shared memory, TCP, MPI); every
+//! to the communicator through the runtime's [`DeviceComm`], which chooses in one place
+//! between NCCL on device memory (the communicator is an [`crate::nccl::NcclComm`]) and
+//! staging through host tensors ([`shardc_runtime::executor::run_comm`], so any shardc
+//! communicator works: threads, shared memory, TCP, MPI) over `CudaBuffers`; every
 //! other op is lowered to kernels (`ops.rs`; fused elementwise runs and grouped optimizer
 //! updates launched at their first node), and an op no device kernel covers runs on the host
 //! backend on copies of its operands, counted in [`GpuStats::host_ops`]. Kernels that meet
@@ -26,13 +27,13 @@ use crate::kernels::{DevPtr, KernelArg};
 use crate::nccl::NcclComm;
 use crate::ops::{self, Lowered, OpCall, Val};
 use shardc_ir::{DType, Graph, OpKind, Operand, ParamKind, TensorType, Type};
-use shardc_runtime::executor::device::{DeviceComm, ExecDevice};
+use shardc_runtime::executor::device::{CommBuffers, DeviceComm, ExecDevice, Transfer};
 use shardc_runtime::executor::replay::{replay_blocker, Ran, Replay, Replayable};
 use shardc_runtime::executor::run::LoopState;
 use shardc_runtime::executor::schedule::{
     bind_feeds, launched_together, BucketSpec, MemberSpec, Schedule,
 };
-use shardc_runtime::executor::{run_comm, CommCall};
+use shardc_runtime::executor::CommCall;
 use shardc_runtime::init::init_tensor;
 use shardc_runtime::memory::{plan_aliasing_reshapes, Location, MemoryPlan};
 use shardc_runtime::{Arg, Backend, Communicator, KernelContext, RuntimeError, Tensor};
@@ -373,11 +374,7 @@ impl GpuExecutor {
             crate::fusion::plan(&graph, &excluded)
         };
         let mut schedule = schedule;
-        let p2p_runs = if comm.native().is_some() {
-            schedule.p2p_runs(&graph)
-        } else {
-            Vec::new()
-        };
+        let p2p_runs = comm.p2p_runs(&schedule, &graph);
         let needs = &mut schedule.reads;
         let fused = launched_together(runs.iter().map(|r| r.nodes.as_slice()), needs);
         if !runs.is_empty() {
@@ -1197,24 +1194,15 @@ impl GpuExecutor {
             instance: graph.nodes[node].instance.clone(),
             reason: format!("gradient bucket fusion {}: {reason}", bk.id),
         };
-        if let Some(nccl) = self.comm.native() {
-            nccl.all_reduce_on_comm_stream(&bk.group, bk.op, flat, bk.elements, bk.dtype)
-                .map_err(|e| op_err(e.to_string()))?;
+        let mut bufs = CudaBuffers {
+            device: self.device.as_ref(),
+            workspace: &self.workspace,
+        };
+        if self.comm.launch_bucket(&mut bufs, bk, flat, op_err)? {
             self.device.comm_record(b)?;
             self.buckets[b].in_flight = true;
-            return Ok(());
         }
-        let comm = self
-            .comm
-            .communicator()
-            .ok_or_else(|| op_err("no communicator".into()))?;
-        let ty = TensorType::new(bk.dtype, vec![bk.elements]);
-        let mut bytes = vec![0u8; byte_len(&ty)];
-        self.device.download(flat, &mut bytes)?;
-        let mut t = Tensor::from_le_bytes(&ty, &bytes);
-        comm.all_reduce(&bk.group, bk.op, &mut t)
-            .map_err(|e| op_err(e.to_string()))?;
-        self.device.upload(flat, &t.to_le_bytes())
+        Ok(())
     }
 
     /// Orders the compute stream after bucket `b`'s AllReduce (its event).
@@ -1259,27 +1247,22 @@ impl GpuExecutor {
                 },
                 None => None,
             };
-            items.push(crate::nccl::Transfer {
+            items.push(Transfer {
                 call,
                 input,
                 out: (self.value_ptr(i, 0)?, out_ty),
             });
         }
-        let nccl = self
-            .comm
-            .native()
-            .cloned()
-            .ok_or_else(|| CudaError::Other("grouped transfers need NCCL".into()))?;
-        nccl.run_transfers(&items).map_err(|e| {
-            let first = &graph.nodes[self.p2p_runs[r][0]];
-            CudaError::Op {
-                op: first.op,
-                instance: first.instance.clone(),
-                reason: format!(
-                    "with the {} sends and receives after it, as one NCCL group: {e}",
-                    self.p2p_runs[r].len() - 1
-                ),
-            }
+        let first = &graph.nodes[self.p2p_runs[r][0]];
+        let after = self.p2p_runs[r].len() - 1;
+        let mut bufs = CudaBuffers {
+            device: self.device.as_ref(),
+            workspace: &self.workspace,
+        };
+        self.comm.transfers(&mut bufs, &items, |e| CudaError::Op {
+            op: first.op,
+            instance: first.instance.clone(),
+            reason: format!("with the {after} sends and receives after it, as one NCCL group: {e}"),
         })
     }
 
@@ -1302,32 +1285,61 @@ impl GpuExecutor {
             instance: node.instance.clone(),
             reason,
         };
-        if let Some(nccl) = self.comm.native() {
-            return nccl
-                .run_on_device_in(
-                    call,
-                    input.as_ref().map(|(p, t)| (*p, t)),
-                    (out, &ty),
-                    Some(&self.workspace),
-                )
-                .map_err(|e| op_err(e.to_string()));
-        }
-        let comm = self
-            .comm
-            .communicator()
-            .ok_or_else(|| op_err("no communicator".into()))?;
-        let host_in = match &input {
-            Some((p, t)) => {
-                let mut bytes = vec![0u8; byte_len(t)];
-                self.device.download(*p, &mut bytes)?;
-                Some(Tensor::from_le_bytes(t, &bytes))
-            }
-            None => None,
+        let mut bufs = CudaBuffers {
+            device: self.device.as_ref(),
+            workspace: &self.workspace,
         };
-        let mut result = Tensor::zeros(&ty);
-        run_comm(comm.as_ref(), call, host_in.as_ref(), &mut result, &ty)
-            .map_err(|f| op_err(f.to_string()))?;
-        self.device.upload(out, &result.to_le_bytes())
+        self.comm.run(
+            &mut bufs,
+            call,
+            input.as_ref().map(|(p, t)| (*p, t)),
+            (out, &ty),
+            op_err,
+        )
+    }
+}
+
+/// The executor's device memory as the runtime's [`DeviceComm`] moves it: NCCL's calls on
+/// device pointers, or copies to and from host tensors for the staged path.
+struct CudaBuffers<'a> {
+    device: &'a dyn Device,
+    workspace: &'a ops::Workspace,
+}
+
+impl CommBuffers<NcclComm> for CudaBuffers<'_> {
+    type Buffer = DevPtr;
+    type Error = CudaError;
+
+    fn native_collective(
+        &mut self,
+        nccl: &NcclComm,
+        call: &CommCall,
+        input: Option<(DevPtr, &TensorType)>,
+        out: (DevPtr, &TensorType),
+    ) -> CudaResult<()> {
+        nccl.run_on_device_in(call, input, out, Some(self.workspace))
+    }
+
+    fn native_bucket(&mut self, nccl: &NcclComm, bk: &BucketSpec, flat: DevPtr) -> CudaResult<()> {
+        nccl.all_reduce_on_comm_stream(&bk.group, bk.op, flat, bk.elements, bk.dtype)
+    }
+
+    fn native_transfers(
+        &mut self,
+        nccl: &NcclComm,
+        transfers: &[Transfer<DevPtr>],
+    ) -> CudaResult<()> {
+        nccl.run_transfers(transfers)
+    }
+
+    fn download(&mut self, buf: DevPtr, ty: &TensorType) -> CudaResult<Tensor> {
+        let mut bytes = vec![0u8; byte_len(ty)];
+        self.device.download(buf, &mut bytes)?;
+        Ok(Tensor::from_le_bytes(ty, &bytes))
+    }
+
+    fn upload(&mut self, buf: DevPtr, t: &Tensor) -> CudaResult<()> {
+        self.device.upload(buf, &t.to_le_bytes())
     }
 }
 

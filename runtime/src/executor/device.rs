@@ -42,6 +42,10 @@
 //!   tensors ([`super::comm_call::run_comm`], the one host implementation of a communication
 //!   node), held as one [`DeviceComm`] decided at construction (the caller's choice of
 //!   constructor); the loop only sees [`ExecDevice::collective`] and the bucket hooks.
+//!   The choice between native and staged is made in one place, [`DeviceComm`]'s
+//!   [`DeviceComm::run`], [`DeviceComm::launch_bucket`] and [`DeviceComm::transfers`]: the
+//!   device's hooks call them with a [`CommBuffers`] (its native calls on device buffers,
+//!   and a download and an upload for the staged path) and never branch themselves.
 //!
 //! # What the loop calls, per step
 //!
@@ -60,8 +64,10 @@
 //! as their separate AllReduces would.
 
 use super::comm_call::CommCall;
-use super::schedule::{BucketSpec, MemberSpec};
+use super::schedule::{BucketSpec, MemberSpec, Schedule};
 use crate::error::RuntimeError;
+use crate::tensor::Tensor;
+use shardc_ir::{Graph, TensorType};
 
 /// A device as the run loop drives it (see the module doc). Every hook issues its work in
 /// stream order and may return before the work is done, except where its doc says it waits.
@@ -203,4 +209,166 @@ impl<N: crate::Communicator + 'static> DeviceComm<N> {
             DeviceComm::Staged(c) => c.rank(),
         }
     }
+
+    /// The runs of sends and receives issued as one group ([`Schedule::p2p_runs`]): only a
+    /// device-native communicator groups them; staged, each transfer runs on its own.
+    pub fn p2p_runs(&self, schedule: &Schedule, graph: &Graph) -> Vec<Vec<usize>> {
+        match self {
+            DeviceComm::Native(_) => schedule.p2p_runs(graph),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Runs communication node `call` from `input` into `out`: natively on the device's
+    /// buffers ([`CommBuffers::native_collective`]), or staged: the operand downloaded, the
+    /// call run by [`super::comm_call::run_comm`], the result uploaded. A failure of the
+    /// collective itself is named by `fail` (the reason's text); the device's own errors
+    /// (a copy) pass as they are.
+    pub fn run<D: CommBuffers<N>>(
+        &self,
+        dev: &mut D,
+        call: &CommCall,
+        input: Option<(D::Buffer, &TensorType)>,
+        out: (D::Buffer, &TensorType),
+        fail: impl Fn(String) -> D::Error,
+    ) -> Result<(), D::Error> {
+        let comm = match self {
+            DeviceComm::Native(n) => {
+                return dev
+                    .native_collective(n, call, input, out)
+                    .map_err(|e| fail(e.to_string()))
+            }
+            DeviceComm::Staged(c) => c,
+            DeviceComm::Alone => return Err(fail("no communicator".into())),
+        };
+        let host_in = match input {
+            Some((p, t)) => Some(dev.download(p, t)?),
+            None => None,
+        };
+        let mut result = Tensor::zeros(out.1);
+        super::comm_call::run_comm(comm.as_ref(), call, host_in.as_ref(), &mut result, out.1)
+            .map_err(|f| fail(f.to_string()))?;
+        dev.upload(out.0, &result)
+    }
+
+    /// Launches `bucket`'s AllReduce over its flat buffer `flat`: natively on the
+    /// communication stream after the compute stream's packs
+    /// ([`CommBuffers::native_bucket`]; `Ok(true)`: in flight, the device records its
+    /// event), or staged through the host at once (`Ok(false)`). Failures as in
+    /// [`DeviceComm::run`].
+    pub fn launch_bucket<D: CommBuffers<N>>(
+        &self,
+        dev: &mut D,
+        bucket: &BucketSpec,
+        flat: D::Buffer,
+        fail: impl Fn(String) -> D::Error,
+    ) -> Result<bool, D::Error> {
+        let comm = match self {
+            DeviceComm::Native(n) => {
+                dev.native_bucket(n, bucket, flat)
+                    .map_err(|e| fail(e.to_string()))?;
+                return Ok(true);
+            }
+            DeviceComm::Staged(c) => c,
+            DeviceComm::Alone => return Err(fail("no communicator".into())),
+        };
+        let ty = TensorType::new(bucket.dtype, vec![bucket.elements]);
+        let mut t = dev.download(flat, &ty)?;
+        comm.all_reduce(&bucket.group, bucket.op, &mut t)
+            .map_err(|e| fail(e.to_string()))?;
+        dev.upload(flat, &t)?;
+        Ok(false)
+    }
+
+    /// Issues a run of sends and receives ([`DeviceComm::p2p_runs`]) as one native group
+    /// ([`CommBuffers::native_transfers`]); failures as in [`DeviceComm::run`]. Only a
+    /// device-native communicator has runs; otherwise `fail` names that.
+    pub fn transfers<D: CommBuffers<N>>(
+        &self,
+        dev: &mut D,
+        transfers: &[Transfer<D::Buffer>],
+        fail: impl Fn(String) -> D::Error,
+    ) -> Result<(), D::Error> {
+        match self {
+            DeviceComm::Native(n) => dev
+                .native_transfers(n, transfers)
+                .map_err(|e| fail(e.to_string())),
+            _ => Err(fail(
+                "grouped transfers need a device-native communicator".into(),
+            )),
+        }
+    }
+}
+
+/// One send or receive of a group issued together ([`DeviceComm::transfers`]), on device
+/// buffers `B`.
+#[derive(Debug, Clone)]
+pub struct Transfer<B> {
+    /// `CommCall::Send` or `CommCall::Receive`.
+    pub call: CommCall,
+    /// A send's tensor.
+    pub input: Option<(B, TensorType)>,
+    /// Where the result goes (a send's is its input, as on the CPU).
+    pub out: (B, TensorType),
+}
+
+/// What a device brings so that [`DeviceComm`] chooses between native and staged
+/// collectives in one place: its native calls on device buffers (`N`: NCCL, HCCL) and, for
+/// the staged path, a copy of a buffer to a host tensor and back.
+///
+/// # For the Ascend implementer (HCCL)
+///
+/// Implement it on a small view of the executor (the device handle, its scratch), with
+/// `Buffer` the device address type and `N` the HCCL communicator:
+///
+/// - [`CommBuffers::native_collective`]: the node's collective (`HcclAllReduce`,
+///   `HcclAllGather`, `HcclReduceScatter`, `HcclAlltoAll`, `HcclBroadcast`, `HcclSend` /
+///   `HcclRecv`) from the operand's buffer into the result's, ordered in the compute stream
+///   (finished, in stream order, before the next node).
+/// - [`CommBuffers::native_bucket`]: the bucket's AllReduce in place on its flat buffer, on
+///   the communication stream after the compute stream's packs (the device records the
+///   bucket's event when [`DeviceComm::launch_bucket`] returns `Ok(true)`).
+/// - [`CommBuffers::native_transfers`]: a run of sends and receives as one group
+///   (`HcclGroupStart` / `HcclGroupEnd`, or HCCL's batched send/receive).
+/// - [`CommBuffers::download`] / [`CommBuffers::upload`]: `aclrtMemcpy` device to host and
+///   back, in stream order (a download waits for the work before it).
+///
+/// The hooks return the device's errors; [`DeviceComm`] wraps a native call's failure with
+/// the caller's naming (the node, the bucket) and passes a copy's error on unchanged.
+pub trait CommBuffers<N> {
+    /// A device buffer's address.
+    type Buffer: Copy;
+    /// The device's error.
+    type Error: From<RuntimeError> + std::fmt::Display;
+
+    /// Runs `call` natively from `input` into `out` (device buffers), in stream order.
+    fn native_collective(
+        &mut self,
+        comm: &N,
+        call: &CommCall,
+        input: Option<(Self::Buffer, &TensorType)>,
+        out: (Self::Buffer, &TensorType),
+    ) -> Result<(), Self::Error>;
+
+    /// Launches `bucket`'s AllReduce in place on `flat` on the communication stream, after
+    /// the compute stream's work so far.
+    fn native_bucket(
+        &mut self,
+        comm: &N,
+        bucket: &BucketSpec,
+        flat: Self::Buffer,
+    ) -> Result<(), Self::Error>;
+
+    /// Issues `transfers` (sends and receives) as one native group.
+    fn native_transfers(
+        &mut self,
+        comm: &N,
+        transfers: &[Transfer<Self::Buffer>],
+    ) -> Result<(), Self::Error>;
+
+    /// Copies `buf`, holding a tensor of type `ty`, to the host.
+    fn download(&mut self, buf: Self::Buffer, ty: &TensorType) -> Result<Tensor, Self::Error>;
+
+    /// Copies `t` into `buf`.
+    fn upload(&mut self, buf: Self::Buffer, t: &Tensor) -> Result<(), Self::Error>;
 }

@@ -118,17 +118,8 @@ pub fn why_not_nccl(comm: &dyn Communicator, mine: Option<String>) -> CudaResult
     })
 }
 
-/// One send or receive of a group ([`NcclComm::run_transfers`]): the resolved call, the
-/// input (a send's) and the result's buffer and type.
-#[derive(Clone, Debug)]
-pub struct Transfer {
-    /// `CommCall::Send` or `CommCall::Receive`.
-    pub call: CommCall,
-    /// A send's tensor.
-    pub input: Option<(DevPtr, TensorType)>,
-    /// Where the result goes (a send's is its input, as on the CPU).
-    pub out: (DevPtr, TensorType),
-}
+/// One send or receive of a grouped run ([`NcclComm::run_transfers`]), on device memory.
+pub type Transfer = shardc_runtime::executor::device::Transfer<DevPtr>;
 
 /// The dims of `shape` around `axis` split into `parts`: (pre, d / parts, post).
 fn around(shape: &[usize], axis: usize, parts: usize) -> (usize, usize, usize) {
