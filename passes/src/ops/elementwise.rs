@@ -2,7 +2,7 @@
 //! unary activations (`SiLU` among them), `Cast` and `Dropout`. Their loops are the
 //! (broadcast) result's dimensions; a size-1 broadcast dimension stays whole.
 
-use super::rule::{Cost, Dims, Gradient, OpRule, Operands, Window};
+use super::rule::{Cost, Dims, Gradient, GradientFn, OpRule, Operands, Window};
 use crate::autodiff::emitter::dtype_attr;
 use crate::autodiff::rules::{float, Grads, Rule};
 use crate::infer::context::Cx;
@@ -25,6 +25,37 @@ pub(super) const TRANSCENDENTAL: f64 = 20.0;
 /// rank 0 of `shardc bench strategies --stats`: about a fifth of a softmax per element).
 pub(super) const GELU_WEIGHT: f64 = 8.0;
 
+/// The rule of a broadcasting binary arithmetic op (`Add`, `Sub`, `Mul`, `RealDiv`): numbers
+/// or tensors in, the broadcast result out, the gradient of each operand reduced back to its
+/// shape, one add's work per element.
+const fn arithmetic_rule(op: shardc_ir::OpKind) -> OpRule {
+    OpRule {
+        op,
+        signature: AB_NUM,
+        infer: arithmetic,
+        gradient: Gradient::Rule(|r| r.binary()),
+        differentiable: Operands::All,
+        dims: Dims::Rule(elementwise_dims),
+        cost: Cost::Vector(1.0),
+        window: Window::None,
+    }
+}
+
+/// The rule of a unary activation or function of one tensor (its result has x's type): its
+/// gradient rule and its per-element weight are what differ.
+const fn unary_rule(op: shardc_ir::OpKind, gradient: GradientFn, weight: f64) -> OpRule {
+    OpRule {
+        op,
+        signature: X,
+        infer: |cx| cx.keep(0),
+        gradient: Gradient::Rule(gradient),
+        differentiable: Operands::All,
+        dims: Dims::Rule(elementwise_dims),
+        cost: Cost::Vector(weight),
+        window: Window::None,
+    }
+}
+
 /// `BiasAdd(x, b)`: b along axis 1.
 pub(super) static BIAS_ADD: OpRule = OpRule {
     op: BiasAdd,
@@ -38,172 +69,46 @@ pub(super) static BIAS_ADD: OpRule = OpRule {
 };
 
 /// `Add(a, b)`.
-pub(super) static ADD: OpRule = OpRule {
-    op: Add,
-    signature: AB_NUM,
-    infer: arithmetic,
-    gradient: Gradient::Rule(|r| r.binary()),
-    differentiable: Operands::All,
-    dims: Dims::Rule(elementwise_dims),
-    cost: Cost::Vector(1.0),
-    window: Window::None,
-};
+pub(super) static ADD: OpRule = arithmetic_rule(Add);
 
 /// `Sub(a, b)`.
-pub(super) static SUB: OpRule = OpRule {
-    op: Sub,
-    signature: AB_NUM,
-    infer: arithmetic,
-    gradient: Gradient::Rule(|r| r.binary()),
-    differentiable: Operands::All,
-    dims: Dims::Rule(elementwise_dims),
-    cost: Cost::Vector(1.0),
-    window: Window::None,
-};
+pub(super) static SUB: OpRule = arithmetic_rule(Sub);
 
 /// `Mul(a, b)`.
-pub(super) static MUL: OpRule = OpRule {
-    op: Mul,
-    signature: AB_NUM,
-    infer: arithmetic,
-    gradient: Gradient::Rule(|r| r.binary()),
-    differentiable: Operands::All,
-    dims: Dims::Rule(elementwise_dims),
-    cost: Cost::Vector(1.0),
-    window: Window::None,
-};
+pub(super) static MUL: OpRule = arithmetic_rule(Mul);
 
 /// `RealDiv(a, b)`.
-pub(super) static REAL_DIV: OpRule = OpRule {
-    op: RealDiv,
-    signature: AB_NUM,
-    infer: arithmetic,
-    gradient: Gradient::Rule(|r| r.binary()),
-    differentiable: Operands::All,
-    dims: Dims::Rule(elementwise_dims),
-    cost: Cost::Vector(1.0),
-    window: Window::None,
-};
+pub(super) static REAL_DIV: OpRule = arithmetic_rule(RealDiv);
 
 /// `Neg(x)`.
-pub(super) static NEG: OpRule = OpRule {
-    op: Neg,
-    signature: X,
-    infer: |cx| cx.keep(0),
-    gradient: Gradient::Rule(neg_grad),
-    differentiable: Operands::All,
-    dims: Dims::Rule(elementwise_dims),
-    cost: Cost::Vector(1.0),
-    window: Window::None,
-};
+pub(super) static NEG: OpRule = unary_rule(Neg, neg_grad, 1.0);
 
 /// `Square(x)`.
-pub(super) static SQUARE: OpRule = OpRule {
-    op: Square,
-    signature: X,
-    infer: |cx| cx.keep(0),
-    gradient: Gradient::Rule(square_grad),
-    differentiable: Operands::All,
-    dims: Dims::Rule(elementwise_dims),
-    cost: Cost::Vector(1.0),
-    window: Window::None,
-};
+pub(super) static SQUARE: OpRule = unary_rule(Square, square_grad, 1.0);
 
 /// `Sqrt(x)`.
-pub(super) static SQRT: OpRule = OpRule {
-    op: Sqrt,
-    signature: X,
-    infer: |cx| cx.keep(0),
-    gradient: Gradient::Rule(sqrt_grad),
-    differentiable: Operands::All,
-    dims: Dims::Rule(elementwise_dims),
-    cost: Cost::Vector(TRANSCENDENTAL),
-    window: Window::None,
-};
+pub(super) static SQRT: OpRule = unary_rule(Sqrt, sqrt_grad, TRANSCENDENTAL);
 
 /// `Exp(x)`.
-pub(super) static EXP: OpRule = OpRule {
-    op: Exp,
-    signature: X,
-    infer: |cx| cx.keep(0),
-    gradient: Gradient::Rule(exp_grad),
-    differentiable: Operands::All,
-    dims: Dims::Rule(elementwise_dims),
-    cost: Cost::Vector(TRANSCENDENTAL),
-    window: Window::None,
-};
+pub(super) static EXP: OpRule = unary_rule(Exp, exp_grad, TRANSCENDENTAL);
 
 /// `Log(x)`.
-pub(super) static LOG: OpRule = OpRule {
-    op: Log,
-    signature: X,
-    infer: |cx| cx.keep(0),
-    gradient: Gradient::Rule(log_grad),
-    differentiable: Operands::All,
-    dims: Dims::Rule(elementwise_dims),
-    cost: Cost::Vector(TRANSCENDENTAL),
-    window: Window::None,
-};
+pub(super) static LOG: OpRule = unary_rule(Log, log_grad, TRANSCENDENTAL);
 
 /// `ReLU(x)`.
-pub(super) static RELU: OpRule = OpRule {
-    op: ReLU,
-    signature: X,
-    infer: |cx| cx.keep(0),
-    gradient: Gradient::Rule(relu_grad),
-    differentiable: Operands::All,
-    dims: Dims::Rule(elementwise_dims),
-    cost: Cost::Vector(1.0),
-    window: Window::None,
-};
+pub(super) static RELU: OpRule = unary_rule(ReLU, relu_grad, 1.0);
 
 /// `GeLU(x)`.
-pub(super) static GELU: OpRule = OpRule {
-    op: GeLU,
-    signature: X,
-    infer: |cx| cx.keep(0),
-    gradient: Gradient::Rule(gelu_grad),
-    differentiable: Operands::All,
-    dims: Dims::Rule(elementwise_dims),
-    cost: Cost::Vector(GELU_WEIGHT),
-    window: Window::None,
-};
+pub(super) static GELU: OpRule = unary_rule(GeLU, gelu_grad, GELU_WEIGHT);
 
 /// `Sigmoid(x)`.
-pub(super) static SIGMOID: OpRule = OpRule {
-    op: Sigmoid,
-    signature: X,
-    infer: |cx| cx.keep(0),
-    gradient: Gradient::Rule(sigmoid_grad),
-    differentiable: Operands::All,
-    dims: Dims::Rule(elementwise_dims),
-    cost: Cost::Vector(TRANSCENDENTAL),
-    window: Window::None,
-};
+pub(super) static SIGMOID: OpRule = unary_rule(Sigmoid, sigmoid_grad, TRANSCENDENTAL);
 
 /// `Tanh(x)`.
-pub(super) static TANH: OpRule = OpRule {
-    op: Tanh,
-    signature: X,
-    infer: |cx| cx.keep(0),
-    gradient: Gradient::Rule(tanh_grad),
-    differentiable: Operands::All,
-    dims: Dims::Rule(elementwise_dims),
-    cost: Cost::Vector(TRANSCENDENTAL),
-    window: Window::None,
-};
+pub(super) static TANH: OpRule = unary_rule(Tanh, tanh_grad, TRANSCENDENTAL);
 
 /// `SiLU(x)`: `x * sigmoid(x)`; its gradient is the `SiLUGrad` kernel of x.
-pub(super) static SILU: OpRule = OpRule {
-    op: SiLU,
-    signature: X,
-    infer: |cx| cx.keep(0),
-    gradient: Gradient::Rule(silu_grad),
-    differentiable: Operands::All,
-    dims: Dims::Rule(elementwise_dims),
-    cost: Cost::Vector(TRANSCENDENTAL),
-    window: Window::None,
-};
+pub(super) static SILU: OpRule = unary_rule(SiLU, silu_grad, TRANSCENDENTAL);
 
 /// `Cast(x)` to `dst_type`.
 pub(super) static CAST: OpRule = OpRule {
