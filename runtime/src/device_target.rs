@@ -18,11 +18,14 @@ pub enum DeviceTarget {
     /// The CUDA backend's kernels emulated on the host, collectives through the cluster's
     /// communicator (for tests on machines without a GPU).
     GpuEmulated,
+    /// A Huawei Ascend NPU through AscendCL and aclnn; collectives through HCCL. The CANN
+    /// libraries are opened at run time (`ASCEND_HOME_PATH`, `SHARDC_ASCEND_LIB_DIRS`).
+    Ascend {
+        /// The NPU; None: `DEVICE_ID`, else the rank table's device of this rank, else the
+        /// rank on its host modulo the NPUs (MindSpore's `device_id`).
+        device_id: Option<usize>,
+    },
 }
-
-/// Why `Ascend` is refused (the backend is not built yet).
-pub const ASCEND_NOT_BUILT: &str =
-    "the Ascend backend is not built; shardc runs on CPU and on NVIDIA GPUs (CPU or GPU)";
 
 /// A device target name that is not one.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -39,12 +42,17 @@ impl DeviceTarget {
     pub fn is_gpu(self) -> bool {
         matches!(self, DeviceTarget::Gpu { .. } | DeviceTarget::GpuEmulated)
     }
+
+    /// Whether the Ascend backend runs the graphs.
+    pub fn is_ascend(self) -> bool {
+        matches!(self, DeviceTarget::Ascend { .. })
+    }
 }
 
 impl FromStr for DeviceTarget {
     type Err = DeviceTargetError;
 
-    /// `CPU`, `GPU` (any case), `GPU-emulated`; `Ascend` is refused with the reason.
+    /// `CPU`, `GPU`, `GPU-emulated`, `Ascend` (any case).
     fn from_str(s: &str) -> Result<Self, DeviceTargetError> {
         let refuse = |reason: &str| DeviceTargetError {
             name: s.to_string(),
@@ -54,8 +62,8 @@ impl FromStr for DeviceTarget {
             "cpu" => Ok(DeviceTarget::Cpu),
             "gpu" => Ok(DeviceTarget::Gpu { device_id: None }),
             "gpu-emulated" => Ok(DeviceTarget::GpuEmulated),
-            "ascend" => Err(refuse(ASCEND_NOT_BUILT)),
-            _ => Err(refuse("expected CPU, GPU or GPU-emulated")),
+            "ascend" => Ok(DeviceTarget::Ascend { device_id: None }),
+            _ => Err(refuse("expected CPU, GPU, GPU-emulated or Ascend")),
         }
     }
 }
@@ -69,6 +77,10 @@ impl fmt::Display for DeviceTarget {
                 device_id: Some(id),
             } => write!(f, "GPU (device {id})"),
             DeviceTarget::GpuEmulated => f.write_str("GPU-emulated"),
+            DeviceTarget::Ascend { device_id: None } => f.write_str("Ascend"),
+            DeviceTarget::Ascend {
+                device_id: Some(id),
+            } => write!(f, "Ascend (device {id})"),
         }
     }
 }
@@ -78,16 +90,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn names_parse_and_ascend_is_refused_with_the_reason() {
+    fn names_parse_and_an_unknown_one_is_refused_with_the_choices() {
         assert_eq!("cpu".parse(), Ok(DeviceTarget::Cpu));
         assert_eq!("GPU".parse(), Ok(DeviceTarget::Gpu { device_id: None }));
         assert_eq!("GPU-emulated".parse(), Ok(DeviceTarget::GpuEmulated));
-        let e = "Ascend".parse::<DeviceTarget>().unwrap_err().to_string();
-        assert!(e.contains("the Ascend backend is not built"), "{e}");
+        assert_eq!(
+            "Ascend".parse(),
+            Ok(DeviceTarget::Ascend { device_id: None })
+        );
+        assert_eq!(
+            "ascend".parse::<DeviceTarget>().map(|t| t.is_ascend()),
+            Ok(true)
+        );
         let e = "TPU".parse::<DeviceTarget>().unwrap_err().to_string();
         assert_eq!(
             e,
-            "device_target \"TPU\": expected CPU, GPU or GPU-emulated"
+            "device_target \"TPU\": expected CPU, GPU, GPU-emulated or Ascend"
         );
         assert!(DeviceTarget::GpuEmulated.is_gpu() && !DeviceTarget::Cpu.is_gpu());
     }

@@ -16,9 +16,17 @@
 //! | `SHARDC_HEARTBEAT_INTERVAL_MS` | heartbeat period in milliseconds (default 500) |
 //! | `SHARDC_HEARTBEAT_TIMEOUT` | seconds without a heartbeat before a peer is lost (default 10) |
 //! | `SHARDC_HOST_ID` | overrides the detected host id |
+//! | `RANK_TABLE_FILE`, `RANK_ID`, `RANK_SIZE` | an Ascend job started by hand, one process per NPU (see below) |
 //!
 //! Under `mpirun` without `MS_ROLE`, every process is a worker and the one with rank 0 also
 //! runs the scheduler ([`ClusterEnv::embed_scheduler`]) at `MS_SCHED_HOST:MS_SCHED_PORT`.
+//!
+//! Started as MindSpore's Ascend tutorials start a job (a script that starts one process per
+//! NPU with `RANK_TABLE_FILE`, `RANK_ID`, `RANK_SIZE` and `DEVICE_ID`, no `MS_ROLE`, no
+//! `mpirun`), every process is a worker of rank `RANK_ID`, and rank 0 also runs the scheduler,
+//! by default on the server of rank 0 in the table ([`super::rank_table`]) at port
+//! `MS_SCHED_PORT` (8118 when unset). The table also gives the rank's place on its server
+//! (its local rank).
 
 use super::auth::Token;
 use super::ClusterError;
@@ -48,6 +56,9 @@ pub enum Launcher {
     DynamicCluster,
     /// `mpirun` (Open MPI's `OMPI_COMM_WORLD_*` or a PMI's `PMI_*`), without `MS_ROLE`.
     Mpi,
+    /// A process per NPU started by hand with MindSpore's rank table (`RANK_TABLE_FILE`,
+    /// `RANK_ID`, `RANK_SIZE`), without `MS_ROLE` or `mpirun`.
+    RankTable,
 }
 
 /// The control plane's timeouts.
@@ -150,8 +161,12 @@ impl ClusterEnv {
         let mpi_rank = first_usize(&get, &["OMPI_COMM_WORLD_RANK", "PMI_RANK"])?;
         let mpi_size = first_usize(&get, &["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"])?;
         let role_var = get("MS_ROLE");
+        let table_var = get("RANK_TABLE_FILE");
         if role_var.is_none() && mpi_rank.is_none() && mpi_size.is_none() {
-            return Ok(None);
+            return match table_var {
+                Some(file) => Self::from_rank_table(&get, file.trim()).map(Some),
+                None => Ok(None),
+            };
         }
         let (role, launcher) = match role_var.as_deref().map(str::trim) {
             Some("MS_SCHED") => (Role::Scheduler, Launcher::DynamicCluster),
@@ -194,7 +209,7 @@ impl ClusterEnv {
                             "it is required with MS_ROLE={} (the number of workers, a positive integer)",
                             role_var.as_deref().unwrap_or_default().trim()
                         ),
-                        Launcher::Mpi => "it is required under mpirun when neither OMPI_COMM_WORLD_SIZE nor PMI_SIZE is set".into(),
+                        Launcher::Mpi | Launcher::RankTable => "it is required under mpirun when neither OMPI_COMM_WORLD_SIZE nor PMI_SIZE is set".into(),
                     },
                 })
             }
@@ -221,7 +236,7 @@ impl ClusterEnv {
                 }
             }
             None => match launcher {
-                Launcher::Mpi => DEFAULT_MPI_SCHED_PORT,
+                Launcher::Mpi | Launcher::RankTable => DEFAULT_MPI_SCHED_PORT,
                 Launcher::DynamicCluster => {
                     return Err(ClusterError::MissingEnv {
                         var: "MS_SCHED_PORT".into(),
@@ -330,6 +345,72 @@ impl ClusterEnv {
             timeouts,
             host_id: get("SHARDC_HOST_ID").map(|s| s.trim().to_string()),
         }))
+    }
+}
+
+impl ClusterEnv {
+    /// A worker of a job started by hand with MindSpore's rank table (see the module doc):
+    /// `RANK_ID` (or `SHARDC_RANK`) and `RANK_SIZE` are required, the size must be the
+    /// table's, and rank 0 runs the scheduler on its table server unless `MS_SCHED_HOST` says
+    /// otherwise.
+    fn from_rank_table(get: &Lookup<'_>, file: &str) -> Result<ClusterEnv, ClusterError> {
+        let table = super::rank_table::RankTable::from_file(std::path::Path::new(file))?;
+        let size = match get("RANK_SIZE") {
+            Some(v) => positive(&v, "RANK_SIZE")?,
+            None => {
+                return Err(ClusterError::MissingEnv {
+                    var: "RANK_SIZE".into(),
+                    reason: format!(
+                        "it is required with RANK_TABLE_FILE={file} (the number of ranks, {} in the table)",
+                        table.size()
+                    ),
+                })
+            }
+        };
+        if size != table.size() {
+            return Err(invalid(
+                "RANK_SIZE",
+                &size.to_string(),
+                &format!("the rank table {file} lists {} device(s)", table.size()),
+            ));
+        }
+        let (rank, rank_var) = match (get("SHARDC_RANK"), get("RANK_ID")) {
+            (Some(v), _) => (nonneg(&v, "SHARDC_RANK")?, "SHARDC_RANK"),
+            (None, Some(v)) => (nonneg(&v, "RANK_ID")?, "RANK_ID"),
+            (None, None) => {
+                return Err(ClusterError::MissingEnv {
+                    var: "RANK_ID".into(),
+                    reason: format!(
+                        "it is required with RANK_TABLE_FILE={file} (this process's rank)"
+                    ),
+                })
+            }
+        };
+        let place = table.place(rank).ok_or_else(|| {
+            invalid(
+                rank_var,
+                &rank.to_string(),
+                &format!("the rank must be below RANK_SIZE ({size})"),
+            )
+        })?;
+        let root = table.place(0).map(|p| p.server_id).unwrap_or_default();
+        let mut env = ClusterEnv::from_vars(&|name| match name {
+            // Read the rest as a worker under mpirun would be, then mark it ours.
+            "OMPI_COMM_WORLD_RANK" => Some(rank.to_string()),
+            "OMPI_COMM_WORLD_SIZE" => Some(size.to_string()),
+            "OMPI_COMM_WORLD_LOCAL_RANK" => Some(place.local_rank.to_string()),
+            "MS_SCHED_HOST" => get("MS_SCHED_HOST").or_else(|| Some(root.clone())),
+            "SHARDC_RANK" | "PMI_RANK" | "PMI_SIZE" | "MPI_LOCALRANKID" | "MS_ROLE"
+            | "RANK_TABLE_FILE" | "MS_WORKER_NUM" => None,
+            other => get(other),
+        })?
+        .ok_or_else(|| ClusterError::InvalidConfig {
+            what: "the rank table job".into(),
+            value: file.to_string(),
+            reason: "it names no worker".into(),
+        })?;
+        env.launcher = Launcher::RankTable;
+        Ok(env)
     }
 }
 
@@ -549,6 +630,63 @@ mod tests {
             ("SHARDC_ENABLE_SSL", "true")
         ])
         .starts_with("environment variable SHARDC_SSL_CONFIG is not set"));
+    }
+
+    #[test]
+    fn a_rank_table_job_gives_each_process_its_rank_and_rank_zero_the_scheduler() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("hccl_2s.json");
+        std::fs::write(
+            &file,
+            r#"{"version": "1.0", "server_count": "2", "server_list": [
+                {"server_id": "10.0.0.1", "device": [
+                    {"device_id": "0", "device_ip": "192.168.1.1", "rank_id": "0"},
+                    {"device_id": "1", "device_ip": "192.168.1.2", "rank_id": "1"}]},
+                {"server_id": "10.0.0.2", "device": [
+                    {"device_id": "4", "device_ip": "192.168.1.3", "rank_id": "2"}]}],
+                "status": "completed"}"#,
+        )
+        .unwrap();
+        let f = file.to_str().unwrap();
+        let e = env(&[("RANK_TABLE_FILE", f), ("RANK_ID", "2"), ("RANK_SIZE", "3")])
+            .unwrap()
+            .unwrap();
+        assert_eq!(e.launcher, Launcher::RankTable);
+        assert_eq!((e.requested_rank, e.worker_num), (Some(2), 3));
+        assert_eq!(e.local_rank, Some(0));
+        assert!(!e.embed_scheduler);
+        assert_eq!(e.sched_addr(), "10.0.0.1:8118");
+        let e = env(&[
+            ("RANK_TABLE_FILE", f),
+            ("RANK_ID", "0"),
+            ("RANK_SIZE", "3"),
+            ("MS_SCHED_HOST", "127.0.0.1"),
+            ("MS_SCHED_PORT", "9000"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert!(e.embed_scheduler);
+        assert_eq!(e.sched_addr(), "127.0.0.1:9000");
+
+        assert_eq!(
+            err(&[("RANK_TABLE_FILE", f), ("RANK_ID", "0"), ("RANK_SIZE", "8")]),
+            "environment variable RANK_SIZE=\"8\" is invalid: the rank table ".to_string()
+                + f
+                + " lists 3 device(s)"
+        );
+        assert!(
+            err(&[("RANK_TABLE_FILE", f), ("RANK_SIZE", "3")]).starts_with(
+                "environment variable RANK_ID is not set: it is required with RANK_TABLE_FILE="
+            )
+        );
+        assert!(
+            err(&[("RANK_TABLE_FILE", f), ("RANK_ID", "3"), ("RANK_SIZE", "3")])
+                .contains("RANK_ID=\"3\" is invalid: the rank must be below RANK_SIZE (3)")
+        );
+        assert!(
+            err(&[("RANK_TABLE_FILE", "/nonexistent/t.json"), ("RANK_ID", "0")])
+                .starts_with("rank table /nonexistent/t.json: cannot read it")
+        );
     }
 
     #[test]

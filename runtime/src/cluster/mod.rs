@@ -3,6 +3,8 @@
 //!
 //! - [`env`](mod@env): the environment (`MS_ROLE`, `MS_WORKER_NUM`, `MS_SCHED_HOST`, `MS_SCHED_PORT`,
 //!   `OMPI_COMM_WORLD_*`, `PMI_*`, the token, the timeouts) as a [`ClusterEnv`].
+//! - [`rank_table`]: MindSpore's rank table file (`RANK_TABLE_FILE`) for Ascend jobs started
+//!   by hand: each rank's server, NPU and local rank.
 //! - [`frame`]: the control protocol's frames and messages; a pure, fuzzable decoder.
 //! - [`auth`]: the shared [`Token`] and the HMAC-SHA256 challenge-response.
 //! - [`scheduler`]: the [`Scheduler`]: accepts and authenticates workers, assigns ranks, sends
@@ -30,6 +32,7 @@
 pub mod auth;
 pub mod env;
 pub mod frame;
+pub mod rank_table;
 pub mod scheduler;
 pub mod tls;
 pub mod worker;
@@ -37,6 +40,7 @@ pub mod worker;
 pub use auth::Token;
 pub use env::{ClusterEnv, Launcher, Role, Timeouts, TlsEnv};
 pub use frame::{FrameError, Message, PeerEntry};
+pub use rank_table::{npu_of_rank, RankPlace, RankTable};
 pub use scheduler::{
     JobReport, Logger, Scheduler, SchedulerConfig, SchedulerHandle, WorkerSummary,
 };
@@ -67,6 +71,14 @@ pub enum ClusterError {
         /// Its value.
         value: String,
         /// What was expected.
+        reason: String,
+    },
+    /// The rank table file (`RANK_TABLE_FILE`) cannot be used.
+    #[error("rank table {file}: {reason}")]
+    RankTable {
+        /// The file.
+        file: String,
+        /// What is wrong with it.
         reason: String,
     },
     /// The cluster token (or its file) cannot be used.
