@@ -60,6 +60,20 @@ pub fn init() -> Result<Communication, TrainError> {
     init_with(CommKind::Native)
 }
 
+/// MindSpore's `init(backend_name)`: `"hccl"` (Ascend), `"nccl"` (GPU) or `"mccl"` (CPU)
+/// join the cluster as [`init`] does; the name says which device collectives the job's
+/// models use, and a `Model` with `device_target="Ascend"` (or `"GPU"`) runs them through
+/// HCCL (or NCCL), bootstrapped over the joined communicator. Any other name is an error
+/// naming it.
+pub fn init_backend(backend_name: &str) -> Result<Communication, TrainError> {
+    match backend_name {
+        "hccl" | "nccl" | "mccl" => init(),
+        other => Err(TrainError::Cluster(format!(
+            "init({other:?}): unknown communication backend: expected \"hccl\" (Ascend), \"nccl\" (GPU) or \"mccl\" (CPU)"
+        ))),
+    }
+}
+
 /// [`init`] with a chosen communicator: `CommKind::Mpi` under `mpirun` (a build with the
 /// `mpi` feature); MindSpore's `init("nccl")` is the CUDA backend's, not this one.
 pub fn init_with(kind: CommKind) -> Result<Communication, TrainError> {

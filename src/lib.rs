@@ -8,6 +8,7 @@
 pub mod communication;
 pub mod train;
 
+pub use shardc_backend_ascend as ascend;
 pub use shardc_backend_cpu as cpu;
 pub use shardc_backend_cuda as cuda;
 pub use shardc_collectives as collectives;

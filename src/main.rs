@@ -5,7 +5,7 @@
 
 use clap::{Parser, Subcommand};
 use shardc_tools::{
-    ckpt, closed_output, cluster_run, commands, data_cmd, explain, gen_cmd, gpu, launch, run_args,
+    ckpt, closed_output, cluster_run, commands, data_cmd, device_cmd, explain, gen_cmd, gpu, launch, run_args,
     verify, zoo_cmd,
 };
 
@@ -70,6 +70,9 @@ enum Command {
     Ckpt(ckpt::CkptArgs),
     /// The CUDA backend: `gpu info` lists the CUDA libraries found, the GPUs and NCCL.
     Gpu(gpu::GpuArgs),
+    /// Every device backend: `device info` lists the libraries found for CUDA and for
+    /// Ascend (CANN: AscendCL, aclnn, HCCL), the GPUs and the NPUs.
+    Device(device_cmd::DeviceCmdArgs),
 }
 
 /// Exits with [`run`]'s status.
@@ -113,6 +116,9 @@ fn run() -> i32 {
         Command::Gen(a) => gen_cmd::gen(a),
         Command::Gpu(a) => match a.command {
             gpu::GpuCommand::Info => gpu::info(),
+        },
+        Command::Device(a) => match a.command {
+            device_cmd::DeviceCommand::Info => device_cmd::info(),
         },
     };
     match result {

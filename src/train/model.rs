@@ -298,6 +298,19 @@ impl Model {
                     TrainError::Cluster(format!("Model({}) on the GPU: {e}", self.name))
                 })?,
             ),
+            DeviceTarget::Ascend { device_id } => Box::new(
+                shardc_tools::ascend::ascend_executor(
+                    device_id,
+                    graph,
+                    backend,
+                    comm,
+                    true,
+                    local_rank(),
+                )
+                .map_err(|e| {
+                    TrainError::Cluster(format!("Model({}) on Ascend: {e:#}", self.name))
+                })?,
+            ),
             DeviceTarget::GpuEmulated => Box::new(
                 gpu_executor(GpuChoice::Emulated, graph, backend, comm, true, None).map_err(
                     |e| {

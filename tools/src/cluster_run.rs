@@ -268,6 +268,9 @@ pub fn run_rank(a: &RunArgs, role: ClusterRole) -> Result<()> {
 }
 
 fn train_rank(a: &RunArgs, art: Artifact, joined: &Joined) -> Result<()> {
+    if a.device.target().is_ascend() {
+        return crate::ascend::train_rank(a, art, joined.comm.clone(), joined.local_rank());
+    }
     if a.device.target().is_gpu() {
         return crate::gpu::train_rank(a, art, joined.comm.clone(), joined.local_rank());
     }

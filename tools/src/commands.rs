@@ -269,6 +269,9 @@ pub fn run(a: &RunArgs) -> Result<()> {
     if a.device.target().is_gpu() {
         return crate::gpu::run(a, art);
     }
+    if a.device.target().is_ascend() {
+        return crate::ascend::run(a, art);
+    }
     if art.device_num() > 1 {
         return run_ranks_in_process(a, art);
     }

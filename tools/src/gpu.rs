@@ -9,8 +9,11 @@
 //! staged through that communicator (`--gpu-comm host`). `--gpu emulator` runs the same
 //! kernels on the host C++ emulator (for testing on machines without a GPU).
 
+use crate::device_run::{
+    check_world, join_ranks, synthetic_only, train_cluster_rank, train_in_process, train_one,
+    DeviceExecutor,
+};
 use crate::run_args::{GpuComm, GpuKind, RunArgs};
-use crate::training::{after_step, print_loss, rank_block, save_after};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use shardc_backend_cpu::CpuBackend;
@@ -21,8 +24,7 @@ use shardc_backend_cuda::nccl::NcclComm;
 use shardc_backend_cuda::{Device, GpuExecutor};
 use shardc_ir::artifact::Artifact;
 use shardc_ir::Graph;
-use shardc_runtime::data::synthetic::SyntheticData;
-use shardc_runtime::{Communicator, InProcessWorld, Tensor};
+use shardc_runtime::{Communicator, InProcessWorld};
 use std::sync::Arc;
 
 /// The real GPU `ordinal`, or the clear error of a machine without one.
@@ -35,36 +37,6 @@ fn open_cuda(ordinal: usize) -> Result<Arc<CudaDevice>> {
 fn emulator() -> Result<Arc<dyn Device>> {
     let d = EmulatedDevice::new(64).map_err(|e| anyhow!("--gpu emulator: {e}"))?;
     Ok(Arc::new(d))
-}
-
-fn synthetic_only(a: &RunArgs) -> Result<()> {
-    if a.mnist.is_some() {
-        bail!("--device-target GPU trains on synthetic data here (--mnist runs on the CPU)");
-    }
-    Ok(())
-}
-
-/// Loads rank `rank`'s file of the newest complete checkpoint step into `exec` (every rank
-/// reads the same directory and picks the same step); returns the step to continue from.
-fn resume(
-    a: &RunArgs,
-    art: &Artifact,
-    exec: &mut GpuExecutor,
-    rank: usize,
-    size: usize,
-) -> Result<u64> {
-    let Some(dir) = &a.checkpoint.resume_from else {
-        return Ok(0);
-    };
-    let ranks = crate::ckpt::RankWeights::Program(&art.program);
-    let who = if size > 1 {
-        format!("rank {rank}: ")
-    } else {
-        String::new()
-    };
-    let mut rp = crate::ckpt::resume_point(dir, &ranks, &|r| r == rank, &who, a.steps)?;
-    crate::ckpt::apply(&mut rp, rank, size, exec)?;
-    Ok(rp.step)
 }
 
 fn host_backend(a: &RunArgs) -> Arc<CpuBackend> {
@@ -83,98 +55,16 @@ pub fn run(a: &RunArgs, art: Artifact) -> Result<()> {
         GpuKind::Emulator => emulator()?,
     };
     println!("device: {}", dev.description());
-    let per_epoch = a.steps_per_epoch.unwrap_or(a.data_pool as u64).max(1);
     if art.device_num() == 1 {
         let graph = art.rank_graph(0)?;
-        let data = SyntheticData::new(&graph, a.seed, a.data_pool)?;
-        let mut exec = GpuExecutor::new(graph, dev, host_backend(a))?;
-        exec.set_profiling(a.stats);
-        let start = resume(a, &art, &mut exec, 0, 1)?;
-        let saver = crate::ckpt::Saver::new(&a.checkpoint, &art.manifest.model, per_epoch, 0, 1)?;
-        if let Some(s) = &saver {
-            s.write_strategy(&a.artifact, &art)?;
-        }
-        shardc_runtime::train_steps(
-            &mut exec,
-            start..a.steps,
-            |step| Ok::<_, anyhow::Error>(Some(data.feeds(step))),
-            |step, out, exec| after_step(step, &out, exec, per_epoch, saver.as_ref(), a.steps),
-        )?;
-        if a.stats {
-            println!("{}", exec.memory_plan().summary());
-            println!("{}", exec.stats().summary());
-        }
-        return Ok(());
+        let exec = GpuExecutor::new(graph, dev, host_backend(a))?;
+        return train_one(a, &art, exec);
     }
     // Several ranks in threads: a device each with NCCL between them where there are enough
     // GPUs (or emulated devices), else all on one device, collectives staged through the
-    // host. As on the CPU, every rank loads its file of the newest complete checkpoint step
-    // (before any rank runs, so none saves and prunes first) and saves its own.
-    let (data, inputs) = crate::training::distributed_data(a, &art)?;
-    let n = art.device_num();
-    let mut execs = in_process_executors(a, &art, dev)?;
-    let mut start = 0;
-    for (rank, exec) in execs.iter_mut().enumerate() {
-        // No profiling here: the ranks' marks would interleave on a shared device.
-        start = resume(a, &art, exec, rank, n)?;
-    }
-    let savers: Vec<Option<crate::ckpt::Saver>> = (0..n)
-        .map(|r| crate::ckpt::Saver::new(&a.checkpoint, &art.manifest.model, per_epoch, r, n))
-        .collect::<Result<_>>()?;
-    if let Some(Some(s)) = savers.first() {
-        s.write_strategy(&a.artifact, &art)?;
-    }
-    let results: Vec<Result<(Vec<Vec<Tensor>>, String)>> = std::thread::scope(|s| {
-        let handles: Vec<_> = execs
-            .into_iter()
-            .zip(&savers)
-            .enumerate()
-            .map(|(rank, (mut exec, saver))| {
-                let (data, inputs) = (&data, &inputs);
-                s.spawn(move || -> Result<(Vec<Vec<Tensor>>, String)> {
-                    let mut outs = Vec::new();
-                    shardc_runtime::train_steps(
-                        &mut exec,
-                        start..a.steps,
-                        |step| rank_block(data.feeds(step), inputs, rank).map(Some),
-                        |_, out, exec| {
-                            outs.push(out);
-                            save_after(exec, saver.as_ref(), a.steps)
-                        },
-                    )
-                    .with_context(|| format!("rank {rank}"))?;
-                    Ok((outs, exec.stats().summary()))
-                })
-            })
-            .collect();
-        join_ranks(handles)
-    });
-    let mut rank0 = None;
-    for (rank, r) in results.into_iter().enumerate() {
-        let r = r?;
-        if rank == 0 {
-            rank0 = Some(r);
-        }
-    }
-    let (outs, summary) = rank0.context("no rank ran")?;
-    for (i, o) in outs.iter().enumerate() {
-        print_loss(o, start + i as u64, per_epoch)?;
-    }
-    if a.stats {
-        println!("rank 0: {summary}");
-    }
-    Ok(())
-}
-
-/// The results of rank threads, by rank (a panicked thread as an error).
-fn join_ranks<T>(handles: Vec<std::thread::ScopedJoinHandle<'_, Result<T>>>) -> Vec<Result<T>> {
-    handles
-        .into_iter()
-        .map(|h| {
-            h.join()
-                .unwrap_or_else(|_| Err(anyhow!("a rank thread panicked")))
-        })
-        .collect()
+    // host.
+    let execs = in_process_executors(a, &art, dev)?;
+    train_in_process(a, &art, execs)
 }
 
 /// The executors of in-process ranks: with `--gpu-comm nccl` (the default), a device each and
@@ -264,19 +154,12 @@ pub fn train_rank(
 ) -> Result<()> {
     synthetic_only(a)?;
     let (rank, size) = (comm.rank(), comm.size());
-    if art.device_num() != size {
-        bail!(
-            "{}: the artifact is compiled for {} rank(s) but the job has {size} workers: compile with --device-num {size}",
-            a.artifact.display(),
-            art.device_num()
-        );
-    }
-    let (data, inputs) = crate::training::distributed_data(a, &art)?;
+    check_world(a, &art, size)?;
     let graph: Graph = art
         .rank_graph(rank)
         .with_context(|| format!("rank {rank}: materializing its graph"))?;
     let cluster = comm.clone();
-    let mut exec = match a.device.gpu {
+    let exec = match a.device.gpu {
         GpuKind::Emulator if a.device.gpu_comm == GpuComm::Nccl && size > 1 => {
             // One process per rank: NCCL emulated over the cluster's communicator.
             let dev =
@@ -330,32 +213,17 @@ pub fn train_rank(
             }
         }
     };
-    let per_epoch = a.steps_per_epoch.unwrap_or(a.data_pool as u64).max(1);
-    // As on the CPU: every rank picks the same newest complete step, loads its own file, and
-    // no rank saves (and prunes) before all have loaded.
-    exec.set_profiling(a.stats);
-    let start = resume(a, &art, &mut exec, rank, size)?;
-    if a.checkpoint.resume_from.is_some() {
-        let all: Vec<usize> = (0..size).collect();
-        cluster.barrier(&all).map_err(|e| {
-            anyhow!("rank {rank}: waiting for every rank to load its checkpoint: {e}")
-        })?;
+    train_cluster_rank(a, &art, exec, cluster)
+}
+
+impl DeviceExecutor for GpuExecutor {
+    fn set_profiling(&mut self, on: bool) {
+        GpuExecutor::set_profiling(self, on);
     }
-    let saver = crate::ckpt::Saver::new(&a.checkpoint, &art.manifest.model, per_epoch, rank, size)?;
-    if let Some(s) = &saver {
-        s.write_strategy(&a.artifact, &art)?;
+
+    fn stats_summary(&self) -> String {
+        self.stats().summary()
     }
-    shardc_runtime::train_steps(
-        &mut exec,
-        start..a.steps,
-        |step| rank_block(data.feeds(step), &inputs, rank).map(Some),
-        |step, out, exec| after_step(step, &out, exec, per_epoch, saver.as_ref(), a.steps),
-    )
-    .with_context(|| format!("rank {rank}"))?;
-    if a.stats {
-        println!("{}", exec.stats().summary());
-    }
-    Ok(())
 }
 
 /// Arguments of `shardc gpu`.

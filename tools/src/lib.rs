@@ -3,7 +3,8 @@
 //! Subcommands: `compile` (a `.ir` model to an artifact directory), `run` (train an artifact on
 //! seeded data or MNIST; a multi-rank artifact runs all ranks in this process), `print` (show a
 //! model or an artifact as text IR), `verify` (distributed equals single device, on a model),
-//! `explain`, `launch`, `scheduler`, `check-collectives`, `data`, `zoo`, `gen`, `ckpt`, `gpu`.
+//! `explain`, `launch`, `scheduler`, `check-collectives`, `data`, `zoo`, `gen`, `ckpt`, `gpu`,
+//! `device`.
 //! A subcommand's module holds its arguments (clap) and the function that runs it; the others
 //! are shared ([`in_process`]: all ranks as threads, [`plan_compare`], [`parallel_args`]: the
 //! parallel flags, [`closed_output`]). The command line itself (the `Cli` parser and the
@@ -13,11 +14,14 @@
 
 #![warn(missing_docs)]
 
+pub mod ascend;
 pub mod ckpt;
 pub mod closed_output;
 pub mod cluster_run;
 pub mod commands;
 pub mod data_cmd;
+pub mod device_cmd;
+pub mod device_run;
 pub mod explain;
 pub mod gen_cmd;
 pub mod gpu;

@@ -75,13 +75,23 @@ pub enum GpuComm {
     Host,
 }
 
+/// How a cluster rank's collectives reach the other NPUs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum NpuComm {
+    /// HCCL, its root info handed out over the cluster's communicator.
+    Hccl,
+    /// The cluster's communicator (`--comm`), tensors staged through host memory.
+    Host,
+}
+
 /// The device flags of `shardc run`.
 #[derive(Args, Debug, Clone)]
 pub struct DeviceArgs {
-    /// Where to run: CPU (default) or GPU (the CUDA backend).
+    /// Where to run: CPU (default), GPU (the CUDA backend) or Ascend (AscendCL, aclnn, HCCL).
     #[arg(long, default_value = "CPU", value_parser = device_target_parser())]
     pub device_target: DeviceTarget,
-    /// The GPU to use (default: the rank on this host modulo the GPUs, 0 for one device).
+    /// The GPU or NPU to use (default: on Ascend `DEVICE_ID`, else the rank table's device
+    /// (`RANK_TABLE_FILE`); else the rank on this host modulo the devices, 0 for one device).
     #[arg(long)]
     pub device_id: Option<usize>,
     /// `cuda` (a real GPU) or `emulator` (the GPU kernels emulated on the host, for tests).
@@ -90,14 +100,21 @@ pub struct DeviceArgs {
     /// Collectives of a cluster rank on the GPU: `nccl` or `host` (staged through `--comm`).
     #[arg(long, value_enum, default_value_t = GpuComm::Nccl)]
     pub gpu_comm: GpuComm,
+    /// Collectives of a cluster rank on Ascend: `hccl` or `host` (staged through `--comm`).
+    #[arg(long, value_enum, default_value_t = NpuComm::Hccl)]
+    pub npu_comm: NpuComm,
 }
 
 impl DeviceArgs {
     /// The device target these flags name: `--device-target GPU` with `--gpu emulator` is
-    /// the emulated GPU, with `--gpu cuda` the GPU `--device-id`.
+    /// the emulated GPU, with `--gpu cuda` the GPU `--device-id`; `Ascend` the NPU
+    /// `--device-id`.
     pub fn target(&self) -> DeviceTarget {
         match (self.device_target, self.gpu) {
             (DeviceTarget::Cpu, _) => DeviceTarget::Cpu,
+            (DeviceTarget::Ascend { .. }, _) => DeviceTarget::Ascend {
+                device_id: self.device_id,
+            },
             (_, GpuKind::Emulator) => DeviceTarget::GpuEmulated,
             (_, GpuKind::Cuda) => DeviceTarget::Gpu {
                 device_id: self.device_id,
@@ -107,7 +124,7 @@ impl DeviceArgs {
 }
 
 /// `--device-target`: CPU, GPU or Ascend (any case), parsed into the runtime's
-/// [`DeviceTarget`] (Ascend is refused with the reason).
+/// [`DeviceTarget`].
 fn device_target_parser() -> impl clap::builder::TypedValueParser<Value = DeviceTarget> {
     use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
     PossibleValuesParser::new([
