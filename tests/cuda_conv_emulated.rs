@@ -10,6 +10,7 @@
 
 mod gpu_common;
 
+use gpu_common::device_common::small_resnet18;
 use gpu_common::{close, compare_on_with, kernel_test_device, momentum, train};
 use shardc::compiler::builder::{BuildError, GraphBuilder, Value};
 use shardc::compiler::loss::SoftmaxCrossEntropyWithLogits;
@@ -66,55 +67,6 @@ fn lenet_runs_convolutions_and_pools_on_the_device() {
         assert_on_device(&s, &["MaxPool", "MaxPoolGrad"]);
         assert!(!s.contains("host:"), "{s}");
     }
-}
-
-/// `zoo::resnet18_cifar`'s structure (a 3x3 stem, four stages of two BasicBlocks, strides 2
-/// with 1x1 down-sampling shortcuts, global average pooling) on CIFAR's 32x32 images at
-/// widths 8, 8, 16, 24, 32: the zoo's net has no width option, and at full width the
-/// emulated GEMMs take minutes.
-struct SmallResNet18;
-
-impl Cell for SmallResNet18 {
-    fn class_name(&self) -> &str {
-        "ResNet"
-    }
-
-    fn construct(&self, b: &mut GraphBuilder, x: Value) -> Result<Value, BuildError> {
-        let mut y = call_cell(b, "conv1", &Conv2d::new(3, 8, 3), x)?;
-        y = call_cell(b, "bn1", &BatchNorm2d::new(8), y)?;
-        y = call_cell(b, "relu", &ReLU, y)?;
-        let mut in_channels = 8;
-        for (i, &width) in [8usize, 16, 24, 32].iter().enumerate() {
-            let stride = if i == 0 { 1 } else { 2 };
-            for (k, (cin, st)) in [(in_channels, stride), (width, 1)].into_iter().enumerate() {
-                let block = BasicBlock {
-                    in_channels: cin,
-                    out_channels: width,
-                    stride: st,
-                };
-                y = call_cell(b, &format!("layer{}.{k}", i + 1), &block, y)?;
-            }
-            in_channels = width;
-        }
-        let pooled = shardc::compiler::ops::ReduceMean::new()
-            .keep_dims(false)
-            .instance("mean")
-            .call(b, y, &[2, 3])?;
-        call_cell(b, "end_point", &Dense::new(in_channels, 10), pooled)
-    }
-}
-
-fn small_resnet18(batch: usize) -> Graph {
-    build_network(
-        "ResNet",
-        &SmallResNet18,
-        &SoftmaxCrossEntropyWithLogits::new(true, "mean"),
-        &[
-            ("x", DType::Float32, &[batch, 3, 32, 32]),
-            ("label", DType::Int32, &[batch]),
-        ],
-    )
-    .expect("small resnet18")
 }
 
 #[test]

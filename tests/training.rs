@@ -3,6 +3,8 @@
 //! of this process on the in-process communicator) give the single-device weights on the
 //! global batch; the callbacks print and save what MindSpore's do.
 
+mod ascend_common;
+
 use shardc::communication::Communication;
 use shardc::compiler::loss::{MSELoss, SoftmaxCrossEntropyWithLogits};
 use shardc::compiler::optim::{Momentum, SGD};
@@ -531,6 +533,48 @@ fn full_batch_ranks_read_the_whole_batch_and_feed_their_block() {
     }
 }
 
+/// `Model` on the Ascend backend (MindSpore's `device_target="Ascend"`) over the emulated
+/// CANN (`tests/ascend_common`): the same losses and weights as on the CPU, checkpoints
+/// through the same callback.
+#[test]
+fn model_trains_on_ascend_as_on_the_cpu() {
+    use shardc::train::DeviceTarget;
+    ascend_common::cann_dir();
+    let net = || MlpNetwork::new(&[12, 16, 5]);
+    let loss = || SoftmaxCrossEntropyWithLogits::new(true, "mean");
+    let opt = Momentum::new(0.1, 0.9);
+    let data = classification(32, 12, 5, SourceOptions::default())
+        .batch(8, true)
+        .expect("batch");
+    let mut cpu = Model::new(net(), loss(), &opt).with_threads(1);
+    let a = cpu.train(2, &data, &mut []).expect("CPU");
+    let mut npu = Model::new(net(), loss(), &opt)
+        .with_threads(1)
+        .with_device_target("Ascend".parse::<DeviceTarget>().expect("a target"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut ckpt = ModelCheckpoint::new("npu", dir.path(), CheckpointConfig::default());
+    let b = npu.train(2, &data, &mut [&mut ckpt]).expect("Ascend");
+    assert!(npu.executor().expect("built").device().contains("NPU 0"));
+    assert_eq!(a.losses.len(), b.losses.len());
+    for (x, y) in a.losses.iter().zip(&b.losses) {
+        assert!(
+            (x - y).abs() <= 1e-5 * (1.0 + x.abs()),
+            "{:?} vs {:?}",
+            a.losses,
+            b.losses
+        );
+    }
+    let names = trainable(&cpu);
+    let d = max_rel_diff(&weights_of(&npu), &weights_of(&cpu), &names);
+    assert!(d <= 1e-5, "weights differ by {d}");
+    assert!(
+        std::fs::read_dir(dir.path().join("0"))
+            .expect("rank 0's checkpoints")
+            .count()
+            > 0
+    );
+}
+
 /// `Model` on the GPU backend's emulated device (MindSpore's `device_target="GPU"`, the
 /// kernels run on the host): the same losses and weights as on the CPU, checkpoints through
 /// the same callback; on a machine without CUDA, `DeviceTarget::Gpu` is an error naming the
@@ -582,9 +626,17 @@ fn model_trains_on_the_emulated_gpu_as_on_the_cpu() {
         let err = real.train(1, &data, &mut []).unwrap_err().to_string();
         assert!(err.contains("CUDA not found: libcuda.so"), "{err}");
     }
-    assert!("Ascend"
-        .parse::<DeviceTarget>()
-        .unwrap_err()
-        .to_string()
-        .contains("not built"));
+}
+
+/// MindSpore's `init("hccl")` (and `"nccl"`, `"mccl"`) joins as `init()` does (a single
+/// device outside a cluster); another name is an error naming it.
+#[test]
+fn init_with_a_backend_name_joins_and_an_unknown_name_is_refused() {
+    let c = shardc::communication::init_backend("hccl").expect("hccl");
+    assert_eq!((c.get_rank(), c.get_group_size()), (0, 1));
+    let e = shardc::communication::init_backend("gloo").unwrap_err().to_string();
+    assert!(
+        e.contains("init(\"gloo\"): unknown communication backend: expected \"hccl\" (Ascend), \"nccl\" (GPU) or \"mccl\" (CPU)"),
+        "{e}"
+    );
 }

@@ -3,17 +3,17 @@
 
 #![allow(dead_code)]
 
+#[path = "../device_common/mod.rs"]
+pub mod device_common;
 pub mod nccl_ranks;
 
-use shardc::compiler::pipeline::{compile, CompileOptions};
+pub use device_common::{close, momentum, train};
+
 use shardc::cpu::CpuBackend;
 use shardc::cuda::cuda::CudaDevice;
 use shardc::cuda::emulator::EmulatedDevice;
 use shardc::cuda::{Device, GpuExecutor};
 use shardc::ir::Graph;
-use shardc::passes::autodiff::Optimizer;
-use shardc::runtime::data::synthetic::SyntheticData;
-use shardc::runtime::{Executor, Tensor};
 use std::sync::{Arc, OnceLock};
 
 /// The environment variable that moves the kernel tests onto a real GPU: with
@@ -46,39 +46,6 @@ pub fn kernel_test_device() -> Option<Arc<dyn Device>> {
         Ok(other) => panic!("{TEST_DEVICE_ENV}={other}: expected cuda or emulator"),
     })
     .clone()
-}
-
-/// The training step of `g` with `optimizer`.
-pub fn train(g: Graph, optimizer: Optimizer) -> Graph {
-    let opts = CompileOptions {
-        optimizer: Some(optimizer),
-        ..Default::default()
-    };
-    compile(g, &opts).expect("compiles").graph
-}
-
-/// Momentum(0.05, 0.9).
-pub fn momentum() -> Optimizer {
-    Optimizer::Momentum {
-        learning_rate: 0.05,
-        momentum: 0.9,
-        use_nesterov: false,
-    }
-}
-
-/// Whether `a` and `b` agree to `tol` relative to max(|a|, |b|, 1), NaN where the other is.
-pub fn close(a: &Tensor, b: &Tensor, tol: f64) -> Result<(), String> {
-    if a.shape != b.shape {
-        return Err(format!("shapes {:?} and {:?}", a.shape, b.shape));
-    }
-    let (x, y) = (a.to_f64_vec(), b.to_f64_vec());
-    for (i, (u, v)) in x.iter().zip(&y).enumerate() {
-        let scale = u.abs().max(v.abs()).max(1.0);
-        if (u - v).abs() > tol * scale || u.is_nan() != v.is_nan() {
-            return Err(format!("element {i}: {u} vs {v}"));
-        }
-    }
-    Ok(())
 }
 
 /// Runs `steps` steps on the CPU and on `dev`; compares every output of every step (to `tol`)
@@ -117,40 +84,9 @@ fn compare_steps(
     weight_tol: f64,
     resync: bool,
 ) -> String {
-    let data = SyntheticData::new(&g, 7, 2).expect("synthetic data");
     let cpu_backend = Arc::new(CpuBackend::with_threads(1));
-    let mut cpu = Executor::new(g.clone(), cpu_backend.clone()).expect("cpu executor");
     let mut gpu = GpuExecutor::new(g.clone(), dev, cpu_backend).expect("gpu executor");
-    for s in 0..steps {
-        if resync && s > 0 {
-            for (name, w) in gpu.weights().expect("weights") {
-                cpu.set_param(&name, w)
-                    .expect("the cpu takes the device's weight");
-            }
-        }
-        let feeds = data.feeds(s);
-        let a = cpu.step(&feeds).expect("cpu step");
-        let b = gpu.step(&feeds).expect("gpu step");
-        assert_eq!(a.len(), b.len());
-        for (i, (x, y)) in a.iter().zip(&b).enumerate() {
-            if let Err(e) = close(x, y, tol) {
-                panic!("{}: step {s}, output {i}: {e}", g.name);
-            }
-        }
-    }
-    let gw = gpu.weights().expect("weights");
-    let mut worst = 0f64;
-    for (name, w) in &gw {
-        let c = cpu.param(name).expect("the cpu has the weight");
-        for (u, v) in c.to_f64_vec().iter().zip(w.to_f64_vec()) {
-            worst = worst.max((u - v).abs() / u.abs().max(v.abs()).max(1.0));
-        }
-        if let Err(e) = close(c, w, weight_tol) {
-            panic!("{}: weight {name} after {steps} steps: {e}", g.name);
-        }
-    }
-    assert!(!gw.is_empty());
-    println!("{}: largest weight difference {worst:.1e}", g.name);
+    device_common::compare_steps_on(&mut gpu, &g, steps, tol, weight_tol, resync);
     gpu.stats().summary()
 }
 

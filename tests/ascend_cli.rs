@@ -1,0 +1,320 @@
+//! `shardc run --device-target Ascend` end to end on the emulated CANN (the project's
+//! `shardc-ascend-emulator` staged under CANN's library names and named by
+//! `SHARDC_ASCEND_LIB_DIRS`; the binary cannot tell it from CANN): the clear error of a
+//! machine without CANN, `shardc device info`, training on one NPU, on 8 in-process ranks
+//! with HCCL, on 8 launched workers with HCCL (the CPU's losses), a job started by hand from
+//! MindSpore's rank table, and a killed worker ending the job.
+
+mod ascend_common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// `shardc ARGS` with the emulated CANN findable.
+fn shardc_cmd(args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_shardc"));
+    c.args(args)
+        .env("SHARDC_ASCEND_LIB_DIRS", ascend_common::cann_dir())
+        .env_remove("ASCEND_HOME_PATH")
+        .env_remove("ASCEND_TOOLKIT_HOME");
+    c
+}
+
+fn shardc(args: &[&str]) -> Output {
+    shardc_cmd(args).output().expect("the shardc binary runs")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn tmp(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("shardc-ascend-cli-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn model() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("models/quickstart.ir")
+        .display()
+        .to_string()
+}
+
+fn losses(stdout: &str) -> Vec<f64> {
+    stdout
+        .lines()
+        .filter_map(|l| l.split(", loss is ").nth(1))
+        .map(|v| v.trim().parse::<f64>().expect("a loss value"))
+        .collect()
+}
+
+fn same_losses(a: &[f64], b: &[f64], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: {a:?} vs {b:?}");
+    assert!(!a.is_empty(), "{what}: no losses");
+    for (x, y) in a.iter().zip(b) {
+        assert!(
+            (x - y).abs() <= 1e-5 * x.abs().max(1.0),
+            "{what}: {a:?} vs {b:?}"
+        );
+    }
+}
+
+fn compile(art: &Path, extra: &[&str]) {
+    let m = model();
+    let mut args = vec!["compile", m.as_str(), "-o", art.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let c = shardc(&args);
+    assert!(c.status.success(), "{}", text(&c));
+}
+
+/// `shardc run ART --steps N` on the CPU: the reference losses.
+fn cpu_losses(art: &Path, steps: &str) -> Vec<f64> {
+    let o = shardc(&["run", art.to_str().unwrap(), "--steps", steps]);
+    assert!(o.status.success(), "{}", text(&o));
+    losses(&text(&o))
+}
+
+#[test]
+fn without_cann_the_ascend_target_fails_naming_the_library_and_how_to_find_it() {
+    let dir = tmp("nocann");
+    let art = dir.join("art");
+    compile(&art, &[]);
+    let empty = dir.join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_shardc"))
+            .args(args)
+            .env("SHARDC_ASCEND_LIB_DIRS", &empty)
+            .env_remove("ASCEND_HOME_PATH")
+            .env_remove("ASCEND_TOOLKIT_HOME")
+            .env_remove("LD_LIBRARY_PATH")
+            .output()
+            .expect("the shardc binary runs")
+    };
+    let o = run(&["run", art.to_str().unwrap(), "--steps", "1", "--device-target", "Ascend"]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    for want in ["error: --device-target Ascend", "libascendcl.so", "ASCEND_HOME_PATH", "SHARDC_ASCEND_LIB_DIRS"] {
+        assert!(t.contains(want), "{want}: {t}");
+    }
+    assert!(!t.contains("panicked"), "{t}");
+    let o = run(&["device", "info"]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    for want in ["== CUDA", "== Ascend", "libascendcl.so", "libhccl.so", "NPUs: none"] {
+        assert!(t.contains(want), "{want}: {t}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn device_info_lists_the_emulated_cann_and_its_npus() {
+    let o = shardc(&["device", "info"]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("NPUs: 8"), "{t}");
+    assert!(!t.contains("libascendcl.so   missing"), "{t}");
+}
+
+fn run_ascend(art: &Path, steps: &str, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "run",
+        art.to_str().unwrap(),
+        "--steps",
+        steps,
+        "--device-target",
+        "Ascend",
+    ];
+    args.extend_from_slice(extra);
+    shardc(&args)
+}
+
+#[test]
+fn one_npu_and_eight_in_process_ranks_with_hccl_train_as_the_cpu() {
+    let dir = tmp("inproc");
+    let one = dir.join("one");
+    compile(&one, &[]);
+    let o = run_ascend(&one, "4", &["--stats"]);
+    assert!(o.status.success(), "{}", text(&o));
+    same_losses(&cpu_losses(&one, "4"), &losses(&text(&o)), "one NPU");
+
+    let eight = dir.join("eight");
+    compile(
+        &eight,
+        &["--device-num", "8", "--parallel-mode", "semi_auto_parallel"],
+    );
+    let o = run_ascend(&eight, "3", &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("8 ranks, an NPU each, collectives through HCCL"),
+        "{}",
+        text(&o)
+    );
+    same_losses(&cpu_losses(&eight, "3"), &losses(&text(&o)), "8 ranks with HCCL");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// `shardc launch` of `workers` local workers, logs under `log`, each running `shardc run
+/// ART --steps STEPS --device-target Ascend EXTRA...`.
+fn launch_ascend(workers: usize, log: &Path, art: &Path, steps: &str, extra: &[&str]) -> Command {
+    let n = workers.to_string();
+    let port = free_port().to_string();
+    let mut c = shardc_cmd(&["launch", "--worker-num", &n, "--local-worker-num", &n]);
+    c.args(["--master-port", &port])
+        .args(["--log-dir", log.to_str().unwrap(), "--join", "--"])
+        .args(["shardc", "run", art.to_str().unwrap(), "--steps", steps])
+        .args(["--device-target", "Ascend"])
+        .args(extra);
+    c
+}
+
+#[test]
+fn eight_launched_workers_with_hccl_print_the_cpu_losses() {
+    let dir = tmp("launch");
+    let eight = dir.join("eight");
+    compile(
+        &eight,
+        &["--device-num", "8", "--parallel-mode", "semi_auto_parallel"],
+    );
+    let log = dir.join("log");
+    let o = launch_ascend(8, &log, &eight, "3", &[])
+        .output()
+        .expect("the launcher runs");
+    let rank0 = std::fs::read_to_string(log.join("1/rank.0/stdout")).unwrap_or_default();
+    let err0 = std::fs::read_to_string(log.join("1/rank.0/stderr")).unwrap_or_default();
+    assert!(o.status.success(), "{}\n{rank0}\n{err0}", text(&o));
+    assert!(err0.contains("8 ranks on"), "{err0}");
+    assert!(err0.contains("collectives through HCCL"), "{err0}");
+    same_losses(&cpu_losses(&eight, "3"), &losses(&rank0), "8 launched workers with HCCL");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// MindSpore's Ascend tutorials start one process per NPU by hand: `RANK_TABLE_FILE`,
+/// `RANK_ID`, `RANK_SIZE` and `DEVICE_ID` per process (and here the cluster token); rank 0
+/// runs the scheduler on its table server, every rank takes the table's NPU.
+#[test]
+fn processes_started_from_a_rank_table_train_as_the_cpu() {
+    let dir = tmp("table");
+    let art = dir.join("art");
+    compile(&art, &["--device-num", "2", "--parallel-mode", "data_parallel"]);
+    std::fs::create_dir_all(&dir).unwrap();
+    let table = dir.join("rank_table_2pcs.json");
+    std::fs::write(
+        &table,
+        r#"{"version": "1.0", "server_count": "1", "server_list": [
+            {"server_id": "127.0.0.1", "device": [
+                {"device_id": "3", "device_ip": "192.98.92.100", "rank_id": "0"},
+                {"device_id": "5", "device_ip": "192.98.93.100", "rank_id": "1"}],
+             "host_nic_ip": "reserve"}], "status": "completed"}"#,
+    )
+    .unwrap();
+    let port = free_port().to_string();
+    let children: Vec<_> = (0..2)
+        .map(|rank| {
+            shardc_cmd(&["run", art.to_str().unwrap(), "--steps", "3", "--device-target", "Ascend"])
+                .env("RANK_TABLE_FILE", &table)
+                .env("RANK_ID", rank.to_string())
+                .env("RANK_SIZE", "2")
+                .env("MS_SCHED_PORT", &port)
+                .env("SHARDC_CLUSTER_TOKEN", "rank-table-test")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("a rank starts")
+        })
+        .collect();
+    let outs: Vec<Output> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().expect("a rank ends"))
+        .collect();
+    for (r, o) in outs.iter().enumerate() {
+        assert!(o.status.success(), "rank {r}: {}", text(o));
+    }
+    let t0 = text(&outs[0]);
+    assert!(t0.contains("NPU 3"), "rank 0 takes the table's NPU 3: {t0}");
+    same_losses(&cpu_losses(&art, "3"), &losses(&t0), "2 ranks from a rank table");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_killed_hccl_worker_ends_the_job_naming_its_rank() {
+    let dir = tmp("kill");
+    let art = dir.join("art");
+    compile(&art, &["--device-num", "4", "--parallel-mode", "data_parallel"]);
+    let log = dir.join("log");
+    let mut launcher = launch_ascend(4, &log, &art, "100000000", &[])
+        .env("SHARDC_HEARTBEAT_TIMEOUT", "5")
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the launcher starts");
+    let mut err = BufReader::new(launcher.stderr.take().expect("stderr"));
+    let mut victim = None;
+    let mut seen = String::new();
+    while victim.is_none() {
+        let mut line = String::new();
+        if err.read_line(&mut line).unwrap_or(0) == 0 {
+            break;
+        }
+        seen += &line;
+        if let Some(pid) = line.trim().strip_prefix("launch: started rank 1 (pid ") {
+            victim = pid.trim_end_matches(')').parse::<i32>().ok();
+        }
+    }
+    let victim = victim.unwrap_or_else(|| panic!("no pid for rank 1 in: {seen}"));
+    let stdout = |r: usize| {
+        std::fs::read_to_string(log.join(format!("1/rank.{r}/stdout"))).unwrap_or_default()
+    };
+    let stderr = |r: usize| {
+        std::fs::read_to_string(log.join(format!("1/rank.{r}/stderr"))).unwrap_or_default()
+    };
+    let t0 = Instant::now();
+    while (0..4).any(|r| losses(&stdout(r)).len() < 3) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "training never started: {}",
+            stderr(0)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(stderr(0).contains("collectives through HCCL"), "{}", stderr(0));
+    let killed_at = Instant::now();
+    assert!(Command::new("kill")
+        .args(["-9", &victim.to_string()])
+        .status()
+        .expect("kill runs")
+        .success());
+    let limit = Duration::from_secs(60);
+    let status = loop {
+        if let Some(st) = launcher.try_wait().expect("waits") {
+            break st;
+        }
+        if killed_at.elapsed() > limit {
+            let _ = launcher.kill();
+            let _ = launcher.wait();
+            panic!("the job still ran {limit:?} after rank 1 was killed");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let took = killed_at.elapsed();
+    assert!(!status.success());
+    assert!(took < Duration::from_secs(30), "the job took {took:?} to end");
+    for r in [0, 2, 3] {
+        let e = stderr(r);
+        assert!(e.contains("rank 1"), "rank {r}: {e}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
