@@ -15,10 +15,12 @@ use std::time::{Duration, Instant};
 /// `shardc ARGS` with the emulated CANN findable.
 fn shardc_cmd(args: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_shardc"));
-    c.args(args)
-        .env("SHARDC_ASCEND_LIB_DIRS", ascend_common::cann_dir())
-        .env_remove("ASCEND_HOME_PATH")
-        .env_remove("ASCEND_TOOLKIT_HOME");
+    c.args(args);
+    if let Some(dir) = ascend_common::cann_dir() {
+        c.env("SHARDC_ASCEND_LIB_DIRS", dir)
+            .env_remove("ASCEND_HOME_PATH")
+            .env_remove("ASCEND_TOOLKIT_HOME");
+    }
     c
 }
 
@@ -83,6 +85,10 @@ fn cpu_losses(art: &Path, steps: &str) -> Vec<f64> {
 
 #[test]
 fn without_cann_the_ascend_target_fails_naming_the_library_and_how_to_find_it() {
+    if ascend_common::on_hardware() {
+        eprintln!("SKIP: this machine has CANN");
+        return;
+    }
     let dir = tmp("nocann");
     let art = dir.join("art");
     compile(&art, &[]);
@@ -119,7 +125,9 @@ fn device_info_lists_the_emulated_cann_and_its_npus() {
     let o = shardc(&["device", "info"]);
     let t = text(&o);
     assert!(o.status.success(), "{t}");
-    assert!(t.contains("NPUs: 8"), "{t}");
+    if ascend_common::cann_dir().is_some() {
+        assert!(t.contains("NPUs: 8"), "{t}");
+    }
     assert!(!t.contains("libascendcl.so   missing"), "{t}");
 }
 
