@@ -7,10 +7,11 @@
 
 mod ascend_common;
 
-use std::io::{BufRead, BufReader};
+mod cli_common;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+
+use cli_common::{free_port, losses, same_losses, text};
 
 /// `shardc ARGS` with the emulated CANN findable.
 fn shardc_cmd(args: &[&str]) -> Command {
@@ -28,13 +29,6 @@ fn shardc(args: &[&str]) -> Output {
     shardc_cmd(args).output().expect("the shardc binary runs")
 }
 
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 fn tmp(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("shardc-ascend-cli-{tag}-{}", std::process::id()));
@@ -49,24 +43,7 @@ fn model() -> String {
         .to_string()
 }
 
-fn losses(stdout: &str) -> Vec<f64> {
-    stdout
-        .lines()
-        .filter_map(|l| l.split(", loss is ").nth(1))
-        .map(|v| v.trim().parse::<f64>().expect("a loss value"))
-        .collect()
-}
 
-fn same_losses(a: &[f64], b: &[f64], what: &str) {
-    assert_eq!(a.len(), b.len(), "{what}: {a:?} vs {b:?}");
-    assert!(!a.is_empty(), "{what}: no losses");
-    for (x, y) in a.iter().zip(b) {
-        assert!(
-            (x - y).abs() <= 1e-5 * x.abs().max(1.0),
-            "{what}: {a:?} vs {b:?}"
-        );
-    }
-}
 
 fn compile(art: &Path, extra: &[&str]) {
     let m = model();
@@ -169,12 +146,6 @@ fn one_npu_and_eight_in_process_ranks_with_hccl_train_as_the_cpu() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
 
 /// `shardc launch` of `workers` local workers, logs under `log`, each running `shardc run
 /// ART --steps STEPS --device-target Ascend EXTRA...`.
@@ -264,65 +235,11 @@ fn a_killed_hccl_worker_ends_the_job_naming_its_rank() {
     let art = dir.join("art");
     compile(&art, &["--device-num", "4", "--parallel-mode", "data_parallel"]);
     let log = dir.join("log");
-    let mut launcher = launch_ascend(4, &log, &art, "100000000", &[])
+    let launcher = launch_ascend(4, &log, &art, "100000000", &[])
         .env("SHARDC_HEARTBEAT_TIMEOUT", "5")
         .stderr(Stdio::piped())
         .spawn()
         .expect("the launcher starts");
-    let mut err = BufReader::new(launcher.stderr.take().expect("stderr"));
-    let mut victim = None;
-    let mut seen = String::new();
-    while victim.is_none() {
-        let mut line = String::new();
-        if err.read_line(&mut line).unwrap_or(0) == 0 {
-            break;
-        }
-        seen += &line;
-        if let Some(pid) = line.trim().strip_prefix("launch: started rank 1 (pid ") {
-            victim = pid.trim_end_matches(')').parse::<i32>().ok();
-        }
-    }
-    let victim = victim.unwrap_or_else(|| panic!("no pid for rank 1 in: {seen}"));
-    let stdout = |r: usize| {
-        std::fs::read_to_string(log.join(format!("1/rank.{r}/stdout"))).unwrap_or_default()
-    };
-    let stderr = |r: usize| {
-        std::fs::read_to_string(log.join(format!("1/rank.{r}/stderr"))).unwrap_or_default()
-    };
-    let t0 = Instant::now();
-    while (0..4).any(|r| losses(&stdout(r)).len() < 3) {
-        assert!(
-            t0.elapsed() < Duration::from_secs(120),
-            "training never started: {}",
-            stderr(0)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    assert!(stderr(0).contains("collectives through HCCL"), "{}", stderr(0));
-    let killed_at = Instant::now();
-    assert!(Command::new("kill")
-        .args(["-9", &victim.to_string()])
-        .status()
-        .expect("kill runs")
-        .success());
-    let limit = Duration::from_secs(60);
-    let status = loop {
-        if let Some(st) = launcher.try_wait().expect("waits") {
-            break st;
-        }
-        if killed_at.elapsed() > limit {
-            let _ = launcher.kill();
-            let _ = launcher.wait();
-            panic!("the job still ran {limit:?} after rank 1 was killed");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let took = killed_at.elapsed();
-    assert!(!status.success());
-    assert!(took < Duration::from_secs(30), "the job took {took:?} to end");
-    for r in [0, 2, 3] {
-        let e = stderr(r);
-        assert!(e.contains("rank 1"), "rank {r}: {e}");
-    }
+    cli_common::killed_worker_ends_the_job(launcher, &log, 4, "collectives through HCCL");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,0 +1,113 @@
+//! What the device command-line suites (`gpu_cli`, `ascend_cli`) share: reading the loss
+//! lines, comparing them, a free port, and a launched job whose worker is killed.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Output};
+use std::time::{Duration, Instant};
+
+/// A process's stdout then stderr.
+pub fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// The `epoch: E step: S, loss is L` values of a run's output.
+pub fn losses(stdout: &str) -> Vec<f64> {
+    stdout
+        .lines()
+        .filter_map(|l| l.split(", loss is ").nth(1))
+        .map(|v| v.trim().parse::<f64>().expect("a loss value"))
+        .collect()
+}
+
+/// The same losses to 1e-5 relative to max(|x|, 1).
+pub fn same_losses(a: &[f64], b: &[f64], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: {a:?} vs {b:?}");
+    assert!(!a.is_empty(), "{what}: no losses");
+    for (x, y) in a.iter().zip(b) {
+        assert!(
+            (x - y).abs() <= 1e-5 * x.abs().max(1.0),
+            "{what}: {a:?} vs {b:?}"
+        );
+    }
+}
+
+/// A TCP port free now on 127.0.0.1.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// A `shardc launch --join` of `workers` workers (its stderr piped, logs under `log`):
+/// once every rank printed 3 losses and rank 0's stderr says `ready`, rank 1 is killed
+/// (SIGKILL); the job must end within 30 s with a failure, every other rank's stderr naming
+/// rank 1.
+pub fn killed_worker_ends_the_job(mut launcher: Child, log: &Path, workers: usize, ready: &str) {
+    let mut err = BufReader::new(launcher.stderr.take().expect("stderr"));
+    let mut victim = None;
+    let mut seen = String::new();
+    while victim.is_none() {
+        let mut line = String::new();
+        if err.read_line(&mut line).unwrap_or(0) == 0 {
+            break;
+        }
+        seen += &line;
+        if let Some(pid) = line.trim().strip_prefix("launch: started rank 1 (pid ") {
+            victim = pid.trim_end_matches(')').parse::<i32>().ok();
+        }
+    }
+    let victim = victim.unwrap_or_else(|| panic!("no pid for rank 1 in: {seen}"));
+    let stdout = |r: usize| {
+        std::fs::read_to_string(log.join(format!("1/rank.{r}/stdout"))).unwrap_or_default()
+    };
+    let stderr = |r: usize| {
+        std::fs::read_to_string(log.join(format!("1/rank.{r}/stderr"))).unwrap_or_default()
+    };
+    // Training under way on every rank.
+    let t0 = Instant::now();
+    while (0..workers).any(|r| losses(&stdout(r)).len() < 3) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "training never started: {}",
+            stderr(0)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(stderr(0).contains(ready), "{ready}: {}", stderr(0));
+    let killed_at = Instant::now();
+    assert!(Command::new("kill")
+        .args(["-9", &victim.to_string()])
+        .status()
+        .expect("kill runs")
+        .success());
+    let limit = Duration::from_secs(60);
+    let status = loop {
+        if let Some(st) = launcher.try_wait().expect("waits") {
+            break st;
+        }
+        if killed_at.elapsed() > limit {
+            let _ = launcher.kill();
+            let _ = launcher.wait();
+            panic!("the job still ran {limit:?} after rank 1 was killed");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let took = killed_at.elapsed();
+    assert!(!status.success());
+    assert!(
+        took < Duration::from_secs(30),
+        "the job took {took:?} to end"
+    );
+    for r in (0..workers).filter(|&r| r != 1) {
+        let e = stderr(r);
+        assert!(e.contains("rank 1"), "rank {r}: {e}");
+    }
+}
