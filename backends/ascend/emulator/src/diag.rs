@@ -19,6 +19,8 @@ pub enum ErrorKind {
     Uninitialized,
     /// `aclInit` was called twice.
     RepeatInit,
+    /// A stream, event, communicator or other handle that does not exist (any more).
+    BadHandle,
     /// A device id outside `0..SHARDC_ASCEND_EMU_DEVICES`.
     InvalidDevice,
     /// The calling thread has no current device (no `aclrtSetDevice`).

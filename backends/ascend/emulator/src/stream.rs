@@ -97,7 +97,7 @@ impl Stream {
         match lock(streams()).get(&h) {
             Some(s) => Ok(s.clone()),
             None => Err(emu_err!(
-                InvalidParam,
+                BadHandle,
                 "{api}: stream {h:#x} is not a live stream (destroyed, or never created)"
             )),
         }
@@ -235,7 +235,7 @@ impl Event {
         match lock(events()).get(&h) {
             Some(e) => Ok(e.clone()),
             None => Err(emu_err!(
-                InvalidParam,
+                BadHandle,
                 "{api}: event {h:#x} is not a live event (destroyed, or never created)"
             )),
         }
@@ -246,7 +246,7 @@ impl Event {
         match lock(events()).remove(&h) {
             Some(_) => Ok(()),
             None => Err(emu_err!(
-                InvalidParam,
+                BadHandle,
                 "{api}: event {h:#x} is not a live event (destroyed twice?)"
             )),
         }
