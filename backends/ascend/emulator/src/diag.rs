@@ -103,7 +103,11 @@ thread_local! {
 /// Logs `err` on stderr, prefixed with the API that failed, and makes it the calling thread's
 /// recent error message.
 pub fn report(api: &str, err: &EmuError) {
-    let line = format!("[ascend-emu] {api}: {}", err.msg);
+    let line = if err.msg.starts_with(api) {
+        format!("[ascend-emu] {}", err.msg)
+    } else {
+        format!("[ascend-emu] {api}: {}", err.msg)
+    };
     eprintln!("{line}");
     set_recent(&line);
 }
