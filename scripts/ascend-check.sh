@@ -167,7 +167,7 @@ export -f compare_losses cli_checks launched bench_torch_npu
 step 01-device-info 60 "$bin/shardc" device info
 step 02-models-on-npu 600 env SHARDC_TEST_DEVICE=$test_device "$bin/ascend_emulated" --test-threads=1 --nocapture
 step 03-quickstart-cli 300 bash -c cli_checks
-npus=$("$bin/shardc" device info 2> /dev/null | sed -n 's/^NPUs: \([0-9]*\).*/\1/p' | head -n 1)
+npus=$("$bin/shardc" device info 2> /dev/null | sed -n 's/^ *\([0-9]*\) device(s)$/\1/p' | head -n 1)
 if [ "${npus:-0}" -ge 2 ]; then
   n=$((npus < 8 ? npus : 8))
   step 04-launched-hccl 300 bash -c "launched $n"

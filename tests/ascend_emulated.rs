@@ -21,7 +21,7 @@ use std::sync::Arc;
 /// report (memory plan and counts: which ops ran on the host).
 fn compare(g: Graph, steps: u64, tol: f64, resync: bool) -> String {
     ascend_common::cann_dir();
-    let dev = Arc::new(AscendDevice::open(0).expect("emulated NPU 0"));
+    let dev = AscendDevice::open(0).expect("NPU 0");
     let host = Arc::new(CpuBackend::with_threads(1));
     let mut exec = AscendExecutor::new(g.clone(), dev, host).expect("ascend executor");
     compare_steps_on(&mut exec, &g, steps, tol, tol, resync);

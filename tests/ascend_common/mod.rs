@@ -29,7 +29,8 @@ pub fn cann_dir() -> Option<PathBuf> {
         if on_hardware() {
             return None;
         }
-        let dir = std::env::temp_dir().join(format!("shardc-cann-emulator-{}", std::process::id()));
+        let dir = shardc_ascend_emulator::install::staging_dir()
+            .unwrap_or_else(|e| panic!("the CANN emulator: {e}"));
         shardc_ascend_emulator::install::stage_as_cann(&dir)
             .unwrap_or_else(|e| panic!("staging the CANN emulator in {}: {e}", dir.display()));
         // SAFETY: set once, before any thread of this test loads the libraries.

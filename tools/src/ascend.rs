@@ -27,7 +27,7 @@ use shardc_backend_cpu::CpuBackend;
 use shardc_ir::artifact::Artifact;
 use shardc_ir::Graph;
 use shardc_runtime::cluster::npu_of_rank;
-use shardc_runtime::{Backend, Communicator, InProcessWorld, StepExecutor};
+use shardc_runtime::{Backend, Communicator, InProcessWorld};
 use std::sync::Arc;
 
 impl DeviceExecutor for AscendExecutor {
@@ -42,14 +42,12 @@ impl DeviceExecutor for AscendExecutor {
 
 /// The NPUs this host has, or the clear error of a machine without CANN.
 fn npus() -> Result<usize> {
-    shardc_backend_ascend::device_count().map_err(|e| anyhow!("--device-target Ascend: {e}"))
+    shardc_backend_ascend::acl::device_count().map_err(|e| anyhow!("--device-target Ascend: {e}"))
 }
 
 /// NPU `id`, opened.
 fn open(id: usize) -> Result<Arc<AscendDevice>> {
-    AscendDevice::open(id)
-        .map(Arc::new)
-        .map_err(|e| anyhow!("--device-target Ascend: NPU {id}: {e}"))
+    AscendDevice::open(id).map_err(|e| anyhow!("--device-target Ascend: NPU {id}: {e}"))
 }
 
 /// The CPU kernels that run the ops without an aclnn lowering, on copies.
@@ -183,7 +181,7 @@ pub fn train_rank(
     if rank == 0 {
         eprintln!(
             "{size} ranks on {}, collectives {}",
-            exec.device(),
+            exec.device().description(),
             if hccl && size > 1 {
                 "through HCCL"
             } else {
@@ -195,20 +193,8 @@ pub fn train_rank(
 }
 
 /// `shardc device info`'s Ascend part: the CANN libraries found (and how to make a missing
-/// one findable), the NPUs.
+/// one findable), AscendCL's version, the NPUs.
 pub fn info() -> Result<()> {
-    print!("{}", shardc_backend_ascend::probe::report());
-    match shardc_backend_ascend::device_count() {
-        Ok(n) => {
-            println!("NPUs: {n}");
-            for i in 0..n {
-                match AscendDevice::open(i) {
-                    Ok(d) => println!("  {}", d.description()),
-                    Err(e) => println!("  NPU {i}: {e}"),
-                }
-            }
-        }
-        Err(e) => println!("NPUs: none ({e})"),
-    }
+    println!("{}", shardc_backend_ascend::device_info());
     Ok(())
 }

@@ -247,6 +247,10 @@ fn comm_timeout() -> Result<Duration> {
     shardc_runtime::comm::comm_timeout_from_env().map_err(|e| anyhow!(e))
 }
 
+/// How long a failed rank waits for the scheduler's word on a lost peer before it reports
+/// itself as failed (see [`run_rank`]).
+const FAILURE_GRACE: Duration = Duration::from_secs(1);
+
 /// `shardc run` in a cluster: the scheduler serves; a worker trains its own rank of the
 /// artifact on its block of the same global batches as every other rank and prints the
 /// loss of each step (every rank computes the global loss).
@@ -261,6 +265,13 @@ pub fn run_rank(a: &RunArgs, role: ClusterRole) -> Result<()> {
     let joined = join(role)?;
     let result = train_rank(a, art, &joined);
     let status = i32::from(result.is_err());
+    if status != 0 {
+        // A rank's failure is often the effect of another's loss (a collective whose peer
+        // died: HCCL or shared memory notice at once). The scheduler sees the lost rank's
+        // connection close about as soon; give its abort, which names the lost rank and ends
+        // this process, a moment to arrive before reporting this rank as the cause.
+        std::thread::sleep(FAILURE_GRACE);
+    }
     // Tell the scheduler first: a failed rank ends the job for everyone at once.
     let finished = joined.finish(status);
     result?;

@@ -7,6 +7,7 @@ pub mod diag;
 pub mod dtype;
 pub mod ffi;
 pub mod hccl;
+pub mod install;
 pub mod mem;
 pub mod nnopbase;
 pub mod plan;
