@@ -47,6 +47,9 @@ fn the_ascend_check_script_rehearses_on_the_emulated_cann() {
         .arg(&out)
         .env("SHARDC_ASCEND_CHECK_REHEARSE", "1")
         .env("SHARDC_ASCEND_LIB_DIRS", &cann)
+        // Two emulated NPUs: the launched steps run 2 workers (as the GPU check's rehearsal),
+        // and 8 in-process ranks share one NPU with staged collectives.
+        .env("SHARDC_ASCEND_EMU_DEVICES", "2")
         .env_remove("ASCEND_HOME_PATH")
         .output()
         .expect("bash runs");
