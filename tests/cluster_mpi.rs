@@ -13,6 +13,9 @@ fn the_mpi_tests_need_the_mpi_feature() {
 }
 
 #[cfg(feature = "mpi")]
+mod ascend_common;
+
+#[cfg(feature = "mpi")]
 mod with_mpi {
 
     use std::path::{Path, PathBuf};
@@ -127,6 +130,65 @@ mod with_mpi {
             loss_lines(&std::fs::read_to_string(log.join("1/rank.0/stdout")).unwrap_or_default());
         native.sort();
         assert_eq!(mpi_lines, native);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Ascend ranks started by `mpirun` (MindSpore's GPU and Ascend tutorials' launcher): MPI
+    /// carries rank 0's HCCL root info to the others, HCCL (the emulated CANN here) runs the
+    /// collectives, and every rank prints the CPU's losses.
+    #[test]
+    fn mpirun_starts_ascend_ranks_with_hccl() {
+        if !have_mpirun() {
+            eprintln!("SKIP: mpirun not found; bash scripts/install-mpi.sh installs Open MPI");
+            return;
+        }
+        let dir = tmp("ascend");
+        let art = dir.join("art");
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let c = Command::new(exe())
+            .arg("compile")
+            .arg(root.join("models/quickstart.ir"))
+            .arg("-o")
+            .arg(&art)
+            .args(["--device-num", "2", "--parallel-mode", "data_parallel"])
+            .output()
+            .unwrap();
+        assert!(c.status.success(), "{}", text(&c));
+        let cpu = Command::new(exe())
+            .args(["run", art.to_str().unwrap(), "--steps", "3"])
+            .output()
+            .unwrap();
+        assert!(cpu.status.success(), "{}", text(&cpu));
+        let mut cmd = Command::new("mpirun");
+        cmd.args(["--allow-run-as-root", "--oversubscribe", "-n", "2"])
+            .args(["--mca", "btl", "self,vader"]);
+        if let Some(cann) = super::ascend_common::cann_dir() {
+            cmd.env("SHARDC_ASCEND_LIB_DIRS", cann)
+                .args(["-x", "SHARDC_ASCEND_LIB_DIRS"]);
+        }
+        let m = cmd
+            .arg(exe())
+            .args(["run", art.to_str().unwrap(), "--steps", "3", "--comm", "mpi"])
+            .args(["--device-target", "Ascend"])
+            .output()
+            .expect("mpirun runs");
+        let t = text(&m);
+        assert!(m.status.success(), "{t}");
+        assert!(t.contains("2 ranks on Ascend"), "{t}");
+        assert!(t.contains("collectives through HCCL"), "{t}");
+        // Both ranks print every step's global loss; the CPU's to 1e-5 (HCCL's sums and the
+        // aclnn kernels round differently from the CPU's).
+        let value = |l: &String| -> f64 {
+            l.split(", loss is ").nth(1).unwrap().trim().parse().unwrap()
+        };
+        let npu = loss_lines(&String::from_utf8_lossy(&m.stdout));
+        let want = loss_lines(&String::from_utf8_lossy(&cpu.stdout));
+        assert_eq!(npu.len(), 2 * want.len(), "{t}");
+        for l in &npu {
+            let step = l.split(", loss is ").next().unwrap();
+            let w = want.iter().find(|w| w.starts_with(step)).expect("the CPU's step");
+            assert!((value(l) - value(w)).abs() <= 1e-5 * value(w).abs().max(1.0), "{l} vs {w}");
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 
