@@ -5,8 +5,8 @@
 
 use clap::{Parser, Subcommand};
 use shardc_tools::{
-    ckpt, closed_output, cluster_run, commands, data_cmd, device_cmd, explain, gen_cmd, gpu, launch, run_args,
-    verify, zoo_cmd,
+    ckpt, closed_output, cluster_run, commands, data_cmd, device_cmd, explain, gen_cmd, gpu,
+    launch, run_args, verify, zoo_cmd,
 };
 
 /// shardc: an auto-parallel graph compiler and runtime.

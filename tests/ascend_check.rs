@@ -37,8 +37,11 @@ fn the_ascend_check_script_rehearses_on_the_emulated_cann() {
     let bundle = dir.join("bundle");
     std::fs::create_dir_all(&bundle).unwrap();
     std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_shardc"), bundle.join("shardc")).unwrap();
-    std::os::unix::fs::symlink(test_binary("ascend_emulated"), bundle.join("ascend_emulated"))
-        .unwrap();
+    std::os::unix::fs::symlink(
+        test_binary("ascend_emulated"),
+        bundle.join("ascend_emulated"),
+    )
+    .unwrap();
     let out = dir.join("out");
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let o = Command::new("bash")
@@ -80,7 +83,8 @@ fn the_ascend_check_script_rehearses_on_the_emulated_cann() {
     assert!(x.success());
     let cli = std::fs::read_to_string(dir.join("logs/03-quickstart-cli.log")).unwrap_or_default();
     assert_eq!(cli.matches("same losses").count(), 2, "{cli}");
-    let launched = std::fs::read_to_string(dir.join("logs/04-launched-hccl.log")).unwrap_or_default();
+    let launched =
+        std::fs::read_to_string(dir.join("logs/04-launched-hccl.log")).unwrap_or_default();
     assert_eq!(launched.matches("same losses").count(), 2, "{launched}");
     let _ = std::fs::remove_dir_all(&dir);
 }

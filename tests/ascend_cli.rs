@@ -29,7 +29,6 @@ fn shardc(args: &[&str]) -> Output {
     shardc_cmd(args).output().expect("the shardc binary runs")
 }
 
-
 fn tmp(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("shardc-ascend-cli-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
@@ -42,8 +41,6 @@ fn model() -> String {
         .display()
         .to_string()
 }
-
-
 
 fn compile(art: &Path, extra: &[&str]) {
     let m = model();
@@ -81,17 +78,35 @@ fn without_cann_the_ascend_target_fails_naming_the_library_and_how_to_find_it() 
             .output()
             .expect("the shardc binary runs")
     };
-    let o = run(&["run", art.to_str().unwrap(), "--steps", "1", "--device-target", "Ascend"]);
+    let o = run(&[
+        "run",
+        art.to_str().unwrap(),
+        "--steps",
+        "1",
+        "--device-target",
+        "Ascend",
+    ]);
     let t = text(&o);
     assert_eq!(o.status.code(), Some(1), "{t}");
-    for want in ["error: --device-target Ascend", "libascendcl.so", "ASCEND_HOME_PATH", "SHARDC_ASCEND_LIB_DIRS"] {
+    for want in [
+        "error: --device-target Ascend",
+        "libascendcl.so",
+        "ASCEND_HOME_PATH",
+        "SHARDC_ASCEND_LIB_DIRS",
+    ] {
         assert!(t.contains(want), "{want}: {t}");
     }
     assert!(!t.contains("panicked"), "{t}");
     let o = run(&["device", "info"]);
     let t = text(&o);
     assert!(o.status.success(), "{t}");
-    for want in ["== CUDA", "== Ascend", "libascendcl.so", "libhccl.so", "AscendCL not usable"] {
+    for want in [
+        "== CUDA",
+        "== Ascend",
+        "libascendcl.so",
+        "libhccl.so",
+        "AscendCL not usable",
+    ] {
         assert!(t.contains(want), "{want}: {t}");
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -142,10 +157,13 @@ fn one_npu_and_eight_in_process_ranks_with_hccl_train_as_the_cpu() {
         "{}",
         text(&o)
     );
-    same_losses(&cpu_losses(&eight, "3"), &losses(&text(&o)), "8 ranks with HCCL");
+    same_losses(
+        &cpu_losses(&eight, "3"),
+        &losses(&text(&o)),
+        "8 ranks with HCCL",
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
-
 
 /// `shardc launch` of `workers` local workers, logs under `log`, each running `shardc run
 /// ART --steps STEPS --device-target Ascend EXTRA...`.
@@ -178,7 +196,11 @@ fn eight_launched_workers_with_hccl_print_the_cpu_losses() {
     assert!(o.status.success(), "{}\n{rank0}\n{err0}", text(&o));
     assert!(err0.contains("8 ranks on"), "{err0}");
     assert!(err0.contains("collectives through HCCL"), "{err0}");
-    same_losses(&cpu_losses(&eight, "3"), &losses(&rank0), "8 launched workers with HCCL");
+    same_losses(
+        &cpu_losses(&eight, "3"),
+        &losses(&rank0),
+        "8 launched workers with HCCL",
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -189,7 +211,10 @@ fn eight_launched_workers_with_hccl_print_the_cpu_losses() {
 fn processes_started_from_a_rank_table_train_as_the_cpu() {
     let dir = tmp("table");
     let art = dir.join("art");
-    compile(&art, &["--device-num", "2", "--parallel-mode", "data_parallel"]);
+    compile(
+        &art,
+        &["--device-num", "2", "--parallel-mode", "data_parallel"],
+    );
     std::fs::create_dir_all(&dir).unwrap();
     let table = dir.join("rank_table_2pcs.json");
     std::fs::write(
@@ -204,16 +229,23 @@ fn processes_started_from_a_rank_table_train_as_the_cpu() {
     let port = free_port().to_string();
     let children: Vec<_> = (0..2)
         .map(|rank| {
-            shardc_cmd(&["run", art.to_str().unwrap(), "--steps", "3", "--device-target", "Ascend"])
-                .env("RANK_TABLE_FILE", &table)
-                .env("RANK_ID", rank.to_string())
-                .env("RANK_SIZE", "2")
-                .env("MS_SCHED_PORT", &port)
-                .env("SHARDC_CLUSTER_TOKEN", "rank-table-test")
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("a rank starts")
+            shardc_cmd(&[
+                "run",
+                art.to_str().unwrap(),
+                "--steps",
+                "3",
+                "--device-target",
+                "Ascend",
+            ])
+            .env("RANK_TABLE_FILE", &table)
+            .env("RANK_ID", rank.to_string())
+            .env("RANK_SIZE", "2")
+            .env("MS_SCHED_PORT", &port)
+            .env("SHARDC_CLUSTER_TOKEN", "rank-table-test")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("a rank starts")
         })
         .collect();
     let outs: Vec<Output> = children
@@ -224,8 +256,15 @@ fn processes_started_from_a_rank_table_train_as_the_cpu() {
         assert!(o.status.success(), "rank {r}: {}", text(o));
     }
     let t0 = text(&outs[0]);
-    assert!(t0.contains("(device 3,"), "rank 0 takes the table's NPU 3: {t0}");
-    same_losses(&cpu_losses(&art, "3"), &losses(&t0), "2 ranks from a rank table");
+    assert!(
+        t0.contains("(device 3,"),
+        "rank 0 takes the table's NPU 3: {t0}"
+    );
+    same_losses(
+        &cpu_losses(&art, "3"),
+        &losses(&t0),
+        "2 ranks from a rank table",
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -233,7 +272,10 @@ fn processes_started_from_a_rank_table_train_as_the_cpu() {
 fn a_killed_hccl_worker_ends_the_job_naming_its_rank() {
     let dir = tmp("kill");
     let art = dir.join("art");
-    compile(&art, &["--device-num", "4", "--parallel-mode", "data_parallel"]);
+    compile(
+        &art,
+        &["--device-num", "4", "--parallel-mode", "data_parallel"],
+    );
     let log = dir.join("log");
     let launcher = launch_ascend(4, &log, &art, "100000000", &[])
         .env("SHARDC_HEARTBEAT_TIMEOUT", "5")

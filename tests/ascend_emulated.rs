@@ -65,13 +65,21 @@ fn transformer_trains_as_on_the_cpu_with_adam() {
     let g = transformer(&TransformerConfig::new(1, 16, 2, 4, 2)).expect("transformer");
     let s = compare(train(g, adam()), 2, 1e-4, false);
     for op in ["Softmax", "LayerNorm", "BatchMatMul", "MatMul", "GeLU"] {
-        assert!(!s.contains(&format!("host: {op} ")), "{op} ran on the host: {s}");
+        assert!(
+            !s.contains(&format!("host: {op} ")),
+            "{op} ran on the host: {s}"
+        );
     }
 }
 
 #[test]
 fn lenet_trains_as_on_the_cpu() {
-    compare(train(zoo::lenet(2).expect("lenet"), momentum()), 2, 1e-4, false);
+    compare(
+        train(zoo::lenet(2).expect("lenet"), momentum()),
+        2,
+        1e-4,
+        false,
+    );
 }
 
 #[test]

@@ -168,7 +168,14 @@ mod with_mpi {
         }
         let m = cmd
             .arg(exe())
-            .args(["run", art.to_str().unwrap(), "--steps", "3", "--comm", "mpi"])
+            .args([
+                "run",
+                art.to_str().unwrap(),
+                "--steps",
+                "3",
+                "--comm",
+                "mpi",
+            ])
             .args(["--device-target", "Ascend"])
             .output()
             .expect("mpirun runs");
@@ -179,15 +186,26 @@ mod with_mpi {
         // Both ranks print every step's global loss; the CPU's to 1e-5 (HCCL's sums and the
         // aclnn kernels round differently from the CPU's).
         let value = |l: &String| -> f64 {
-            l.split(", loss is ").nth(1).unwrap().trim().parse().unwrap()
+            l.split(", loss is ")
+                .nth(1)
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap()
         };
         let npu = loss_lines(&String::from_utf8_lossy(&m.stdout));
         let want = loss_lines(&String::from_utf8_lossy(&cpu.stdout));
         assert_eq!(npu.len(), 2 * want.len(), "{t}");
         for l in &npu {
             let step = l.split(", loss is ").next().unwrap();
-            let w = want.iter().find(|w| w.starts_with(step)).expect("the CPU's step");
-            assert!((value(l) - value(w)).abs() <= 1e-5 * value(w).abs().max(1.0), "{l} vs {w}");
+            let w = want
+                .iter()
+                .find(|w| w.starts_with(step))
+                .expect("the CPU's step");
+            assert!(
+                (value(l) - value(w)).abs() <= 1e-5 * value(w).abs().max(1.0),
+                "{l} vs {w}"
+            );
         }
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -8,9 +8,10 @@
 //! compiler is found. With `SHARDC_TEST_DEVICE=cuda` the same tests run on GPU 0 instead
 //! (`gpu_common::kernel_test_device`).
 
+mod device_common;
 mod gpu_common;
 
-use gpu_common::device_common::small_resnet18;
+use device_common::small_resnet18;
 use gpu_common::{close, compare_on_with, kernel_test_device, momentum, train};
 use shardc::compiler::builder::{BuildError, GraphBuilder, Value};
 use shardc::compiler::loss::SoftmaxCrossEntropyWithLogits;
@@ -19,7 +20,7 @@ use shardc::compiler::nn::{
     call_cell, AvgPool2d, BatchNorm2d, Cell, Conv2d, Dense, Flatten, MaxPool2d, ReLU,
 };
 use shardc::compiler::pipeline::{compile, CompileOptions};
-use shardc::compiler::zoo::{self, BasicBlock};
+use shardc::compiler::zoo;
 use shardc::cpu::CpuBackend;
 use shardc::cuda::emulator::EmulatedDevice;
 use shardc::cuda::{Device, GpuExecutor};

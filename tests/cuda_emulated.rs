@@ -6,6 +6,7 @@
 //! same tests run on GPU 0 instead (`gpu_common::kernel_test_device`); `tests/cuda_gpu.rs`
 //! runs the models on a real GPU too.
 
+mod device_common;
 mod gpu_common;
 
 use gpu_common::{compare_on, kernel_test_device, momentum, train};

@@ -6,6 +6,7 @@
 //! `cargo nextest run --run-ignored ignored-only -E 'binary(cuda_gpu)'` (or
 //! `cargo test --test cuda_gpu -- --ignored`).
 
+mod device_common;
 mod gpu_common;
 
 use gpu_common::nccl_ranks::{

@@ -16,7 +16,6 @@ fn shardc(args: &[&str]) -> Output {
         .expect("the shardc binary runs")
 }
 
-
 fn tmp(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("shardc-gpu-cli-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
@@ -29,8 +28,6 @@ fn model() -> String {
         .display()
         .to_string()
 }
-
-
 
 fn compile(art: &Path, extra: &[&str]) {
     let mut args = vec!["compile", &model_leak(), "-o", art.to_str().unwrap()];
@@ -172,7 +169,6 @@ fn the_emulated_gpu_trains_one_device_and_in_process_ranks_as_the_cpu() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
-
 
 /// `shardc launch` of `workers` local workers, logs under `log`, each running `shardc run
 /// ART --steps STEPS --device-target GPU --gpu emulator EXTRA...`.

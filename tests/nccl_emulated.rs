@@ -7,6 +7,7 @@
 //! where CI runs those paths with 2 to 4 ranks. Skips with a message where no C++20 compiler
 //! is found.
 
+mod device_common;
 mod gpu_common;
 
 use gpu_common::nccl_ranks::{

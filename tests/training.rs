@@ -554,7 +554,11 @@ fn model_trains_on_ascend_as_on_the_cpu() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut ckpt = ModelCheckpoint::new("npu", dir.path(), CheckpointConfig::default());
     let b = npu.train(2, &data, &mut [&mut ckpt]).expect("Ascend");
-    assert!(npu.executor().expect("built").device().contains("(device 0,"));
+    assert!(npu
+        .executor()
+        .expect("built")
+        .device()
+        .contains("(device 0,"));
     assert_eq!(a.losses.len(), b.losses.len());
     for (x, y) in a.losses.iter().zip(&b.losses) {
         assert!(
@@ -634,7 +638,9 @@ fn model_trains_on_the_emulated_gpu_as_on_the_cpu() {
 fn init_with_a_backend_name_joins_and_an_unknown_name_is_refused() {
     let c = shardc::communication::init_backend("hccl").expect("hccl");
     assert_eq!((c.get_rank(), c.get_group_size()), (0, 1));
-    let e = shardc::communication::init_backend("gloo").unwrap_err().to_string();
+    let e = shardc::communication::init_backend("gloo")
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("init(\"gloo\"): unknown communication backend: expected \"hccl\" (Ascend), \"nccl\" (GPU) or \"mccl\" (CPU)"),
         "{e}"

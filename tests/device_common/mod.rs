@@ -148,4 +148,3 @@ pub fn small_resnet18(batch: usize) -> Graph {
     )
     .expect("small resnet18")
 }
-

@@ -3,11 +3,11 @@
 
 #![allow(dead_code)]
 
-#[path = "../device_common/mod.rs"]
-pub mod device_common;
 pub mod nccl_ranks;
 
-pub use device_common::{close, momentum, train};
+// Every test that uses this module also declares `mod device_common;`.
+#[allow(unused_imports)]
+pub use crate::device_common::{close, momentum, train};
 
 use shardc::cpu::CpuBackend;
 use shardc::cuda::cuda::CudaDevice;
@@ -86,7 +86,7 @@ fn compare_steps(
 ) -> String {
     let cpu_backend = Arc::new(CpuBackend::with_threads(1));
     let mut gpu = GpuExecutor::new(g.clone(), dev, cpu_backend).expect("gpu executor");
-    device_common::compare_steps_on(&mut gpu, &g, steps, tol, weight_tol, resync);
+    crate::device_common::compare_steps_on(&mut gpu, &g, steps, tol, weight_tol, resync);
     gpu.stats().summary()
 }
 

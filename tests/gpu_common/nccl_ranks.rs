@@ -6,13 +6,16 @@ use super::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use shardc::compiler::optim::Momentum;
+use shardc::compiler::pipeline::{compile, CompileOptions};
 use shardc::compiler::transformer::{transformer, TransformerConfig};
 use shardc::compiler::zoo;
 use shardc::cuda::nccl::NcclComm;
 use shardc::ir::{OpKind, TensorLayout};
 use shardc::passes::parallel::rules::{candidates, dims_of, strategy_from_loops};
 use shardc::passes::parallel::{DatasetLayout, Mode, ParallelOptions};
+use shardc::runtime::data::synthetic::SyntheticData;
 use shardc::runtime::{Communicator, InProcessWorld};
+use shardc::runtime::{Executor, Tensor};
 use shardc_tools::in_process::run_ranks;
 use std::collections::BTreeSet;
 

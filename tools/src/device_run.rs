@@ -85,9 +85,7 @@ pub fn train_one<E: DeviceExecutor>(a: &RunArgs, art: &Artifact, mut exec: E) ->
 }
 
 /// The results of rank threads, by rank (a panicked thread as an error).
-pub fn join_ranks<T>(
-    handles: Vec<std::thread::ScopedJoinHandle<'_, Result<T>>>,
-) -> Vec<Result<T>> {
+pub fn join_ranks<T>(handles: Vec<std::thread::ScopedJoinHandle<'_, Result<T>>>) -> Vec<Result<T>> {
     handles
         .into_iter()
         .map(|h| {

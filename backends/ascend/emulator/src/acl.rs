@@ -184,7 +184,9 @@ pub unsafe extern "C" fn aclrtDestroyStream(stream: aclrtStream) -> aclError {
 #[no_mangle]
 pub unsafe extern "C" fn aclrtSynchronizeStream(stream: aclrtStream) -> aclError {
     let api = "aclrtSynchronizeStream";
-    ffi::acl(api, || stream_or_default(api, stream as usize)?.synchronize(api, None))
+    ffi::acl(api, || {
+        stream_or_default(api, stream as usize)?.synchronize(api, None)
+    })
 }
 
 /// `aclrtSynchronizeStreamWithTimeout` (`timeout` in ms, -1: forever).
@@ -398,9 +400,7 @@ pub unsafe extern "C" fn aclrtMemcpy(
         };
         match de {
             End::Device => mem::write_bytes(&it.next().expect("dst"), &bytes),
-            End::Host => {
-                std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst as *mut u8, count)
-            }
+            End::Host => std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst as *mut u8, count),
         }
         Ok(())
     })

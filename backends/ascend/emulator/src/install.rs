@@ -73,8 +73,11 @@ pub fn stage_as_cann(dir: &Path) -> io::Result<PathBuf> {
 /// library (named from a hash of its path), so test processes of one build share it.
 pub fn staging_dir() -> io::Result<PathBuf> {
     let lib = built_library()?;
-    let h = lib.to_string_lossy().bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
+    let h = lib
+        .to_string_lossy()
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
     Ok(std::env::temp_dir().join(format!("shardc-cann-emulator-{h:016x}")))
 }

@@ -238,7 +238,10 @@ impl Engine {
         let base = self.next[device as usize];
         let next = (base + size + GAP).div_ceil(ALIGN) * ALIGN;
         if next >= device_base(device) + DEVICE_STRIDE {
-            bail!(BadAlloc, "{api}: device {device}'s address range is used up");
+            bail!(
+                BadAlloc,
+                "{api}: device {device}'s address range is used up"
+            );
         }
         self.next[device as usize] = next;
         self.live.insert(

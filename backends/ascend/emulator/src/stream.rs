@@ -62,7 +62,10 @@ impl Stream {
             .spawn(move || {
                 while let Ok((n, what, work)) = rx.recv() {
                     let r = catch_unwind(AssertUnwindSafe(work)).unwrap_or_else(|_| {
-                        Err(emu_err!(Internal, "{what}: the emulator panicked running it"))
+                        Err(emu_err!(
+                            Internal,
+                            "{what}: the emulator panicked running it"
+                        ))
                     });
                     let (m, cv) = &*p;
                     let mut g = lock(m);
