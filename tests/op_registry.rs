@@ -8,11 +8,16 @@
 //! the strategy search has always used (the table below pins it), a windowed op says which
 //! geometry it follows; the CPU backend has a kernel, or the op is one the executor or the
 //! communicator runs (listed below with why); the CUDA backend has a kernel, or the op is in
-//! `HOST_FALLBACKS` with a reason, never both.
+//! `HOST_FALLBACKS` with a reason, never both; so has the Ascend backend (an aclnn lowering,
+//! or its own `HOST_FALLBACKS` entry with the reason).
 //!
 //! The walk is a function of the lookups, so the tests below also run it on registries with
 //! one entry taken out, and check that it fails for exactly that op.
 
+use shardc::ascend::ops::{
+    has_kernel as ascend_has_kernel, host_fallback as ascend_fallback,
+    HOST_FALLBACKS as ASCEND_HOST_FALLBACKS,
+};
 use shardc::cpu::{kernel as cpu_kernel, not_compute_reason, Kernel};
 use shardc::cuda::{has_kernel as cuda_has_kernel, host_fallback, HOST_FALLBACKS};
 use shardc::ir::{OpClass, OpKind};
@@ -78,6 +83,8 @@ struct Registry {
     cpu_not_compute: fn(OpKind) -> Option<&'static str>,
     cuda_has_kernel: fn(OpKind) -> bool,
     cuda_fallback: fn(OpKind) -> Option<&'static str>,
+    ascend_has_kernel: fn(OpKind) -> bool,
+    ascend_fallback: fn(OpKind) -> Option<&'static str>,
 }
 
 const REAL: Registry = Registry {
@@ -86,6 +93,8 @@ const REAL: Registry = Registry {
     cpu_not_compute: not_compute_reason,
     cuda_has_kernel,
     cuda_fallback: host_fallback,
+    ascend_has_kernel,
+    ascend_fallback,
 };
 
 /// Every problem of every op, as `Op: what is missing`.
@@ -173,6 +182,15 @@ fn problems(reg: &Registry) -> Vec<String> {
             (false, _) => bad("it has no CUDA kernel and no listed host fallback".into()),
             (true, Some(_)) => bad("it has a CUDA kernel but is listed as a host fallback".into()),
         }
+        // Ascend: an aclnn lowering or a listed host fallback.
+        match ((reg.ascend_has_kernel)(op), (reg.ascend_fallback)(op)) {
+            (true, None) => {}
+            (false, Some(why)) if !why.trim().is_empty() => {}
+            (false, _) => bad("it has no aclnn lowering and no listed host fallback".into()),
+            (true, Some(_)) => {
+                bad("it has an aclnn lowering but is listed as a host fallback".into())
+            }
+        }
     }
     out
 }
@@ -195,6 +213,28 @@ fn the_host_fallback_list_has_no_duplicates() {
             "{op} is listed twice"
         );
     }
+}
+
+#[test]
+fn the_ascend_host_fallback_list_has_no_duplicates() {
+    for (i, (op, _)) in ASCEND_HOST_FALLBACKS.iter().enumerate() {
+        assert!(
+            !ASCEND_HOST_FALLBACKS[i + 1..].iter().any(|(o, _)| o == op),
+            "{op} is listed twice"
+        );
+    }
+}
+
+#[test]
+fn the_walk_fails_for_an_ascend_op_without_a_lowering_or_a_listed_fallback() {
+    let reg = Registry {
+        ascend_has_kernel: |op| op != OpKind::LayerNormGrad && ascend_has_kernel(op),
+        ..REAL
+    };
+    assert_eq!(
+        problems(&reg),
+        vec!["LayerNormGrad: it has no aclnn lowering and no listed host fallback".to_string()]
+    );
 }
 
 #[test]
