@@ -102,6 +102,7 @@ fn every_printing_subcommand_ends_quietly_when_its_stdout_closes() {
         vec!["explain".into(), s(&art), "--op".into(), "matmul".into()],
         vec!["ckpt".into(), "inspect".into(), s(&ckpt)],
         vec!["gpu".into(), "info".into()],
+        vec!["device".into(), "info".into()],
         vec!["--help".into()],
         vec!["run".into(), "--help".into()],
     ];
