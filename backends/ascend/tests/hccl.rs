@@ -1,0 +1,234 @@
+//! HCCL on the emulator: the runtime's communicator conformance suite across threads of one
+//! process (rank r on emulated device r, bootstrapped over the in-process world), and the
+//! executor's collectives natively on device buffers against the staged path.
+
+mod common;
+
+use shardc_backend_ascend::HcclComm;
+use shardc_runtime::comm::conformance;
+use shardc_runtime::{Communicator, InProcessWorld};
+use std::sync::Arc;
+
+/// Runs `f` on every rank of a world of `n` (a thread each, device = rank, HCCL over the
+/// in-process world); the results by rank.
+fn on_ranks<T: Send>(
+    n: usize,
+    f: impl Fn(usize, HcclComm) -> Result<T, String> + Sync,
+) -> Vec<Result<T, String>> {
+    common::use_emulator();
+    let world = InProcessWorld::new(n);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = world
+            .into_iter()
+            .enumerate()
+            .map(|(rank, boot)| {
+                let f = &f;
+                s.spawn(move || {
+                    let dev = shardc_backend_ascend::AscendDevice::open(rank)
+                        .map_err(|e| e.to_string())?;
+                    let comm = HcclComm::new(dev, boot).map_err(|e| e.to_string())?;
+                    f(rank, comm)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("the rank panicked".into())))
+            .collect()
+    })
+}
+
+#[test]
+fn hccl_on_two_and_three_ranks_passes_the_communicator_conformance_suite() {
+    for n in [2, 3] {
+        let results = on_ranks(n, |_, comm| conformance::run(&comm));
+        for (rank, r) in results.into_iter().enumerate() {
+            match r {
+                Ok(checks) => assert!(checks > 20, "{n} ranks, rank {rank}: {checks} checks"),
+                Err(e) => panic!("{n} ranks, rank {rank}: {e}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn a_communicator_reports_its_rank_and_size() {
+    let results = on_ranks(2, |rank, comm| {
+        Ok((rank, comm.rank(), comm.size(), Arc::new(comm).device().id()))
+    });
+    for r in results {
+        let (rank, r2, size, dev) = r.expect("rank");
+        assert_eq!((rank, size, dev), (r2, 2, rank));
+    }
+}
+
+use shardc_backend_ascend::AscendExecutor;
+use shardc_backend_cpu::CpuBackend;
+use shardc_ir::{Graph, OpKind};
+use shardc_runtime::{Executor, Tensor};
+
+/// Rank `rank`'s graph of every communication op among 4 ranks, with a ring of sends and
+/// receives (each rank sends to the next and receives from the previous).
+fn every_op_graph(rank: usize) -> Graph {
+    let (pair, root) = if rank % 2 == 1 {
+        ("1, 3", 3)
+    } else {
+        ("0, 2", 2)
+    };
+    let text = format!(
+        "%para1_x : <Tensor[Float32], (4, 2)>
+
+subgraph @Every(%para1_x) {{
+  %1(g) = AllGather(%para1_x) {{instance name: g}} primitive_attrs: {{rank_list: (0, 1, 2, 3), axis: 0}}
+  %2(rs) = ReduceScatter(%1) {{instance name: rs}} primitive_attrs: {{rank_list: (0, 1, 2, 3), op: sum}}
+  %3(a) = AlltoAll(%para1_x) {{instance name: a}} primitive_attrs: {{split_dim: 0, concat_dim: 1, split_count: 4, rank_list: (0, 1, 2, 3)}}
+  %4(b) = Broadcast(%para1_x) {{instance name: b}} primitive_attrs: {{rank_list: ({pair}), root_rank: {root}}}
+  %5(g1) = AllGather(%para1_x) {{instance name: g1}} primitive_attrs: {{rank_list: (0, 1, 2, 3), axis: 1}}
+  %6(r1) = ReduceScatter(%5) {{instance name: r1}} primitive_attrs: {{rank_list: (0, 1, 2, 3), op: sum, axis: 1}}
+  %7(ar) = AllReduce(%para1_x) {{instance name: ar}} primitive_attrs: {{group: ({pair}), op: max}}
+  %8(s) = Send(%para1_x) {{instance name: s}} primitive_attrs: {{dest_rank: {next}, sr_tag: 7}}
+  %9(r) = Receive() {{instance name: r}} primitive_attrs: {{src_rank: {prev}, sr_tag: 7, shape: (4, 2), dtype: Float32}}
+  Return(%1, %2, %3, %4, %5, %6, %7, %8, %9)
+}}",
+        next = (rank + 1) % 4,
+        prev = (rank + 3) % 4,
+    );
+    let mut g = shardc_ir::text::parse_graph(&text, "every.ir").expect("parses");
+    shardc_passes::infer::infer_graph(&mut g).expect("types");
+    g
+}
+
+#[test]
+fn every_communication_op_with_a_ring_of_sends_runs_natively_as_on_the_cpu() {
+    let x = |rank: usize| {
+        Tensor::from_f32(
+            vec![4, 2],
+            (0..8).map(|i| (rank * 10 + i) as f32 * 0.37).collect(),
+        )
+        .expect("x")
+    };
+    let host = Arc::new(CpuBackend::with_threads(1));
+    let cpu: Vec<Vec<Tensor>> = std::thread::scope(|s| {
+        let hs: Vec<_> = InProcessWorld::new(4)
+            .into_iter()
+            .enumerate()
+            .map(|(rank, comm)| {
+                let host = host.clone();
+                s.spawn(move || {
+                    let mut e = Executor::with_communicator(every_op_graph(rank), host, comm)
+                        .expect("cpu executor");
+                    e.step(&[("x", x(rank))]).expect("cpu step")
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("joins")).collect()
+    });
+    let asc = on_ranks(4, |rank, comm| {
+        let dev = comm.device().clone();
+        let mut e = AscendExecutor::with_hccl(every_op_graph(rank), dev, host.clone(), Arc::new(comm))
+            .map_err(|e| e.to_string())?;
+        let mut outs = Vec::new();
+        for _ in 0..2 {
+            outs = e
+                .step(&[("x", x(rank))])
+                .map_err(|e| format!("rank {rank}: {e}"))?;
+        }
+        Ok(outs)
+    });
+    for (rank, r) in asc.into_iter().enumerate() {
+        let outs = r.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(outs, cpu[rank], "rank {rank}");
+    }
+}
+
+/// The per-rank graphs of a data-parallel MLP training step over 2 ranks (gradient buckets:
+/// fused AllReduces).
+fn data_parallel_graphs() -> Vec<Graph> {
+    use shardc_compiler::optim::Momentum;
+    use shardc_compiler::pipeline::{compile, CompileOptions};
+    use shardc_passes::parallel::{DatasetLayout, Mode, ParallelOptions};
+    let par = compile(
+        shardc_compiler::zoo::mlp(8, &[12, 16, 16, 4]).expect("mlp"),
+        &CompileOptions {
+            optimizer: Some(Momentum::new(0.05, 0.9).to_spec()),
+            parallel: Some(ParallelOptions {
+                mode: Mode::DataParallel,
+                device_num: 2,
+                dataset: DatasetLayout::DataParallel,
+                gradients_mean: true,
+                enable_alltoall: false,
+                search: Default::default(),
+            }),
+            ..Default::default()
+        },
+    )
+    .expect("compiles")
+    .parallel
+    .expect("per-rank graphs");
+    par.ranks
+}
+
+#[test]
+fn data_parallel_ranks_reduce_their_gradient_buckets_through_hccl_as_the_cpu_ranks() {
+    use shardc_runtime::data::synthetic::SyntheticData;
+    let graphs = data_parallel_graphs();
+    let buckets = graphs[0]
+        .nodes
+        .iter()
+        .filter(|n| n.op == OpKind::AllReduce && n.attrs.int_or("fusion", 0) > 0)
+        .count();
+    assert!(buckets > 0, "no gradient bucket in the graph");
+    let host = Arc::new(CpuBackend::with_threads(1));
+    const STEPS: u64 = 3;
+    let run_cpu = |rank: usize, comm: Arc<dyn Communicator>| {
+        let g = graphs[rank].clone();
+        let data = SyntheticData::new(&g, 5, STEPS as usize).expect("data");
+        let mut e = Executor::with_communicator(g, host.clone(), comm).expect("cpu executor");
+        let mut outs = Vec::new();
+        for s in 0..STEPS {
+            outs.push(e.step(&data.feeds(s)).expect("cpu step"));
+        }
+        let w: Vec<(String, Tensor)> = e.weights().map(|(n, t)| (n.to_string(), t.clone())).collect();
+        (outs, w)
+    };
+    let cpu: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = InProcessWorld::new(2)
+            .into_iter()
+            .enumerate()
+            .map(|(rank, comm)| {
+                let run_cpu = &run_cpu;
+                s.spawn(move || run_cpu(rank, comm))
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("joins")).collect()
+    });
+    let asc = on_ranks(2, |rank, comm| {
+        let g = graphs[rank].clone();
+        let data = SyntheticData::new(&g, 5, STEPS as usize).expect("data");
+        let dev = comm.device().clone();
+        let mut e = AscendExecutor::with_hccl(g, dev, host.clone(), Arc::new(comm))
+            .map_err(|e| e.to_string())?;
+        let mut outs = Vec::new();
+        for s in 0..STEPS {
+            outs.push(e.step(&data.feeds(s)).map_err(|e| format!("rank {rank}: {e}"))?);
+        }
+        let w = e.weights().map_err(|e| e.to_string())?;
+        Ok((outs, w, e.stats().summary()))
+    });
+    for (rank, r) in asc.into_iter().enumerate() {
+        let (outs, weights, summary) = r.unwrap_or_else(|e| panic!("{e}"));
+        for (s, (a, b)) in cpu[rank].0.iter().zip(&outs).enumerate() {
+            for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                if let Err(e) = common::close(x, y, 1e-5) {
+                    panic!("rank {rank}, step {s}, output {i}: {e}");
+                }
+            }
+        }
+        for ((n, a), (m, b)) in cpu[rank].1.iter().zip(&weights) {
+            assert_eq!(n, m);
+            if let Err(e) = common::close(a, b, 1e-5) {
+                panic!("rank {rank}, weight {n}: {e}");
+            }
+        }
+        assert!(!summary.contains("host: MatMul"), "{summary}");
+    }
+}

@@ -1,0 +1,45 @@
+//! Whole training steps of the tutorial networks on the emulated Ascend device against the
+//! CPU executor: the MLP and the quickstart network with Momentum, the transformer with Adam.
+
+mod common;
+
+use shardc_compiler::transformer::{transformer, TransformerConfig};
+use shardc_compiler::zoo;
+use shardc_passes::autodiff::Optimizer;
+
+#[test]
+fn mlp_trains_as_on_the_cpu() {
+    let g = common::train(zoo::mlp(8, &[20, 16, 16, 4]).expect("mlp"), common::momentum());
+    let s = common::compare(g, 3, 1e-5);
+    println!("{s}");
+    for op in ["MatMul", "ApplyMomentum", "SparseSoftmaxCrossEntropyWithLogits", "ReLU"] {
+        assert!(!s.contains(&format!("host: {op} ")), "{op} ran on the host: {s}");
+    }
+}
+
+#[test]
+fn quickstart_trains_as_on_the_cpu() {
+    let g = common::train(zoo::quickstart(4).expect("quickstart"), common::momentum());
+    let s = common::compare(g, 2, 1e-5);
+    println!("{s}");
+}
+
+#[test]
+fn transformer_trains_as_on_the_cpu_with_adam() {
+    let cfg = TransformerConfig::new(1, 16, 2, 4, 2);
+    let g = transformer(&cfg).expect("transformer");
+    let adam = Optimizer::Adam {
+        learning_rate: 0.01,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+    };
+    let s = common::compare(common::train(g, adam), 2, 1e-5);
+    println!("{s}");
+    for op in ["Softmax", "LayerNorm", "BatchMatMul", "GeLU", "Adam", "LayerNormGrad"] {
+        assert!(
+            !s.contains(&format!("host: {op} ")),
+            "{op} ran on the host: {s}"
+        );
+    }
+}

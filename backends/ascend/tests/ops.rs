@@ -1,0 +1,475 @@
+//! Each aclnn lowering against the CPU backend: per op a small graph (random weights, every
+//! result an output), run on the emulated Ascend device and on the CPU, compared to 1e-5 and
+//! required to have run on the device (not the host fallback). The table covers every op
+//! `ops::has_kernel` says is lowered.
+
+mod common;
+
+use shardc_backend_ascend::{ops, AscendExecutor};
+use shardc_backend_cpu::CpuBackend;
+use shardc_compiler::builder::{GraphBuilder, Value};
+use shardc_ir::{Attr, Attrs, Const, DType, Init, OpKind, Operand};
+use shardc_runtime::{Executor, Tensor};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+/// One case: its name, the ops it must run on the device, the graph, and its feeds.
+struct Case {
+    name: &'static str,
+    ops: Vec<OpKind>,
+    build: Box<dyn Fn(&mut GraphBuilder) -> Vec<Value>>,
+    feeds: Vec<(&'static str, Tensor)>,
+}
+
+fn w(b: &mut GraphBuilder, name: &str, shape: &[usize], seed: u64) -> Value {
+    b.weight(
+        name,
+        DType::Float32,
+        shape,
+        Init::Normal {
+            sigma: 1.0,
+            mean: 0.0,
+            seed,
+        },
+    )
+    .expect("weight")
+}
+
+fn op(b: &mut GraphBuilder, kind: OpKind, inputs: &[Operand], attrs: Attrs) -> Value {
+    b.op(kind, inputs, attrs)
+        .unwrap_or_else(|e| panic!("{kind}: {e}"))
+}
+
+fn ints(v: &[i64]) -> Operand {
+    Operand::Const(Const::Ints(v.to_vec()))
+}
+
+fn float(v: f64) -> Operand {
+    Operand::Const(Const::Float(v))
+}
+
+fn no() -> Attrs {
+    Attrs::new()
+}
+
+fn case(
+    name: &'static str,
+    ops: &[OpKind],
+    build: impl Fn(&mut GraphBuilder) -> Vec<Value> + 'static,
+) -> Case {
+    Case {
+        name,
+        ops: ops.to_vec(),
+        build: Box::new(build),
+        feeds: Vec::new(),
+    }
+}
+
+fn run(c: &Case) -> String {
+    let mut b = GraphBuilder::new(c.name);
+    let outs = (c.build)(&mut b);
+    let g = b
+        .finish(&outs)
+        .unwrap_or_else(|e| panic!("{}: {e}", c.name));
+    let host = Arc::new(CpuBackend::with_threads(1));
+    let mut cpu = Executor::new(g.clone(), host.clone()).expect("cpu executor");
+    let mut asc = AscendExecutor::new(g.clone(), common::device(0), host)
+        .unwrap_or_else(|e| panic!("{}: {e}", c.name));
+    let feeds: Vec<(&str, Tensor)> = c.feeds.iter().map(|(n, t)| (*n, t.clone())).collect();
+    for step in 0..2 {
+        let want = cpu.step(&feeds).unwrap_or_else(|e| panic!("{}: cpu: {e}", c.name));
+        let got = asc
+            .step(&feeds)
+            .unwrap_or_else(|e| panic!("{}: ascend step {step}: {e}", c.name));
+        for (i, (x, y)) in want.iter().zip(&got).enumerate() {
+            if let Err(e) = common::close(x, y, 1e-5) {
+                panic!("{}: step {step}, output {i}: {e}", c.name);
+            }
+        }
+    }
+    let s = asc.stats().summary();
+    for o in &c.ops {
+        assert!(
+            !asc.stats().host_ops.contains_key(&o.to_string()),
+            "{}: {o} ran on the host: {s}",
+            c.name
+        );
+    }
+    s
+}
+
+fn cases() -> Vec<Case> {
+    use OpKind::*;
+    let mut v = vec![
+        case("matmul", &[MatMul], |b| {
+            let x = w(b, "x", &[3, 5], 1);
+            let y = w(b, "y", &[5, 4], 2);
+            let yt = w(b, "yt", &[4, 5], 3);
+            let xt = w(b, "xt", &[5, 3], 4);
+            let t = |a: bool, c: bool| {
+                Attrs::new()
+                    .with("transpose_a", Attr::Bool(a))
+                    .with("transpose_b", Attr::Bool(c))
+            };
+            vec![
+                op(b, MatMul, &[x.into(), y.into()], t(false, false)),
+                op(b, MatMul, &[x.into(), yt.into()], t(false, true)),
+                op(b, MatMul, &[xt.into(), y.into()], t(true, false)),
+                op(b, MatMul, &[xt.into(), yt.into()], t(true, true)),
+            ]
+        }),
+        case("batch_matmul", &[BatchMatMul], |b| {
+            let x = w(b, "x", &[2, 3, 3, 5], 1);
+            let y = w(b, "y", &[2, 3, 5, 4], 2);
+            let y1 = w(b, "y1", &[5, 4], 3);
+            let yt = w(b, "yt", &[2, 3, 4, 5], 4);
+            vec![
+                op(b, BatchMatMul, &[x.into(), y.into()], no()),
+                op(b, BatchMatMul, &[x.into(), y1.into()], no()),
+                op(
+                    b,
+                    BatchMatMul,
+                    &[x.into(), yt.into()],
+                    Attrs::new().with("transpose_b", Attr::Bool(true)),
+                ),
+            ]
+        }),
+        case("arithmetic", &[Add, Sub, Mul, RealDiv], |b| {
+            let x = w(b, "x", &[4, 6], 1);
+            let y = w(b, "y", &[4, 6], 2);
+            let r = w(b, "r", &[6], 3);
+            let c = w(b, "c", &[4, 1], 4);
+            let mut out = Vec::new();
+            for k in [Add, Sub, Mul, RealDiv] {
+                out.push(op(b, k, &[x.into(), y.into()], no()));
+                out.push(op(b, k, &[x.into(), r.into()], no()));
+                out.push(op(b, k, &[c.into(), r.into()], no()));
+                out.push(op(b, k, &[x.into(), float(0.5)], no()));
+                out.push(op(b, k, &[float(3.0), x.into()], no()));
+            }
+            out
+        }),
+        case(
+            "unary",
+            &[Neg, Square, Sqrt, Exp, Log, ReLU, GeLU, Sigmoid, Tanh, SiLU],
+            |b| {
+                let x = w(b, "x", &[3, 7], 1);
+                let e = op(b, Exp, &[x.into()], no());
+                let mut out = vec![e];
+                for k in [Neg, Square, ReLU, GeLU, Sigmoid, Tanh, SiLU] {
+                    out.push(op(b, k, &[x.into()], no()));
+                }
+                out.push(op(b, Sqrt, &[e.into()], no()));
+                out.push(op(b, Log, &[e.into()], no()));
+                out
+            },
+        ),
+        case(
+            "elementwise_gradients",
+            &[ReluGrad, SigmoidGrad, TanhGrad, SqrtGrad, GeLUGrad, SiLUGrad, DropoutGrad],
+            |b| {
+                let x = w(b, "x", &[3, 7], 1);
+                let dy = w(b, "dy", &[3, 7], 2);
+                let relu = op(b, ReLU, &[x.into()], no());
+                let sig = op(b, Sigmoid, &[x.into()], no());
+                let th = op(b, Tanh, &[x.into()], no());
+                let e = op(b, Exp, &[x.into()], no());
+                let sq = op(b, Sqrt, &[e.into()], no());
+                let ge = op(b, GeLU, &[x.into()], no());
+                vec![
+                    op(b, ReluGrad, &[dy.into(), relu.into()], no()),
+                    op(b, SigmoidGrad, &[sig.into(), dy.into()], no()),
+                    op(b, TanhGrad, &[th.into(), dy.into()], no()),
+                    op(b, SqrtGrad, &[sq.into(), dy.into()], no()),
+                    op(b, GeLUGrad, &[dy.into(), x.into(), ge.into()], no()),
+                    op(b, SiLUGrad, &[dy.into(), x.into()], no()),
+                    op(b, DropoutGrad, &[dy.into(), x.into()], no()),
+                ]
+            },
+        ),
+        case("bias_add", &[BiasAdd, BiasAddGrad], |b| {
+            let x = w(b, "x", &[4, 3], 1);
+            let x4 = w(b, "x4", &[2, 3, 2, 2], 2);
+            let bias = w(b, "b", &[3], 3);
+            vec![
+                op(b, BiasAdd, &[x.into(), bias.into()], no()),
+                op(b, BiasAdd, &[x4.into(), bias.into()], no()),
+                op(b, BiasAddGrad, &[x.into()], no()),
+                op(b, BiasAddGrad, &[x4.into()], no()),
+            ]
+        }),
+        case("cast_equal_fill", &[Cast, Equal, ZerosLike, OnesLike], |b| {
+            let x = w(b, "x", &[3, 4], 1);
+            let i = op(
+                b,
+                Cast,
+                &[x.into()],
+                Attrs::new().with("dst_type", Attr::Str("Int32".into())),
+            );
+            let back = op(
+                b,
+                Cast,
+                &[i.into()],
+                Attrs::new().with("dst_type", Attr::Str("Float32".into())),
+            );
+            let eq = op(b, Equal, &[back.into(), float(0.0)], no());
+            vec![
+                i,
+                back,
+                eq,
+                op(b, ZerosLike, &[x.into()], no()),
+                op(b, OnesLike, &[x.into()], no()),
+            ]
+        }),
+        case("movement", &[Reshape, Transpose, BroadcastTo, Concat, Split], |b| {
+            let x = w(b, "x", &[2, 3, 4], 1);
+            let y = w(b, "y", &[2, 1, 4], 2);
+            let r = op(b, Reshape, &[x.into(), ints(&[6, 4])], no());
+            let sp = op(
+                b,
+                Split,
+                &[x.into()],
+                Attrs::new()
+                    .with("axis", Attr::Int(2))
+                    .with("output_num", Attr::Int(2)),
+            );
+            let s0 = b.tuple_get_item(sp, 0).expect("part");
+            let s1 = b.tuple_get_item(sp, 1).expect("part");
+            vec![
+                r,
+                op(b, Transpose, &[x.into(), ints(&[2, 0, 1])], no()),
+                op(b, BroadcastTo, &[y.into(), ints(&[3, 2, 3, 4])], no()),
+                op(
+                    b,
+                    Concat,
+                    &[x.into(), y.into(), x.into()],
+                    Attrs::new().with("axis", Attr::Int(1)),
+                ),
+                s0,
+                s1,
+            ]
+        }),
+        case("reductions", &[ReduceSum, ReduceMean, ReduceMax], |b| {
+            let x = w(b, "x", &[3, 4, 5], 1);
+            let mut out = Vec::new();
+            for k in [ReduceSum, ReduceMean, ReduceMax] {
+                out.push(op(b, k, &[x.into(), ints(&[])], no()));
+                out.push(op(b, k, &[x.into(), ints(&[1])], no()));
+                out.push(op(
+                    b,
+                    k,
+                    &[x.into(), ints(&[0, -1])],
+                    Attrs::new().with("keep_dims", Attr::Bool(true)),
+                ));
+            }
+            out
+        }),
+        case(
+            "softmax",
+            &[Softmax, LogSoftmax, SoftmaxGrad, LogSoftmaxGrad],
+            |b| {
+                let x = w(b, "x", &[3, 4, 5], 1);
+                let dy = w(b, "dy", &[3, 4, 5], 2);
+                let ax = |a: i64| Attrs::new().with("axis", Attr::Int(a));
+                let s = op(b, Softmax, &[x.into()], no());
+                let s1 = op(b, Softmax, &[x.into()], ax(1));
+                let l = op(b, LogSoftmax, &[x.into()], no());
+                vec![
+                    s,
+                    s1,
+                    l,
+                    op(b, SoftmaxGrad, &[s.into(), dy.into()], no()),
+                    op(b, SoftmaxGrad, &[s1.into(), dy.into()], ax(1)),
+                    op(b, LogSoftmaxGrad, &[l.into(), dy.into()], no()),
+                ]
+            },
+        ),
+        case("layer_norm", &[LayerNorm, LayerNormGrad], |b| {
+            let x = w(b, "x", &[4, 3, 8], 1);
+            let g = w(b, "gamma", &[8], 2);
+            let beta = w(b, "beta", &[8], 3);
+            let dy = w(b, "dy", &[4, 3, 8], 4);
+            let at = Attrs::new()
+                .with("begin_norm_axis", Attr::Int(-1))
+                .with("begin_params_axis", Attr::Int(-1))
+                .with("epsilon", Attr::Float(1e-5));
+            let ln = op(b, LayerNorm, &[x.into(), g.into(), beta.into()], at.clone());
+            let y = b.tuple_get_item(ln, 0).expect("y");
+            let mean = b.tuple_get_item(ln, 1).expect("mean");
+            let rstd = b.tuple_get_item(ln, 2).expect("rstd");
+            let grad = op(
+                b,
+                LayerNormGrad,
+                &[x.into(), dy.into(), rstd.into(), mean.into(), g.into()],
+                at,
+            );
+            let dx = b.tuple_get_item(grad, 0).expect("dx");
+            let dg = b.tuple_get_item(grad, 1).expect("dgamma");
+            let db = b.tuple_get_item(grad, 2).expect("dbeta");
+            vec![y, mean, rstd, dx, dg, db]
+        }),
+        case("softmax_ce", &[SoftmaxCrossEntropyWithLogits], |b| {
+            let x = w(b, "x", &[4, 5], 1);
+            let l = w(b, "l", &[4, 5], 2);
+            let p = op(b, Softmax, &[l.into()], no());
+            let ce = op(b, SoftmaxCrossEntropyWithLogits, &[x.into(), p.into()], no());
+            vec![
+                b.tuple_get_item(ce, 0).expect("loss"),
+                b.tuple_get_item(ce, 1).expect("backprop"),
+            ]
+        }),
+        case(
+            "optimizers",
+            &[ApplyMomentum, ApplyGradientDescent, Adam],
+            |b| {
+                let var = w(b, "var", &[3, 4], 1);
+                let acc = w(b, "acc", &[3, 4], 2);
+                let m = w(b, "m", &[3, 4], 3);
+                let vv = b
+                    .weight("v", DType::Float32, &[3, 4], Init::Uniform { scale: 1.0, seed: 4 })
+                    .expect("v");
+                let v2 = op(b, Square, &[vv.into()], no());
+                let g = w(b, "g", &[3, 4], 5);
+                let lr = w(b, "lr", &[], 6);
+                let mom = op(
+                    b,
+                    ApplyMomentum,
+                    &[var.into(), acc.into(), float(0.05), g.into(), float(0.9)],
+                    no(),
+                );
+                let nest = op(
+                    b,
+                    ApplyMomentum,
+                    &[var.into(), acc.into(), lr.into(), g.into(), float(0.9)],
+                    Attrs::new().with("use_nesterov", Attr::Bool(true)),
+                );
+                let gd = op(b, ApplyGradientDescent, &[var.into(), float(0.1), g.into()], no());
+                let adam_in = |b: &mut GraphBuilder| -> Vec<Operand> {
+                    let _ = b;
+                    vec![
+                        var.into(),
+                        m.into(),
+                        v2.into(),
+                        float(0.81),
+                        float(0.998),
+                        float(0.01),
+                        float(0.9),
+                        float(0.999),
+                        float(1e-8),
+                        g.into(),
+                    ]
+                };
+                let a_in = adam_in(b);
+                let adam = op(b, Adam, &a_in, no());
+                let adam_n = op(
+                    b,
+                    Adam,
+                    &a_in,
+                    Attrs::new().with("use_nesterov", Attr::Bool(true)),
+                );
+                let mut out = Vec::new();
+                for t in [mom, nest] {
+                    out.push(b.tuple_get_item(t, 0).expect("var'"));
+                    out.push(b.tuple_get_item(t, 1).expect("acc'"));
+                }
+                out.push(gd);
+                for t in [adam, adam_n] {
+                    for k in 0..3 {
+                        out.push(b.tuple_get_item(t, k).expect("adam result"));
+                    }
+                }
+                out
+            },
+        ),
+    ];
+    // Cases with integer feeds.
+    let idx = Tensor::from_i32(vec![5], vec![3, 0, 9, 3, 7]).expect("indices");
+    let labels = Tensor::from_i32(vec![4], vec![1, 4, 0, 2]).expect("labels");
+    v.push(Case {
+        feeds: vec![("idx", idx.clone())],
+        ..case("index", &[OneHot, Gather], |b| {
+            let idx = b.input("idx", DType::Int32, &[5]).expect("idx");
+            let table = w(b, "table", &[10, 3], 1);
+            let t2 = w(b, "t2", &[2, 10], 2);
+            vec![
+                op(
+                    b,
+                    OneHot,
+                    &[idx.into(), Operand::Const(Const::Int(10)), float(1.0), float(0.0)],
+                    no(),
+                ),
+                op(
+                    b,
+                    Gather,
+                    &[table.into(), idx.into(), Operand::Const(Const::Int(0))],
+                    no(),
+                ),
+                op(
+                    b,
+                    Gather,
+                    &[t2.into(), idx.into(), Operand::Const(Const::Int(1))],
+                    no(),
+                ),
+            ]
+        })
+    });
+    v.push(Case {
+        feeds: vec![("label", labels)],
+        ..case("sparse_softmax_ce", &[SparseSoftmaxCrossEntropyWithLogits], |b| {
+            let label = b.input("label", DType::Int32, &[4]).expect("label");
+            let x = w(b, "x", &[4, 5], 1);
+            vec![
+                op(
+                    b,
+                    SparseSoftmaxCrossEntropyWithLogits,
+                    &[x.into(), label.into()],
+                    no(),
+                ),
+                op(
+                    b,
+                    SparseSoftmaxCrossEntropyWithLogits,
+                    &[x.into(), label.into()],
+                    Attrs::new().with("is_grad", Attr::Bool(true)),
+                ),
+            ]
+        })
+    });
+    v
+}
+
+#[test]
+fn every_lowered_op_matches_the_cpu() {
+    let cases = cases();
+    let mut covered = BTreeSet::new();
+    let mut failures = Vec::new();
+    for c in &cases {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(c))) {
+            Ok(s) => {
+                println!("{}: {s}", c.name);
+                covered.extend(c.ops.iter().copied())
+            }
+            Err(e) => failures.push(
+                e.downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| format!("{}: panicked", c.name)),
+            ),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    let untested: Vec<OpKind> = OpKind::ALL
+        .iter()
+        .copied()
+        .filter(|&o| ops::has_kernel(o) && !covered.contains(&o))
+        .collect();
+    assert!(untested.is_empty(), "lowered but not tested: {untested:?}");
+}
+
+#[test]
+fn the_fallback_list_and_the_route_agree() {
+    for &(op, why) in ops::HOST_FALLBACKS {
+        assert!(!ops::has_kernel(op), "{op}");
+        assert!(!why.is_empty());
+        assert_eq!(ops::host_fallback(op), Some(why));
+    }
+}
