@@ -414,19 +414,22 @@ impl AscendDevice {
         }
     }
 
-    /// Copies `bytes` to `dst` in the compute stream's order and waits for it.
+    /// Copies `bytes` to `dst` in the compute stream's order and waits for it. The copy reads
+    /// a staging copy of `bytes`, which a wait that times out leaves allocated (the queued
+    /// copy may still read it).
     pub fn upload(&self, dst: DevPtr, bytes: &[u8]) -> AscendResult<()> {
         if bytes.is_empty() {
             return Ok(());
         }
         self.bind()?;
-        // SAFETY: `bytes` stays borrowed until the stream is synchronized below.
+        let staging = bytes.to_vec();
+        // SAFETY: `staging` outlives the copy: freed only after the stream has run it.
         let code = unsafe {
             (self.api.aclrtMemcpyAsync)(
                 dst as *mut c_void,
-                bytes.len(),
-                bytes.as_ptr() as *const c_void,
-                bytes.len(),
+                staging.len(),
+                staging.as_ptr() as *const c_void,
+                staging.len(),
                 sys::ACL_MEMCPY_HOST_TO_DEVICE,
                 self.compute.raw(),
             )
@@ -434,20 +437,36 @@ impl AscendDevice {
         self.check("aclrtMemcpyAsync", code, || {
             format!("{} bytes to device {}", bytes.len(), self.id)
         })?;
-        self.synchronize()
+        self.wait_keeping(staging).map(|_| ())
     }
 
-    /// Copies `out.len()` bytes from `src` after the compute stream's work so far, and waits.
+    /// Waits for the compute stream; on a timeout `staging` (a host buffer a queued copy
+    /// uses) is leaked rather than freed under it.
+    fn wait_keeping(&self, staging: Vec<u8>) -> AscendResult<Vec<u8>> {
+        match self.synchronize() {
+            Ok(()) => Ok(staging),
+            Err(e) => {
+                if matches!(e, AscendError::Timeout { .. }) {
+                    std::mem::forget(staging);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Copies `out.len()` bytes from `src` after the compute stream's work so far, and waits
+    /// (into a staging buffer that a wait that times out leaves allocated).
     pub fn download(&self, src: DevPtr, out: &mut [u8]) -> AscendResult<()> {
         if out.is_empty() {
             return Ok(());
         }
         self.bind()?;
         let n = out.len();
-        // SAFETY: `out` stays borrowed until the stream is synchronized below.
+        let mut staging = vec![0u8; n];
+        // SAFETY: `staging` outlives the copy: freed only after the stream has run it.
         let code = unsafe {
             (self.api.aclrtMemcpyAsync)(
-                out.as_mut_ptr() as *mut c_void,
+                staging.as_mut_ptr() as *mut c_void,
                 n,
                 src as *const c_void,
                 n,
@@ -458,7 +477,9 @@ impl AscendDevice {
         self.check("aclrtMemcpyAsync", code, || {
             format!("{n} bytes from device {}", self.id)
         })?;
-        self.synchronize()
+        let staging = self.wait_keeping(staging)?;
+        out.copy_from_slice(&staging);
+        Ok(())
     }
 
     /// A device-to-device copy of `bytes` on the compute stream.
@@ -598,10 +619,11 @@ impl Drop for AscendDevice {
     fn drop(&mut self) {
         if self.bind().is_ok() {
             for s in [self.compute, self.comm] {
-                // SAFETY: the device's own streams, destroyed once, after their work.
-                unsafe {
-                    (self.api.aclrtSynchronizeStream)(s.raw());
-                    (self.api.aclrtDestroyStream)(s.raw());
+                // A stream still held up past the timeout (a lost peer) is left to the
+                // process's end rather than waited for without bound.
+                if matches!(self.synchronize_within(s, self.timeout), Ok(true)) {
+                    // SAFETY: the device's own stream, destroyed once, after its work.
+                    unsafe { (self.api.aclrtDestroyStream)(s.raw()) };
                 }
             }
         }

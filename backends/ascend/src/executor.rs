@@ -144,8 +144,13 @@ impl std::fmt::Debug for AscendExecutor {
 impl Drop for AscendExecutor {
     fn drop(&mut self) {
         let _ = self.dev.bind();
-        let _ = self.dev.synchronize();
-        let _ = self.dev.synchronize_stream(self.dev.comm_stream());
+        let drained = self.dev.synchronize().is_ok()
+            && self.dev.synchronize_stream(self.dev.comm_stream()).is_ok();
+        if !drained {
+            // Work held up by a lost peer may still use the memory: left to the process's
+            // end rather than freed under it.
+            return;
+        }
         for &p in self.buffers.iter().chain(&self.params) {
             self.dev.free(p);
         }

@@ -37,7 +37,8 @@ subgraph @Sum(%para1_x) {
                 let (host, done, graph) = (host.clone(), &done, &graph);
                 s.spawn(move || {
                     let dev = AscendDevice::open(rank).map_err(|e| e.to_string())?;
-                    let comm = Arc::new(HcclComm::new(dev.clone(), boot).map_err(|e| e.to_string())?);
+                    let comm =
+                        Arc::new(HcclComm::new(dev.clone(), boot).map_err(|e| e.to_string())?);
                     let mut e = AscendExecutor::with_hccl(graph(), dev, host, comm)
                         .map_err(|e| e.to_string())?;
                     let mut errors = Vec::new();

@@ -9,11 +9,22 @@ use shardc_passes::autodiff::Optimizer;
 
 #[test]
 fn mlp_trains_as_on_the_cpu() {
-    let g = common::train(zoo::mlp(8, &[20, 16, 16, 4]).expect("mlp"), common::momentum());
+    let g = common::train(
+        zoo::mlp(8, &[20, 16, 16, 4]).expect("mlp"),
+        common::momentum(),
+    );
     let s = common::compare(g, 3, 1e-5);
     println!("{s}");
-    for op in ["MatMul", "ApplyMomentum", "SparseSoftmaxCrossEntropyWithLogits", "ReLU"] {
-        assert!(!s.contains(&format!("host: {op} ")), "{op} ran on the host: {s}");
+    for op in [
+        "MatMul",
+        "ApplyMomentum",
+        "SparseSoftmaxCrossEntropyWithLogits",
+        "ReLU",
+    ] {
+        assert!(
+            !s.contains(&format!("host: {op} ")),
+            "{op} ran on the host: {s}"
+        );
     }
 }
 
@@ -34,9 +45,17 @@ fn transformer_trains_as_on_the_cpu_with_adam() {
         beta2: 0.999,
         eps: 1e-8,
     };
-    let s = common::compare(common::train(g, adam), 2, 1e-5);
+    // The losses to 1e-5, the weights to 1e-4 (see `common::compare_with`).
+    let s = common::compare_with(common::train(g, adam), 2, 1e-5, 1e-4);
     println!("{s}");
-    for op in ["Softmax", "LayerNorm", "BatchMatMul", "GeLU", "Adam", "LayerNormGrad"] {
+    for op in [
+        "Softmax",
+        "LayerNorm",
+        "BatchMatMul",
+        "GeLU",
+        "Adam",
+        "LayerNormGrad",
+    ] {
         assert!(
             !s.contains(&format!("host: {op} ")),
             "{op} ran on the host: {s}"

@@ -29,8 +29,13 @@ fn without_cann_the_error_names_libascendcl_and_how_to_find_it() {
     assert_eq!(again, text);
     let m = probe::open(Library::Hccl).expect_err("no libhccl.so");
     assert!(m.to_string().contains("libhccl.so"), "{m}");
-    let opapi = probe::open(Library::OpApi).expect_err("no opApi").to_string();
+    let opapi = probe::open(Library::OpApi)
+        .expect_err("no opApi")
+        .to_string();
     assert!(opapi.contains("libopapi_nn.so"), "{opapi}");
     let report = shardc_backend_ascend::device_info();
-    assert!(report.contains("libascendcl.so") && report.contains("missing"), "{report}");
+    assert!(
+        report.contains("libascendcl.so") && report.contains("missing"),
+        "{report}"
+    );
 }

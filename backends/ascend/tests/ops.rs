@@ -77,7 +77,9 @@ fn run(c: &Case) -> String {
         .unwrap_or_else(|e| panic!("{}: {e}", c.name));
     let feeds: Vec<(&str, Tensor)> = c.feeds.iter().map(|(n, t)| (*n, t.clone())).collect();
     for step in 0..2 {
-        let want = cpu.step(&feeds).unwrap_or_else(|e| panic!("{}: cpu: {e}", c.name));
+        let want = cpu
+            .step(&feeds)
+            .unwrap_or_else(|e| panic!("{}: cpu: {e}", c.name));
         let got = asc
             .step(&feeds)
             .unwrap_or_else(|e| panic!("{}: ascend step {step}: {e}", c.name));
@@ -166,7 +168,15 @@ fn cases() -> Vec<Case> {
         ),
         case(
             "elementwise_gradients",
-            &[ReluGrad, SigmoidGrad, TanhGrad, SqrtGrad, GeLUGrad, SiLUGrad, DropoutGrad],
+            &[
+                ReluGrad,
+                SigmoidGrad,
+                TanhGrad,
+                SqrtGrad,
+                GeLUGrad,
+                SiLUGrad,
+                DropoutGrad,
+            ],
             |b| {
                 let x = w(b, "x", &[3, 7], 1);
                 let dy = w(b, "dy", &[3, 7], 2);
@@ -198,57 +208,65 @@ fn cases() -> Vec<Case> {
                 op(b, BiasAddGrad, &[x4.into()], no()),
             ]
         }),
-        case("cast_equal_fill", &[Cast, Equal, ZerosLike, OnesLike], |b| {
-            let x = w(b, "x", &[3, 4], 1);
-            let i = op(
-                b,
-                Cast,
-                &[x.into()],
-                Attrs::new().with("dst_type", Attr::Str("Int32".into())),
-            );
-            let back = op(
-                b,
-                Cast,
-                &[i.into()],
-                Attrs::new().with("dst_type", Attr::Str("Float32".into())),
-            );
-            let eq = op(b, Equal, &[back.into(), float(0.0)], no());
-            vec![
-                i,
-                back,
-                eq,
-                op(b, ZerosLike, &[x.into()], no()),
-                op(b, OnesLike, &[x.into()], no()),
-            ]
-        }),
-        case("movement", &[Reshape, Transpose, BroadcastTo, Concat, Split], |b| {
-            let x = w(b, "x", &[2, 3, 4], 1);
-            let y = w(b, "y", &[2, 1, 4], 2);
-            let r = op(b, Reshape, &[x.into(), ints(&[6, 4])], no());
-            let sp = op(
-                b,
-                Split,
-                &[x.into()],
-                Attrs::new()
-                    .with("axis", Attr::Int(2))
-                    .with("output_num", Attr::Int(2)),
-            );
-            let s0 = b.tuple_get_item(sp, 0).expect("part");
-            let s1 = b.tuple_get_item(sp, 1).expect("part");
-            vec![
-                r,
-                op(b, Transpose, &[x.into(), ints(&[2, 0, 1])], no()),
-                op(b, BroadcastTo, &[y.into(), ints(&[3, 2, 3, 4])], no()),
-                op(
+        case(
+            "cast_equal_fill",
+            &[Cast, Equal, ZerosLike, OnesLike],
+            |b| {
+                let x = w(b, "x", &[3, 4], 1);
+                let i = op(
                     b,
-                    Concat,
-                    &[x.into(), y.into(), x.into()],
-                    Attrs::new().with("axis", Attr::Int(1)),
-                ),
-                s0,
-                s1,
-            ]
-        }),
+                    Cast,
+                    &[x.into()],
+                    Attrs::new().with("dst_type", Attr::Str("Int32".into())),
+                );
+                let back = op(
+                    b,
+                    Cast,
+                    &[i.into()],
+                    Attrs::new().with("dst_type", Attr::Str("Float32".into())),
+                );
+                let eq = op(b, Equal, &[back.into(), float(0.0)], no());
+                vec![
+                    i,
+                    back,
+                    eq,
+                    op(b, ZerosLike, &[x.into()], no()),
+                    op(b, OnesLike, &[x.into()], no()),
+                ]
+            },
+        ),
+        case(
+            "movement",
+            &[Reshape, Transpose, BroadcastTo, Concat, Split],
+            |b| {
+                let x = w(b, "x", &[2, 3, 4], 1);
+                let y = w(b, "y", &[2, 1, 4], 2);
+                let r = op(b, Reshape, &[x.into(), ints(&[6, 4])], no());
+                let sp = op(
+                    b,
+                    Split,
+                    &[x.into()],
+                    Attrs::new()
+                        .with("axis", Attr::Int(2))
+                        .with("output_num", Attr::Int(2)),
+                );
+                let s0 = b.tuple_get_item(sp, 0).expect("part");
+                let s1 = b.tuple_get_item(sp, 1).expect("part");
+                vec![
+                    r,
+                    op(b, Transpose, &[x.into(), ints(&[2, 0, 1])], no()),
+                    op(b, BroadcastTo, &[y.into(), ints(&[3, 2, 3, 4])], no()),
+                    op(
+                        b,
+                        Concat,
+                        &[x.into(), y.into(), x.into()],
+                        Attrs::new().with("axis", Attr::Int(1)),
+                    ),
+                    s0,
+                    s1,
+                ]
+            },
+        ),
         case("reductions", &[ReduceSum, ReduceMean, ReduceMax], |b| {
             let x = w(b, "x", &[3, 4, 5], 1);
             let mut out = Vec::new();
@@ -312,7 +330,12 @@ fn cases() -> Vec<Case> {
             let x = w(b, "x", &[4, 5], 1);
             let l = w(b, "l", &[4, 5], 2);
             let p = op(b, Softmax, &[l.into()], no());
-            let ce = op(b, SoftmaxCrossEntropyWithLogits, &[x.into(), p.into()], no());
+            let ce = op(
+                b,
+                SoftmaxCrossEntropyWithLogits,
+                &[x.into(), p.into()],
+                no(),
+            );
             vec![
                 b.tuple_get_item(ce, 0).expect("loss"),
                 b.tuple_get_item(ce, 1).expect("backprop"),
@@ -326,7 +349,15 @@ fn cases() -> Vec<Case> {
                 let acc = w(b, "acc", &[3, 4], 2);
                 let m = w(b, "m", &[3, 4], 3);
                 let vv = b
-                    .weight("v", DType::Float32, &[3, 4], Init::Uniform { scale: 1.0, seed: 4 })
+                    .weight(
+                        "v",
+                        DType::Float32,
+                        &[3, 4],
+                        Init::Uniform {
+                            scale: 1.0,
+                            seed: 4,
+                        },
+                    )
                     .expect("v");
                 let v2 = op(b, Square, &[vv.into()], no());
                 let g = w(b, "g", &[3, 4], 5);
@@ -343,7 +374,12 @@ fn cases() -> Vec<Case> {
                     &[var.into(), acc.into(), lr.into(), g.into(), float(0.9)],
                     Attrs::new().with("use_nesterov", Attr::Bool(true)),
                 );
-                let gd = op(b, ApplyGradientDescent, &[var.into(), float(0.1), g.into()], no());
+                let gd = op(
+                    b,
+                    ApplyGradientDescent,
+                    &[var.into(), float(0.1), g.into()],
+                    no(),
+                );
                 let adam_in = |b: &mut GraphBuilder| -> Vec<Operand> {
                     let _ = b;
                     vec![
@@ -395,7 +431,12 @@ fn cases() -> Vec<Case> {
                 op(
                     b,
                     OneHot,
-                    &[idx.into(), Operand::Const(Const::Int(10)), float(1.0), float(0.0)],
+                    &[
+                        idx.into(),
+                        Operand::Const(Const::Int(10)),
+                        float(1.0),
+                        float(0.0),
+                    ],
                     no(),
                 ),
                 op(
@@ -415,24 +456,28 @@ fn cases() -> Vec<Case> {
     });
     v.push(Case {
         feeds: vec![("label", labels)],
-        ..case("sparse_softmax_ce", &[SparseSoftmaxCrossEntropyWithLogits], |b| {
-            let label = b.input("label", DType::Int32, &[4]).expect("label");
-            let x = w(b, "x", &[4, 5], 1);
-            vec![
-                op(
-                    b,
-                    SparseSoftmaxCrossEntropyWithLogits,
-                    &[x.into(), label.into()],
-                    no(),
-                ),
-                op(
-                    b,
-                    SparseSoftmaxCrossEntropyWithLogits,
-                    &[x.into(), label.into()],
-                    Attrs::new().with("is_grad", Attr::Bool(true)),
-                ),
-            ]
-        })
+        ..case(
+            "sparse_softmax_ce",
+            &[SparseSoftmaxCrossEntropyWithLogits],
+            |b| {
+                let label = b.input("label", DType::Int32, &[4]).expect("label");
+                let x = w(b, "x", &[4, 5], 1);
+                vec![
+                    op(
+                        b,
+                        SparseSoftmaxCrossEntropyWithLogits,
+                        &[x.into(), label.into()],
+                        no(),
+                    ),
+                    op(
+                        b,
+                        SparseSoftmaxCrossEntropyWithLogits,
+                        &[x.into(), label.into()],
+                        Attrs::new().with("is_grad", Attr::Bool(true)),
+                    ),
+                ]
+            },
+        )
     });
     v
 }
