@@ -62,3 +62,22 @@ fn transformer_trains_as_on_the_cpu_with_adam() {
         );
     }
 }
+
+#[test]
+fn lenet_trains_as_on_the_cpu_with_convolutions_on_the_device() {
+    let g = common::train(zoo::lenet(2).expect("lenet"), common::momentum());
+    let s = common::compare(g, 2, 1e-5);
+    println!("{s}");
+    for op in [
+        "Conv2D",
+        "Conv2DBackpropInput",
+        "Conv2DBackpropFilter",
+        "MaxPool",
+        "MaxPoolGrad",
+    ] {
+        assert!(
+            !s.contains(&format!("host: {op} ")),
+            "{op} ran on the host: {s}"
+        );
+    }
+}

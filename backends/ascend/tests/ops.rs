@@ -417,6 +417,79 @@ fn cases() -> Vec<Case> {
                 out
             },
         ),
+        case(
+            "convolution",
+            &[Conv2D, Conv2DBackpropInput, Conv2DBackpropFilter],
+            |b| {
+                let x = w(b, "x", &[2, 4, 7, 7], 1);
+                let k = w(b, "k", &[6, 4, 3, 3], 2);
+                let kg = w(b, "kg", &[6, 2, 3, 3], 3);
+                let modes: Vec<(Attrs, Value)> = vec![
+                    (Attrs::new().with("pad_mode", Attr::Str("valid".into())), k),
+                    (
+                        Attrs::new()
+                            .with("pad_mode", Attr::Str("pad".into()))
+                            .with("pad", Attr::ints(&[1, 1, 1, 1]))
+                            .with("stride", Attr::Int(2)),
+                        k,
+                    ),
+                    (Attrs::new().with("pad_mode", Attr::Str("same".into())), k),
+                    (
+                        Attrs::new()
+                            .with("pad_mode", Attr::Str("valid".into()))
+                            .with("dilation", Attr::Int(2)),
+                        k,
+                    ),
+                    (
+                        Attrs::new()
+                            .with("pad_mode", Attr::Str("same".into()))
+                            .with("group", Attr::Int(2)),
+                        kg,
+                    ),
+                ];
+                let mut out = Vec::new();
+                for (i, (at, kk)) in modes.into_iter().enumerate() {
+                    let y = op(b, Conv2D, &[x.into(), kk.into()], at.clone());
+                    let dy = op(b, Mul, &[y.into(), float(0.05 * (i + 1) as f64)], no());
+                    let kshape = if i == 4 { [6, 2, 3, 3] } else { [6, 4, 3, 3] };
+                    out.push(y);
+                    out.push(op(
+                        b,
+                        Conv2DBackpropInput,
+                        &[dy.into(), kk.into(), ints(&[2, 4, 7, 7])],
+                        at.clone(),
+                    ));
+                    out.push(op(
+                        b,
+                        Conv2DBackpropFilter,
+                        &[dy.into(), x.into(), ints(&kshape.map(|d| d as i64))],
+                        at,
+                    ));
+                }
+                out
+            },
+        ),
+        case(
+            "pooling",
+            &[MaxPool, AvgPool, MaxPoolGrad, AvgPoolGrad],
+            |b| {
+                let x = w(b, "x", &[2, 3, 6, 6], 1);
+                let mut out = Vec::new();
+                for (kind, grad) in [(MaxPool, MaxPoolGrad), (AvgPool, AvgPoolGrad)] {
+                    for (k, s, mode) in [(2, 2, "valid"), (3, 1, "same"), (3, 2, "valid")] {
+                        let at = Attrs::new()
+                            .with("kernel_size", Attr::Int(k))
+                            .with("strides", Attr::Int(s))
+                            .with("pad_mode", Attr::Str(mode.into()));
+                        let y = op(b, kind, &[x.into()], at.clone());
+                        let dy = op(b, Mul, &[y.into(), float(1.5)], no());
+                        out.push(y);
+                        out.push(op(b, grad, &[x.into(), y.into(), dy.into()], at));
+                    }
+                }
+                out
+            },
+        ),
     ];
     // Cases with integer feeds.
     let idx = Tensor::from_i32(vec![5], vec![3, 0, 9, 3, 7]).expect("indices");

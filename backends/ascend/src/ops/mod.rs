@@ -16,6 +16,7 @@ use shardc_ir::{DType, OpKind};
 
 mod call;
 mod compose;
+mod conv;
 
 pub(crate) use call::{host, Lowered, OpCall, Val};
 
@@ -78,34 +79,6 @@ pub const HOST_FALLBACKS: &[(OpKind, &str)] = &[
     (
         OpKind::UnsortedSegmentSum,
         "negative segment ids are dropped (MindSpore) and split tables skip ids outside their block, which aclnnIndexAdd cannot express",
-    ),
-    (
-        OpKind::Conv2D,
-        "MindSpore's pad modes (`same` pads asymmetrically) are not lowered to aclnnConvolution yet",
-    ),
-    (
-        OpKind::Conv2DBackpropInput,
-        "not lowered to aclnnConvolutionBackward yet (Conv2D's pad modes)",
-    ),
-    (
-        OpKind::Conv2DBackpropFilter,
-        "not lowered to aclnnConvolutionBackward yet (Conv2D's pad modes)",
-    ),
-    (
-        OpKind::MaxPool,
-        "MindSpore's `same` pad mode pads asymmetrically; not lowered to aclnnMaxPool2dWithIndices yet",
-    ),
-    (
-        OpKind::AvgPool,
-        "MindSpore's AvgPool excludes padding and pads `same` asymmetrically; not lowered to aclnnAvgPool2d yet",
-    ),
-    (
-        OpKind::MaxPoolGrad,
-        "not lowered to aclnnMaxPool2dWithIndicesBackward yet (MaxPool's pad modes)",
-    ),
-    (
-        OpKind::AvgPoolGrad,
-        "not lowered to aclnnAvgPool2dBackward yet (AvgPool's pad modes)",
     ),
     (
         OpKind::BatchNorm,
@@ -176,10 +149,11 @@ fn route(op: OpKind) -> Route {
         ApplyMomentum => Kernel(compose::apply_momentum),
         ApplyGradientDescent => Kernel(compose::apply_gradient_descent),
         Adam => Kernel(compose::adam),
-        Dropout | SGD | StridedSlice | StridedSliceGrad | UnsortedSegmentSum | Conv2D
-        | Conv2DBackpropInput | Conv2DBackpropFilter | MaxPool | AvgPool | MaxPoolGrad
-        | AvgPoolGrad | BatchNorm | BatchNormGrad | BNTrainingReduce | BNTrainingUpdate
-        | BNTrainingUpdateGrad | BNTrainingReduceGrad => Host,
+        Conv2D | Conv2DBackpropInput | Conv2DBackpropFilter => Kernel(conv::conv),
+        MaxPool | AvgPool | MaxPoolGrad | AvgPoolGrad => Kernel(conv::pool),
+        Dropout | SGD | StridedSlice | StridedSliceGrad | UnsortedSegmentSum | BatchNorm
+        | BatchNormGrad | BNTrainingReduce | BNTrainingUpdate | BNTrainingUpdateGrad
+        | BNTrainingReduceGrad => Host,
         TupleGetItem | Assign | AllReduce | AllGather | ReduceScatter | AllToAll | Broadcast
         | Send | Receive => Host,
     }
