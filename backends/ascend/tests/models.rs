@@ -81,3 +81,16 @@ fn lenet_trains_as_on_the_cpu_with_convolutions_on_the_device() {
         );
     }
 }
+
+#[test]
+fn resnet18_trains_a_step_as_on_the_cpu() {
+    let g = common::train(zoo::resnet18_cifar(1).expect("resnet"), common::momentum());
+    let s = common::compare(g, 1, 1e-4);
+    println!("{s}");
+    for op in ["BatchNorm", "BatchNormGrad", "Conv2D"] {
+        assert!(
+            !s.contains(&format!("host: {op} ")),
+            "{op} ran on the host: {s}"
+        );
+    }
+}

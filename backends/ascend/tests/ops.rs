@@ -446,6 +446,12 @@ fn cases() -> Vec<Case> {
                             .with("group", Attr::Int(2)),
                         kg,
                     ),
+                    (
+                        Attrs::new()
+                            .with("pad_mode", Attr::Str("same".into()))
+                            .with("stride", Attr::Int(2)),
+                        k,
+                    ),
                 ];
                 let mut out = Vec::new();
                 for (i, (at, kk)) in modes.into_iter().enumerate() {
@@ -490,6 +496,59 @@ fn cases() -> Vec<Case> {
                 out
             },
         ),
+        case("batch_norm", &[BatchNorm, BatchNormGrad], |b| {
+            let x = w(b, "x", &[4, 3, 2, 2], 1);
+            let x2 = w(b, "x2", &[6, 3], 2);
+            let dy = w(b, "dy", &[4, 3, 2, 2], 3);
+            let scale = w(b, "scale", &[3], 4);
+            let bias = w(b, "bias", &[3], 5);
+            let mean = w(b, "mean", &[3], 6);
+            let var = b
+                .weight("var", DType::Float32, &[3], Init::Ones)
+                .expect("var");
+            let at = Attrs::new()
+                .with("is_training", Attr::Bool(true))
+                .with("epsilon", Attr::Float(1e-5));
+            let bn = op(
+                b,
+                BatchNorm,
+                &[x.into(), scale.into(), bias.into(), mean.into(), var.into()],
+                at.clone(),
+            );
+            let bn2 = op(
+                b,
+                BatchNorm,
+                &[
+                    x2.into(),
+                    scale.into(),
+                    bias.into(),
+                    mean.into(),
+                    var.into(),
+                ],
+                at.clone(),
+            );
+            let mut out = Vec::new();
+            for k in 0..5 {
+                out.push(b.tuple_get_item(bn, k).expect("bn result"));
+                out.push(b.tuple_get_item(bn2, k).expect("bn result"));
+            }
+            let g = op(
+                b,
+                BatchNormGrad,
+                &[
+                    dy.into(),
+                    x.into(),
+                    scale.into(),
+                    out[6].into(),
+                    out[8].into(),
+                ],
+                at,
+            );
+            for k in 0..3 {
+                out.push(b.tuple_get_item(g, k).expect("bn grad"));
+            }
+            out
+        }),
     ];
     // Cases with integer feeds.
     let idx = Tensor::from_i32(vec![5], vec![3, 0, 9, 3, 7]).expect("indices");

@@ -2,8 +2,8 @@
 //! (`shardc_ir::geometry`): `aclnnConvolution` / `aclnnConvolutionBackward`,
 //! `aclnnMaxPool2dWithIndices` (+ backward, the indices recomputed from x) and
 //! `aclnnAvgPool2d` (+ backward, padding excluded from the average). aclnn pads symmetrically:
-//! a node whose geometry pads one side more than the other (`same` with an odd total) runs
-//! on the host.
+//! a convolution whose geometry pads one side more than the other (`same` with an odd total)
+//! is padded explicitly; such a pooling runs on the host.
 
 use super::call::{host, Lowered, OpCall};
 use super::not_f32;
@@ -14,7 +14,7 @@ use shardc_ir::geometry::{conv2d_geometry, pool2d_geometry};
 use shardc_ir::{DType, OpKind, TensorType};
 
 const ASYMMETRIC: &str =
-    "padding differs between the two sides (pad_mode `same` with an odd total, or an asymmetric `pad`): aclnn pads symmetrically";
+    "padding differs between the two sides (pad_mode `same` with an odd total): aclnn pads symmetrically, and a pool's padding is never inside a window on the CPU";
 
 fn nchw(call: &OpCall<'_>, p: u64, shape: &[usize]) -> AscendResult<TensorDesc> {
     aclnn::tensor_view(
@@ -38,8 +38,41 @@ fn shape_const(call: &OpCall<'_>, i: usize) -> AscendResult<Vec<usize>> {
         .collect()
 }
 
+/// The interior of a padded `(n, c, h + top + bottom, w + left + right)` tensor at `p`: the
+/// view of shape `x` at rows `top..`, columns `left..`.
+fn interior(
+    call: &OpCall<'_>,
+    p: u64,
+    padded: &[usize],
+    x: &[usize],
+    (top, left): (usize, usize),
+) -> AscendResult<TensorDesc> {
+    let st = aclnn::contiguous_strides(padded);
+    aclnn::tensor_view(
+        call.api(),
+        p,
+        DType::Float32,
+        x,
+        &st,
+        top as i64 * st[2] + left as i64,
+        sys::ACL_FORMAT_NCHW,
+    )
+}
+
+/// `dst = src` (`aclnnInplaceCopy`).
+fn copy(call: &OpCall<'_>, dst: &TensorDesc, src: &TensorDesc) -> AscendResult<()> {
+    crate::aclnn!(
+        &call.runner(),
+        aclnnInplaceCopy,
+        aclnnInplaceCopyGetWorkspaceSize(dst.ptr(), src.ptr())
+    )
+}
+
 /// `Conv2D(x, w)`, `Conv2DBackpropInput(dy, w, input_size)` and
-/// `Conv2DBackpropFilter(dy, x, filter_size)`.
+/// `Conv2DBackpropFilter(dy, x, filter_size)`. Symmetric padding is aclnn's own; padding that
+/// differs between the sides (`same` with an odd total) is made explicit: x copied into a
+/// zeroed padded temporary (the input's gradient taken on that temporary and its interior
+/// copied out), then an unpadded convolution, which is the same arithmetic.
 pub(super) fn conv(call: &OpCall<'_>) -> AscendResult<Lowered> {
     if let Some(why) = not_f32(call) {
         return host(why);
@@ -53,23 +86,54 @@ pub(super) fn conv(call: &OpCall<'_>) -> AscendResult<Lowered> {
         _ => (tb.shape.clone(), shape_const(call, 2)?),
     };
     let g = conv2d_geometry(call.node, &x_shape, &w_shape).map_err(|e| call.err(e.reason))?;
-    if g.pad_top != g.pad_bottom || g.pad_left != g.pad_right {
-        return host(ASYMMETRIC);
-    }
     if ty.num_elements() == 0 {
         return Ok(Lowered::Device);
     }
+    let asym = g.pad_top != g.pad_bottom || g.pad_left != g.pad_right;
+    let xp_shape = if asym {
+        vec![
+            g.n,
+            g.c_in,
+            g.h + g.pad_top + g.pad_bottom,
+            g.w + g.pad_left + g.pad_right,
+        ]
+    } else {
+        x_shape.clone()
+    };
+    let corner = (g.pad_top, g.pad_left);
+    let xp_bytes = xp_shape.iter().product::<usize>() * 4;
+    let w_bytes = w_shape.iter().product::<usize>() * 4;
     let api = call.api();
     let stride = aclnn::int_array(api, &[g.stride_h as i64, g.stride_w as i64])?;
-    let padding = aclnn::int_array(api, &[g.pad_top as i64, g.pad_left as i64])?;
+    let pads = if asym {
+        [0, 0]
+    } else {
+        [g.pad_top as i64, g.pad_left as i64]
+    };
+    let padding = aclnn::int_array(api, &pads)?;
     let dilation = aclnn::int_array(api, &[g.dil_h as i64, g.dil_w as i64])?;
     let out_pad = aclnn::int_array(api, &[0, 0])?;
-    let groups = g.group as i64;
     let r = call.runner();
+    // x as the convolution sees it: padded into `slot` where the padding is asymmetric.
+    let padded_x = |x: u64, slot: u64| -> AscendResult<u64> {
+        if !asym {
+            return Ok(x);
+        }
+        call.dev.zero(slot, xp_bytes)?;
+        let src = nchw(call, x, &x_shape)?;
+        copy(
+            call,
+            &interior(call, slot, &xp_shape, &x_shape, corner)?,
+            &src,
+        )?;
+        Ok(slot)
+    };
     match call.node.op {
         OpKind::Conv2D => {
+            let t = call.temps(&[if asym { xp_bytes } else { 0 }])?;
+            let xin = padded_x(a, t[0])?;
             let (dx, dw, dy) = (
-                nchw(call, a, &ta.shape)?,
+                nchw(call, xin, &xp_shape)?,
                 nchw(call, b, &tb.shape)?,
                 nchw(call, y, &ty.shape)?,
             );
@@ -85,7 +149,7 @@ pub(super) fn conv(call: &OpCall<'_>) -> AscendResult<Lowered> {
                     dilation.ptr(),
                     false,
                     out_pad.ptr(),
-                    groups,
+                    g.group as i64,
                     dy.ptr(),
                     sys::CUBE_MATH_KEEP_DTYPE
                 )
@@ -95,23 +159,26 @@ pub(super) fn conv(call: &OpCall<'_>) -> AscendResult<Lowered> {
             // The operand whose values the wanted gradient does not need (x for the input's
             // gradient, w for the filter's) is a zeroed temporary of its shape.
             let input_grad = op == OpKind::Conv2DBackpropInput;
-            let unused = TensorType::new(
-                DType::Float32,
-                if input_grad {
-                    x_shape.clone()
-                } else {
-                    w_shape.clone()
-                },
-            );
-            let t = call.temps(&[unused.size_bytes()])?;
-            call.dev.zero(t[0], unused.size_bytes())?;
-            let (x_ptr, w_ptr) = if input_grad { (t[0], b) } else { (b, t[0]) };
+            let t = if input_grad {
+                call.temps(&[xp_bytes, if asym { xp_bytes } else { 0 }])?
+            } else {
+                call.temps(&[w_bytes, if asym { xp_bytes } else { 0 }])?
+            };
+            call.dev
+                .zero(t[0], if input_grad { xp_bytes } else { w_bytes })?;
+            let (x_ptr, w_ptr) = if input_grad {
+                (t[0], b)
+            } else {
+                (padded_x(b, t[1])?, t[0])
+            };
             let (ddy, dx, dw) = (
                 nchw(call, a, &ta.shape)?,
-                nchw(call, x_ptr, &x_shape)?,
+                nchw(call, x_ptr, &xp_shape)?,
                 nchw(call, w_ptr, &w_shape)?,
             );
-            let out = nchw(call, y, &ty.shape)?;
+            let grad_at = if input_grad && asym { t[1] } else { y };
+            let grad_shape = if input_grad { &xp_shape } else { &ty.shape };
+            let out = nchw(call, grad_at, grad_shape)?;
             let mask = aclnn::bool_array(api, &[input_grad, !input_grad, false])?;
             let (gi, gw) = if input_grad {
                 (out.ptr(), std::ptr::null_mut())
@@ -140,6 +207,10 @@ pub(super) fn conv(call: &OpCall<'_>) -> AscendResult<Lowered> {
                     std::ptr::null_mut()
                 )
             )?;
+            if input_grad && asym {
+                let src = interior(call, t[1], &xp_shape, &x_shape, corner)?;
+                copy(call, &nchw(call, y, &ty.shape)?, &src)?;
+            }
         }
     }
     Ok(Lowered::Device)

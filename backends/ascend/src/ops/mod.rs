@@ -14,6 +14,7 @@ use crate::error::AscendResult;
 use shardc_ascend_sys as sys;
 use shardc_ir::{DType, OpKind};
 
+mod batch_norm;
 mod call;
 mod compose;
 mod conv;
@@ -81,14 +82,6 @@ pub const HOST_FALLBACKS: &[(OpKind, &str)] = &[
         "negative segment ids are dropped (MindSpore) and split tables skip ids outside their block, which aclnnIndexAdd cannot express",
     ),
     (
-        OpKind::BatchNorm,
-        "MindSpore's BatchNorm returns the unbiased batch variance and updates no running statistics itself; not lowered to aclnnBatchNorm yet",
-    ),
-    (
-        OpKind::BatchNormGrad,
-        "not lowered to aclnnBatchNormBackward yet",
-    ),
-    (
         OpKind::BNTrainingReduce,
         "synchronised BatchNorm's partial sums are not lowered to aclnn yet",
     ),
@@ -151,9 +144,10 @@ fn route(op: OpKind) -> Route {
         Adam => Kernel(compose::adam),
         Conv2D | Conv2DBackpropInput | Conv2DBackpropFilter => Kernel(conv::conv),
         MaxPool | AvgPool | MaxPoolGrad | AvgPoolGrad => Kernel(conv::pool),
-        Dropout | SGD | StridedSlice | StridedSliceGrad | UnsortedSegmentSum | BatchNorm
-        | BatchNormGrad | BNTrainingReduce | BNTrainingUpdate | BNTrainingUpdateGrad
-        | BNTrainingReduceGrad => Host,
+        BatchNorm => Kernel(batch_norm::batch_norm),
+        BatchNormGrad => Kernel(batch_norm::batch_norm_grad),
+        Dropout | SGD | StridedSlice | StridedSliceGrad | UnsortedSegmentSum | BNTrainingReduce
+        | BNTrainingUpdate | BNTrainingUpdateGrad | BNTrainingReduceGrad => Host,
         TupleGetItem | Assign | AllReduce | AllGather | ReduceScatter | AllToAll | Broadcast
         | Send | Receive => Host,
     }
