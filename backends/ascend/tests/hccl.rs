@@ -275,3 +275,48 @@ fn a_ring_of_sends_and_receives_runs_as_one_batch_per_rank() {
         assert_eq!(outs[1], x((rank + n - 1) % n), "rank {rank}");
     }
 }
+
+#[test]
+fn every_collective_staged_through_the_host_runs_as_on_the_cpu() {
+    let x = |rank: usize| {
+        Tensor::from_f32(
+            vec![4, 2],
+            (0..8).map(|i| (rank * 10 + i) as f32 * 0.37).collect(),
+        )
+        .expect("x")
+    };
+    common::use_emulator();
+    let host = Arc::new(CpuBackend::with_threads(1));
+    let run = |staged: bool| -> Vec<Vec<Tensor>> {
+        std::thread::scope(|s| {
+            let hs: Vec<_> = InProcessWorld::new(4)
+                .into_iter()
+                .enumerate()
+                .map(|(rank, comm)| {
+                    let host = host.clone();
+                    s.spawn(move || {
+                        if staged {
+                            let dev =
+                                shardc_backend_ascend::AscendDevice::open(rank).expect("device");
+                            let mut e = AscendExecutor::with_communicator(
+                                every_op_graph(rank),
+                                dev,
+                                host,
+                                comm,
+                            )
+                            .expect("ascend executor");
+                            e.step(&[("x", x(rank))]).expect("ascend step")
+                        } else {
+                            let mut e =
+                                Executor::with_communicator(every_op_graph(rank), host, comm)
+                                    .expect("cpu executor");
+                            e.step(&[("x", x(rank))]).expect("cpu step")
+                        }
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().expect("joins")).collect()
+        })
+    };
+    assert_eq!(run(true), run(false));
+}

@@ -94,3 +94,19 @@ fn resnet18_trains_a_step_as_on_the_cpu() {
         );
     }
 }
+
+#[test]
+fn profiling_times_every_op_kind_of_a_step() {
+    use shardc_backend_ascend::AscendExecutor;
+    use shardc_runtime::data::synthetic::SyntheticData;
+    let g = common::train(zoo::mlp(4, &[8, 8, 2]).expect("mlp"), common::momentum());
+    let data = SyntheticData::new(&g, 3, 1).expect("data");
+    let host = std::sync::Arc::new(shardc_backend_cpu::CpuBackend::with_threads(1));
+    let mut e = AscendExecutor::new(g, common::device(0), host).expect("executor");
+    e.set_profiling(true);
+    e.step(&data.feeds(0)).expect("step");
+    let s = e.stats().summary();
+    assert!(s.contains("device time") && s.contains("MatMul"), "{s}");
+    assert_eq!(e.stats().profiled_steps, 1);
+    assert!(e.memory_plan().buffers.len() > 1);
+}

@@ -267,6 +267,39 @@ fn cases() -> Vec<Case> {
                 ]
             },
         ),
+        case("strided_slice", &[StridedSlice, StridedSliceGrad], |b| {
+            let x = w(b, "x", &[5, 6, 3], 1);
+            let a = op(
+                b,
+                StridedSlice,
+                &[x.into(), ints(&[1, -5]), ints(&[5, 6]), ints(&[2, 2])],
+                no(),
+            );
+            let c = op(
+                b,
+                StridedSlice,
+                &[
+                    x.into(),
+                    ints(&[0, 0, 1]),
+                    ints(&[9, 3, 3]),
+                    ints(&[1, 1, 1]),
+                ],
+                no(),
+            );
+            let ga = op(
+                b,
+                StridedSliceGrad,
+                &[
+                    a.into(),
+                    ints(&[5, 6, 3]),
+                    ints(&[1, -5]),
+                    ints(&[5, 6]),
+                    ints(&[2, 2]),
+                ],
+                no(),
+            );
+            vec![a, c, ga]
+        }),
         case("reductions", &[ReduceSum, ReduceMean, ReduceMax], |b| {
             let x = w(b, "x", &[3, 4, 5], 1);
             let mut out = Vec::new();

@@ -70,14 +70,6 @@ pub const HOST_FALLBACKS: &[(OpKind, &str)] = &[
         "MindSpore's SGD chooses per element on `stat` (its first step copies the gradient into accum); the aclnn set used here has no per-element select",
     ),
     (
-        OpKind::StridedSlice,
-        "begin/end clamping and the masks are the CPU kernel's; not lowered to aclnn views yet",
-    ),
-    (
-        OpKind::StridedSliceGrad,
-        "the scatter into zeros of StridedSlice's views is not lowered to aclnn yet",
-    ),
-    (
         OpKind::UnsortedSegmentSum,
         "negative segment ids are dropped (MindSpore) and split tables skip ids outside their block, which aclnnIndexAdd cannot express",
     ),
@@ -146,8 +138,9 @@ fn route(op: OpKind) -> Route {
         MaxPool | AvgPool | MaxPoolGrad | AvgPoolGrad => Kernel(conv::pool),
         BatchNorm => Kernel(batch_norm::batch_norm),
         BatchNormGrad => Kernel(batch_norm::batch_norm_grad),
-        Dropout | SGD | StridedSlice | StridedSliceGrad | UnsortedSegmentSum | BNTrainingReduce
-        | BNTrainingUpdate | BNTrainingUpdateGrad | BNTrainingReduceGrad => Host,
+        StridedSlice | StridedSliceGrad => Kernel(strided_slice),
+        Dropout | SGD | UnsortedSegmentSum | BNTrainingReduce | BNTrainingUpdate
+        | BNTrainingUpdateGrad | BNTrainingReduceGrad => Host,
         TupleGetItem | Assign | AllReduce | AllGather | ReduceScatter | AllToAll | Broadcast
         | Send | Receive => Host,
     }
@@ -706,6 +699,69 @@ fn split(call: &OpCall<'_>) -> AscendResult<Lowered> {
             )?;
         }
         at += ty.shape[axis] as i64;
+    }
+    Ok(Lowered::Device)
+}
+
+/// `StridedSlice(x, begin, end, strides)` (a strided view of x copied out) and
+/// `StridedSliceGrad(dy, shape, begin, end, strides)` (zeros with dy copied into the view), the
+/// elements the CPU's `slice_spec` names.
+fn strided_slice(call: &OpCall<'_>) -> AscendResult<Lowered> {
+    let grad = call.node.op == OpKind::StridedSliceGrad;
+    let (a, ta) = call.tensor(0)?;
+    let (y, ty) = call.out(0)?;
+    let consts = |i: usize| -> AscendResult<Vec<i64>> {
+        call.constant(i)?
+            .as_ints()
+            .ok_or_else(|| call.err(format!("operand {i} must be constant integers")))
+    };
+    let k = usize::from(grad);
+    let (begin, end, steps) = (consts(1 + k)?, consts(2 + k)?, consts(3 + k)?);
+    for m in [
+        "begin_mask",
+        "end_mask",
+        "ellipsis_mask",
+        "new_axis_mask",
+        "shrink_axis_mask",
+    ] {
+        if call.node.attrs.int_or(m, 0) != 0 {
+            return host(format!("a non-zero {m}"));
+        }
+    }
+    let full = if grad { &ty.shape } else { &ta.shape };
+    let spec =
+        shardc_ir::geometry::slice_spec(full, &begin, &end, &steps).map_err(|e| call.err(e))?;
+    let own = contiguous_strides(full);
+    let shape: Vec<usize> = spec.iter().map(|s| s.2).collect();
+    let strides: Vec<i64> = spec
+        .iter()
+        .zip(&own)
+        .map(|(s, &o)| o * s.1 as i64)
+        .collect();
+    let offset: i64 = spec.iter().zip(&own).map(|(s, &o)| o * s.0 as i64).sum();
+    if grad {
+        call.dev.zero(y, ty.size_bytes())?;
+    }
+    if shape.iter().product::<usize>() == 0 {
+        return Ok(Lowered::Device);
+    }
+    let r = call.runner();
+    if grad {
+        let dst = call.view(y, ty.dtype, &shape, &strides, offset)?;
+        let src = call.desc_shape(a, ta.dtype, &shape)?;
+        crate::aclnn!(
+            &r,
+            aclnnInplaceCopy,
+            aclnnInplaceCopyGetWorkspaceSize(dst.ptr(), src.ptr())
+        )?;
+    } else {
+        let src = call.view(a, ta.dtype, &shape, &strides, offset)?;
+        let dst = call.desc_shape(y, ty.dtype, &shape)?;
+        crate::aclnn!(
+            &r,
+            aclnnInplaceCopy,
+            aclnnInplaceCopyGetWorkspaceSize(dst.ptr(), src.ptr())
+        )?;
     }
     Ok(Lowered::Device)
 }
