@@ -588,10 +588,11 @@ fn cases() -> Vec<Case> {
     let labels = Tensor::from_i32(vec![4], vec![1, 4, 0, 2]).expect("labels");
     v.push(Case {
         feeds: vec![("idx", idx.clone())],
-        ..case("index", &[OneHot, Gather], |b| {
+        ..case("index", &[OneHot, Gather, UnsortedSegmentSum], |b| {
             let idx = b.input("idx", DType::Int32, &[5]).expect("idx");
             let table = w(b, "table", &[10, 3], 1);
             let t2 = w(b, "t2", &[2, 10], 2);
+            let rows = w(b, "rows", &[5, 3], 3);
             vec![
                 op(
                     b,
@@ -614,6 +615,12 @@ fn cases() -> Vec<Case> {
                     b,
                     Gather,
                     &[t2.into(), idx.into(), Operand::Const(Const::Int(1))],
+                    no(),
+                ),
+                op(
+                    b,
+                    UnsortedSegmentSum,
+                    &[rows.into(), idx.into(), Operand::Const(Const::Int(12))],
                     no(),
                 ),
             ]

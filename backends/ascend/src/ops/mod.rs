@@ -70,10 +70,6 @@ pub const HOST_FALLBACKS: &[(OpKind, &str)] = &[
         "MindSpore's SGD chooses per element on `stat` (its first step copies the gradient into accum); the aclnn set used here has no per-element select",
     ),
     (
-        OpKind::UnsortedSegmentSum,
-        "negative segment ids are dropped (MindSpore) and split tables skip ids outside their block, which aclnnIndexAdd cannot express",
-    ),
-    (
         OpKind::BNTrainingReduce,
         "synchronised BatchNorm's partial sums are not lowered to aclnn yet",
     ),
@@ -139,8 +135,9 @@ fn route(op: OpKind) -> Route {
         BatchNorm => Kernel(batch_norm::batch_norm),
         BatchNormGrad => Kernel(batch_norm::batch_norm_grad),
         StridedSlice | StridedSliceGrad => Kernel(strided_slice),
-        Dropout | SGD | UnsortedSegmentSum | BNTrainingReduce | BNTrainingUpdate
-        | BNTrainingUpdateGrad | BNTrainingReduceGrad => Host,
+        UnsortedSegmentSum => Kernel(unsorted_segment_sum),
+        Dropout | SGD | BNTrainingReduce | BNTrainingUpdate | BNTrainingUpdateGrad
+        | BNTrainingReduceGrad => Host,
         TupleGetItem | Assign | AllReduce | AllGather | ReduceScatter | AllToAll | Broadcast
         | Send | Receive => Host,
     }
@@ -763,6 +760,73 @@ fn strided_slice(call: &OpCall<'_>) -> AscendResult<Lowered> {
             aclnnInplaceCopyGetWorkspaceSize(dst.ptr(), src.ptr())
         )?;
     }
+    Ok(Lowered::Device)
+}
+
+/// `UnsortedSegmentSum(x, segment_ids, num_segments)`: `aclnnIndexAdd` of x's rows (ids
+/// flattened, x seen as `(ids, rest)`) into zeros, rows added in index order as on the CPU.
+/// The ids are checked on the host first: one not below `num_segments` is an error naming
+/// its position (as on the CPU); negative ids (which MindSpore drops) and blocks of a split
+/// result (`global_shape`) run on the host.
+fn unsorted_segment_sum(call: &OpCall<'_>) -> AscendResult<Lowered> {
+    if call.node.attrs.get("global_shape").is_some() {
+        return host("a block of a split result (global_shape/offset): ids outside the block are skipped, which aclnnIndexAdd cannot express");
+    }
+    let (x, tx) = call.tensor(0)?;
+    let (ids, tids) = call.tensor(1)?;
+    let (y, ty) = call.out(0)?;
+    if tx.dtype != DType::Float32 || ty.dtype != DType::Float32 {
+        return host("only Float32 sums run through aclnn");
+    }
+    if !matches!(tids.dtype, DType::Int32 | DType::Int64) {
+        return host(format!("{} segment ids", tids.dtype));
+    }
+    let num = call
+        .constant(2)?
+        .as_int()
+        .ok_or_else(|| call.err("num_segments must be a constant integer"))?;
+    let k = tids.shape.len();
+    if tx.shape.len() < k || tx.shape[..k] != tids.shape[..] {
+        return Err(call.err(format!(
+            "segment_ids shape {:?} is not a prefix of x's shape {:?}",
+            tids.shape, tx.shape
+        )));
+    }
+    let mut bytes = vec![0u8; tids.size_bytes()];
+    call.dev.download(ids, &mut bytes)?;
+    let t = shardc_runtime::Tensor::from_le_bytes(tids, &bytes);
+    for i in 0..tids.num_elements() {
+        let v = t.data.get_f64(i) as i64;
+        if v >= num {
+            return Err(call.err(format!(
+                "segment id {v} (position {i}) is not below num_segments {num}"
+            )));
+        }
+        if v < 0 {
+            return host("negative segment ids (dropped, as MindSpore's)");
+        }
+    }
+    call.dev.zero(y, ty.size_bytes())?;
+    let n = tids.num_elements();
+    if n == 0 || ty.num_elements() == 0 {
+        return Ok(Lowered::Device);
+    }
+    let mut rows = vec![n];
+    rows.extend_from_slice(&tx.shape[k..]);
+    let tmp = call.temps(&[ty.size_bytes()])?;
+    call.dev.zero(tmp[0], ty.size_bytes())?;
+    let (dzero, dsrc, didx, dy) = (
+        call.desc(tmp[0], ty)?,
+        call.desc_shape(x, tx.dtype, &rows)?,
+        call.desc_shape(ids, tids.dtype, &[n])?,
+        call.desc(y, ty)?,
+    );
+    let one = aclnn::scalar(call.api(), 1.0, ty.dtype)?;
+    crate::aclnn!(
+        &call.runner(),
+        aclnnIndexAdd,
+        aclnnIndexAddGetWorkspaceSize(dzero.ptr(), 0, didx.ptr(), dsrc.ptr(), one.ptr(), dy.ptr())
+    )?;
     Ok(Lowered::Device)
 }
 
