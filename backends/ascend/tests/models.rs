@@ -110,3 +110,13 @@ fn profiling_times_every_op_kind_of_a_step() {
     assert_eq!(e.stats().profiled_steps, 1);
     assert!(e.memory_plan().buffers.len() > 1);
 }
+
+#[test]
+fn the_embedding_network_trains_as_on_the_cpu() {
+    let g =
+        shardc_compiler::generated::embedding_net(4, 50, 8, 3, &[16, 4]).expect("embedding net");
+    let s = common::compare(common::train(g, common::momentum()), 2, 1e-5);
+    println!("{s}");
+    // Gather forward, UnsortedSegmentSum (the table's gradient) backward: both on the device.
+    assert!(!s.contains("host:"), "{s}");
+}
