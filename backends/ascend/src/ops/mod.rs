@@ -1,6 +1,6 @@
 //! Each op of a rank's graph as aclnn operators on the compute stream.
 //!
-//! [`lower`] either runs a node on the device or answers [`Lowered::Host`] with the reason,
+//! `lower` either runs a node on the device or answers `Lowered::Host` with the reason,
 //! without issuing anything, when no aclnn lowering covers the node as typed (an op listed in
 //! [`HOST_FALLBACKS`], a dtype other than Float32 for the float math, an attribute case an
 //! aclnn operator cannot express): the executor then runs the host backend's kernel on copies,
@@ -21,7 +21,7 @@ mod conv;
 
 pub(crate) use call::{host, Lowered, OpCall, Val};
 
-/// The ops the Ascend lowering runs on the host, each with the reason: [`lower`] answers
+/// The ops the Ascend lowering runs on the host, each with the reason: `lower` answers
 /// `Lowered::Host(reason)` for them (the executor runs the host backend's kernel on copies,
 /// or runs the op itself). [`has_kernel`] is false exactly for these ops.
 pub const HOST_FALLBACKS: &[(OpKind, &str)] = &[
