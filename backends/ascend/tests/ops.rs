@@ -267,6 +267,62 @@ fn cases() -> Vec<Case> {
                 ]
             },
         ),
+        case(
+            "sync_batch_norm",
+            &[
+                BNTrainingReduce,
+                BNTrainingUpdate,
+                BNTrainingUpdateGrad,
+                BNTrainingReduceGrad,
+            ],
+            |b| {
+                let x = w(b, "x", &[4, 3, 2, 2], 1);
+                let dy = w(b, "dy", &[4, 3, 2, 2], 2);
+                let scale = w(b, "scale", &[3], 3);
+                let bias = w(b, "bias", &[3], 4);
+                let at = Attrs::new()
+                    .with("count", Attr::Int(16))
+                    .with("epsilon", Attr::Float(1e-5));
+                let red = op(b, BNTrainingReduce, &[x.into()], no());
+                let sum = b.tuple_get_item(red, 0).expect("sum");
+                let sq = b.tuple_get_item(red, 1).expect("square_sum");
+                let up = op(
+                    b,
+                    BNTrainingUpdate,
+                    &[x.into(), sum.into(), sq.into(), scale.into(), bias.into()],
+                    at.clone(),
+                );
+                let mut out = vec![sum, sq];
+                for k in 0..5 {
+                    out.push(b.tuple_get_item(up, k).expect("update result"));
+                }
+                let (mean, rstd) = (out[5], out[6]);
+                let ug = op(
+                    b,
+                    BNTrainingUpdateGrad,
+                    &[dy.into(), x.into(), mean.into(), rstd.into()],
+                    no(),
+                );
+                let ds = b.tuple_get_item(ug, 0).expect("dscale");
+                let db = b.tuple_get_item(ug, 1).expect("dbias");
+                let dx = op(
+                    b,
+                    BNTrainingReduceGrad,
+                    &[
+                        dy.into(),
+                        x.into(),
+                        ds.into(),
+                        db.into(),
+                        scale.into(),
+                        mean.into(),
+                        rstd.into(),
+                    ],
+                    at,
+                );
+                out.extend([ds, db, dx]);
+                out
+            },
+        ),
         case("strided_slice", &[StridedSlice, StridedSliceGrad], |b| {
             let x = w(b, "x", &[5, 6, 3], 1);
             let a = op(

@@ -69,22 +69,6 @@ pub const HOST_FALLBACKS: &[(OpKind, &str)] = &[
         OpKind::SGD,
         "MindSpore's SGD chooses per element on `stat` (its first step copies the gradient into accum); the aclnn set used here has no per-element select",
     ),
-    (
-        OpKind::BNTrainingReduce,
-        "synchronised BatchNorm's partial sums are not lowered to aclnn yet",
-    ),
-    (
-        OpKind::BNTrainingUpdate,
-        "synchronised BatchNorm's update is not lowered to aclnn yet",
-    ),
-    (
-        OpKind::BNTrainingUpdateGrad,
-        "synchronised BatchNorm's gradient sums are not lowered to aclnn yet",
-    ),
-    (
-        OpKind::BNTrainingReduceGrad,
-        "synchronised BatchNorm's input gradient is not lowered to aclnn yet",
-    ),
 ];
 
 /// A device lowering of one op.
@@ -136,8 +120,11 @@ fn route(op: OpKind) -> Route {
         BatchNormGrad => Kernel(batch_norm::batch_norm_grad),
         StridedSlice | StridedSliceGrad => Kernel(strided_slice),
         UnsortedSegmentSum => Kernel(unsorted_segment_sum),
-        Dropout | SGD | BNTrainingReduce | BNTrainingUpdate | BNTrainingUpdateGrad
-        | BNTrainingReduceGrad => Host,
+        BNTrainingReduce => Kernel(batch_norm::bn_training_reduce),
+        BNTrainingUpdate => Kernel(batch_norm::bn_training_update),
+        BNTrainingUpdateGrad => Kernel(batch_norm::bn_training_update_grad),
+        BNTrainingReduceGrad => Kernel(batch_norm::bn_training_reduce_grad),
+        Dropout | SGD => Host,
         TupleGetItem | Assign | AllReduce | AllGather | ReduceScatter | AllToAll | Broadcast
         | Send | Receive => Host,
     }
