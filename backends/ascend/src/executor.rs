@@ -930,3 +930,63 @@ impl shardc_runtime::StepExecutor for AscendExecutor {
         format!("{}\n{}", self.plan.summary(), self.stats.summary())
     }
 }
+
+/// A rank's executor on an Ascend device, as a training program needs it: device
+/// `device_id` (`DEVICE_ID`), or else the rank on its host (`local_rank`, else the rank)
+/// modulo the devices AscendCL sees; collectives through HCCL bootstrapped over `comm` when
+/// `hccl` and there are several ranks (every rank must call this at the same point: the ranks
+/// first agree over `comm` that every one of them can load HCCL, else all stage their
+/// collectives through the host), else staged through `comm`. A missing CANN library is an
+/// error naming it.
+pub fn ascend_executor(
+    graph: Graph,
+    host: Arc<dyn Backend>,
+    comm: Option<Arc<dyn Communicator>>,
+    hccl: bool,
+    device_id: Option<usize>,
+    local_rank: Option<usize>,
+) -> AscendResult<AscendExecutor> {
+    let count = crate::acl::device_count()?;
+    if count == 0 {
+        return Err(AscendError::Other(
+            "AscendCL sees no Ascend device on this host".into(),
+        ));
+    }
+    let rank = comm.as_ref().map_or(0, |c| c.rank());
+    let id = device_id.unwrap_or(local_rank.unwrap_or(rank) % count);
+    let dev = AscendDevice::open(id)?;
+    match comm {
+        Some(c) if hccl && c.size() > 1 => {
+            let mine = crate::hccl::hccl_api().err().map(|e| e.to_string());
+            match why_not_hccl(c.as_ref(), mine)? {
+                None => {
+                    let h = HcclComm::new(dev.clone(), c)?;
+                    AscendExecutor::with_hccl(graph, dev, host, Arc::new(h))
+                }
+                Some(why) => {
+                    eprintln!("rank {rank}: {why}: collectives staged through the host");
+                    AscendExecutor::with_communicator(graph, dev, host, c)
+                }
+            }
+        }
+        Some(c) => AscendExecutor::with_communicator(graph, dev, host, c),
+        None => AscendExecutor::new(graph, dev, host),
+    }
+}
+
+/// Why the ranks of `comm`'s world cannot all use HCCL (this rank's own reason `mine`, or
+/// that another rank has one), or None: they must decide alike, or the ones that join HCCL
+/// wait for the others. Every rank must call it at the same point.
+pub fn why_not_hccl(comm: &dyn Communicator, mine: Option<String>) -> AscendResult<Option<String>> {
+    let world: Vec<usize> = (0..comm.size()).collect();
+    let mut flag = Tensor::from_i32(vec![1], vec![i32::from(mine.is_some())])
+        .ok_or_else(|| AscendError::Other("a flag tensor".into()))?;
+    comm.all_reduce(&world, shardc_ir::ReduceOp::Max, &mut flag)
+        .map_err(|e| AscendError::Other(format!("agreeing on HCCL: {e}")))?;
+    let any = matches!(&flag.data, shardc_runtime::Data::I32(v) if v.first() == Some(&1));
+    Ok(match (any, mine) {
+        (_, Some(why)) => Some(why),
+        (true, None) => Some("another rank of the job cannot load HCCL".into()),
+        (false, None) => None,
+    })
+}

@@ -320,3 +320,42 @@ fn every_collective_staged_through_the_host_runs_as_on_the_cpu() {
     };
     assert_eq!(run(true), run(false));
 }
+
+#[test]
+fn ranks_agree_on_hccl_and_build_their_executors_through_it() {
+    common::use_emulator();
+    let graphs = data_parallel_graphs();
+    let host = Arc::new(CpuBackend::with_threads(1));
+    let summaries: Vec<String> = std::thread::scope(|s| {
+        let hs: Vec<_> = InProcessWorld::new(2)
+            .into_iter()
+            .enumerate()
+            .map(|(rank, comm)| {
+                let (g, host) = (graphs[rank].clone(), host.clone());
+                s.spawn(move || {
+                    let data = shardc_runtime::data::synthetic::SyntheticData::new(&g, 5, 1)
+                        .expect("data");
+                    let mut e = shardc_backend_ascend::ascend_executor(
+                        g,
+                        host,
+                        Some(comm),
+                        true,
+                        None,
+                        Some(rank),
+                    )
+                    .expect("executor");
+                    e.step(&data.feeds(0)).expect("step");
+                    assert_eq!(e.device().id(), rank);
+                    e.stats().summary()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("joins")).collect()
+    });
+    for s in summaries {
+        assert!(
+            s.contains("collectives") && !s.contains("host: MatMul"),
+            "{s}"
+        );
+    }
+}
