@@ -323,6 +323,56 @@ fn cases() -> Vec<Case> {
                 out
             },
         ),
+        case("sgd", &[SGD], |b| {
+            let p = w(b, "p", &[3, 4], 1);
+            let g = w(b, "g", &[3, 4], 2);
+            let acc = w(b, "acc", &[3, 4], 3);
+            let ones = b
+                .weight("ones", DType::Float32, &[3, 4], Init::Ones)
+                .expect("stat");
+            let zeros = b
+                .weight("zeros", DType::Float32, &[3, 4], Init::Zeros)
+                .expect("stat");
+            let mixed = w(b, "mixed", &[3, 4], 4);
+            let lr = w(b, "lr", &[], 5);
+            let mut out = Vec::new();
+            let cases: Vec<(Value, f64, Attrs)> = vec![
+                (ones, 0.9, Attrs::new().with("dampening", Attr::Float(0.1))),
+                (
+                    zeros,
+                    0.9,
+                    Attrs::new()
+                        .with("nesterov", Attr::Bool(true))
+                        .with("weight_decay", Attr::Float(0.01)),
+                ),
+                (mixed, 0.5, Attrs::new().with("dampening", Attr::Float(0.3))),
+                (ones, 0.0, Attrs::new()),
+                (
+                    zeros,
+                    0.0,
+                    Attrs::new().with("weight_decay", Attr::Float(0.1)),
+                ),
+            ];
+            for (stat, m, at) in cases {
+                let r = op(
+                    b,
+                    SGD,
+                    &[
+                        p.into(),
+                        g.into(),
+                        lr.into(),
+                        acc.into(),
+                        float(m),
+                        stat.into(),
+                    ],
+                    at,
+                );
+                for k in 0..3 {
+                    out.push(b.tuple_get_item(r, k).expect("sgd result"));
+                }
+            }
+            out
+        }),
         case("strided_slice", &[StridedSlice, StridedSliceGrad], |b| {
             let x = w(b, "x", &[5, 6, 3], 1);
             let a = op(

@@ -65,10 +65,6 @@ pub const HOST_FALLBACKS: &[(OpKind, &str)] = &[
         OpKind::Dropout,
         "its mask is shardc's counter-based hash of (seeds, step, index) (ir::dropout), which no aclnn operator draws",
     ),
-    (
-        OpKind::SGD,
-        "MindSpore's SGD chooses per element on `stat` (its first step copies the gradient into accum); the aclnn set used here has no per-element select",
-    ),
 ];
 
 /// A device lowering of one op.
@@ -124,7 +120,8 @@ fn route(op: OpKind) -> Route {
         BNTrainingUpdate => Kernel(batch_norm::bn_training_update),
         BNTrainingUpdateGrad => Kernel(batch_norm::bn_training_update_grad),
         BNTrainingReduceGrad => Kernel(batch_norm::bn_training_reduce_grad),
-        Dropout | SGD => Host,
+        SGD => Kernel(compose::sgd),
+        Dropout => Host,
         TupleGetItem | Assign | AllReduce | AllGather | ReduceScatter | AllToAll | Broadcast
         | Send | Receive => Host,
     }
