@@ -796,3 +796,26 @@ fn the_fallback_list_and_the_route_agree() {
         assert_eq!(ops::host_fallback(op), Some(why));
     }
 }
+
+#[test]
+fn device_info_lists_the_libraries_found_and_the_devices() {
+    common::use_emulator();
+    let s = shardc_backend_ascend::device_info();
+    for lib in [
+        "libascendcl.so",
+        "libnnopbase.so",
+        "libopapi.so",
+        "libhccl.so",
+    ] {
+        assert!(s.contains(lib) && s.contains("found"), "{s}");
+    }
+    assert!(s.contains("device(s)") && s.contains("device 0"), "{s}");
+    let dev = common::device(1);
+    assert!(
+        dev.description().contains("device 1"),
+        "{}",
+        dev.description()
+    );
+    assert_eq!(dev.id(), 1);
+    assert!(shardc_backend_ascend::acl::device_count().expect("count") >= 2);
+}
