@@ -333,10 +333,11 @@ impl AscendDevice {
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: writes two usize.
         let mem = unsafe { (api.aclrtGetMemInfo)(sys::ACL_HBM_MEM, &mut free, &mut total) };
-        let mut description = format!(
-            "Ascend {} (device {device_id}",
-            if soc.is_empty() { "NPU" } else { soc.as_str() }
-        );
+        let mut description = match soc.as_str() {
+            "" => format!("Ascend NPU (device {device_id}"),
+            s if s.starts_with("Ascend") => format!("{s} (device {device_id}"),
+            s => format!("Ascend {s} (device {device_id}"),
+        };
         if mem == sys::ACL_SUCCESS && total > 0 {
             description.push_str(&format!(", {:.1} GiB", total as f64 / (1u64 << 30) as f64));
         }
@@ -362,7 +363,7 @@ impl AscendDevice {
         self.api
     }
 
-    /// The device, in words (`Ascend Ascend910B1 (device 0, 64.0 GiB)`).
+    /// The device, in words (`Ascend910B1 (device 0, 64.0 GiB)`).
     pub fn description(&self) -> String {
         self.description.clone()
     }

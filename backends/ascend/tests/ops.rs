@@ -810,6 +810,7 @@ fn device_info_lists_the_libraries_found_and_the_devices() {
         assert!(s.contains(lib) && s.contains("found"), "{s}");
     }
     assert!(s.contains("device(s)") && s.contains("device 0"), "{s}");
+    println!("{s}");
     let dev = common::device(1);
     assert!(
         dev.description().contains("device 1"),
