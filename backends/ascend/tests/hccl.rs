@@ -359,3 +359,41 @@ fn ranks_agree_on_hccl_and_build_their_executors_through_it() {
         );
     }
 }
+
+/// A relay over 3 ranks: rank 0 sends x to rank 1, which passes what it received on to rank 2
+/// (a send reading a receive: HcclSend / HcclRecv one by one), then sends its own x (the two
+/// sends one batch, as rank 2's two receives).
+fn relay_graph(rank: usize) -> Graph {
+    let body = match rank {
+        0 => "  %1(s) = Send(%para1_x) {instance name: s} primitive_attrs: {dest_rank: 1, sr_tag: 1}\n  Return(%1)",
+        1 => "  %1(r) = Receive() {instance name: r} primitive_attrs: {src_rank: 0, sr_tag: 1, shape: (4), dtype: Float32}\n  %2(s) = Send(%1) {instance name: s} primitive_attrs: {dest_rank: 2, sr_tag: 2}\n  %3(t) = Send(%para1_x) {instance name: t} primitive_attrs: {dest_rank: 2, sr_tag: 3}\n  Return(%2, %3)",
+        _ => "  %1(r) = Receive() {instance name: r} primitive_attrs: {src_rank: 1, sr_tag: 2, shape: (4), dtype: Float32}\n  %2(q) = Receive() {instance name: q} primitive_attrs: {src_rank: 1, sr_tag: 3, shape: (4), dtype: Float32}\n  Return(%1, %2)",
+    };
+    let text =
+        format!("%para1_x : <Tensor[Float32], (4)>\n\nsubgraph @Relay(%para1_x) {{\n{body}\n}}");
+    let mut g = shardc_ir::text::parse_graph(&text, "relay.ir").expect("parses");
+    shardc_passes::infer::infer_graph(&mut g).expect("types");
+    g
+}
+
+#[test]
+fn a_relay_of_received_values_runs_as_on_the_cpu() {
+    let x = |rank: usize| {
+        Tensor::from_f32(vec![4], (0..4).map(|i| (rank * 10 + i) as f32).collect()).expect("x")
+    };
+    let host = Arc::new(CpuBackend::with_threads(1));
+    let asc = on_ranks(3, |rank, comm| {
+        let dev = comm.device().clone();
+        let mut e = AscendExecutor::with_hccl(relay_graph(rank), dev, host.clone(), Arc::new(comm))
+            .map_err(|e| e.to_string())?;
+        e.step(&[("x", x(rank))])
+            .map_err(|e| format!("rank {rank}: {e}"))
+    });
+    let outs: Vec<Vec<Tensor>> = asc
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|e| panic!("{e}")))
+        .collect();
+    // Rank 2 received rank 0's x through rank 1, then rank 1's own x.
+    assert_eq!(outs[2], vec![x(0), x(1)]);
+    assert_eq!(outs[1], vec![x(0), x(1)]);
+}
