@@ -38,8 +38,8 @@ fn on_ranks<T: Send>(
 }
 
 #[test]
-fn hccl_on_two_and_three_ranks_passes_the_communicator_conformance_suite() {
-    for n in [2, 3] {
+fn hccl_on_one_to_four_ranks_passes_the_communicator_conformance_suite() {
+    for n in [1, 2, 3, 4] {
         let results = on_ranks(n, |_, comm| conformance::run(&comm));
         for (rank, r) in results.into_iter().enumerate() {
             match r {
