@@ -140,6 +140,11 @@ fn every_collective_runs_natively_as_on_the_cpu() {
 /// The per-rank graphs of a data-parallel MLP training step over 2 ranks (gradient buckets:
 /// fused AllReduces).
 fn data_parallel_graphs() -> Vec<Graph> {
+    data_parallel_graphs_on(2)
+}
+
+/// The per-rank graphs of a data-parallel MLP training step over `n` ranks.
+fn data_parallel_graphs_on(n: usize) -> Vec<Graph> {
     use shardc_compiler::optim::Momentum;
     use shardc_compiler::pipeline::{compile, CompileOptions};
     use shardc_passes::parallel::{DatasetLayout, Mode, ParallelOptions};
@@ -149,7 +154,7 @@ fn data_parallel_graphs() -> Vec<Graph> {
             optimizer: Some(Momentum::new(0.05, 0.9).to_spec()),
             parallel: Some(ParallelOptions {
                 mode: Mode::DataParallel,
-                device_num: 2,
+                device_num: n,
                 dataset: DatasetLayout::DataParallel,
                 gradients_mean: true,
                 enable_alltoall: false,
@@ -166,8 +171,14 @@ fn data_parallel_graphs() -> Vec<Graph> {
 
 #[test]
 fn data_parallel_ranks_reduce_their_gradient_buckets_through_hccl_as_the_cpu_ranks() {
+    for n in [2, 8] {
+        data_parallel_ranks_train_as_the_cpu_ranks(n);
+    }
+}
+
+fn data_parallel_ranks_train_as_the_cpu_ranks(n: usize) {
     use shardc_runtime::data::synthetic::SyntheticData;
-    let graphs = data_parallel_graphs();
+    let graphs = data_parallel_graphs_on(n);
     let buckets = graphs[0]
         .nodes
         .iter()
@@ -191,7 +202,7 @@ fn data_parallel_ranks_reduce_their_gradient_buckets_through_hccl_as_the_cpu_ran
         (outs, w)
     };
     let cpu: Vec<_> = std::thread::scope(|s| {
-        let hs: Vec<_> = InProcessWorld::new(2)
+        let hs: Vec<_> = InProcessWorld::new(n)
             .into_iter()
             .enumerate()
             .map(|(rank, comm)| {
@@ -201,7 +212,7 @@ fn data_parallel_ranks_reduce_their_gradient_buckets_through_hccl_as_the_cpu_ran
             .collect();
         hs.into_iter().map(|h| h.join().expect("joins")).collect()
     });
-    let asc = on_ranks(2, |rank, comm| {
+    let asc = on_ranks(n, |rank, comm| {
         let g = graphs[rank].clone();
         let data = SyntheticData::new(&g, 5, STEPS as usize).expect("data");
         let dev = comm.device().clone();
@@ -222,7 +233,7 @@ fn data_parallel_ranks_reduce_their_gradient_buckets_through_hccl_as_the_cpu_ran
         for (s, (a, b)) in cpu[rank].0.iter().zip(&outs).enumerate() {
             for (i, (x, y)) in a.iter().zip(b).enumerate() {
                 if let Err(e) = common::close(x, y, 1e-5) {
-                    panic!("rank {rank}, step {s}, output {i}: {e}");
+                    panic!("{n} ranks: rank {rank}, step {s}, output {i}: {e}");
                 }
             }
         }
