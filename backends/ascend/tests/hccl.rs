@@ -408,3 +408,35 @@ fn a_relay_of_received_values_runs_as_on_the_cpu() {
     assert_eq!(outs[2], vec![x(0), x(1)]);
     assert_eq!(outs[1], vec![x(0), x(1)]);
 }
+
+#[test]
+fn members_whose_device_collectives_disagree_get_errors_instead_of_hanging() {
+    use shardc_ir::{DType, ReduceOp, TensorType};
+    use shardc_runtime::executor::CommCall;
+    // Rank 1 reduces 5 elements where rank 0 reduces 4: each member's stream fails with an
+    // error (the emulated HCCL compares the members' calls), well before the timeout.
+    let results = on_ranks(2, |rank, comm| {
+        let dev = comm.device().clone();
+        let ty = TensorType::new(DType::Float32, vec![4 + rank]);
+        let x = dev.malloc(ty.size_bytes()).map_err(|e| e.to_string())?;
+        dev.upload(x, &Tensor::zeros(&ty).to_le_bytes())
+            .map_err(|e| e.to_string())?;
+        let call = CommCall::AllReduce {
+            group: vec![0, 1],
+            op: ReduceOp::Sum,
+        };
+        let start = std::time::Instant::now();
+        let r = comm
+            .run_on_device(&call, Some((x, &ty)), (x, &ty))
+            .and_then(|_| dev.synchronize());
+        Ok((
+            r.err().map(|e| e.to_string()).unwrap_or_default(),
+            start.elapsed().as_secs_f64(),
+        ))
+    });
+    for (rank, r) in results.into_iter().enumerate() {
+        let (e, secs) = r.expect("the rank ran");
+        assert!(e.contains("disagree"), "rank {rank}: {e}");
+        assert!(secs < 30.0, "rank {rank} waited {secs} s: {e}");
+    }
+}
