@@ -415,72 +415,52 @@ impl AscendDevice {
         }
     }
 
-    /// Copies `bytes` to `dst` in the compute stream's order and waits for it. The copy reads
-    /// a staging copy of `bytes`, which a wait that times out leaves allocated (the queued
-    /// copy may still read it).
+    /// Copies `bytes` to `dst` after the compute stream's work so far (which may still read
+    /// `dst`): the stream is drained (bounded by `SHARDC_COMM_TIMEOUT`), then a synchronous
+    /// `aclrtMemcpy`. Synchronous copies from ordinary (pageable) host memory are what every
+    /// CANN version supports; `aclrtMemcpyAsync` from pageable memory is undefined on CANN
+    /// 8.0's training products.
     pub fn upload(&self, dst: DevPtr, bytes: &[u8]) -> AscendResult<()> {
         if bytes.is_empty() {
             return Ok(());
         }
-        self.bind()?;
-        let staging = bytes.to_vec();
-        // SAFETY: `staging` outlives the copy: freed only after the stream has run it.
+        self.synchronize()?;
+        // SAFETY: `dst` is a device buffer of at least `bytes.len()`; nothing queued uses it.
         let code = unsafe {
-            (self.api.aclrtMemcpyAsync)(
+            (self.api.aclrtMemcpy)(
                 dst as *mut c_void,
-                staging.len(),
-                staging.as_ptr() as *const c_void,
-                staging.len(),
+                bytes.len(),
+                bytes.as_ptr() as *const c_void,
+                bytes.len(),
                 sys::ACL_MEMCPY_HOST_TO_DEVICE,
-                self.compute.raw(),
             )
         };
-        self.check("aclrtMemcpyAsync", code, || {
+        self.check("aclrtMemcpy", code, || {
             format!("{} bytes to device {}", bytes.len(), self.id)
-        })?;
-        self.wait_keeping(staging).map(|_| ())
+        })
     }
 
-    /// Waits for the compute stream; on a timeout `staging` (a host buffer a queued copy
-    /// uses) is leaked rather than freed under it.
-    fn wait_keeping(&self, staging: Vec<u8>) -> AscendResult<Vec<u8>> {
-        match self.synchronize() {
-            Ok(()) => Ok(staging),
-            Err(e) => {
-                if matches!(e, AscendError::Timeout { .. }) {
-                    std::mem::forget(staging);
-                }
-                Err(e)
-            }
-        }
-    }
-
-    /// Copies `out.len()` bytes from `src` after the compute stream's work so far, and waits
-    /// (into a staging buffer that a wait that times out leaves allocated).
+    /// Copies `out.len()` bytes from `src` once the compute stream's work so far is done
+    /// (drained, bounded by `SHARDC_COMM_TIMEOUT`; then a synchronous `aclrtMemcpy`).
     pub fn download(&self, src: DevPtr, out: &mut [u8]) -> AscendResult<()> {
         if out.is_empty() {
             return Ok(());
         }
-        self.bind()?;
+        self.synchronize()?;
         let n = out.len();
-        let mut staging = vec![0u8; n];
-        // SAFETY: `staging` outlives the copy: freed only after the stream has run it.
+        // SAFETY: `src` is a device buffer of at least `n` bytes, its writers done.
         let code = unsafe {
-            (self.api.aclrtMemcpyAsync)(
-                staging.as_mut_ptr() as *mut c_void,
+            (self.api.aclrtMemcpy)(
+                out.as_mut_ptr() as *mut c_void,
                 n,
                 src as *const c_void,
                 n,
                 sys::ACL_MEMCPY_DEVICE_TO_HOST,
-                self.compute.raw(),
             )
         };
-        self.check("aclrtMemcpyAsync", code, || {
+        self.check("aclrtMemcpy", code, || {
             format!("{n} bytes from device {}", self.id)
-        })?;
-        let staging = self.wait_keeping(staging)?;
-        out.copy_from_slice(&staging);
-        Ok(())
+        })
     }
 
     /// A device-to-device copy of `bytes` on the compute stream.
