@@ -14,7 +14,9 @@
 //! each and, with HCCL, reduced on the communication stream, joined to the compute stream by
 //! events, so the backward pass goes on meanwhile; every other op is lowered to aclnn
 //! operators (`crate::ops`), and an op no lowering covers runs on the host backend on copies
-//! of its operands, counted in [`AscendStats::host_ops`] with its reason.
+//! of its operands, counted in [`AscendStats::host_ops`] with its reason; so does a node
+//! whose aclnn operator the CANN found lacks, or refuses in `aclnnXxxGetWorkspaceSize` (an
+//! older toolkit, a shape or type a chip does not support).
 //!
 //! Graph replay: not offered. [`ExecDevice::begin_capture`] keeps its default (`Ok(false)`),
 //! so every step is issued node by node (an `aclmdlRI` capture of the step is future work).
@@ -620,7 +622,26 @@ impl AscendExecutor {
                     workspace: &self.workspace,
                     temps: &self.temps,
                 };
-                ops::lower(&call)?
+                match ops::lower(&call) {
+                    Ok(p) => p,
+                    // The CANN found lacks the operator, or refuses this node's shapes or
+                    // types before launching anything of it: the host runs it (a lowering
+                    // never writes its operands, so what it issued before is overwritten).
+                    Err(e @ AscendError::MissingSymbol { .. }) => Lowered::Host(e.to_string()),
+                    Err(AscendError::Aclnn {
+                        call,
+                        code,
+                        message,
+                    }) if call.ends_with("GetWorkspaceSize") => Lowered::Host(format!(
+                        "{call} refused it (status {code}{})",
+                        if message.is_empty() {
+                            String::new()
+                        } else {
+                            format!(": {message}")
+                        }
+                    )),
+                    Err(e) => return Err(e),
+                }
             }
         };
         match &placed {
