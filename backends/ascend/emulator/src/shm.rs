@@ -398,26 +398,36 @@ impl Segment {
                 last_check = Instant::now();
                 for r in lagging() {
                     let pid = self.rk(r, R_PID).load(Acquire);
-                    if !pid_alive(pid) {
+                    // Read once, before the re-check below: a peer may do its part and then
+                    // leave (or exit) between two looks, and its step, made before it left,
+                    // is visible once its leaving is.
+                    let left = self.rk(r, R_LEFT).load(Acquire);
+                    let alive = pid_alive(pid);
+                    if left == 0 && alive {
+                        continue;
+                    }
+                    if ready() {
+                        return Ok(());
+                    }
+                    if !alive {
                         bail!(
                             RemoteLost,
                             "{api}: rank {}: rank {r} (pid {pid}) is lost: its process is gone, during {what}",
                             self.rank
                         );
                     }
-                    match self.rk(r, R_LEFT).load(Acquire) {
-                        0 => {}
-                        1 => bail!(
+                    if left == 1 {
+                        bail!(
                             RemoteLost,
                             "{api}: rank {}: rank {r} destroyed its communicator, during {what}",
                             self.rank
-                        ),
-                        _ => bail!(
-                            RemoteLost,
-                            "{api}: rank {}: rank {r} failed an earlier call and left, during {what}",
-                            self.rank
-                        ),
+                        );
                     }
+                    bail!(
+                        RemoteLost,
+                        "{api}: rank {}: rank {r} failed an earlier call and left, during {what}",
+                        self.rank
+                    );
                 }
             }
             if start.elapsed() > limit {
@@ -537,12 +547,16 @@ impl Segment {
 
     /// Sends `data` (`count` elements of HcclDataType `dtype`) to rank `peer`.
     pub fn send(&self, api: &str, peer: usize, dtype: u64, count: u64, data: &[u8]) -> EmuResult<()> {
-        let mut l = self.local();
-        self.check_usable(api, &l)?;
-        l.sent[peer] += 1;
-        let seq = l.sent[peer];
+        // The lock is not held during the transfer: a batch sends and receives at once.
+        let seq = {
+            let mut l = self.local();
+            self.check_usable(api, &l)?;
+            let s = l.sent.get_mut(peer).ok_or_else(|| emu_err!(InvalidParam, "{api}: peer {peer}"))?;
+            *s += 1;
+            *s
+        };
         let r = self.send_inner(api, peer, [seq, dtype, count], data);
-        r.map_err(|e| self.fail(&mut l, e))
+        r.map_err(|e| self.fail(&mut self.local(), e))
     }
 
     fn send_inner(&self, api: &str, peer: usize, desc: [u64; 3], data: &[u8]) -> EmuResult<()> {
@@ -552,8 +566,10 @@ impl Segment {
         }
         let what = format!("HcclSend #{} to rank {peer}", desc[0]);
         let free = |s: &Self| s.ch(me, peer, C_CONSUMED).load(Acquire) >= s.ch(me, peer, C_POSTED).load(Acquire);
-        let chunks = data.len().div_ceil(PSLOT);
-        for step in 0..=chunks {
+        // The descriptor travels with the first chunk, so a message of one chunk is buffered:
+        // the sender does not wait for the receiver (later chunks wait for the slot).
+        let chunks = data.len().div_ceil(PSLOT).max(1);
+        for step in 0..chunks {
             self.wait(api, &what, || free(self), || if free(self) { vec![] } else { vec![peer] })?;
             if self.ch(me, peer, C_ERROR).load(Acquire) != 0 {
                 bail!(
@@ -565,11 +581,10 @@ impl Segment {
                 for (i, w) in desc.iter().enumerate() {
                     self.ch(me, peer, C_DESC + i).store(*w, Release);
                 }
-            } else {
-                let part = &data[(step - 1) * PSLOT..(step * PSLOT).min(data.len())];
-                // SAFETY: the slot is free (consumed == posted) and only the sender writes it.
-                unsafe { std::ptr::copy_nonoverlapping(part.as_ptr(), self.chan_data(me, peer), part.len()) };
             }
+            let part = &data[(step * PSLOT).min(data.len())..((step + 1) * PSLOT).min(data.len())];
+            // SAFETY: the slot is free (consumed == posted) and only the sender writes it.
+            unsafe { std::ptr::copy_nonoverlapping(part.as_ptr(), self.chan_data(me, peer), part.len()) };
             self.ch(me, peer, C_POSTED).fetch_add(1, AcqRel);
         }
         Ok(())
@@ -577,12 +592,15 @@ impl Segment {
 
     /// Receives `count` elements of `dtype` from rank `peer` into `out`.
     pub fn recv(&self, api: &str, peer: usize, dtype: u64, count: u64, out: &mut [u8]) -> EmuResult<()> {
-        let mut l = self.local();
-        self.check_usable(api, &l)?;
-        l.received[peer] += 1;
-        let seq = l.received[peer];
+        let seq = {
+            let mut l = self.local();
+            self.check_usable(api, &l)?;
+            let s = l.received.get_mut(peer).ok_or_else(|| emu_err!(InvalidParam, "{api}: peer {peer}"))?;
+            *s += 1;
+            *s
+        };
         let r = self.recv_inner(api, peer, [seq, dtype, count], out);
-        r.map_err(|e| self.fail(&mut l, e))
+        r.map_err(|e| self.fail(&mut self.local(), e))
     }
 
     fn recv_inner(&self, api: &str, peer: usize, desc: [u64; 3], out: &mut [u8]) -> EmuResult<()> {
@@ -592,8 +610,9 @@ impl Segment {
         }
         let what = format!("HcclRecv #{} from rank {peer}", desc[0]);
         let posted = |s: &Self| s.ch(peer, me, C_POSTED).load(Acquire) > s.ch(peer, me, C_CONSUMED).load(Acquire);
-        let chunks = out.len().div_ceil(PSLOT);
-        for step in 0..=chunks {
+        let total = out.len();
+        let chunks = total.div_ceil(PSLOT).max(1);
+        for step in 0..chunks {
             self.wait(api, &what, || posted(self), || if posted(self) { vec![] } else { vec![peer] })?;
             if step == 0 {
                 let got: Vec<u64> = (0..3).map(|i| self.ch(peer, me, C_DESC + i).load(Acquire)).collect();
@@ -611,14 +630,12 @@ impl Segment {
                         got[1]
                     );
                 }
-            } else {
-                let total = out.len();
-                let part = &mut out[(step - 1) * PSLOT..(step * PSLOT).min(total)];
-                let len = part.len();
-                // SAFETY: the sender posted this chunk and will not touch the slot until we
-                // bump `consumed`.
-                unsafe { std::ptr::copy_nonoverlapping(self.chan_data(peer, me), part.as_mut_ptr(), len) };
             }
+            let part = &mut out[(step * PSLOT).min(total)..((step + 1) * PSLOT).min(total)];
+            let len = part.len();
+            // SAFETY: the sender posted this chunk and will not touch the slot until we bump
+            // `consumed`.
+            unsafe { std::ptr::copy_nonoverlapping(self.chan_data(peer, me), part.as_mut_ptr(), len) };
             self.ch(peer, me, C_CONSUMED).fetch_add(1, AcqRel);
         }
         Ok(())

@@ -160,10 +160,7 @@ impl Stream {
         drop(g);
         engine().host_join(&vc);
         match err {
-            Some((e, line)) => {
-                crate::diag::set_recent(&line);
-                Err(EmuError::new(e.kind, format!("{api}: {line}")))
-            }
+            Some((e, line)) => Err(queued_error(api, e, &line)),
             None => Ok(()),
         }
     }
@@ -182,6 +179,18 @@ impl Stream {
             g = cv.wait(g).unwrap_or_else(|e| e.into_inner());
         }
     }
+}
+
+/// The error a synchronisation returns for failed queued work `e` (logged as `line`).
+fn queued_error(api: &str, e: EmuError, line: &str) -> EmuError {
+    let kind = match e.kind {
+        ErrorKind::Timeout => ErrorKind::QueuedTimeout,
+        k => k,
+    };
+    EmuError::new(
+        kind,
+        format!("{api}: {}", line.trim_start_matches("[ascend-emu] ")),
+    )
 }
 
 /// Every live stream (for device-wide synchronisation).
@@ -336,8 +345,7 @@ impl Event {
             drop(g);
             engine().host_join(&vc);
             if let Some((e, line)) = err {
-                crate::diag::set_recent(&line);
-                return Err(EmuError::new(e.kind, format!("{api}: {line}")));
+                return Err(queued_error(api, e, &line));
             }
         }
         Ok(())
