@@ -267,7 +267,6 @@ subgraph @Ring(%para1_x) {{
 }
 
 #[test]
-#[ignore = "emulator: its HcclBatchSendRecv holds the rank's channel lock across a blocking send, so the receive posted with it waits and a ring deadlocks (reported)"]
 fn a_ring_of_sends_and_receives_runs_as_one_batch_per_rank() {
     let host = Arc::new(CpuBackend::with_threads(1));
     let n = 3;
