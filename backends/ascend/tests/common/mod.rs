@@ -32,6 +32,7 @@ pub fn use_emulator() {
             .find(|p| p.exists())
             .unwrap_or_else(|| panic!("the emulator cdylib is not next to {}", exe.display()))
             .clone();
+        remove_stale_link_dirs();
         let dir: PathBuf = std::env::temp_dir().join(format!(
             "shardc-ascend-emu-{}-{}",
             std::process::id(),
@@ -51,6 +52,23 @@ pub fn use_emulator() {
         std::env::remove_var("ASCEND_HOME_PATH");
         std::env::remove_var("ASCEND_TOOLKIT_HOME");
     });
+}
+
+/// Removes the link folders of earlier test processes that are gone (`/proc/<pid>` absent).
+fn remove_stale_link_dirs() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix("shardc-ascend-emu-") else {
+            continue;
+        };
+        let pid = rest.split('-').next().unwrap_or("");
+        if !pid.is_empty() && !std::path::Path::new("/proc").join(pid).exists() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
 }
 
 /// Emulated device `id`.
