@@ -18,6 +18,7 @@ fn without_cann_the_error_names_libascendcl_and_how_to_find_it() {
     }
     let e = AscendDevice::open(0).expect_err("no CANN, no device");
     let text = e.to_string();
+    println!("{text}");
     assert!(text.contains("libascendcl.so"), "{text}");
     assert!(text.contains("ASCEND_HOME_PATH"), "{text}");
     assert!(text.contains(probe::LIB_DIRS_ENV), "{text}");
