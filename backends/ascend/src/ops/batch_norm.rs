@@ -6,8 +6,7 @@
 //! host. The synchronised BatchNorm ops (`BNTrainingReduce`, `BNTrainingUpdate` and their
 //! gradients) are compositions of elementwise aclnn calls over per-channel views.
 
-use super::call::{host, Lowered, OpCall};
-use super::not_f32;
+use super::call::{host, not_f32, Lowered, OpCall};
 use crate::aclnn::{self, TensorDesc};
 use crate::error::AscendResult;
 use shardc_ascend_sys as sys;

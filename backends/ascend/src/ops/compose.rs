@@ -2,8 +2,7 @@
 //! node's temporaries: the softmax cross-entropies and the optimizer updates (MindSpore's
 //! formulas, as the CPU backend computes them).
 
-use super::call::{host, Lowered, OpCall};
-use super::not_f32;
+use super::call::{host, not_f32, Lowered, OpCall};
 use crate::aclnn::{self, TensorDesc};
 use crate::error::AscendResult;
 use shardc_ir::{DType, TensorType};

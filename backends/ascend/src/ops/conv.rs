@@ -5,8 +5,7 @@
 //! a convolution whose geometry pads one side more than the other (`same` with an odd total)
 //! is padded explicitly; such a pooling runs on the host.
 
-use super::call::{host, Lowered, OpCall};
-use super::not_f32;
+use super::call::{host, not_f32, Lowered, OpCall};
 use crate::aclnn::{self, TensorDesc};
 use crate::error::AscendResult;
 use shardc_ascend_sys as sys;

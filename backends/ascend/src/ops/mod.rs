@@ -19,7 +19,7 @@ mod call;
 mod compose;
 mod conv;
 
-pub(crate) use call::{host, Lowered, OpCall, Val};
+pub(crate) use call::{host, not_f32, Lowered, OpCall, Val};
 
 /// The ops the Ascend lowering runs on the host, each with the reason: `lower` answers
 /// `Lowered::Host(reason)` for them (the executor runs the host backend's kernel on copies,
@@ -148,26 +148,6 @@ pub(crate) fn lower(call: &OpCall<'_>) -> AscendResult<Lowered> {
         Route::Kernel(f) => f(call),
         Route::Host => host(host_fallback(op).unwrap_or("no aclnn lowering")),
     }
-}
-
-/// The reason a node with these tensors cannot run as Float32 aclnn math, if it cannot.
-fn not_f32(call: &OpCall<'_>) -> Option<String> {
-    let tensors = call
-        .inputs
-        .iter()
-        .filter_map(|v| match v {
-            Val::Tensor { ty, .. } => Some(ty.dtype),
-            Val::Const(_) => None,
-        })
-        .chain(call.outputs.iter().map(|(_, t)| t.dtype));
-    for d in tensors {
-        if d != DType::Float32 {
-            return Some(format!(
-                "{d} tensors: the aclnn lowering computes in Float32 only"
-            ));
-        }
-    }
-    None
 }
 
 macro_rules! f32_or_host {
