@@ -13,11 +13,14 @@ use shardc_runtime::{Executor, Tensor};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+/// Builds a case's graph: its results.
+type Build = Box<dyn Fn(&mut GraphBuilder) -> Vec<Value>>;
+
 /// One case: its name, the ops it must run on the device, the graph, and its feeds.
 struct Case {
     name: &'static str,
     ops: Vec<OpKind>,
-    build: Box<dyn Fn(&mut GraphBuilder) -> Vec<Value>>,
+    build: Build,
     feeds: Vec<(&'static str, Tensor)>,
 }
 
