@@ -238,7 +238,10 @@ impl Engine {
         let base = self.next[device as usize];
         let next = (base + size + GAP).div_ceil(ALIGN) * ALIGN;
         if next >= device_base(device) + DEVICE_STRIDE {
-            bail!(BadAlloc, "{api}: device {device}'s address range is used up");
+            bail!(
+                BadAlloc,
+                "{api}: device {device}'s address range is used up"
+            );
         }
         self.next[device as usize] = next;
         self.live.insert(
@@ -335,7 +338,7 @@ impl Engine {
             let e = self.explain_missing(api, addr, &format!("access to {}", req.role));
             return Err(e);
         };
-        let end = addr.checked_add(req.len).unwrap_or(u64::MAX);
+        let end = addr.saturating_add(req.len);
         if end > base + a.size {
             bail!(
                 IllegalAddress,

@@ -43,7 +43,9 @@ pub fn connect_timeout() -> Duration {
 }
 
 fn env_secs(name: &str, default: u64) -> Duration {
-    let v = std::env::var(name).ok().and_then(|s| s.trim().parse::<f64>().ok());
+    let v = std::env::var(name)
+        .ok()
+        .and_then(|s| s.trim().parse::<f64>().ok());
     match v {
         Some(s) if s > 0.0 => Duration::from_secs_f64(s),
         _ => Duration::from_secs(default),
@@ -178,7 +180,7 @@ const R_PID: usize = 1;
 const R_STEP: usize = 2;
 const R_LEFT: usize = 3;
 const R_DESC: usize = 4; // 6 words
-// Channel words.
+                         // Channel words.
 const C_POSTED: usize = 0;
 const C_CONSUMED: usize = 1;
 const C_ERROR: usize = 2;
@@ -205,7 +207,9 @@ fn pid_alive(pid: u64) -> bool {
 /// Removes segments left by jobs that died before all their ranks mapped them: files older than
 /// the connect timeout plus a minute (no live rendezvous can still need them).
 fn sweep_stale() {
-    let Ok(rd) = std::fs::read_dir("/dev/shm") else { return };
+    let Ok(rd) = std::fs::read_dir("/dev/shm") else {
+        return;
+    };
     let max = connect_timeout() + Duration::from_secs(60);
     for e in rd.flatten() {
         let name = e.file_name();
@@ -257,7 +261,10 @@ impl Segment {
     /// this process, and waits for every rank (bounded by `HCCL_CONNECT_TIMEOUT`).
     pub fn join(api: &str, name: &str, n: usize, rank: usize) -> EmuResult<Segment> {
         if n == 0 || n > 4096 || rank >= n {
-            bail!(InvalidParam, "{api}: rank {rank} of {n} ranks is out of range");
+            bail!(
+                InvalidParam,
+                "{api}: rank {rank} of {n} ranks is out of range"
+            );
         }
         if !name.starts_with(PREFIX) || name.contains('/') || name.len() > 200 {
             bail!(
@@ -267,11 +274,16 @@ impl Segment {
         }
         sweep_stale();
         let path = format!("/dev/shm/{name}");
-        let cpath = CString::new(path.clone()).map_err(|_| emu_err!(InvalidParam, "{api}: bad token"))?;
+        let cpath =
+            CString::new(path.clone()).map_err(|_| emu_err!(InvalidParam, "{api}: bad token"))?;
         let size = seg_size(n);
         // SAFETY: plain system calls on a path we own; results checked.
         let base = unsafe {
-            let fd = libc::open(cpath.as_ptr(), libc::O_CREAT | libc::O_RDWR | libc::O_CLOEXEC, 0o600);
+            let fd = libc::open(
+                cpath.as_ptr(),
+                libc::O_CREAT | libc::O_RDWR | libc::O_CLOEXEC,
+                0o600,
+            );
             if fd < 0 {
                 bail!(
                     Internal,
@@ -280,7 +292,9 @@ impl Segment {
                 );
             }
             let mut st: libc::stat = std::mem::zeroed();
-            if libc::fstat(fd, &mut st) != 0 || ((st.st_size as usize) < size && libc::ftruncate(fd, size as libc::off_t) != 0) {
+            if libc::fstat(fd, &mut st) != 0
+                || ((st.st_size as usize) < size && libc::ftruncate(fd, size as libc::off_t) != 0)
+            {
                 let e = std::io::Error::last_os_error();
                 libc::close(fd);
                 bail!(Internal, "{api}: cannot size {path}: {e}");
@@ -320,7 +334,10 @@ impl Segment {
         if seg.hdr(H_MAGIC).load(Acquire) != MAGIC {
             bail!(Internal, "{api}: {path} is not an emulator segment");
         }
-        if let Err(other) = seg.hdr(H_NRANKS).compare_exchange(0, n as u64, AcqRel, Acquire) {
+        if let Err(other) = seg
+            .hdr(H_NRANKS)
+            .compare_exchange(0, n as u64, AcqRel, Acquire)
+        {
             if other != n as u64 {
                 bail!(
                     InvalidParam,
@@ -328,13 +345,18 @@ impl Segment {
                 );
             }
         }
-        if seg.rk(rank, R_ARRIVED).compare_exchange(0, 1, AcqRel, Acquire).is_err() {
+        if seg
+            .rk(rank, R_ARRIVED)
+            .compare_exchange(0, 1, AcqRel, Acquire)
+            .is_err()
+        {
             bail!(
                 InvalidParam,
                 "{api}: rank {rank} of this root info was already initialised (two members with one rank)"
             );
         }
-        seg.rk(rank, R_PID).store(std::process::id() as u64, Release);
+        seg.rk(rank, R_PID)
+            .store(std::process::id() as u64, Release);
         if seg.hdr(H_MAPPED).fetch_add(1, AcqRel) + 1 == n as u64 {
             // Every rank has mapped it: the name is no longer needed, and nothing is left
             // behind if the job dies.
@@ -365,7 +387,9 @@ impl Segment {
 
     /// Marks this rank as gone (HcclCommDestroy): peers waiting for it fail at once.
     pub fn leave(&self) {
-        let _ = self.rk(self.rank, R_LEFT).compare_exchange(0, 1, AcqRel, Acquire);
+        let _ = self
+            .rk(self.rank, R_LEFT)
+            .compare_exchange(0, 1, AcqRel, Acquire);
     }
 
     /// The error of this rank's failed call, if one failed (HcclGetCommAsyncError).
@@ -468,7 +492,11 @@ impl Segment {
             api,
             what,
             || (0..self.n).all(|r| self.rk(r, R_STEP).load(Acquire) >= me),
-            || (0..self.n).filter(|&r| self.rk(r, R_STEP).load(Acquire) < me).collect(),
+            || {
+                (0..self.n)
+                    .filter(|&r| self.rk(r, R_STEP).load(Acquire) < me)
+                    .collect()
+            },
         )
     }
 
@@ -506,7 +534,9 @@ impl Segment {
         let what = format!("{} #{}", op_name(d.op), d.seq);
         self.barrier(api, &what)?;
         for r in 0..self.n {
-            let got: Vec<u64> = (0..6).map(|i| self.rk(r, R_DESC + i).load(Acquire)).collect();
+            let got: Vec<u64> = (0..6)
+                .map(|i| self.rk(r, R_DESC + i).load(Acquire))
+                .collect();
             let theirs = Desc {
                 op: got[0],
                 dtype: got[1],
@@ -546,12 +576,22 @@ impl Segment {
     }
 
     /// Sends `data` (`count` elements of HcclDataType `dtype`) to rank `peer`.
-    pub fn send(&self, api: &str, peer: usize, dtype: u64, count: u64, data: &[u8]) -> EmuResult<()> {
+    pub fn send(
+        &self,
+        api: &str,
+        peer: usize,
+        dtype: u64,
+        count: u64,
+        data: &[u8],
+    ) -> EmuResult<()> {
         // The lock is not held during the transfer: a batch sends and receives at once.
         let seq = {
             let mut l = self.local();
             self.check_usable(api, &l)?;
-            let s = l.sent.get_mut(peer).ok_or_else(|| emu_err!(InvalidParam, "{api}: peer {peer}"))?;
+            let s = l
+                .sent
+                .get_mut(peer)
+                .ok_or_else(|| emu_err!(InvalidParam, "{api}: peer {peer}"))?;
             *s += 1;
             *s
         };
@@ -565,12 +605,19 @@ impl Segment {
             bail!(InvalidParam, "{api}: rank {me} sends to rank {peer} of {n}");
         }
         let what = format!("HcclSend #{} to rank {peer}", desc[0]);
-        let free = |s: &Self| s.ch(me, peer, C_CONSUMED).load(Acquire) >= s.ch(me, peer, C_POSTED).load(Acquire);
+        let free = |s: &Self| {
+            s.ch(me, peer, C_CONSUMED).load(Acquire) >= s.ch(me, peer, C_POSTED).load(Acquire)
+        };
         // The descriptor travels with the first chunk, so a message of one chunk is buffered:
         // the sender does not wait for the receiver (later chunks wait for the slot).
         let chunks = data.len().div_ceil(PSLOT).max(1);
         for step in 0..chunks {
-            self.wait(api, &what, || free(self), || if free(self) { vec![] } else { vec![peer] })?;
+            self.wait(
+                api,
+                &what,
+                || free(self),
+                || if free(self) { vec![] } else { vec![peer] },
+            )?;
             if self.ch(me, peer, C_ERROR).load(Acquire) != 0 {
                 bail!(
                     Mismatch,
@@ -584,18 +631,30 @@ impl Segment {
             }
             let part = &data[(step * PSLOT).min(data.len())..((step + 1) * PSLOT).min(data.len())];
             // SAFETY: the slot is free (consumed == posted) and only the sender writes it.
-            unsafe { std::ptr::copy_nonoverlapping(part.as_ptr(), self.chan_data(me, peer), part.len()) };
+            unsafe {
+                std::ptr::copy_nonoverlapping(part.as_ptr(), self.chan_data(me, peer), part.len())
+            };
             self.ch(me, peer, C_POSTED).fetch_add(1, AcqRel);
         }
         Ok(())
     }
 
     /// Receives `count` elements of `dtype` from rank `peer` into `out`.
-    pub fn recv(&self, api: &str, peer: usize, dtype: u64, count: u64, out: &mut [u8]) -> EmuResult<()> {
+    pub fn recv(
+        &self,
+        api: &str,
+        peer: usize,
+        dtype: u64,
+        count: u64,
+        out: &mut [u8],
+    ) -> EmuResult<()> {
         let seq = {
             let mut l = self.local();
             self.check_usable(api, &l)?;
-            let s = l.received.get_mut(peer).ok_or_else(|| emu_err!(InvalidParam, "{api}: peer {peer}"))?;
+            let s = l
+                .received
+                .get_mut(peer)
+                .ok_or_else(|| emu_err!(InvalidParam, "{api}: peer {peer}"))?;
             *s += 1;
             *s
         };
@@ -606,16 +665,28 @@ impl Segment {
     fn recv_inner(&self, api: &str, peer: usize, desc: [u64; 3], out: &mut [u8]) -> EmuResult<()> {
         let (me, n) = (self.rank, self.n);
         if peer >= n || peer == me {
-            bail!(InvalidParam, "{api}: rank {me} receives from rank {peer} of {n}");
+            bail!(
+                InvalidParam,
+                "{api}: rank {me} receives from rank {peer} of {n}"
+            );
         }
         let what = format!("HcclRecv #{} from rank {peer}", desc[0]);
-        let posted = |s: &Self| s.ch(peer, me, C_POSTED).load(Acquire) > s.ch(peer, me, C_CONSUMED).load(Acquire);
+        let posted = |s: &Self| {
+            s.ch(peer, me, C_POSTED).load(Acquire) > s.ch(peer, me, C_CONSUMED).load(Acquire)
+        };
         let total = out.len();
         let chunks = total.div_ceil(PSLOT).max(1);
         for step in 0..chunks {
-            self.wait(api, &what, || posted(self), || if posted(self) { vec![] } else { vec![peer] })?;
+            self.wait(
+                api,
+                &what,
+                || posted(self),
+                || if posted(self) { vec![] } else { vec![peer] },
+            )?;
             if step == 0 {
-                let got: Vec<u64> = (0..3).map(|i| self.ch(peer, me, C_DESC + i).load(Acquire)).collect();
+                let got: Vec<u64> = (0..3)
+                    .map(|i| self.ch(peer, me, C_DESC + i).load(Acquire))
+                    .collect();
                 if got != desc {
                     self.ch(peer, me, C_ERROR).store(1, Release);
                     self.ch(peer, me, C_CONSUMED).fetch_add(1, AcqRel);
@@ -635,7 +706,9 @@ impl Segment {
             let len = part.len();
             // SAFETY: the sender posted this chunk and will not touch the slot until we bump
             // `consumed`.
-            unsafe { std::ptr::copy_nonoverlapping(self.chan_data(peer, me), part.as_mut_ptr(), len) };
+            unsafe {
+                std::ptr::copy_nonoverlapping(self.chan_data(peer, me), part.as_mut_ptr(), len)
+            };
             self.ch(peer, me, C_CONSUMED).fetch_add(1, AcqRel);
         }
         Ok(())
