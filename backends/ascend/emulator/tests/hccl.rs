@@ -676,3 +676,36 @@ fn a_killed_process_fails_its_peers_call_naming_it() {
         "the lost rank must be noticed at once"
     );
 }
+
+#[test]
+fn a_ring_of_batched_sends_and_receives_does_not_deadlock() {
+    for count in [8usize, 150_000] {
+        ranks(3, |r, comm, s| unsafe {
+            let (next, prev) = ((r + 1) % 3, (r + 2) % 3);
+            let mine: Vec<f32> = (0..count).map(|i| (r * 7 + i % 5) as f32).collect();
+            let bs = upload(&mine);
+            let br = malloc(count * 4);
+            let mut items = [
+                sys::HcclSendRecvItem {
+                    sendRecvType: sys::HCCL_SEND,
+                    buf: bs,
+                    count: count as u64,
+                    dataType: sys::HCCL_DATA_TYPE_FP32,
+                    remoteRank: next as u32,
+                },
+                sys::HcclSendRecvItem {
+                    sendRecvType: sys::HCCL_RECV,
+                    buf: br,
+                    count: count as u64,
+                    dataType: sys::HCCL_DATA_TYPE_FP32,
+                    remoteRank: prev as u32,
+                },
+            ];
+            assert_eq!(HcclBatchSendRecv(items.as_mut_ptr(), 2, comm, s), 0);
+            assert_eq!(sync_s(s), 0);
+            let got = download(br, count);
+            let want: Vec<f32> = (0..count).map(|i| (prev * 7 + i % 5) as f32).collect();
+            assert_eq!(got, want, "rank {r}, {count} elements");
+        });
+    }
+}

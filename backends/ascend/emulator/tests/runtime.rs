@@ -413,7 +413,7 @@ fn one_stream_runs_in_order() {
 #[test]
 fn a_stream_that_has_not_drained_times_out() {
     setup(5);
-    let (a, b, c) = busy(320);
+    let (a, b, c) = busy(384);
     let s = stream();
     launch_matmul(&a, &b, &c, s);
     launch_matmul(&a, &b, &c, s);
