@@ -25,6 +25,9 @@ use std::time::{Duration, Instant};
 pub const SLOT: usize = 1 << 20;
 /// Bytes of each send / receive channel's slot.
 pub const PSLOT: usize = 256 << 10;
+/// How long a cycle of ranks each waiting to send to the next must make no progress before
+/// it is reported as a deadlock.
+const STUCK: Duration = Duration::from_secs(2);
 const MAGIC: u64 = 0x5348_4443_484d_5531; // "SHDCHMU1"
 const HEADER: usize = 4096;
 const RANK_BLOCK: usize = 256;
@@ -180,7 +183,9 @@ const R_PID: usize = 1;
 const R_STEP: usize = 2;
 const R_LEFT: usize = 3;
 const R_DESC: usize = 4; // 6 words
-                         // Channel words.
+/// 0, or 1 + the peer this rank waits to send to (for deadlock detection).
+const R_BLOCKED: usize = 12;
+// Channel words.
 const C_POSTED: usize = 0;
 const C_CONSUMED: usize = 1;
 const C_ERROR: usize = 2;
@@ -409,7 +414,10 @@ impl Segment {
         what: &str,
         mut ready: impl FnMut() -> bool,
         lagging: impl Fn() -> Vec<usize>,
+        mut stuck: impl FnMut() -> Option<(String, String)>,
     ) -> EmuResult<()> {
+        // The cycle (with its channels' counters) first seen, and when.
+        let mut first_stuck: Option<(String, Instant)> = None;
         let start = Instant::now();
         let limit = exec_timeout();
         let mut spins = 0u32;
@@ -418,8 +426,27 @@ impl Segment {
             if ready() {
                 return Ok(());
             }
-            if last_check.elapsed() > Duration::from_millis(20) || spins < 2 {
+            let timed = last_check.elapsed() > Duration::from_millis(20);
+            if timed || spins < 2 {
                 last_check = Instant::now();
+                // A wait cycle that makes no progress for STUCK is a deadlock.
+                if timed {
+                    match stuck() {
+                        Some((sig, msg)) => match &first_stuck {
+                            Some((s0, t0)) if *s0 == sig => {
+                                if t0.elapsed() >= STUCK && !ready() {
+                                    bail!(
+                                        Mismatch,
+                                        "{api}: rank {}: {msg}, during {what}",
+                                        self.rank
+                                    );
+                                }
+                            }
+                            _ => first_stuck = Some((sig, Instant::now())),
+                        },
+                        None => first_stuck = None,
+                    }
+                }
                 for r in lagging() {
                     let pid = self.rk(r, R_PID).load(Acquire);
                     // Read once, before the re-check below: a peer may do its part and then
@@ -497,6 +524,7 @@ impl Segment {
                     .filter(|&r| self.rk(r, R_STEP).load(Acquire) < me)
                     .collect()
             },
+            || None,
         )
     }
 
@@ -599,6 +627,52 @@ impl Segment {
         r.map_err(|e| self.fail(&mut self.local(), e))
     }
 
+    /// When this rank waits to send and the ranks it waits for each wait to send to the next,
+    /// back to this rank, no one receives: returns a signature of the cycle (its ranks and
+    /// their channels' counters, to tell a stuck cycle from a passing one) and a message.
+    fn send_cycle(&self) -> Option<(String, String)> {
+        let mut path = vec![self.rank];
+        let mut cur = self.rank;
+        for _ in 0..self.n {
+            let b = self.rk(cur, R_BLOCKED).load(Acquire);
+            if b == 0 {
+                return None;
+            }
+            let next = (b - 1) as usize;
+            if next >= self.n {
+                return None;
+            }
+            if next == self.rank {
+                let mut sig = String::new();
+                for w in path.windows(2).chain(std::iter::once(&[cur, next][..])) {
+                    let (a, b) = (w[0], w[1]);
+                    sig += &format!(
+                        "{a}>{b}:{}/{} ",
+                        self.ch(a, b, C_POSTED).load(Acquire),
+                        self.ch(a, b, C_CONSUMED).load(Acquire)
+                    );
+                }
+                let ring: Vec<String> = path
+                    .iter()
+                    .chain(std::iter::once(&next))
+                    .map(|r| r.to_string())
+                    .collect();
+                let msg = format!(
+                    "deadlock: ranks {} each wait to send to the next and none receives (a message larger than one {} KiB chunk is not buffered; exchange with HcclBatchSendRecv)",
+                    ring.join(" → "),
+                    PSLOT >> 10
+                );
+                return Some((sig, msg));
+            }
+            if path.contains(&next) {
+                return None;
+            }
+            path.push(next);
+            cur = next;
+        }
+        None
+    }
+
     fn send_inner(&self, api: &str, peer: usize, desc: [u64; 3], data: &[u8]) -> EmuResult<()> {
         let (me, n) = (self.rank, self.n);
         if peer >= n || peer == me {
@@ -612,12 +686,16 @@ impl Segment {
         // the sender does not wait for the receiver (later chunks wait for the slot).
         let chunks = data.len().div_ceil(PSLOT).max(1);
         for step in 0..chunks {
-            self.wait(
+            self.rk(me, R_BLOCKED).store(peer as u64 + 1, Release);
+            let r = self.wait(
                 api,
                 &what,
                 || free(self),
                 || if free(self) { vec![] } else { vec![peer] },
-            )?;
+                || self.send_cycle(),
+            );
+            self.rk(me, R_BLOCKED).store(0, Release);
+            r?;
             if self.ch(me, peer, C_ERROR).load(Acquire) != 0 {
                 bail!(
                     Mismatch,
@@ -682,6 +760,7 @@ impl Segment {
                 &what,
                 || posted(self),
                 || if posted(self) { vec![] } else { vec![peer] },
+                || None,
             )?;
             if step == 0 {
                 let got: Vec<u64> = (0..3)

@@ -709,3 +709,43 @@ fn a_ring_of_batched_sends_and_receives_does_not_deadlock() {
         });
     }
 }
+
+#[test]
+fn a_ring_of_large_single_sends_is_a_deadlock_reported_not_a_hang() {
+    // Each rank sends more than one chunk to the next before receiving: nobody receives.
+    let t0 = std::time::Instant::now();
+    ranks(3, |r, comm, s| unsafe {
+        let count = 200_000usize;
+        let bs = upload(&vec![r as f32; count]);
+        let br = malloc(count * 4);
+        assert_eq!(
+            HcclSend(
+                bs,
+                count as u64,
+                sys::HCCL_DATA_TYPE_FP32,
+                ((r + 1) % 3) as u32,
+                comm,
+                s
+            ),
+            0
+        );
+        assert_eq!(
+            HcclRecv(
+                br,
+                count as u64,
+                sys::HCCL_DATA_TYPE_FP32,
+                ((r + 2) % 3) as u32,
+                comm,
+                s
+            ),
+            0
+        );
+        assert_ne!(sync_s(s), 0);
+        let m = recent();
+        assert!(
+            m.contains("deadlock") || m.contains("failed an earlier call"),
+            "{m}"
+        );
+    });
+    assert!(t0.elapsed().as_secs() < 10);
+}
