@@ -749,3 +749,56 @@ fn a_ring_of_large_single_sends_is_a_deadlock_reported_not_a_hang() {
     });
     assert!(t0.elapsed().as_secs() < 10);
 }
+
+#[test]
+fn a_collective_racing_with_another_streams_write_is_refused() {
+    ranks(1, |_, comm, s| unsafe {
+        let mut compute = null_mut();
+        assert_eq!(aclrtCreateStream(&mut compute), 0);
+        let x = malloc(16);
+        let host = f32b(&[1.0; 4]);
+        assert_eq!(
+            aclrtMemcpyAsync(
+                x,
+                16,
+                host.as_ptr() as *const c_void,
+                16,
+                sys::ACL_MEMCPY_HOST_TO_DEVICE,
+                compute
+            ),
+            0
+        );
+        // The gradient is written on the compute stream; reducing it on the communication
+        // stream without an event between them is a race.
+        let r = HcclAllReduce(
+            x,
+            x,
+            4,
+            sys::HCCL_DATA_TYPE_FP32,
+            sys::HCCL_REDUCE_SUM,
+            comm,
+            s,
+        );
+        assert_eq!(r, sys::HCCL_E_RUNTIME);
+        assert!(recent().contains("not ordered before it"), "{}", recent());
+        let mut e = null_mut();
+        assert_eq!(aclrtCreateEvent(&mut e), 0);
+        assert_eq!(aclrtRecordEvent(e, compute), 0);
+        assert_eq!(aclrtStreamWaitEvent(s, e), 0);
+        assert_eq!(
+            HcclAllReduce(
+                x,
+                x,
+                4,
+                sys::HCCL_DATA_TYPE_FP32,
+                sys::HCCL_REDUCE_SUM,
+                comm,
+                s
+            ),
+            0
+        );
+        assert_eq!(sync_s(s), 0);
+        assert_eq!(download(x, 4), vec![1.0; 4]);
+        assert_eq!(aclrtDestroyStream(compute), 0);
+    });
+}

@@ -679,3 +679,21 @@ fn a_strided_write_then_read_on_another_stream_needs_an_event() {
         assert_eq!(d2h(q, 16), [lo, hi].concat());
     }
 }
+
+#[test]
+fn device_memory_is_bounded_and_nonempty() {
+    setup(0);
+    let mut p = null_mut();
+    assert_eq!(
+        unsafe { aclrtMalloc(&mut p, 65 << 30, 0) },
+        sys::ACL_ERROR_RT_MEMORY_ALLOCATION
+    );
+    assert_eq!(
+        unsafe { aclrtMalloc(&mut p, 0, 0) },
+        sys::ACL_ERROR_INVALID_PARAM
+    );
+    assert_eq!(
+        unsafe { aclrtMalloc(&mut p, 16, 7) },
+        sys::ACL_ERROR_INVALID_PARAM
+    );
+}
