@@ -68,10 +68,10 @@ pub unsafe extern "C" fn aclCreateTensor(
             data: tensor_data as u64,
         };
         t.validate(api)?;
-        if !(-1..=2).contains(&format) && format != 3 && format != 4 {
+        if !(-1..=2).contains(&format) {
             bail!(
-                InvalidParam,
-                "{api}: aclFormat {format} is not a plain layout"
+                NotSupported,
+                "{api}: aclFormat {format} is not a plain layout (ND, NCHW, NHWC); the emulator has no private formats"
             );
         }
         Ok(tensor::put(Obj::Tensor(Arc::new(t))) as *mut aclTensor)
