@@ -20,7 +20,7 @@
 //!   events complete when their stream reaches them; `aclrtStreamWaitEvent` queues a wait.
 //!   An error inside queued work is returned by the next synchronisation of that stream (or of
 //!   an event recorded on it), as ACL reports asynchronous errors.
-//! - **aclnn** ([`nnopbase`], [`aclnn`], [`plan`], [`reference`]): descriptors (tensors as
+//! - **aclnn** ([`nnopbase`], [`aclnn`], [`plan`], [`reference`](mod@reference)): descriptors (tensors as
 //!   strided views of device memory, scalars, int/bool arrays, tensor lists) and the 50
 //!   operators of the sys crate through the two-phase API. Each op's result is computed by the
 //!   emulator's own plain reference loops (f32 values, f64 accumulation for sums, f16 / bf16 /

@@ -687,7 +687,7 @@ impl Pool {
     }
 }
 
-/// Permutes `x` of shape `sh` by `perm` (output dim i is input dim perm[i]).
+/// Permutes `x` of shape `sh` by `perm` (output dim `i` is input dim `perm[i]`).
 pub fn permute(x: &[f32], sh: &[i64], perm: &[usize]) -> Vec<f32> {
     let cs = crate::tensor::contiguous_strides(sh);
     let dims: Vec<i64> = perm.iter().map(|&p| sh[p]).collect();
