@@ -1,5 +1,12 @@
 //! AscendCL runtime exports (`libascendcl.so`): init, devices, memory, copies, streams and
 //! events, and the thread's recent error message.
+//!
+//! # Safety
+//!
+//! Every export is an `unsafe extern "C" fn` called from C: each pointer argument must be
+//! null or valid for the reads and writes the C API documents for it (`shardc_ascend_sys::sig`);
+//! handles are checked against the emulator's registries, so a stale one is an error code.
+#![allow(clippy::missing_safety_doc)]
 
 use crate::diag::EmuResult;
 use crate::mem::{self, engine, AccessReq, Accessor};
@@ -184,7 +191,9 @@ pub unsafe extern "C" fn aclrtDestroyStream(stream: aclrtStream) -> aclError {
 #[no_mangle]
 pub unsafe extern "C" fn aclrtSynchronizeStream(stream: aclrtStream) -> aclError {
     let api = "aclrtSynchronizeStream";
-    ffi::acl(api, || stream_or_default(api, stream as usize)?.synchronize(api, None))
+    ffi::acl(api, || {
+        stream_or_default(api, stream as usize)?.synchronize(api, None)
+    })
 }
 
 /// `aclrtSynchronizeStreamWithTimeout` (`timeout` in ms, -1: forever).
@@ -398,9 +407,7 @@ pub unsafe extern "C" fn aclrtMemcpy(
         };
         match de {
             End::Device => mem::write_bytes(&it.next().expect("dst"), &bytes),
-            End::Host => {
-                std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst as *mut u8, count)
-            }
+            End::Host => std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst as *mut u8, count),
         }
         Ok(())
     })

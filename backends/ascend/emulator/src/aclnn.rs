@@ -2,7 +2,18 @@
 //! its arguments as the real op documents (see `shardc_ascend_sys::sig`) and prepares a
 //! [`Plan`]; `aclnnXxx` launches it ([`plan::launch`]). Every computation is the emulator's own
 //! reference code ([`crate::reference`]).
-#![allow(clippy::redundant_closure_call, clippy::too_many_arguments, non_snake_case)]
+//!
+//! # Safety
+//!
+//! Every export is an `unsafe extern "C" fn` called from C: each pointer argument must be
+//! null or valid for the reads and writes the C API documents for it (`shardc_ascend_sys::sig`);
+//! handles are checked against the emulator's registries, so a stale one is an error code.
+#![allow(
+    clippy::missing_safety_doc,
+    clippy::redundant_closure_call,
+    clippy::too_many_arguments,
+    non_snake_case
+)]
 
 use crate::diag::EmuResult;
 use crate::dtype::DType;
@@ -55,14 +66,22 @@ fn shape_eq(api: &str, a: (&str, &T), b: (&str, &T)) -> EmuResult<()> {
 
 fn float(api: &str, role: &str, t: &T) -> EmuResult<()> {
     if !t.dtype.is_float() {
-        bail!(InvalidParam, "{api}: {role} has dtype {:?}, a floating-point type is required", t.dtype);
+        bail!(
+            InvalidParam,
+            "{api}: {role} has dtype {:?}, a floating-point type is required",
+            t.dtype
+        );
     }
     Ok(())
 }
 
 fn index_dtype(api: &str, role: &str, t: &T) -> EmuResult<()> {
     if !matches!(t.dtype, DType::I32 | DType::I64) {
-        bail!(InvalidParam, "{api}: {role} has dtype {:?}, int32 or int64 is required", t.dtype);
+        bail!(
+            InvalidParam,
+            "{api}: {role} has dtype {:?}, int32 or int64 is required",
+            t.dtype
+        );
     }
     Ok(())
 }
@@ -71,7 +90,10 @@ fn axis(api: &str, d: i64, rank: usize) -> EmuResult<usize> {
     let r = rank.max(1) as i64;
     let x = if d < 0 { d + r } else { d };
     if x < 0 || x >= r {
-        bail!(InvalidParam, "{api}: dim {d} is out of range for a {rank}-d tensor");
+        bail!(
+            InvalidParam,
+            "{api}: dim {d} is out of range for a {rank}-d tensor"
+        );
     }
     Ok(x as usize)
 }
@@ -103,7 +125,12 @@ fn bcast(api: &str, a: (&str, &T), b: (&str, &T), out: &T) -> EmuResult<()> {
 }
 
 /// Element-wise unary op: `out = f(self)`, same shapes.
-fn unary(api: &str, x: *const aclTensor, out: *const aclTensor, f: fn(f64) -> f64) -> EmuResult<Plan> {
+fn unary(
+    api: &str,
+    x: *const aclTensor,
+    out: *const aclTensor,
+    f: fn(f64) -> f64,
+) -> EmuResult<Plan> {
     let (x, o) = (tn(api, "self", x)?, tn(api, "out", out)?);
     shape_eq(api, ("self", &x), ("out", &o))?;
     float(api, "out", &o)?;
@@ -117,7 +144,13 @@ fn unary(api: &str, x: *const aclTensor, out: *const aclTensor, f: fn(f64) -> f6
 }
 
 /// Element-wise binary op with broadcasting: `out = f(self, other)`.
-fn binary(api: &str, a: &T, b: &T, o: &T, f: impl Fn(f64, f64) -> f64 + Send + 'static) -> EmuResult<Plan> {
+fn binary(
+    api: &str,
+    a: &T,
+    b: &T,
+    o: &T,
+    f: impl Fn(f64, f64) -> f64 + Send + 'static,
+) -> EmuResult<Plan> {
     bcast(api, ("self", a), ("other", b), o)?;
     let mut p = Plan::new();
     let (x, y, z) = (p.input(a, "self"), p.input(b, "other"), p.output(o, "out"));
@@ -137,17 +170,35 @@ fn expand64(v: &[f64], from: &[i64], to: &[i64]) -> Vec<f64> {
     }
     // Expand indices through the f32 helper on positions (exact for < 2^24 elements).
     let idx: Vec<f32> = (0..v.len()).map(|i| i as f32).collect();
-    r::expand(&idx, from, to).into_iter().map(|i| v[i as usize]).collect()
+    r::expand(&idx, from, to)
+        .into_iter()
+        .map(|i| v[i as usize])
+        .collect()
 }
 
 /// A gradient op `gradInput = f(gradOutput, x)` with equal shapes.
-fn grad2(api: &str, names: [&str; 3], g: *const aclTensor, x: *const aclTensor, out: *const aclTensor, f: impl Fn(f64, f64) -> f64 + Send + 'static) -> EmuResult<Plan> {
-    let (g, x, o) = (tn(api, names[0], g)?, tn(api, names[1], x)?, tn(api, names[2], out)?);
+fn grad2(
+    api: &str,
+    names: [&str; 3],
+    g: *const aclTensor,
+    x: *const aclTensor,
+    out: *const aclTensor,
+    f: impl Fn(f64, f64) -> f64 + Send + 'static,
+) -> EmuResult<Plan> {
+    let (g, x, o) = (
+        tn(api, names[0], g)?,
+        tn(api, names[1], x)?,
+        tn(api, names[2], out)?,
+    );
     shape_eq(api, (names[0], &g), (names[1], &x))?;
     shape_eq(api, (names[0], &g), (names[2], &o))?;
     float(api, names[2], &o)?;
     let mut p = Plan::new();
-    let (a, b, y) = (p.input(&g, names[0]), p.input(&x, names[1]), p.output(&o, names[2]));
+    let (a, b, y) = (
+        p.input(&g, names[0]),
+        p.input(&x, names[1]),
+        p.output(&o, names[2]),
+    );
     Ok(p.with_run(move |res| {
         let (gs, xs) = (a.f64(res), b.f64(res));
         let v: Vec<f64> = gs.iter().zip(&xs).map(|(&g, &x)| f(g, x)).collect();
@@ -156,23 +207,47 @@ fn grad2(api: &str, names: [&str; 3], g: *const aclTensor, x: *const aclTensor, 
     }))
 }
 
-fn reduce_plan(api: &str, x: *const aclTensor, dims: Vec<i64>, keep: bool, empty_is_all: bool, dtype: Option<aclDataType>, out: *const aclTensor, op: Reduce) -> EmuResult<Plan> {
+fn reduce_plan(
+    api: &str,
+    x: *const aclTensor,
+    dims: Vec<i64>,
+    keep: bool,
+    empty_is_all: bool,
+    dtype: Option<aclDataType>,
+    out: *const aclTensor,
+    op: Reduce,
+) -> EmuResult<Plan> {
     let (x, o) = (tn(api, "self", x)?, tn(api, "out", out)?);
     if let Some(d) = dtype {
         if DType::parse(api, d)? != o.dtype {
-            bail!(InvalidParam, "{api}: dtype {d} differs from out's dtype {:?}", o.dtype);
+            bail!(
+                InvalidParam,
+                "{api}: dtype {d} differs from out's dtype {:?}",
+                o.dtype
+            );
         }
     }
     let Some(nd) = r::norm_dims(&dims, x.dims.len()) else {
-        bail!(InvalidParam, "{api}: dims {dims:?} out of range for self {:?}", x.dims);
+        bail!(
+            InvalidParam,
+            "{api}: dims {dims:?} out of range for self {:?}",
+            x.dims
+        );
     };
-    let all: Vec<usize> = if nd.is_empty() && empty_is_all { (0..x.dims.len()).collect() } else { nd };
+    let all: Vec<usize> = if nd.is_empty() && empty_is_all {
+        (0..x.dims.len()).collect()
+    } else {
+        nd
+    };
     let shape = if all.is_empty() {
         x.dims.clone()
     } else {
         r::reduce(&[], &x.dims, &all, keep, op).1
     };
-    if numel(&shape) != o.numel() || (shape.len() == o.dims.len() && shape != o.dims) || (shape != o.dims && !(shape.is_empty() && o.dims == [1])) {
+    if numel(&shape) != o.numel()
+        || (shape.len() == o.dims.len() && shape != o.dims)
+        || (shape != o.dims && !(shape.is_empty() && o.dims == [1]))
+    {
         bail!(
             InvalidParam,
             "{api}: reducing self {:?} over {all:?} (keep {keep}) gives {shape:?} but out is {:?}",
@@ -195,7 +270,13 @@ fn reduce_plan(api: &str, x: *const aclTensor, dims: Vec<i64>, keep: bool, empty
     }))
 }
 
-fn softmax_plan(api: &str, x: *const aclTensor, dim: i64, out: *const aclTensor, log: bool) -> EmuResult<Plan> {
+fn softmax_plan(
+    api: &str,
+    x: *const aclTensor,
+    dim: i64,
+    out: *const aclTensor,
+    log: bool,
+) -> EmuResult<Plan> {
     let (x, o) = (tn(api, "self", x)?, tn(api, "out", out)?);
     shape_eq(api, ("self", &x), ("out", &o))?;
     float(api, "out", &o)?;
@@ -203,45 +284,105 @@ fn softmax_plan(api: &str, x: *const aclTensor, dim: i64, out: *const aclTensor,
     let mut p = Plan::new();
     let (a, y) = (p.input(&x, "self"), p.output(&o, "out"));
     Ok(p.with_run(move |res| {
-        let sh = if a.dims().is_empty() { vec![1] } else { a.dims().to_vec() };
+        let sh = if a.dims().is_empty() {
+            vec![1]
+        } else {
+            a.dims().to_vec()
+        };
         y.put32(res, &r::softmax(&a.f32(res), &sh, d, log));
         Ok(())
     }))
 }
 
-fn softmax_bw_plan(api: &str, g: *const aclTensor, yv: *const aclTensor, dim: i64, out: *const aclTensor, log: bool) -> EmuResult<Plan> {
-    let (g, yt, o) = (tn(api, "gradOutput", g)?, tn(api, "output", yv)?, tn(api, "out", out)?);
+fn softmax_bw_plan(
+    api: &str,
+    g: *const aclTensor,
+    yv: *const aclTensor,
+    dim: i64,
+    out: *const aclTensor,
+    log: bool,
+) -> EmuResult<Plan> {
+    let (g, yt, o) = (
+        tn(api, "gradOutput", g)?,
+        tn(api, "output", yv)?,
+        tn(api, "out", out)?,
+    );
     shape_eq(api, ("gradOutput", &g), ("output", &yt))?;
     shape_eq(api, ("gradOutput", &g), ("out", &o))?;
     let d = axis(api, dim, g.dims.len())?;
     let mut p = Plan::new();
-    let (a, b, y) = (p.input(&g, "gradOutput"), p.input(&yt, "output"), p.output(&o, "out"));
+    let (a, b, y) = (
+        p.input(&g, "gradOutput"),
+        p.input(&yt, "output"),
+        p.output(&o, "out"),
+    );
     Ok(p.with_run(move |res| {
-        let sh = if a.dims().is_empty() { vec![1] } else { a.dims().to_vec() };
-        y.put32(res, &r::softmax_backward(&a.f32(res), &b.f32(res), &sh, d, log));
+        let sh = if a.dims().is_empty() {
+            vec![1]
+        } else {
+            a.dims().to_vec()
+        };
+        y.put32(
+            res,
+            &r::softmax_backward(&a.f32(res), &b.f32(res), &sh, d, log),
+        );
         Ok(())
     }))
 }
 
-fn matmul_plan(api: &str, a: *const aclTensor, b: *const aclTensor, out: *const aclTensor, batch3: bool) -> EmuResult<Plan> {
-    let (a, b, o) = (tn(api, "self", a)?, tn(api, "mat2", b)?, tn(api, "out", out)?);
+fn matmul_plan(
+    api: &str,
+    a: *const aclTensor,
+    b: *const aclTensor,
+    out: *const aclTensor,
+    batch3: bool,
+) -> EmuResult<Plan> {
+    let (a, b, o) = (
+        tn(api, "self", a)?,
+        tn(api, "mat2", b)?,
+        tn(api, "out", out)?,
+    );
     float(api, "self", &a)?;
     float(api, "mat2", &b)?;
     if batch3 && (a.dims.len() != 3 || b.dims.len() != 3 || a.dims[0] != b.dims[0]) {
-        bail!(InvalidParam, "{api}: self {:?} and mat2 {:?} must be [b,m,k] and [b,k,n]", a.dims, b.dims);
+        bail!(
+            InvalidParam,
+            "{api}: self {:?} and mat2 {:?} must be [b,m,k] and [b,k,n]",
+            a.dims,
+            b.dims
+        );
     }
     let Some(s) = r::matmul_shape(&a.dims, &b.dims) else {
-        bail!(InvalidParam, "{api}: self {:?} and mat2 {:?} do not multiply", a.dims, b.dims);
+        bail!(
+            InvalidParam,
+            "{api}: self {:?} and mat2 {:?} do not multiply",
+            a.dims,
+            b.dims
+        );
     };
     if s != o.dims {
-        bail!(InvalidParam, "{api}: self {:?} · mat2 {:?} is {s:?} but out is {:?}", a.dims, b.dims, o.dims);
+        bail!(
+            InvalidParam,
+            "{api}: self {:?} · mat2 {:?} is {s:?} but out is {:?}",
+            a.dims,
+            b.dims,
+            o.dims
+        );
     }
     let mut p = Plan::new();
-    let (x, y, z) = (p.input(&a, "self"), p.input(&b, "mat2"), p.output(&o, "out"));
-    Ok(p.with_workspace(scratch(o.numel() * 4)).with_run(move |res| {
-        z.put32(res, &r::matmul(&x.f32(res), x.dims(), &y.f32(res), y.dims()));
-        Ok(())
-    }))
+    let (x, y, z) = (
+        p.input(&a, "self"),
+        p.input(&b, "mat2"),
+        p.output(&o, "out"),
+    );
+    Ok(p.with_workspace(scratch(o.numel() * 4))
+        .with_run(move |res| {
+            z.put32(
+                res,
+                &r::matmul(&x.f32(res), x.dims(), &y.f32(res), y.dims()),
+            );
+            Ok(())
+        }))
 }
 
 /// Normalises a 2-element (or 1-element) window parameter.
@@ -250,58 +391,142 @@ fn pair(api: &str, role: &str, v: &[i64], default: Option<[usize; 2]>) -> EmuRes
         [] => default.ok_or_else(|| emu_err!(InvalidParam, "{api}: {role} is empty")),
         [a] if *a >= 0 => Ok([*a as usize; 2]),
         [a, b] if *a >= 0 && *b >= 0 => Ok([*a as usize, *b as usize]),
-        _ => bail!(InvalidParam, "{api}: {role} {v:?} must hold 1 or 2 non-negative values"),
+        _ => bail!(
+            InvalidParam,
+            "{api}: {role} {v:?} must hold 1 or 2 non-negative values"
+        ),
     }
 }
 
 /// `[N, C, H, W]` of a 4-d (or 3-d `[C, H, W]`) pooling / convolution input.
 fn nchw(api: &str, role: &str, t: &T) -> EmuResult<[usize; 4]> {
+    if t.format == shardc_ascend_sys::ACL_FORMAT_NHWC {
+        bail!(
+            NotSupported,
+            "{api}: {role} is NHWC; the emulator's convolution and pooling take NCHW"
+        );
+    }
     let d = &t.dims;
     match d.len() {
         4 => Ok([d[0] as usize, d[1] as usize, d[2] as usize, d[3] as usize]),
         3 => Ok([1, d[0] as usize, d[1] as usize, d[2] as usize]),
-        _ => bail!(InvalidParam, "{api}: {role} {:?} must be NCHW (4-d) or CHW (3-d)", d),
+        _ => bail!(
+            InvalidParam,
+            "{api}: {role} {:?} must be NCHW (4-d) or CHW (3-d)",
+            d
+        ),
     }
 }
 
-fn pool_geom(api: &str, x: &T, k: &[i64], s: &[i64], pd: &[i64], dil: &[i64], ceil: bool) -> EmuResult<(Pool, Vec<i64>)> {
+fn pool_geom(
+    api: &str,
+    x: &T,
+    k: &[i64],
+    s: &[i64],
+    pd: &[i64],
+    dil: &[i64],
+    ceil: bool,
+) -> EmuResult<(Pool, Vec<i64>)> {
     let [n, c, h, w] = nchw(api, "self", x)?;
     let k = pair(api, "kernelSize", k, None)?;
     let s = pair(api, "stride", s, Some(k))?;
     let pd = pair(api, "padding", pd, Some([0, 0]))?;
     let dil = pair(api, "dilation", dil, Some([1, 1]))?;
     if k[0] == 0 || k[1] == 0 || s[0] == 0 || s[1] == 0 || dil[0] == 0 || dil[1] == 0 {
-        bail!(InvalidParam, "{api}: kernel {k:?}, stride {s:?} and dilation {dil:?} must be positive");
+        bail!(
+            InvalidParam,
+            "{api}: kernel {k:?}, stride {s:?} and dilation {dil:?} must be positive"
+        );
     }
     if pd[0] * 2 > k[0] || pd[1] * 2 > k[1] {
-        bail!(InvalidParam, "{api}: padding {pd:?} must be at most half the kernel {k:?}");
+        bail!(
+            InvalidParam,
+            "{api}: padding {pd:?} must be at most half the kernel {k:?}"
+        );
     }
-    let ha = Axis { input: h, kernel: k[0], stride: s[0], pad: pd[0], dilation: dil[0] };
-    let wa = Axis { input: w, kernel: k[1], stride: s[1], pad: pd[1], dilation: dil[1] };
+    let ha = Axis {
+        input: h,
+        kernel: k[0],
+        stride: s[0],
+        pad: pd[0],
+        dilation: dil[0],
+    };
+    let wa = Axis {
+        input: w,
+        kernel: k[1],
+        stride: s[1],
+        pad: pd[1],
+        dilation: dil[1],
+    };
     let (Some(oh), Some(ow)) = (ha.pool_out(ceil), wa.pool_out(ceil)) else {
-        bail!(InvalidParam, "{api}: the window {k:?} does not fit the input {:?}", x.dims);
+        bail!(
+            InvalidParam,
+            "{api}: the window {k:?} does not fit the input {:?}",
+            x.dims
+        );
     };
     let mut out = x.dims.clone();
     let r = out.len();
     out[r - 2] = oh as i64;
     out[r - 1] = ow as i64;
-    Ok((Pool { planes: n * c, h: ha, w: wa, oh, ow }, out))
+    Ok((
+        Pool {
+            planes: n * c,
+            h: ha,
+            w: wa,
+            oh,
+            ow,
+        },
+        out,
+    ))
 }
 
-fn conv_geom(api: &str, x: &T, w: &T, stride: &[i64], pad: &[i64], dil: &[i64], transposed: bool, out_pad: &[i64], groups: i64) -> EmuResult<(Conv, Vec<i64>)> {
+fn conv_geom(
+    api: &str,
+    x: &T,
+    w: &T,
+    stride: &[i64],
+    pad: &[i64],
+    dil: &[i64],
+    transposed: bool,
+    out_pad: &[i64],
+    groups: i64,
+) -> EmuResult<(Conv, Vec<i64>)> {
     if transposed {
-        bail!(NotSupported, "{api}: transposed convolution is not emulated");
+        bail!(
+            NotSupported,
+            "{api}: transposed convolution is not emulated"
+        );
     }
     if out_pad.iter().any(|&v| v != 0) {
-        bail!(InvalidParam, "{api}: outputPadding {out_pad:?} must be zero for a forward convolution");
+        bail!(
+            InvalidParam,
+            "{api}: outputPadding {out_pad:?} must be zero for a forward convolution"
+        );
+    }
+    for (role, t) in [("input", x), ("weight", w)] {
+        if t.format == shardc_ascend_sys::ACL_FORMAT_NHWC {
+            bail!(
+                NotSupported,
+                "{api}: {role} is NHWC; the emulator's convolution takes NCHW"
+            );
+        }
     }
     let one_d = x.dims.len() == 3 && w.dims.len() == 3;
     let (xd, wd): (Vec<i64>, Vec<i64>) = if one_d {
-        (vec![x.dims[0], x.dims[1], 1, x.dims[2]], vec![w.dims[0], w.dims[1], 1, w.dims[2]])
+        (
+            vec![x.dims[0], x.dims[1], 1, x.dims[2]],
+            vec![w.dims[0], w.dims[1], 1, w.dims[2]],
+        )
     } else if x.dims.len() == 4 && w.dims.len() == 4 {
         (x.dims.clone(), w.dims.clone())
     } else {
-        bail!(InvalidParam, "{api}: input {:?} and weight {:?} must both be 4-d (NCHW / OIHW) or 3-d", x.dims, w.dims);
+        bail!(
+            InvalidParam,
+            "{api}: input {:?} and weight {:?} must both be 4-d (NCHW / OIHW) or 3-d",
+            x.dims,
+            w.dims
+        );
     };
     let fix = |v: &[i64], role: &str, d: [usize; 2]| -> EmuResult<[usize; 2]> {
         if one_d && v.len() == 1 {
@@ -314,8 +539,18 @@ fn conv_geom(api: &str, x: &T, w: &T, stride: &[i64], pad: &[i64], dil: &[i64], 
     let p = fix(pad, "padding", [0, 0])?;
     let dl = fix(dil, "dilation", [1, 1])?;
     let g = groups.max(0) as usize;
-    let (n, c, h, wi) = (xd[0] as usize, xd[1] as usize, xd[2] as usize, xd[3] as usize);
-    let (o, cg, kh, kw) = (wd[0] as usize, wd[1] as usize, wd[2] as usize, wd[3] as usize);
+    let (n, c, h, wi) = (
+        xd[0] as usize,
+        xd[1] as usize,
+        xd[2] as usize,
+        xd[3] as usize,
+    );
+    let (o, cg, kh, kw) = (
+        wd[0] as usize,
+        wd[1] as usize,
+        wd[2] as usize,
+        wd[3] as usize,
+    );
     if g == 0 || c % g != 0 || o % g != 0 || cg * g != c {
         bail!(
             InvalidParam,
@@ -325,15 +560,49 @@ fn conv_geom(api: &str, x: &T, w: &T, stride: &[i64], pad: &[i64], dil: &[i64], 
         );
     }
     if s.contains(&0) || dl.contains(&0) {
-        bail!(InvalidParam, "{api}: stride {s:?} and dilation {dl:?} must be positive");
+        bail!(
+            InvalidParam,
+            "{api}: stride {s:?} and dilation {dl:?} must be positive"
+        );
     }
-    let ha = Axis { input: h, kernel: kh, stride: s[0], pad: p[0], dilation: dl[0] };
-    let wa = Axis { input: wi, kernel: kw, stride: s[1], pad: p[1], dilation: dl[1] };
-    let (Some(oh), Some(ow)) = (ha.out(), wa.out()) else {
-        bail!(InvalidParam, "{api}: kernel {:?} does not fit input {:?} with padding {p:?}", w.dims, x.dims);
+    let ha = Axis {
+        input: h,
+        kernel: kh,
+        stride: s[0],
+        pad: p[0],
+        dilation: dl[0],
     };
-    let out = if one_d { vec![n as i64, o as i64, ow as i64] } else { vec![n as i64, o as i64, oh as i64, ow as i64] };
-    Ok((Conv { n, c, o, groups: g, h: ha, w: wa }, out))
+    let wa = Axis {
+        input: wi,
+        kernel: kw,
+        stride: s[1],
+        pad: p[1],
+        dilation: dl[1],
+    };
+    let (Some(oh), Some(ow)) = (ha.out(), wa.out()) else {
+        bail!(
+            InvalidParam,
+            "{api}: kernel {:?} does not fit input {:?} with padding {p:?}",
+            w.dims,
+            x.dims
+        );
+    };
+    let out = if one_d {
+        vec![n as i64, o as i64, ow as i64]
+    } else {
+        vec![n as i64, o as i64, oh as i64, ow as i64]
+    };
+    Ok((
+        Conv {
+            n,
+            c,
+            o,
+            groups: g,
+            h: ha,
+            w: wa,
+        },
+        out,
+    ))
 }
 
 macro_rules! aclnn {

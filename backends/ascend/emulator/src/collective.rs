@@ -1,10 +1,10 @@
 //! HCCL's collectives over the shared-memory transport ([`crate::shm`]): element types, reduce
 //! operations, and each collective's chunking of its buffers into the slots.
 
+use crate::bail;
 use crate::diag::EmuResult;
 use crate::dtype::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 use crate::shm::{op, Desc, Segment, SLOT};
-use crate::bail;
 
 /// An HcclDataType the emulator moves and reduces.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -159,7 +159,8 @@ pub fn fold(t: HType, op: ROp, acc: &mut [u8], x: &[u8]) {
             }
         }
         HType::F16 | HType::Bf16 => {
-            let (to, from): (fn(u16) -> f32, fn(f32) -> u16) = if t == HType::F16 {
+            type Conv = (fn(u16) -> f32, fn(f32) -> u16);
+            let (to, from): Conv = if t == HType::F16 {
                 (f16_to_f32, f32_to_f16)
             } else {
                 (bf16_to_f32, f32_to_bf16)
@@ -280,7 +281,14 @@ pub fn broadcast(seg: &Segment, api: &str, t: HType, root: usize, buf: &mut [u8]
 }
 
 /// Reduce to `root`: the root returns the rank-order reduction, others their input unchanged.
-pub fn reduce(seg: &Segment, api: &str, t: HType, r: ROp, root: usize, input: &[u8]) -> EmuResult<Vec<u8>> {
+pub fn reduce(
+    seg: &Segment,
+    api: &str,
+    t: HType,
+    r: ROp,
+    root: usize,
+    input: &[u8],
+) -> EmuResult<Vec<u8>> {
     let es = t.size();
     let count = input.len() / es;
     let (ce, _) = per(t, seg.n);
@@ -313,6 +321,7 @@ pub fn reduce(seg: &Segment, api: &str, t: HType, r: ROp, root: usize, input: &[
     Ok(out)
 }
 
+#[allow(clippy::too_many_arguments)]
 /// The personalized exchange under ReduceScatter, AlltoAll and Scatter: rank `q` sends block
 /// `d` of its input (`count` elements each) to rank `d`; `take(q, offset_bytes, bytes)` gets
 /// rank `q`'s block for this rank piece by piece.
@@ -363,7 +372,14 @@ fn exchange(
 
 /// ReduceScatter: rank `r` returns the rank-order reduction of block `r` (`count` elements) of
 /// every rank's input (`n · count` elements).
-pub fn reduce_scatter(seg: &Segment, api: &str, t: HType, r: ROp, count: usize, input: &[u8]) -> EmuResult<Vec<u8>> {
+pub fn reduce_scatter(
+    seg: &Segment,
+    api: &str,
+    t: HType,
+    r: ROp,
+    count: usize,
+    input: &[u8],
+) -> EmuResult<Vec<u8>> {
     let mut out = vec![0u8; count * t.size()];
     let d = desc(op::REDUCE_SCATTER, t, count as u64, None, Some(r));
     exchange(seg, api, d, t, count, input, None, |q, off, piece| {
@@ -378,7 +394,13 @@ pub fn reduce_scatter(seg: &Segment, api: &str, t: HType, r: ROp, count: usize, 
 }
 
 /// AlltoAll with equal blocks: rank `r` returns, in rank order, block `r` of every rank's input.
-pub fn all_to_all(seg: &Segment, api: &str, t: HType, count: usize, input: &[u8]) -> EmuResult<Vec<u8>> {
+pub fn all_to_all(
+    seg: &Segment,
+    api: &str,
+    t: HType,
+    count: usize,
+    input: &[u8],
+) -> EmuResult<Vec<u8>> {
     let blen = count * t.size();
     let mut out = vec![0u8; blen * seg.n];
     let d = desc(op::ALL_TO_ALL, t, count as u64, None, None);
@@ -389,7 +411,14 @@ pub fn all_to_all(seg: &Segment, api: &str, t: HType, count: usize, input: &[u8]
 }
 
 /// Scatter from `root`: rank `r` returns block `r` of the root's input.
-pub fn scatter(seg: &Segment, api: &str, t: HType, root: usize, count: usize, input: &[u8]) -> EmuResult<Vec<u8>> {
+pub fn scatter(
+    seg: &Segment,
+    api: &str,
+    t: HType,
+    root: usize,
+    count: usize,
+    input: &[u8],
+) -> EmuResult<Vec<u8>> {
     let mut out = vec![0u8; count * t.size()];
     let d = desc(op::SCATTER, t, count as u64, Some(root), None);
     exchange(seg, api, d, t, count, input, Some(root), |_, off, piece| {

@@ -51,7 +51,10 @@ impl DType {
     pub fn parse(api: &str, v: i32) -> EmuResult<DType> {
         match DType::from_acl(v) {
             Some(d) => Ok(d),
-            None => bail!(InvalidParam, "{api}: aclDataType {v} is not supported by the emulator"),
+            None => bail!(
+                InvalidParam,
+                "{api}: aclDataType {v} is not supported by the emulator"
+            ),
         }
     }
 
@@ -88,7 +91,10 @@ impl DType {
 
     /// Whether it is an integer type (bool excluded).
     pub fn is_int(self) -> bool {
-        matches!(self, DType::I8 | DType::U8 | DType::I16 | DType::I32 | DType::I64)
+        matches!(
+            self,
+            DType::I8 | DType::U8 | DType::I16 | DType::I32 | DType::I64
+        )
     }
 
     /// Reads element `i` of `b` as f64.
@@ -229,7 +235,15 @@ mod tests {
 
     #[test]
     fn half_round_trips() {
-        for v in [0.0f32, 1.0, -2.5, 0.099975586, 65504.0, 6.1035156e-5, 5.9604645e-8] {
+        for v in [
+            0.0f32,
+            1.0,
+            -2.5,
+            0.099975586,
+            65504.0,
+            6.1035156e-5,
+            5.9604645e-8,
+        ] {
             assert_eq!(f16_to_f32(f32_to_f16(v)), v, "{v}");
         }
         assert_eq!(f32_to_f16(1.0), 0x3c00);

@@ -1,5 +1,12 @@
 //! HCCL exports (`libhccl.so`): communicators over the shared-memory transport
 //! ([`crate::shm`]) and collectives enqueued on streams ([`crate::collective`]).
+//!
+//! # Safety
+//!
+//! Every export is an `unsafe extern "C" fn` called from C: each pointer argument must be
+//! null or valid for the reads and writes the C API documents for it (`shardc_ascend_sys::sig`);
+//! handles are checked against the emulator's registries, so a stale one is an error code.
+#![allow(clippy::missing_safety_doc)]
 
 use crate::acl;
 use crate::collective::{self as coll, HType, ROp};
@@ -158,7 +165,10 @@ pub unsafe extern "C" fn HcclGetRankId(c: HcclComm, rank: *mut u32) -> HcclResul
 
 /// `HcclGetCommAsyncError`: the code of the communicator's failed call, if any.
 #[no_mangle]
-pub unsafe extern "C" fn HcclGetCommAsyncError(c: HcclComm, async_error: *mut HcclResult) -> HcclResult {
+pub unsafe extern "C" fn HcclGetCommAsyncError(
+    c: HcclComm,
+    async_error: *mut HcclResult,
+) -> HcclResult {
     let api = "HcclGetCommAsyncError";
     ffi::hccl(api, || {
         if async_error.is_null() {
@@ -194,7 +204,12 @@ pub unsafe extern "C" fn HcclGetErrorString(code: HcclResult) -> *const c_char {
 
 /// Common preparation of a collective: the communicator, its stream (of the comm's device),
 /// the element type.
-fn prep(api: &str, c: HcclComm, stream: aclrtStream, dt: HcclDataType) -> EmuResult<(Arc<Comm>, Arc<Stream>, HType)> {
+fn prep(
+    api: &str,
+    c: HcclComm,
+    stream: aclrtStream,
+    dt: HcclDataType,
+) -> EmuResult<(Arc<Comm>, Arc<Stream>, HType)> {
     let cm = comm(api, c)?;
     let s = acl::stream_or_default(api, stream as usize)?;
     if s.device != cm.device {
@@ -220,7 +235,10 @@ fn bytes(api: &str, count: u64, t: HType) -> EmuResult<u64> {
 
 fn root_ok(api: &str, root: u32, n: usize) -> EmuResult<usize> {
     if root as usize >= n {
-        bail!(InvalidParam, "{api}: root {root} is not a rank of the {n}-rank communicator");
+        bail!(
+            InvalidParam,
+            "{api}: root {root} is not a rank of the {n}-rank communicator"
+        );
     }
     Ok(root as usize)
 }
@@ -310,7 +328,14 @@ pub unsafe extern "C" fn HcclReduceScatter(
         stream::submit(api, "HcclReduceScatter", &s, &reqs, move |res| {
             Box::new(move || {
                 let input = mem::read_bytes(&res[0]);
-                let out = coll::reduce_scatter(&seg, "HcclReduceScatter", t, r, recv_count as usize, &input)?;
+                let out = coll::reduce_scatter(
+                    &seg,
+                    "HcclReduceScatter",
+                    t,
+                    r,
+                    recv_count as usize,
+                    &input,
+                )?;
                 mem::write_bytes(&res[1], &out);
                 Ok(())
             })
@@ -378,7 +403,10 @@ pub unsafe extern "C" fn HcclSend(
 fn peer_ok(api: &str, peer: u32, cm: &Comm) -> EmuResult<usize> {
     let (n, me) = (cm.seg.n, cm.seg.rank);
     if peer as usize >= n || peer as usize == me {
-        bail!(InvalidParam, "{api}: rank {me} names peer {peer} (communicator of {n} ranks)");
+        bail!(
+            InvalidParam,
+            "{api}: rank {me} names peer {peer} (communicator of {n} ranks)"
+        );
     }
     Ok(peer as usize)
 }
@@ -512,7 +540,13 @@ pub unsafe extern "C" fn HcclBatchSendRecv(
                                         seg.send("HcclBatchSendRecv", peer, t.code(), count, &d)?;
                                     } else {
                                         let mut out = vec![0u8; len as usize];
-                                        seg.recv("HcclBatchSendRecv", peer, t.code(), count, &mut out)?;
+                                        seg.recv(
+                                            "HcclBatchSendRecv",
+                                            peer,
+                                            t.code(),
+                                            count,
+                                            &mut out,
+                                        )?;
                                         mem::write_bytes(&res[i], &out);
                                     }
                                 }
@@ -521,7 +555,11 @@ pub unsafe extern "C" fn HcclBatchSendRecv(
                         })
                         .collect();
                     hs.into_iter()
-                        .map(|h| h.join().unwrap_or_else(|_| Err(emu_err!(Internal, "HcclBatchSendRecv: a transfer panicked"))))
+                        .map(|h| {
+                            h.join().unwrap_or_else(|_| {
+                                Err(emu_err!(Internal, "HcclBatchSendRecv: a transfer panicked"))
+                            })
+                        })
                         .collect()
                 });
                 results.into_iter().collect()

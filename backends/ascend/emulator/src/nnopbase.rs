@@ -1,4 +1,11 @@
 //! nnopbase exports (`libnnopbase.so`): the aclnn argument descriptors.
+//!
+//! # Safety
+//!
+//! Every export is an `unsafe extern "C" fn` called from C: each pointer argument must be
+//! null or valid for the reads and writes the C API documents for it (`shardc_ascend_sys::sig`);
+//! handles are checked against the emulator's registries, so a stale one is an error code.
+#![allow(clippy::missing_safety_doc)]
 
 use crate::dtype::DType;
 use crate::tensor::{self, Obj, Scalar, TensorDesc};
@@ -34,13 +41,22 @@ pub unsafe extern "C" fn aclCreateTensor(
     let api = "aclCreateTensor";
     ffi::ptr(api, || {
         if view_dims_num > 0 && (view_dims.is_null() || stride.is_null()) {
-            bail!(NullPtr, "{api}: viewDims or stride is null with {view_dims_num} dims");
+            bail!(
+                NullPtr,
+                "{api}: viewDims or stride is null with {view_dims_num} dims"
+            );
         }
         if storage_dims_num > 0 && storage_dims.is_null() {
-            bail!(NullPtr, "{api}: storageDims is null with {storage_dims_num} dims");
+            bail!(
+                NullPtr,
+                "{api}: storageDims is null with {storage_dims_num} dims"
+            );
         }
         if view_dims_num > 8 || storage_dims_num > 8 {
-            bail!(InvalidParam, "{api}: {view_dims_num} view dims / {storage_dims_num} storage dims (at most 8)");
+            bail!(
+                InvalidParam,
+                "{api}: {view_dims_num} view dims / {storage_dims_num} storage dims (at most 8)"
+            );
         }
         let t = TensorDesc {
             dims: slice(view_dims, view_dims_num).to_vec(),
@@ -52,8 +68,11 @@ pub unsafe extern "C" fn aclCreateTensor(
             data: tensor_data as u64,
         };
         t.validate(api)?;
-        if !(-1..=2).contains(&format) && format != 3 && format != 4 {
-            bail!(InvalidParam, "{api}: aclFormat {format} is not a plain layout");
+        if !(-1..=2).contains(&format) {
+            bail!(
+                NotSupported,
+                "{api}: aclFormat {format} is not a plain layout (ND, NCHW, NHWC); the emulator has no private formats"
+            );
         }
         Ok(tensor::put(Obj::Tensor(Arc::new(t))) as *mut aclTensor)
     })
@@ -61,7 +80,10 @@ pub unsafe extern "C" fn aclCreateTensor(
 
 /// `aclCreateScalar`: copies the host value.
 #[no_mangle]
-pub unsafe extern "C" fn aclCreateScalar(value: *mut c_void, data_type: aclDataType) -> *mut aclScalar {
+pub unsafe extern "C" fn aclCreateScalar(
+    value: *mut c_void,
+    data_type: aclDataType,
+) -> *mut aclScalar {
     let api = "aclCreateScalar";
     ffi::ptr(api, || {
         if value.is_null() {
@@ -69,8 +91,15 @@ pub unsafe extern "C" fn aclCreateScalar(value: *mut c_void, data_type: aclDataT
         }
         let dt = DType::parse(api, data_type)?;
         let b = std::slice::from_raw_parts(value as *const u8, dt.size());
-        let v = if dt.is_int() { dt.load_i64(b, 0) as f64 } else { dt.load(b, 0) };
-        Ok(tensor::put(Obj::Scalar(Scalar { value: v, dtype: dt })) as *mut aclScalar)
+        let v = if dt.is_int() {
+            dt.load_i64(b, 0) as f64
+        } else {
+            dt.load(b, 0)
+        };
+        Ok(tensor::put(Obj::Scalar(Scalar {
+            value: v,
+            dtype: dt,
+        })) as *mut aclScalar)
     })
 }
 
@@ -96,13 +125,19 @@ pub unsafe extern "C" fn aclCreateBoolArray(value: *const bool, size: u64) -> *m
         }
         // Read as bytes: a C bool that is not 0/1 must not become an invalid Rust bool.
         let bytes = slice(value as *const u8, size);
-        Ok(tensor::put(Obj::BoolArray(bytes.iter().map(|&b| b != 0).collect())) as *mut aclBoolArray)
+        Ok(
+            tensor::put(Obj::BoolArray(bytes.iter().map(|&b| b != 0).collect()))
+                as *mut aclBoolArray,
+        )
     })
 }
 
 /// `aclCreateTensorList`: the list owns the tensors.
 #[no_mangle]
-pub unsafe extern "C" fn aclCreateTensorList(value: *const *const aclTensor, size: u64) -> *mut aclTensorList {
+pub unsafe extern "C" fn aclCreateTensorList(
+    value: *const *const aclTensor,
+    size: u64,
+) -> *mut aclTensorList {
     let api = "aclCreateTensorList";
     ffi::ptr(api, || {
         if size > 0 && value.is_null() {

@@ -114,7 +114,10 @@ impl Plan {
     }
 
     /// Sets the computation.
-    pub fn with_run(mut self, f: impl FnOnce(&[Resolved]) -> EmuResult<()> + Send + 'static) -> Plan {
+    pub fn with_run(
+        mut self,
+        f: impl FnOnce(&[Resolved]) -> EmuResult<()> + Send + 'static,
+    ) -> Plan {
         self.run = Some(Box::new(f));
         self
     }
@@ -156,7 +159,13 @@ const SCRIBBLE: u8 = 0xa5;
 /// `aclnnXxx(workspace, workspaceSize, executor, stream)`: checks the executor (live, not yet
 /// launched, made by `op`'s GetWorkspaceSize) and the workspace (at least the size asked
 /// for, live device memory of the stream's device), then enqueues the plan.
-pub fn launch(op: &'static str, workspace: u64, ws_size: u64, exec: usize, stream_h: usize) -> EmuResult<()> {
+pub fn launch(
+    op: &'static str,
+    workspace: u64,
+    ws_size: u64,
+    exec: usize,
+    stream_h: usize,
+) -> EmuResult<()> {
     if exec == 0 {
         bail!(NullPtr, "{op}: executor is null");
     }
@@ -186,7 +195,10 @@ pub fn launch(op: &'static str, workspace: u64, ws_size: u64, exec: usize, strea
             );
         }
         if workspace == 0 {
-            bail!(Workspace, "{op}: workspace is null but {need} bytes were asked for");
+            bail!(
+                Workspace,
+                "{op}: workspace is null but {need} bytes were asked for"
+            );
         }
         reqs.push(AccessReq::write(workspace, need, "workspace"));
     }

@@ -11,8 +11,16 @@ pub fn broadcast_shape(a: &[i64], b: &[i64]) -> Option<Vec<i64>> {
     let r = a.len().max(b.len());
     let mut out = vec![0; r];
     for i in 0..r {
-        let x = if i + a.len() >= r { a[i + a.len() - r] } else { 1 };
-        let y = if i + b.len() >= r { b[i + b.len() - r] } else { 1 };
+        let x = if i + a.len() >= r {
+            a[i + a.len() - r]
+        } else {
+            1
+        };
+        let y = if i + b.len() >= r {
+            b[i + b.len() - r]
+        } else {
+            1
+        };
         out[i] = if x == y || y == 1 {
             x
         } else if x == 1 {
@@ -113,15 +121,22 @@ pub fn matmul(a: &[f32], ash: &[i64], b: &[f32], bsh: &[i64]) -> Vec<f32> {
     let b = expand(b, &b2, &bfull);
     let nb = numel(&batch);
     let mut out = vec![0f32; nb * m * n];
+    // Each output element is Σ_p a[i,p]·b[p,j] in increasing p, accumulated in f64 (the row
+    // is accumulated p-outer for the cache; the order per element is the same).
+    let mut acc = vec![0f64; n];
     for bi in 0..nb {
         let (ao, bo, oo) = (bi * m * k, bi * k * n, bi * m * n);
         for i in 0..m {
-            for j in 0..n {
-                let mut s = 0f64;
-                for p in 0..k {
-                    s += a[ao + i * k + p] as f64 * b[bo + p * n + j] as f64;
+            acc.iter_mut().for_each(|x| *x = 0.0);
+            for p in 0..k {
+                let av = a[ao + i * k + p] as f64;
+                let brow = &b[bo + p * n..bo + (p + 1) * n];
+                for (x, &bv) in acc.iter_mut().zip(brow) {
+                    *x += av * bv as f64;
                 }
-                out[oo + i * n + j] = s as f32;
+            }
+            for (o, &x) in out[oo + i * n..oo + (i + 1) * n].iter_mut().zip(&acc) {
+                *o = x as f32;
             }
         }
     }
@@ -158,8 +173,18 @@ pub fn norm_dims(dims: &[i64], r: usize) -> Option<Vec<usize>> {
 
 /// Reduces `vals` of shape `sh` over `dims` (all when empty); returns values and the output
 /// shape (reduced dims kept as 1 when `keep`).
-pub fn reduce(vals: &[f32], sh: &[i64], dims: &[usize], keep: bool, op: Reduce) -> (Vec<f32>, Vec<i64>) {
-    let all: Vec<usize> = if dims.is_empty() { (0..sh.len()).collect() } else { dims.to_vec() };
+pub fn reduce(
+    vals: &[f32],
+    sh: &[i64],
+    dims: &[usize],
+    keep: bool,
+    op: Reduce,
+) -> (Vec<f32>, Vec<i64>) {
+    let all: Vec<usize> = if dims.is_empty() {
+        (0..sh.len()).collect()
+    } else {
+        dims.to_vec()
+    };
     let kept: Vec<i64> = sh
         .iter()
         .enumerate()
@@ -242,7 +267,11 @@ pub fn softmax(x: &[f32], sh: &[i64], d: usize, log: bool) -> Vec<f32> {
             let s: f64 = (0..l).map(|k| ((x[at(k)] - m) as f64).exp()).sum();
             for k in 0..l {
                 let z = (x[at(k)] - m) as f64;
-                y[at(k)] = if log { (z - s.ln()) as f32 } else { (z.exp() / s) as f32 };
+                y[at(k)] = if log {
+                    (z - s.ln()) as f32
+                } else {
+                    (z.exp() / s) as f32
+                };
             }
         }
     }
@@ -401,7 +430,11 @@ impl Axis {
             return None;
         }
         let num = full - span;
-        let mut o = if ceil { num.div_ceil(self.stride) } else { num / self.stride } + 1;
+        let mut o = if ceil {
+            num.div_ceil(self.stride)
+        } else {
+            num / self.stride
+        } + 1;
         if ceil && (o - 1) * self.stride >= self.input + self.pad {
             o -= 1;
         }
@@ -430,7 +463,14 @@ impl Conv {
     fn dims(&self) -> (usize, usize, usize, usize, usize, usize) {
         let oh = self.h.out().unwrap_or(0);
         let ow = self.w.out().unwrap_or(0);
-        (self.c / self.groups, self.o / self.groups, oh, ow, self.h.kernel, self.w.kernel)
+        (
+            self.c / self.groups,
+            self.o / self.groups,
+            oh,
+            ow,
+            self.h.kernel,
+            self.w.kernel,
+        )
     }
 
     /// For output position `(oy, ky)` on axis `a`, the input index if inside.
@@ -453,9 +493,13 @@ impl Conv {
                         for ic in 0..cg {
                             let c = g * cg + ic;
                             for ky in 0..kh {
-                                let Some(iy) = Self::at(&self.h, oy, ky) else { continue };
+                                let Some(iy) = Self::at(&self.h, oy, ky) else {
+                                    continue;
+                                };
                                 for kx in 0..kw {
-                                    let Some(ix) = Self::at(&self.w, ox, kx) else { continue };
+                                    let Some(ix) = Self::at(&self.w, ox, kx) else {
+                                        continue;
+                                    };
                                     s += x[((b * self.c + c) * ih + iy) * iw + ix] as f64
                                         * w[((oc * cg + ic) * kh + ky) * kw + kx] as f64;
                                 }
@@ -486,9 +530,13 @@ impl Conv {
                         for ic in 0..cg {
                             let c = g * cg + ic;
                             for ky in 0..kh {
-                                let Some(iy) = Self::at(&self.h, oy, ky) else { continue };
+                                let Some(iy) = Self::at(&self.h, oy, ky) else {
+                                    continue;
+                                };
                                 for kx in 0..kw {
-                                    let Some(ix) = Self::at(&self.w, ox, kx) else { continue };
+                                    let Some(ix) = Self::at(&self.w, ox, kx) else {
+                                        continue;
+                                    };
                                     let xi = ((b * self.c + c) * ih + iy) * iw + ix;
                                     let wi = ((oc * cg + ic) * kh + ky) * kw + kx;
                                     dx[xi] += gv * w[wi] as f64;
@@ -533,9 +581,13 @@ impl Pool {
                     let mut best = f32::NEG_INFINITY;
                     let mut bi = -1i64;
                     for ky in 0..self.h.kernel {
-                        let Some(iy) = Conv::at(&self.h, oy, ky) else { continue };
+                        let Some(iy) = Conv::at(&self.h, oy, ky) else {
+                            continue;
+                        };
                         for kx in 0..self.w.kernel {
-                            let Some(ix) = Conv::at(&self.w, ox, kx) else { continue };
+                            let Some(ix) = Conv::at(&self.w, ox, kx) else {
+                                continue;
+                            };
                             let v = x[(p * ih + iy) * iw + ix];
                             if v > best || v.is_nan() || bi < 0 {
                                 best = v;
@@ -568,7 +620,13 @@ impl Pool {
         dx
     }
 
-    fn window(&self, oy: usize, ox: usize, include_pad: bool, divisor: Option<i64>) -> (Vec<(usize, usize)>, f64) {
+    fn window(
+        &self,
+        oy: usize,
+        ox: usize,
+        include_pad: bool,
+        divisor: Option<i64>,
+    ) -> (Vec<(usize, usize)>, f64) {
         let (a, b) = (&self.h, &self.w);
         let y0 = (oy * a.stride) as i64 - a.pad as i64;
         let x0 = (ox * b.stride) as i64 - b.pad as i64;
@@ -599,7 +657,10 @@ impl Pool {
             for oy in 0..self.oh {
                 for ox in 0..self.ow {
                     let (cells, div) = self.window(oy, ox, include_pad, divisor);
-                    let s: f64 = cells.iter().map(|&(a, b)| x[(p * ih + a) * iw + b] as f64).sum();
+                    let s: f64 = cells
+                        .iter()
+                        .map(|&(a, b)| x[(p * ih + a) * iw + b] as f64)
+                        .sum();
                     y[(p * self.oh + oy) * self.ow + ox] = (s / div) as f32;
                 }
             }
@@ -626,7 +687,7 @@ impl Pool {
     }
 }
 
-/// Permutes `x` of shape `sh` by `perm` (output dim i is input dim perm[i]).
+/// Permutes `x` of shape `sh` by `perm` (output dim `i` is input dim `perm[i]`).
 pub fn permute(x: &[f32], sh: &[i64], perm: &[usize]) -> Vec<f32> {
     let cs = crate::tensor::contiguous_strides(sh);
     let dims: Vec<i64> = perm.iter().map(|&p| sh[p]).collect();

@@ -25,6 +25,9 @@ use std::time::{Duration, Instant};
 pub const SLOT: usize = 1 << 20;
 /// Bytes of each send / receive channel's slot.
 pub const PSLOT: usize = 256 << 10;
+/// How long a cycle of ranks each waiting to send to the next must make no progress before
+/// it is reported as a deadlock.
+const STUCK: Duration = Duration::from_secs(2);
 const MAGIC: u64 = 0x5348_4443_484d_5531; // "SHDCHMU1"
 const HEADER: usize = 4096;
 const RANK_BLOCK: usize = 256;
@@ -43,7 +46,9 @@ pub fn connect_timeout() -> Duration {
 }
 
 fn env_secs(name: &str, default: u64) -> Duration {
-    let v = std::env::var(name).ok().and_then(|s| s.trim().parse::<f64>().ok());
+    let v = std::env::var(name)
+        .ok()
+        .and_then(|s| s.trim().parse::<f64>().ok());
     match v {
         Some(s) if s > 0.0 => Duration::from_secs_f64(s),
         _ => Duration::from_secs(default),
@@ -178,6 +183,8 @@ const R_PID: usize = 1;
 const R_STEP: usize = 2;
 const R_LEFT: usize = 3;
 const R_DESC: usize = 4; // 6 words
+/// 0, or 1 + the peer this rank waits to send to (for deadlock detection).
+const R_BLOCKED: usize = 12;
 // Channel words.
 const C_POSTED: usize = 0;
 const C_CONSUMED: usize = 1;
@@ -205,7 +212,9 @@ fn pid_alive(pid: u64) -> bool {
 /// Removes segments left by jobs that died before all their ranks mapped them: files older than
 /// the connect timeout plus a minute (no live rendezvous can still need them).
 fn sweep_stale() {
-    let Ok(rd) = std::fs::read_dir("/dev/shm") else { return };
+    let Ok(rd) = std::fs::read_dir("/dev/shm") else {
+        return;
+    };
     let max = connect_timeout() + Duration::from_secs(60);
     for e in rd.flatten() {
         let name = e.file_name();
@@ -257,7 +266,10 @@ impl Segment {
     /// this process, and waits for every rank (bounded by `HCCL_CONNECT_TIMEOUT`).
     pub fn join(api: &str, name: &str, n: usize, rank: usize) -> EmuResult<Segment> {
         if n == 0 || n > 4096 || rank >= n {
-            bail!(InvalidParam, "{api}: rank {rank} of {n} ranks is out of range");
+            bail!(
+                InvalidParam,
+                "{api}: rank {rank} of {n} ranks is out of range"
+            );
         }
         if !name.starts_with(PREFIX) || name.contains('/') || name.len() > 200 {
             bail!(
@@ -267,11 +279,16 @@ impl Segment {
         }
         sweep_stale();
         let path = format!("/dev/shm/{name}");
-        let cpath = CString::new(path.clone()).map_err(|_| emu_err!(InvalidParam, "{api}: bad token"))?;
+        let cpath =
+            CString::new(path.clone()).map_err(|_| emu_err!(InvalidParam, "{api}: bad token"))?;
         let size = seg_size(n);
         // SAFETY: plain system calls on a path we own; results checked.
         let base = unsafe {
-            let fd = libc::open(cpath.as_ptr(), libc::O_CREAT | libc::O_RDWR | libc::O_CLOEXEC, 0o600);
+            let fd = libc::open(
+                cpath.as_ptr(),
+                libc::O_CREAT | libc::O_RDWR | libc::O_CLOEXEC,
+                0o600,
+            );
             if fd < 0 {
                 bail!(
                     Internal,
@@ -280,7 +297,9 @@ impl Segment {
                 );
             }
             let mut st: libc::stat = std::mem::zeroed();
-            if libc::fstat(fd, &mut st) != 0 || ((st.st_size as usize) < size && libc::ftruncate(fd, size as libc::off_t) != 0) {
+            if libc::fstat(fd, &mut st) != 0
+                || ((st.st_size as usize) < size && libc::ftruncate(fd, size as libc::off_t) != 0)
+            {
                 let e = std::io::Error::last_os_error();
                 libc::close(fd);
                 bail!(Internal, "{api}: cannot size {path}: {e}");
@@ -320,7 +339,10 @@ impl Segment {
         if seg.hdr(H_MAGIC).load(Acquire) != MAGIC {
             bail!(Internal, "{api}: {path} is not an emulator segment");
         }
-        if let Err(other) = seg.hdr(H_NRANKS).compare_exchange(0, n as u64, AcqRel, Acquire) {
+        if let Err(other) = seg
+            .hdr(H_NRANKS)
+            .compare_exchange(0, n as u64, AcqRel, Acquire)
+        {
             if other != n as u64 {
                 bail!(
                     InvalidParam,
@@ -328,13 +350,18 @@ impl Segment {
                 );
             }
         }
-        if seg.rk(rank, R_ARRIVED).compare_exchange(0, 1, AcqRel, Acquire).is_err() {
+        if seg
+            .rk(rank, R_ARRIVED)
+            .compare_exchange(0, 1, AcqRel, Acquire)
+            .is_err()
+        {
             bail!(
                 InvalidParam,
                 "{api}: rank {rank} of this root info was already initialised (two members with one rank)"
             );
         }
-        seg.rk(rank, R_PID).store(std::process::id() as u64, Release);
+        seg.rk(rank, R_PID)
+            .store(std::process::id() as u64, Release);
         if seg.hdr(H_MAPPED).fetch_add(1, AcqRel) + 1 == n as u64 {
             // Every rank has mapped it: the name is no longer needed, and nothing is left
             // behind if the job dies.
@@ -365,7 +392,9 @@ impl Segment {
 
     /// Marks this rank as gone (HcclCommDestroy): peers waiting for it fail at once.
     pub fn leave(&self) {
-        let _ = self.rk(self.rank, R_LEFT).compare_exchange(0, 1, AcqRel, Acquire);
+        let _ = self
+            .rk(self.rank, R_LEFT)
+            .compare_exchange(0, 1, AcqRel, Acquire);
     }
 
     /// The error of this rank's failed call, if one failed (HcclGetCommAsyncError).
@@ -385,7 +414,10 @@ impl Segment {
         what: &str,
         mut ready: impl FnMut() -> bool,
         lagging: impl Fn() -> Vec<usize>,
+        mut stuck: impl FnMut() -> Option<(String, String)>,
     ) -> EmuResult<()> {
+        // The cycle (with its channels' counters) first seen, and when.
+        let mut first_stuck: Option<(String, Instant)> = None;
         let start = Instant::now();
         let limit = exec_timeout();
         let mut spins = 0u32;
@@ -394,8 +426,27 @@ impl Segment {
             if ready() {
                 return Ok(());
             }
-            if last_check.elapsed() > Duration::from_millis(20) || spins < 2 {
+            let timed = last_check.elapsed() > Duration::from_millis(20);
+            if timed || spins < 2 {
                 last_check = Instant::now();
+                // A wait cycle that makes no progress for STUCK is a deadlock.
+                if timed {
+                    match stuck() {
+                        Some((sig, msg)) => match &first_stuck {
+                            Some((s0, t0)) if *s0 == sig => {
+                                if t0.elapsed() >= STUCK && !ready() {
+                                    bail!(
+                                        Mismatch,
+                                        "{api}: rank {}: {msg}, during {what}",
+                                        self.rank
+                                    );
+                                }
+                            }
+                            _ => first_stuck = Some((sig, Instant::now())),
+                        },
+                        None => first_stuck = None,
+                    }
+                }
                 for r in lagging() {
                     let pid = self.rk(r, R_PID).load(Acquire);
                     // Read once, before the re-check below: a peer may do its part and then
@@ -468,7 +519,12 @@ impl Segment {
             api,
             what,
             || (0..self.n).all(|r| self.rk(r, R_STEP).load(Acquire) >= me),
-            || (0..self.n).filter(|&r| self.rk(r, R_STEP).load(Acquire) < me).collect(),
+            || {
+                (0..self.n)
+                    .filter(|&r| self.rk(r, R_STEP).load(Acquire) < me)
+                    .collect()
+            },
+            || None,
         )
     }
 
@@ -506,7 +562,9 @@ impl Segment {
         let what = format!("{} #{}", op_name(d.op), d.seq);
         self.barrier(api, &what)?;
         for r in 0..self.n {
-            let got: Vec<u64> = (0..6).map(|i| self.rk(r, R_DESC + i).load(Acquire)).collect();
+            let got: Vec<u64> = (0..6)
+                .map(|i| self.rk(r, R_DESC + i).load(Acquire))
+                .collect();
             let theirs = Desc {
                 op: got[0],
                 dtype: got[1],
@@ -546,17 +604,73 @@ impl Segment {
     }
 
     /// Sends `data` (`count` elements of HcclDataType `dtype`) to rank `peer`.
-    pub fn send(&self, api: &str, peer: usize, dtype: u64, count: u64, data: &[u8]) -> EmuResult<()> {
+    pub fn send(
+        &self,
+        api: &str,
+        peer: usize,
+        dtype: u64,
+        count: u64,
+        data: &[u8],
+    ) -> EmuResult<()> {
         // The lock is not held during the transfer: a batch sends and receives at once.
         let seq = {
             let mut l = self.local();
             self.check_usable(api, &l)?;
-            let s = l.sent.get_mut(peer).ok_or_else(|| emu_err!(InvalidParam, "{api}: peer {peer}"))?;
+            let s = l
+                .sent
+                .get_mut(peer)
+                .ok_or_else(|| emu_err!(InvalidParam, "{api}: peer {peer}"))?;
             *s += 1;
             *s
         };
         let r = self.send_inner(api, peer, [seq, dtype, count], data);
         r.map_err(|e| self.fail(&mut self.local(), e))
+    }
+
+    /// When this rank waits to send and the ranks it waits for each wait to send to the next,
+    /// back to this rank, no one receives: returns a signature of the cycle (its ranks and
+    /// their channels' counters, to tell a stuck cycle from a passing one) and a message.
+    fn send_cycle(&self) -> Option<(String, String)> {
+        let mut path = vec![self.rank];
+        let mut cur = self.rank;
+        for _ in 0..self.n {
+            let b = self.rk(cur, R_BLOCKED).load(Acquire);
+            if b == 0 {
+                return None;
+            }
+            let next = (b - 1) as usize;
+            if next >= self.n {
+                return None;
+            }
+            if next == self.rank {
+                let mut sig = String::new();
+                for w in path.windows(2).chain(std::iter::once(&[cur, next][..])) {
+                    let (a, b) = (w[0], w[1]);
+                    sig += &format!(
+                        "{a}>{b}:{}/{} ",
+                        self.ch(a, b, C_POSTED).load(Acquire),
+                        self.ch(a, b, C_CONSUMED).load(Acquire)
+                    );
+                }
+                let ring: Vec<String> = path
+                    .iter()
+                    .chain(std::iter::once(&next))
+                    .map(|r| r.to_string())
+                    .collect();
+                let msg = format!(
+                    "deadlock: ranks {} each wait to send to the next and none receives (a message larger than one {} KiB chunk is not buffered; exchange with HcclBatchSendRecv)",
+                    ring.join(" → "),
+                    PSLOT >> 10
+                );
+                return Some((sig, msg));
+            }
+            if path.contains(&next) {
+                return None;
+            }
+            path.push(next);
+            cur = next;
+        }
+        None
     }
 
     fn send_inner(&self, api: &str, peer: usize, desc: [u64; 3], data: &[u8]) -> EmuResult<()> {
@@ -565,12 +679,23 @@ impl Segment {
             bail!(InvalidParam, "{api}: rank {me} sends to rank {peer} of {n}");
         }
         let what = format!("HcclSend #{} to rank {peer}", desc[0]);
-        let free = |s: &Self| s.ch(me, peer, C_CONSUMED).load(Acquire) >= s.ch(me, peer, C_POSTED).load(Acquire);
+        let free = |s: &Self| {
+            s.ch(me, peer, C_CONSUMED).load(Acquire) >= s.ch(me, peer, C_POSTED).load(Acquire)
+        };
         // The descriptor travels with the first chunk, so a message of one chunk is buffered:
         // the sender does not wait for the receiver (later chunks wait for the slot).
         let chunks = data.len().div_ceil(PSLOT).max(1);
         for step in 0..chunks {
-            self.wait(api, &what, || free(self), || if free(self) { vec![] } else { vec![peer] })?;
+            self.rk(me, R_BLOCKED).store(peer as u64 + 1, Release);
+            let r = self.wait(
+                api,
+                &what,
+                || free(self),
+                || if free(self) { vec![] } else { vec![peer] },
+                || self.send_cycle(),
+            );
+            self.rk(me, R_BLOCKED).store(0, Release);
+            r?;
             if self.ch(me, peer, C_ERROR).load(Acquire) != 0 {
                 bail!(
                     Mismatch,
@@ -584,18 +709,30 @@ impl Segment {
             }
             let part = &data[(step * PSLOT).min(data.len())..((step + 1) * PSLOT).min(data.len())];
             // SAFETY: the slot is free (consumed == posted) and only the sender writes it.
-            unsafe { std::ptr::copy_nonoverlapping(part.as_ptr(), self.chan_data(me, peer), part.len()) };
+            unsafe {
+                std::ptr::copy_nonoverlapping(part.as_ptr(), self.chan_data(me, peer), part.len())
+            };
             self.ch(me, peer, C_POSTED).fetch_add(1, AcqRel);
         }
         Ok(())
     }
 
     /// Receives `count` elements of `dtype` from rank `peer` into `out`.
-    pub fn recv(&self, api: &str, peer: usize, dtype: u64, count: u64, out: &mut [u8]) -> EmuResult<()> {
+    pub fn recv(
+        &self,
+        api: &str,
+        peer: usize,
+        dtype: u64,
+        count: u64,
+        out: &mut [u8],
+    ) -> EmuResult<()> {
         let seq = {
             let mut l = self.local();
             self.check_usable(api, &l)?;
-            let s = l.received.get_mut(peer).ok_or_else(|| emu_err!(InvalidParam, "{api}: peer {peer}"))?;
+            let s = l
+                .received
+                .get_mut(peer)
+                .ok_or_else(|| emu_err!(InvalidParam, "{api}: peer {peer}"))?;
             *s += 1;
             *s
         };
@@ -606,16 +743,29 @@ impl Segment {
     fn recv_inner(&self, api: &str, peer: usize, desc: [u64; 3], out: &mut [u8]) -> EmuResult<()> {
         let (me, n) = (self.rank, self.n);
         if peer >= n || peer == me {
-            bail!(InvalidParam, "{api}: rank {me} receives from rank {peer} of {n}");
+            bail!(
+                InvalidParam,
+                "{api}: rank {me} receives from rank {peer} of {n}"
+            );
         }
         let what = format!("HcclRecv #{} from rank {peer}", desc[0]);
-        let posted = |s: &Self| s.ch(peer, me, C_POSTED).load(Acquire) > s.ch(peer, me, C_CONSUMED).load(Acquire);
+        let posted = |s: &Self| {
+            s.ch(peer, me, C_POSTED).load(Acquire) > s.ch(peer, me, C_CONSUMED).load(Acquire)
+        };
         let total = out.len();
         let chunks = total.div_ceil(PSLOT).max(1);
         for step in 0..chunks {
-            self.wait(api, &what, || posted(self), || if posted(self) { vec![] } else { vec![peer] })?;
+            self.wait(
+                api,
+                &what,
+                || posted(self),
+                || if posted(self) { vec![] } else { vec![peer] },
+                || None,
+            )?;
             if step == 0 {
-                let got: Vec<u64> = (0..3).map(|i| self.ch(peer, me, C_DESC + i).load(Acquire)).collect();
+                let got: Vec<u64> = (0..3)
+                    .map(|i| self.ch(peer, me, C_DESC + i).load(Acquire))
+                    .collect();
                 if got != desc {
                     self.ch(peer, me, C_ERROR).store(1, Release);
                     self.ch(peer, me, C_CONSUMED).fetch_add(1, AcqRel);
@@ -635,7 +785,9 @@ impl Segment {
             let len = part.len();
             // SAFETY: the sender posted this chunk and will not touch the slot until we bump
             // `consumed`.
-            unsafe { std::ptr::copy_nonoverlapping(self.chan_data(peer, me), part.as_mut_ptr(), len) };
+            unsafe {
+                std::ptr::copy_nonoverlapping(self.chan_data(peer, me), part.as_mut_ptr(), len)
+            };
             self.ch(peer, me, C_CONSUMED).fetch_add(1, AcqRel);
         }
         Ok(())

@@ -28,13 +28,16 @@ struct Progress {
     error: Option<(EmuError, String)>,
 }
 
+/// One queued operation: its sequence number, its name and its work.
+type Item = (u64, &'static str, Work);
+
 /// An emulated stream: a worker thread with an in-order queue.
 pub struct Stream {
     /// Id of the stream (its index in the vector clocks).
     pub id: u32,
     /// The device it belongs to.
     pub device: i32,
-    tx: Mutex<Option<Sender<(u64, &'static str, Work)>>>,
+    tx: Mutex<Option<Sender<Item>>>,
     progress: Arc<(Mutex<Progress>, Condvar)>,
 }
 
@@ -55,14 +58,17 @@ impl Stream {
     pub fn create(device: i32) -> EmuResult<usize> {
         let id = engine().new_stream_clock();
         let progress: Arc<(Mutex<Progress>, Condvar)> = Arc::default();
-        let (tx, rx) = channel::<(u64, &'static str, Work)>();
+        let (tx, rx) = channel::<Item>();
         let p = progress.clone();
         std::thread::Builder::new()
             .name(format!("ascend-emu-stream-{id}"))
             .spawn(move || {
                 while let Ok((n, what, work)) = rx.recv() {
                     let r = catch_unwind(AssertUnwindSafe(work)).unwrap_or_else(|_| {
-                        Err(emu_err!(Internal, "{what}: the emulator panicked running it"))
+                        Err(emu_err!(
+                            Internal,
+                            "{what}: the emulator panicked running it"
+                        ))
                     });
                     let (m, cv) = &*p;
                     let mut g = lock(m);

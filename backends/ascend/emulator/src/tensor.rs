@@ -60,10 +60,19 @@ impl TensorDesc {
             bail!(InvalidParam, "{api}: {} dims (at most 8)", self.dims.len());
         }
         if let Some(d) = self.dims.iter().chain(&self.storage).find(|&&d| d < 0) {
-            bail!(InvalidParam, "{api}: negative dim {d} in {:?} / storage {:?}", self.dims, self.storage);
+            bail!(
+                InvalidParam,
+                "{api}: negative dim {d} in {:?} / storage {:?}",
+                self.dims,
+                self.storage
+            );
         }
         if let Some(s) = self.strides.iter().find(|&&s| s < 0) {
-            bail!(InvalidParam, "{api}: negative stride {s} in {:?}", self.strides);
+            bail!(
+                InvalidParam,
+                "{api}: negative stride {s} in {:?}",
+                self.strides
+            );
         }
         if self.offset < 0 {
             bail!(InvalidParam, "{api}: negative offset {}", self.offset);
@@ -185,7 +194,10 @@ impl TensorDesc {
         let dt = self.dtype;
         r.data.with(|b| {
             let b = &b[r.offset..r.offset + r.len];
-            self.offsets().into_iter().map(|o| dt.load_i64(b, o)).collect()
+            self.offsets()
+                .into_iter()
+                .map(|o| dt.load_i64(b, o))
+                .collect()
         })
     }
 
@@ -299,9 +311,16 @@ pub fn put(o: Obj) -> usize {
 pub fn destroy(api: &str, h: usize, kind: &str) -> EmuResult<()> {
     let mut m = lock();
     match m.get(&h) {
-        None => bail!(InvalidParam, "{api}: {h:#x} is not a live {kind} (destroyed twice?)"),
+        None => bail!(
+            InvalidParam,
+            "{api}: {h:#x} is not a live {kind} (destroyed twice?)"
+        ),
         Some(o) if o.kind() != kind => {
-            bail!(InvalidParam, "{api}: {h:#x} is an {}, not an {kind}", o.kind())
+            bail!(
+                InvalidParam,
+                "{api}: {h:#x} is an {}, not an {kind}",
+                o.kind()
+            )
         }
         Some(_) => {}
     }
@@ -332,7 +351,11 @@ fn get(api: &str, role: &str, h: usize) -> EmuResult<Obj> {
 pub fn tensor(api: &str, role: &str, h: usize) -> EmuResult<Arc<TensorDesc>> {
     match get(api, role, h)? {
         Obj::Tensor(t) => Ok(t),
-        o => bail!(InvalidParam, "{api}: {role} is an {}, not an aclTensor", o.kind()),
+        o => bail!(
+            InvalidParam,
+            "{api}: {role} is an {}, not an aclTensor",
+            o.kind()
+        ),
     }
 }
 
@@ -349,7 +372,11 @@ pub fn opt_tensor(api: &str, role: &str, h: usize) -> EmuResult<Option<Arc<Tenso
 pub fn scalar(api: &str, role: &str, h: usize) -> EmuResult<Scalar> {
     match get(api, role, h)? {
         Obj::Scalar(s) => Ok(s),
-        o => bail!(InvalidParam, "{api}: {role} is an {}, not an aclScalar", o.kind()),
+        o => bail!(
+            InvalidParam,
+            "{api}: {role} is an {}, not an aclScalar",
+            o.kind()
+        ),
     }
 }
 
@@ -357,7 +384,11 @@ pub fn scalar(api: &str, role: &str, h: usize) -> EmuResult<Scalar> {
 pub fn int_array(api: &str, role: &str, h: usize) -> EmuResult<Vec<i64>> {
     match get(api, role, h)? {
         Obj::IntArray(v) => Ok(v),
-        o => bail!(InvalidParam, "{api}: {role} is an {}, not an aclIntArray", o.kind()),
+        o => bail!(
+            InvalidParam,
+            "{api}: {role} is an {}, not an aclIntArray",
+            o.kind()
+        ),
     }
 }
 
@@ -365,7 +396,11 @@ pub fn int_array(api: &str, role: &str, h: usize) -> EmuResult<Vec<i64>> {
 pub fn bool_array(api: &str, role: &str, h: usize) -> EmuResult<Vec<bool>> {
     match get(api, role, h)? {
         Obj::BoolArray(v) => Ok(v),
-        o => bail!(InvalidParam, "{api}: {role} is an {}, not an aclBoolArray", o.kind()),
+        o => bail!(
+            InvalidParam,
+            "{api}: {role} is an {}, not an aclBoolArray",
+            o.kind()
+        ),
     }
 }
 
@@ -373,7 +408,11 @@ pub fn bool_array(api: &str, role: &str, h: usize) -> EmuResult<Vec<bool>> {
 pub fn float_array(api: &str, role: &str, h: usize) -> EmuResult<Vec<f32>> {
     match get(api, role, h)? {
         Obj::FloatArray(v) => Ok(v),
-        o => bail!(InvalidParam, "{api}: {role} is an {}, not an aclFloatArray", o.kind()),
+        o => bail!(
+            InvalidParam,
+            "{api}: {role} is an {}, not an aclFloatArray",
+            o.kind()
+        ),
     }
 }
 
@@ -385,7 +424,11 @@ pub fn tensor_list(api: &str, role: &str, h: usize) -> EmuResult<Vec<Arc<TensorD
             .enumerate()
             .map(|(i, &t)| tensor(api, &format!("{role}[{i}]"), t))
             .collect(),
-        o => bail!(InvalidParam, "{api}: {role} is an {}, not an aclTensorList", o.kind()),
+        o => bail!(
+            InvalidParam,
+            "{api}: {role} is an {}, not an aclTensorList",
+            o.kind()
+        ),
     }
 }
 

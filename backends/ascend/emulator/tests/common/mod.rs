@@ -12,7 +12,10 @@ use std::ptr::null_mut;
 pub fn setup(dev: i32) {
     unsafe {
         let r = aclInit(std::ptr::null());
-        assert!(r == 0 || r == sys::ACL_ERROR_REPEAT_INITIALIZE, "aclInit {r}");
+        assert!(
+            r == 0 || r == sys::ACL_ERROR_REPEAT_INITIALIZE,
+            "aclInit {r}"
+        );
         assert_eq!(aclrtSetDevice(dev), 0);
     }
 }
@@ -27,7 +30,13 @@ pub fn malloc(bytes: usize) -> *mut c_void {
 /// Copies host bytes to the device (synchronous).
 pub fn h2d(dst: *mut c_void, src: &[u8]) {
     let r = unsafe {
-        aclrtMemcpy(dst, src.len(), src.as_ptr() as *const c_void, src.len(), sys::ACL_MEMCPY_HOST_TO_DEVICE)
+        aclrtMemcpy(
+            dst,
+            src.len(),
+            src.as_ptr() as *const c_void,
+            src.len(),
+            sys::ACL_MEMCPY_HOST_TO_DEVICE,
+        )
     };
     assert_eq!(r, 0);
 }
@@ -35,7 +44,15 @@ pub fn h2d(dst: *mut c_void, src: &[u8]) {
 /// Copies device bytes to the host (synchronous).
 pub fn d2h(src: *const c_void, n: usize) -> Vec<u8> {
     let mut v = vec![0u8; n];
-    let r = unsafe { aclrtMemcpy(v.as_mut_ptr() as *mut c_void, n, src, n, sys::ACL_MEMCPY_DEVICE_TO_HOST) };
+    let r = unsafe {
+        aclrtMemcpy(
+            v.as_mut_ptr() as *mut c_void,
+            n,
+            src,
+            n,
+            sys::ACL_MEMCPY_DEVICE_TO_HOST,
+        )
+    };
     assert_eq!(r, 0, "aclrtMemcpy D2H");
     v
 }
@@ -47,7 +64,9 @@ pub fn f32b(v: &[f32]) -> Vec<u8> {
 
 /// Bytes to f32 values.
 pub fn bf32(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
 }
 
 /// A device buffer with a tensor descriptor over it.
@@ -82,9 +101,26 @@ pub fn strides(dims: &[i64]) -> Vec<i64> {
 }
 
 /// A descriptor over `ptr` with explicit view and a 1-d storage of `storage` elements.
-pub fn tensor(ptr: *mut c_void, dims: &[i64], st: &[i64], offset: i64, dt: sys::aclDataType, storage: i64) -> *mut sys::aclTensor {
+pub fn tensor(
+    ptr: *mut c_void,
+    dims: &[i64],
+    st: &[i64],
+    offset: i64,
+    dt: sys::aclDataType,
+    storage: i64,
+) -> *mut sys::aclTensor {
     let t = unsafe {
-        aclCreateTensor(dims.as_ptr(), dims.len() as u64, dt, st.as_ptr(), offset, sys::ACL_FORMAT_ND, [storage].as_ptr(), 1, ptr)
+        aclCreateTensor(
+            dims.as_ptr(),
+            dims.len() as u64,
+            dt,
+            st.as_ptr(),
+            offset,
+            sys::ACL_FORMAT_ND,
+            [storage].as_ptr(),
+            1,
+            ptr,
+        )
     };
     assert!(!t.is_null(), "aclCreateTensor {dims:?} {st:?}");
     t
@@ -99,7 +135,13 @@ pub fn dev_raw(bytes: &[u8], dims: &[i64], dt: sys::aclDataType) -> Dev {
         h2d(ptr, bytes);
     }
     let t = tensor(ptr, dims, &strides(dims), 0, dt, n.max(1));
-    Dev { ptr, t, bytes: nb, dtype: dt, dims: dims.to_vec() }
+    Dev {
+        ptr,
+        t,
+        bytes: nb,
+        dtype: dt,
+        dims: dims.to_vec(),
+    }
 }
 
 /// An f32 device tensor.
@@ -116,12 +158,26 @@ pub fn zeros(dims: &[i64]) -> Dev {
 
 /// An int64 device tensor.
 pub fn dev_i64(vals: &[i64], dims: &[i64]) -> Dev {
-    dev_raw(&vals.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>(), dims, sys::ACL_INT64)
+    dev_raw(
+        &vals
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect::<Vec<u8>>(),
+        dims,
+        sys::ACL_INT64,
+    )
 }
 
 /// An int32 device tensor.
 pub fn dev_i32(vals: &[i32], dims: &[i64]) -> Dev {
-    dev_raw(&vals.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>(), dims, sys::ACL_INT32)
+    dev_raw(
+        &vals
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect::<Vec<u8>>(),
+        dims,
+        sys::ACL_INT32,
+    )
 }
 
 /// A zeroed device tensor of dtype `dt`.
@@ -139,12 +195,18 @@ impl Dev {
     /// Reads back as i64.
     pub fn i64(&self) -> Vec<i64> {
         sync();
-        d2h(self.ptr, self.bytes).chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()
+        d2h(self.ptr, self.bytes)
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+            .collect()
     }
     /// Reads back as i32.
     pub fn i32(&self) -> Vec<i32> {
         sync();
-        d2h(self.ptr, self.bytes).chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect()
+        d2h(self.ptr, self.bytes)
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
     }
     /// Reads back raw bytes.
     pub fn raw(&self) -> Vec<u8> {
@@ -155,7 +217,11 @@ impl Dev {
 
 /// Synchronises the current device's default stream and asserts success.
 pub fn sync() {
-    assert_eq!(unsafe { aclrtSynchronizeStream(null_mut()) }, 0, "aclrtSynchronizeStream");
+    assert_eq!(
+        unsafe { aclrtSynchronizeStream(null_mut()) },
+        0,
+        "aclrtSynchronizeStream"
+    );
 }
 
 /// An f32 scalar.
@@ -205,7 +271,10 @@ macro_rules! prep_status {
 pub fn close(got: &[f32], want: &[f32], tol: f32) {
     assert_eq!(got.len(), want.len(), "length: got {got:?} want {want:?}");
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert!((g - w).abs() <= tol * (1.0 + w.abs()), "element {i}: got {g} want {w}\n got {got:?}\nwant {want:?}");
+        assert!(
+            (g - w).abs() <= tol * (1.0 + w.abs()),
+            "element {i}: got {g} want {w}\n got {got:?}\nwant {want:?}"
+        );
     }
 }
 
@@ -218,6 +287,7 @@ pub fn child(test: &str, envs: &[(&str, String)]) -> std::process::Child {
     for (k, v) in envs {
         c.env(k, v);
     }
-    c.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    c.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
     c.spawn().unwrap()
 }
