@@ -333,10 +333,11 @@ impl AscendDevice {
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: writes two usize.
         let mem = unsafe { (api.aclrtGetMemInfo)(sys::ACL_HBM_MEM, &mut free, &mut total) };
-        let mut description = format!(
-            "Ascend {} (device {device_id}",
-            if soc.is_empty() { "NPU" } else { soc.as_str() }
-        );
+        let mut description = match soc.as_str() {
+            "" => format!("Ascend NPU (device {device_id}"),
+            s if s.starts_with("Ascend") => format!("{s} (device {device_id}"),
+            s => format!("Ascend {s} (device {device_id}"),
+        };
         if mem == sys::ACL_SUCCESS && total > 0 {
             description.push_str(&format!(", {:.1} GiB", total as f64 / (1u64 << 30) as f64));
         }
@@ -362,7 +363,7 @@ impl AscendDevice {
         self.api
     }
 
-    /// The device, in words (`Ascend Ascend910B1 (device 0, 64.0 GiB)`).
+    /// The device, in words (`Ascend910B1 (device 0, 64.0 GiB)`).
     pub fn description(&self) -> String {
         self.description.clone()
     }
@@ -414,51 +415,52 @@ impl AscendDevice {
         }
     }
 
-    /// Copies `bytes` to `dst` in the compute stream's order and waits for it.
+    /// Copies `bytes` to `dst` after the compute stream's work so far (which may still read
+    /// `dst`): the stream is drained (bounded by `SHARDC_COMM_TIMEOUT`), then a synchronous
+    /// `aclrtMemcpy`. Synchronous copies from ordinary (pageable) host memory are what every
+    /// CANN version supports; `aclrtMemcpyAsync` from pageable memory is undefined on CANN
+    /// 8.0's training products.
     pub fn upload(&self, dst: DevPtr, bytes: &[u8]) -> AscendResult<()> {
         if bytes.is_empty() {
             return Ok(());
         }
-        self.bind()?;
-        // SAFETY: `bytes` stays borrowed until the stream is synchronized below.
+        self.synchronize()?;
+        // SAFETY: `dst` is a device buffer of at least `bytes.len()`; nothing queued uses it.
         let code = unsafe {
-            (self.api.aclrtMemcpyAsync)(
+            (self.api.aclrtMemcpy)(
                 dst as *mut c_void,
                 bytes.len(),
                 bytes.as_ptr() as *const c_void,
                 bytes.len(),
                 sys::ACL_MEMCPY_HOST_TO_DEVICE,
-                self.compute.raw(),
             )
         };
-        self.check("aclrtMemcpyAsync", code, || {
+        self.check("aclrtMemcpy", code, || {
             format!("{} bytes to device {}", bytes.len(), self.id)
-        })?;
-        self.synchronize()
+        })
     }
 
-    /// Copies `out.len()` bytes from `src` after the compute stream's work so far, and waits.
+    /// Copies `out.len()` bytes from `src` once the compute stream's work so far is done
+    /// (drained, bounded by `SHARDC_COMM_TIMEOUT`; then a synchronous `aclrtMemcpy`).
     pub fn download(&self, src: DevPtr, out: &mut [u8]) -> AscendResult<()> {
         if out.is_empty() {
             return Ok(());
         }
-        self.bind()?;
+        self.synchronize()?;
         let n = out.len();
-        // SAFETY: `out` stays borrowed until the stream is synchronized below.
+        // SAFETY: `src` is a device buffer of at least `n` bytes, its writers done.
         let code = unsafe {
-            (self.api.aclrtMemcpyAsync)(
+            (self.api.aclrtMemcpy)(
                 out.as_mut_ptr() as *mut c_void,
                 n,
                 src as *const c_void,
                 n,
                 sys::ACL_MEMCPY_DEVICE_TO_HOST,
-                self.compute.raw(),
             )
         };
-        self.check("aclrtMemcpyAsync", code, || {
+        self.check("aclrtMemcpy", code, || {
             format!("{n} bytes from device {}", self.id)
-        })?;
-        self.synchronize()
+        })
     }
 
     /// A device-to-device copy of `bytes` on the compute stream.
@@ -598,10 +600,11 @@ impl Drop for AscendDevice {
     fn drop(&mut self) {
         if self.bind().is_ok() {
             for s in [self.compute, self.comm] {
-                // SAFETY: the device's own streams, destroyed once, after their work.
-                unsafe {
-                    (self.api.aclrtSynchronizeStream)(s.raw());
-                    (self.api.aclrtDestroyStream)(s.raw());
+                // A stream still held up past the timeout (a lost peer) is left to the
+                // process's end rather than waited for without bound.
+                if matches!(self.synchronize_within(s, self.timeout), Ok(true)) {
+                    // SAFETY: the device's own stream, destroyed once, after its work.
+                    unsafe { (self.api.aclrtDestroyStream)(s.raw()) };
                 }
             }
         }

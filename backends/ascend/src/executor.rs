@@ -14,7 +14,9 @@
 //! each and, with HCCL, reduced on the communication stream, joined to the compute stream by
 //! events, so the backward pass goes on meanwhile; every other op is lowered to aclnn
 //! operators (`crate::ops`), and an op no lowering covers runs on the host backend on copies
-//! of its operands, counted in [`AscendStats::host_ops`] with its reason.
+//! of its operands, counted in [`AscendStats::host_ops`] with its reason; so does a node
+//! whose aclnn operator the CANN found lacks, or refuses in `aclnnXxxGetWorkspaceSize` (an
+//! older toolkit, a shape or type a chip does not support).
 //!
 //! Graph replay: not offered. [`ExecDevice::begin_capture`] keeps its default (`Ok(false)`),
 //! so every step is issued node by node (an `aclmdlRI` capture of the step is future work).
@@ -144,8 +146,13 @@ impl std::fmt::Debug for AscendExecutor {
 impl Drop for AscendExecutor {
     fn drop(&mut self) {
         let _ = self.dev.bind();
-        let _ = self.dev.synchronize();
-        let _ = self.dev.synchronize_stream(self.dev.comm_stream());
+        let drained = self.dev.synchronize().is_ok()
+            && self.dev.synchronize_stream(self.dev.comm_stream()).is_ok();
+        if !drained {
+            // Work held up by a lost peer may still use the memory: left to the process's
+            // end rather than freed under it.
+            return;
+        }
         for &p in self.buffers.iter().chain(&self.params) {
             self.dev.free(p);
         }
@@ -615,7 +622,26 @@ impl AscendExecutor {
                     workspace: &self.workspace,
                     temps: &self.temps,
                 };
-                ops::lower(&call)?
+                match ops::lower(&call) {
+                    Ok(p) => p,
+                    // The CANN found lacks the operator, or refuses this node's shapes or
+                    // types before launching anything of it: the host runs it (a lowering
+                    // never writes its operands, so what it issued before is overwritten).
+                    Err(e @ AscendError::MissingSymbol { .. }) => Lowered::Host(e.to_string()),
+                    Err(AscendError::Aclnn {
+                        call,
+                        code,
+                        message,
+                    }) if call.ends_with("GetWorkspaceSize") => Lowered::Host(format!(
+                        "{call} refused it (status {code}{})",
+                        if message.is_empty() {
+                            String::new()
+                        } else {
+                            format!(": {message}")
+                        }
+                    )),
+                    Err(e) => return Err(e),
+                }
             }
         };
         match &placed {
@@ -924,4 +950,64 @@ impl shardc_runtime::StepExecutor for AscendExecutor {
     fn report(&self) -> String {
         format!("{}\n{}", self.plan.summary(), self.stats.summary())
     }
+}
+
+/// A rank's executor on an Ascend device, as a training program needs it: device
+/// `device_id` (`DEVICE_ID`), or else the rank on its host (`local_rank`, else the rank)
+/// modulo the devices AscendCL sees; collectives through HCCL bootstrapped over `comm` when
+/// `hccl` and there are several ranks (every rank must call this at the same point: the ranks
+/// first agree over `comm` that every one of them can load HCCL, else all stage their
+/// collectives through the host), else staged through `comm`. A missing CANN library is an
+/// error naming it.
+pub fn ascend_executor(
+    graph: Graph,
+    host: Arc<dyn Backend>,
+    comm: Option<Arc<dyn Communicator>>,
+    hccl: bool,
+    device_id: Option<usize>,
+    local_rank: Option<usize>,
+) -> AscendResult<AscendExecutor> {
+    let count = crate::acl::device_count()?;
+    if count == 0 {
+        return Err(AscendError::Other(
+            "AscendCL sees no Ascend device on this host".into(),
+        ));
+    }
+    let rank = comm.as_ref().map_or(0, |c| c.rank());
+    let id = device_id.unwrap_or(local_rank.unwrap_or(rank) % count);
+    let dev = AscendDevice::open(id)?;
+    match comm {
+        Some(c) if hccl && c.size() > 1 => {
+            let mine = crate::hccl::hccl_api().err().map(|e| e.to_string());
+            match why_not_hccl(c.as_ref(), mine)? {
+                None => {
+                    let h = HcclComm::new(dev.clone(), c)?;
+                    AscendExecutor::with_hccl(graph, dev, host, Arc::new(h))
+                }
+                Some(why) => {
+                    eprintln!("rank {rank}: {why}: collectives staged through the host");
+                    AscendExecutor::with_communicator(graph, dev, host, c)
+                }
+            }
+        }
+        Some(c) => AscendExecutor::with_communicator(graph, dev, host, c),
+        None => AscendExecutor::new(graph, dev, host),
+    }
+}
+
+/// Why the ranks of `comm`'s world cannot all use HCCL (this rank's own reason `mine`, or
+/// that another rank has one), or None: they must decide alike, or the ones that join HCCL
+/// wait for the others. Every rank must call it at the same point.
+pub fn why_not_hccl(comm: &dyn Communicator, mine: Option<String>) -> AscendResult<Option<String>> {
+    let world: Vec<usize> = (0..comm.size()).collect();
+    let mut flag = Tensor::from_i32(vec![1], vec![i32::from(mine.is_some())])
+        .ok_or_else(|| AscendError::Other("a flag tensor".into()))?;
+    comm.all_reduce(&world, shardc_ir::ReduceOp::Max, &mut flag)
+        .map_err(|e| AscendError::Other(format!("agreeing on HCCL: {e}")))?;
+    let any = matches!(&flag.data, shardc_runtime::Data::I32(v) if v.first() == Some(&1));
+    Ok(match (any, mine) {
+        (_, Some(why)) => Some(why),
+        (true, None) => Some("another rank of the job cannot load HCCL".into()),
+        (false, None) => None,
+    })
 }

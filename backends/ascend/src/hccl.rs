@@ -918,7 +918,11 @@ impl Communicator for HcclComm {
 
 impl Drop for HcclComm {
     fn drop(&mut self) {
-        let _ = self.dev.synchronize();
+        if self.dev.synchronize().is_err() {
+            // A collective is still held up (a lost peer): its communicator and temporaries
+            // are left to the process's end rather than destroyed under it.
+            return;
+        }
         let comms = std::mem::take(&mut *self.comms.lock().unwrap_or_else(|p| p.into_inner()));
         let _ = self.dev.bind();
         for (_, c) in comms {

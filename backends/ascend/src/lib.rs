@@ -28,7 +28,7 @@ pub mod probe;
 
 pub use acl::{AscendDevice, DevPtr};
 pub use error::{AscendError, AscendResult};
-pub use executor::{AscendExecutor, AscendStats};
+pub use executor::{ascend_executor, why_not_hccl, AscendExecutor, AscendStats};
 pub use hccl::HcclComm;
 
 /// `shardc device info` for Ascend: the libraries found where, what is missing and how to

@@ -1,5 +1,12 @@
 //! AscendCL runtime exports (`libascendcl.so`): init, devices, memory, copies, streams and
 //! events, and the thread's recent error message.
+//!
+//! # Safety
+//!
+//! Every export is an `unsafe extern "C" fn` called from C: each pointer argument must be
+//! null or valid for the reads and writes the C API documents for it (`shardc_ascend_sys::sig`);
+//! handles are checked against the emulator's registries, so a stale one is an error code.
+#![allow(clippy::missing_safety_doc)]
 
 use crate::diag::EmuResult;
 use crate::mem::{self, engine, AccessReq, Accessor};

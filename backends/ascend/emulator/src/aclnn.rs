@@ -2,7 +2,14 @@
 //! its arguments as the real op documents (see `shardc_ascend_sys::sig`) and prepares a
 //! [`Plan`]; `aclnnXxx` launches it ([`plan::launch`]). Every computation is the emulator's own
 //! reference code ([`crate::reference`]).
+//!
+//! # Safety
+//!
+//! Every export is an `unsafe extern "C" fn` called from C: each pointer argument must be
+//! null or valid for the reads and writes the C API documents for it (`shardc_ascend_sys::sig`);
+//! handles are checked against the emulator's registries, so a stale one is an error code.
 #![allow(
+    clippy::missing_safety_doc,
     clippy::redundant_closure_call,
     clippy::too_many_arguments,
     non_snake_case
@@ -393,6 +400,12 @@ fn pair(api: &str, role: &str, v: &[i64], default: Option<[usize; 2]>) -> EmuRes
 
 /// `[N, C, H, W]` of a 4-d (or 3-d `[C, H, W]`) pooling / convolution input.
 fn nchw(api: &str, role: &str, t: &T) -> EmuResult<[usize; 4]> {
+    if t.format == shardc_ascend_sys::ACL_FORMAT_NHWC {
+        bail!(
+            NotSupported,
+            "{api}: {role} is NHWC; the emulator's convolution and pooling take NCHW"
+        );
+    }
     let d = &t.dims;
     match d.len() {
         4 => Ok([d[0] as usize, d[1] as usize, d[2] as usize, d[3] as usize]),
@@ -490,6 +503,14 @@ fn conv_geom(
             InvalidParam,
             "{api}: outputPadding {out_pad:?} must be zero for a forward convolution"
         );
+    }
+    for (role, t) in [("input", x), ("weight", w)] {
+        if t.format == shardc_ascend_sys::ACL_FORMAT_NHWC {
+            bail!(
+                NotSupported,
+                "{api}: {role} is NHWC; the emulator's convolution takes NCHW"
+            );
+        }
     }
     let one_d = x.dims.len() == 3 && w.dims.len() == 3;
     let (xd, wd): (Vec<i64>, Vec<i64>) = if one_d {

@@ -159,7 +159,8 @@ pub fn fold(t: HType, op: ROp, acc: &mut [u8], x: &[u8]) {
             }
         }
         HType::F16 | HType::Bf16 => {
-            let (to, from): (fn(u16) -> f32, fn(f32) -> u16) = if t == HType::F16 {
+            type Conv = (fn(u16) -> f32, fn(f32) -> u16);
+            let (to, from): Conv = if t == HType::F16 {
                 (f16_to_f32, f32_to_f16)
             } else {
                 (bf16_to_f32, f32_to_bf16)
@@ -320,6 +321,7 @@ pub fn reduce(
     Ok(out)
 }
 
+#[allow(clippy::too_many_arguments)]
 /// The personalized exchange under ReduceScatter, AlltoAll and Scatter: rank `q` sends block
 /// `d` of its input (`count` elements each) to rank `d`; `take(q, offset_bytes, bytes)` gets
 /// rank `q`'s block for this rank piece by piece.

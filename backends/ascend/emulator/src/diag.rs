@@ -40,6 +40,9 @@ pub enum ErrorKind {
     BadExecutor,
     /// A wait that ran past its bound.
     Timeout,
+    /// Queued work that waited past its bound (reported by a later synchronisation, which
+    /// itself did not time out).
+    QueuedTimeout,
     /// A collective call that disagrees with a peer's call.
     Mismatch,
     /// A peer rank that died or left the communicator.
@@ -108,7 +111,10 @@ pub fn report(api: &str, err: &EmuError) {
     } else {
         format!("[ascend-emu] {api}: {}", err.msg)
     };
-    eprintln!("{line}");
+    // A repeated aclInit is routine (callers treat it as success): not worth a log line.
+    if err.kind != ErrorKind::RepeatInit {
+        eprintln!("{line}");
+    }
     set_recent(&line);
 }
 

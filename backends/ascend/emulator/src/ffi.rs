@@ -33,7 +33,7 @@ pub fn acl_code(kind: ErrorKind) -> sys::aclError {
         BadAlloc => sys::ACL_ERROR_RT_MEMORY_ALLOCATION,
         Timeout => sys::ACL_ERROR_RT_STREAM_SYNC_TIMEOUT,
         NotSupported => sys::ACL_ERROR_FEATURE_UNSUPPORTED,
-        Mismatch | RemoteLost => sys::ACL_ERROR_FAILURE,
+        Mismatch | RemoteLost | QueuedTimeout => sys::ACL_ERROR_FAILURE,
         Internal => sys::ACL_ERROR_INTERNAL_ERROR,
     }
 }
@@ -47,7 +47,7 @@ pub fn nn_code(kind: ErrorKind) -> sys::aclnnStatus {
             ACLNN_ERR_PARAM_INVALID
         }
         Uninitialized | RepeatInit | ContextNull | WrongDevice | IllegalAddress | Race
-        | BadAlloc | Timeout | Mismatch | RemoteLost => ACLNN_ERR_RUNTIME_ERROR,
+        | BadAlloc | Timeout | QueuedTimeout | Mismatch | RemoteLost => ACLNN_ERR_RUNTIME_ERROR,
         Internal => ACLNN_ERR_INNER,
     }
 }
@@ -60,7 +60,7 @@ pub fn hccl_code(kind: ErrorKind) -> sys::HcclResult {
         InvalidParam | Mismatch | BadHandle | InvalidDevice | Workspace | BadExecutor => {
             sys::HCCL_E_PARA
         }
-        Timeout => sys::HCCL_E_TIMEOUT,
+        Timeout | QueuedTimeout => sys::HCCL_E_TIMEOUT,
         RemoteLost => sys::HCCL_E_REMOTE,
         NotSupported => sys::HCCL_E_NOT_SUPPORT,
         BadAlloc => sys::HCCL_E_MEMORY,

@@ -1,5 +1,12 @@
 //! HCCL exports (`libhccl.so`): communicators over the shared-memory transport
 //! ([`crate::shm`]) and collectives enqueued on streams ([`crate::collective`]).
+//!
+//! # Safety
+//!
+//! Every export is an `unsafe extern "C" fn` called from C: each pointer argument must be
+//! null or valid for the reads and writes the C API documents for it (`shardc_ascend_sys::sig`);
+//! handles are checked against the emulator's registries, so a stale one is an error code.
+#![allow(clippy::missing_safety_doc)]
 
 use crate::acl;
 use crate::collective::{self as coll, HType, ROp};

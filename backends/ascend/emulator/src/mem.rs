@@ -227,14 +227,12 @@ impl Engine {
                 "{api}: {size} bytes requested on device {device}, more than the emulated card has"
             );
         }
-        let mut v = Vec::new();
-        if v.try_reserve_exact(size as usize).is_err() {
+        let Some(v) = zeroed(size as usize) else {
             bail!(
                 BadAlloc,
                 "{api}: the host could not back {size} bytes for device {device}"
             );
-        }
-        v.resize(size as usize, 0u8);
+        };
         let base = self.next[device as usize];
         let next = (base + size + GAP).div_ceil(ALIGN) * ALIGN;
         if next >= device_base(device) + DEVICE_STRIDE {
@@ -338,7 +336,7 @@ impl Engine {
             let e = self.explain_missing(api, addr, &format!("access to {}", req.role));
             return Err(e);
         };
-        let end = addr.checked_add(req.len).unwrap_or(u64::MAX);
+        let end = addr.saturating_add(req.len);
         if end > base + a.size {
             bail!(
                 IllegalAddress,
@@ -504,6 +502,22 @@ impl Engine {
             }
         }
         Ok(out)
+    }
+}
+
+/// `n` zero bytes, or None when the host cannot allocate them. Large buffers come from
+/// `calloc`-like zeroed allocation, so untouched device memory costs no host pages.
+fn zeroed(n: usize) -> Option<Vec<u8>> {
+    let layout = std::alloc::Layout::array::<u8>(n).ok()?;
+    // SAFETY: `n` > 0 (checked by the caller); the pointer comes from the global allocator
+    // with this layout (alignment 1), so a Vec of capacity and length `n` may own it, and
+    // zeroed bytes are valid u8s.
+    unsafe {
+        let p = std::alloc::alloc_zeroed(layout);
+        if p.is_null() {
+            return None;
+        }
+        Some(Vec::from_raw_parts(p, n, n))
     }
 }
 

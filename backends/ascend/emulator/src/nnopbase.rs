@@ -1,4 +1,11 @@
 //! nnopbase exports (`libnnopbase.so`): the aclnn argument descriptors.
+//!
+//! # Safety
+//!
+//! Every export is an `unsafe extern "C" fn` called from C: each pointer argument must be
+//! null or valid for the reads and writes the C API documents for it (`shardc_ascend_sys::sig`);
+//! handles are checked against the emulator's registries, so a stale one is an error code.
+#![allow(clippy::missing_safety_doc)]
 
 use crate::dtype::DType;
 use crate::tensor::{self, Obj, Scalar, TensorDesc};
@@ -61,10 +68,10 @@ pub unsafe extern "C" fn aclCreateTensor(
             data: tensor_data as u64,
         };
         t.validate(api)?;
-        if !(-1..=2).contains(&format) && format != 3 && format != 4 {
+        if !(-1..=2).contains(&format) {
             bail!(
-                InvalidParam,
-                "{api}: aclFormat {format} is not a plain layout"
+                NotSupported,
+                "{api}: aclFormat {format} is not a plain layout (ND, NCHW, NHWC); the emulator has no private formats"
             );
         }
         Ok(tensor::put(Obj::Tensor(Arc::new(t))) as *mut aclTensor)

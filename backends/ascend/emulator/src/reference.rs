@@ -121,15 +121,22 @@ pub fn matmul(a: &[f32], ash: &[i64], b: &[f32], bsh: &[i64]) -> Vec<f32> {
     let b = expand(b, &b2, &bfull);
     let nb = numel(&batch);
     let mut out = vec![0f32; nb * m * n];
+    // Each output element is Σ_p a[i,p]·b[p,j] in increasing p, accumulated in f64 (the row
+    // is accumulated p-outer for the cache; the order per element is the same).
+    let mut acc = vec![0f64; n];
     for bi in 0..nb {
         let (ao, bo, oo) = (bi * m * k, bi * k * n, bi * m * n);
         for i in 0..m {
-            for j in 0..n {
-                let mut s = 0f64;
-                for p in 0..k {
-                    s += a[ao + i * k + p] as f64 * b[bo + p * n + j] as f64;
+            acc.iter_mut().for_each(|x| *x = 0.0);
+            for p in 0..k {
+                let av = a[ao + i * k + p] as f64;
+                let brow = &b[bo + p * n..bo + (p + 1) * n];
+                for (x, &bv) in acc.iter_mut().zip(brow) {
+                    *x += av * bv as f64;
                 }
-                out[oo + i * n + j] = s as f32;
+            }
+            for (o, &x) in out[oo + i * n..oo + (i + 1) * n].iter_mut().zip(&acc) {
+                *o = x as f32;
             }
         }
     }
@@ -680,7 +687,7 @@ impl Pool {
     }
 }
 
-/// Permutes `x` of shape `sh` by `perm` (output dim i is input dim perm[i]).
+/// Permutes `x` of shape `sh` by `perm` (output dim `i` is input dim `perm[i]`).
 pub fn permute(x: &[f32], sh: &[i64], perm: &[usize]) -> Vec<f32> {
     let cs = crate::tensor::contiguous_strides(sh);
     let dims: Vec<i64> = perm.iter().map(|&p| sh[p]).collect();

@@ -25,6 +25,9 @@ use std::time::{Duration, Instant};
 pub const SLOT: usize = 1 << 20;
 /// Bytes of each send / receive channel's slot.
 pub const PSLOT: usize = 256 << 10;
+/// How long a cycle of ranks each waiting to send to the next must make no progress before
+/// it is reported as a deadlock.
+const STUCK: Duration = Duration::from_secs(2);
 const MAGIC: u64 = 0x5348_4443_484d_5531; // "SHDCHMU1"
 const HEADER: usize = 4096;
 const RANK_BLOCK: usize = 256;
@@ -180,7 +183,9 @@ const R_PID: usize = 1;
 const R_STEP: usize = 2;
 const R_LEFT: usize = 3;
 const R_DESC: usize = 4; // 6 words
-                         // Channel words.
+/// 0, or 1 + the peer this rank waits to send to (for deadlock detection).
+const R_BLOCKED: usize = 12;
+// Channel words.
 const C_POSTED: usize = 0;
 const C_CONSUMED: usize = 1;
 const C_ERROR: usize = 2;
@@ -409,7 +414,10 @@ impl Segment {
         what: &str,
         mut ready: impl FnMut() -> bool,
         lagging: impl Fn() -> Vec<usize>,
+        mut stuck: impl FnMut() -> Option<(String, String)>,
     ) -> EmuResult<()> {
+        // The cycle (with its channels' counters) first seen, and when.
+        let mut first_stuck: Option<(String, Instant)> = None;
         let start = Instant::now();
         let limit = exec_timeout();
         let mut spins = 0u32;
@@ -418,30 +426,59 @@ impl Segment {
             if ready() {
                 return Ok(());
             }
-            if last_check.elapsed() > Duration::from_millis(20) || spins < 2 {
+            let timed = last_check.elapsed() > Duration::from_millis(20);
+            if timed || spins < 2 {
                 last_check = Instant::now();
+                // A wait cycle that makes no progress for STUCK is a deadlock.
+                if timed {
+                    match stuck() {
+                        Some((sig, msg)) => match &first_stuck {
+                            Some((s0, t0)) if *s0 == sig => {
+                                if t0.elapsed() >= STUCK && !ready() {
+                                    bail!(
+                                        Mismatch,
+                                        "{api}: rank {}: {msg}, during {what}",
+                                        self.rank
+                                    );
+                                }
+                            }
+                            _ => first_stuck = Some((sig, Instant::now())),
+                        },
+                        None => first_stuck = None,
+                    }
+                }
                 for r in lagging() {
                     let pid = self.rk(r, R_PID).load(Acquire);
-                    if !pid_alive(pid) {
+                    // Read once, before the re-check below: a peer may do its part and then
+                    // leave (or exit) between two looks, and its step, made before it left,
+                    // is visible once its leaving is.
+                    let left = self.rk(r, R_LEFT).load(Acquire);
+                    let alive = pid_alive(pid);
+                    if left == 0 && alive {
+                        continue;
+                    }
+                    if ready() {
+                        return Ok(());
+                    }
+                    if !alive {
                         bail!(
                             RemoteLost,
                             "{api}: rank {}: rank {r} (pid {pid}) is lost: its process is gone, during {what}",
                             self.rank
                         );
                     }
-                    match self.rk(r, R_LEFT).load(Acquire) {
-                        0 => {}
-                        1 => bail!(
+                    if left == 1 {
+                        bail!(
                             RemoteLost,
                             "{api}: rank {}: rank {r} destroyed its communicator, during {what}",
                             self.rank
-                        ),
-                        _ => bail!(
-                            RemoteLost,
-                            "{api}: rank {}: rank {r} failed an earlier call and left, during {what}",
-                            self.rank
-                        ),
+                        );
                     }
+                    bail!(
+                        RemoteLost,
+                        "{api}: rank {}: rank {r} failed an earlier call and left, during {what}",
+                        self.rank
+                    );
                 }
             }
             if start.elapsed() > limit {
@@ -487,6 +524,7 @@ impl Segment {
                     .filter(|&r| self.rk(r, R_STEP).load(Acquire) < me)
                     .collect()
             },
+            || None,
         )
     }
 
@@ -574,12 +612,65 @@ impl Segment {
         count: u64,
         data: &[u8],
     ) -> EmuResult<()> {
-        let mut l = self.local();
-        self.check_usable(api, &l)?;
-        l.sent[peer] += 1;
-        let seq = l.sent[peer];
+        // The lock is not held during the transfer: a batch sends and receives at once.
+        let seq = {
+            let mut l = self.local();
+            self.check_usable(api, &l)?;
+            let s = l
+                .sent
+                .get_mut(peer)
+                .ok_or_else(|| emu_err!(InvalidParam, "{api}: peer {peer}"))?;
+            *s += 1;
+            *s
+        };
         let r = self.send_inner(api, peer, [seq, dtype, count], data);
-        r.map_err(|e| self.fail(&mut l, e))
+        r.map_err(|e| self.fail(&mut self.local(), e))
+    }
+
+    /// When this rank waits to send and the ranks it waits for each wait to send to the next,
+    /// back to this rank, no one receives: returns a signature of the cycle (its ranks and
+    /// their channels' counters, to tell a stuck cycle from a passing one) and a message.
+    fn send_cycle(&self) -> Option<(String, String)> {
+        let mut path = vec![self.rank];
+        let mut cur = self.rank;
+        for _ in 0..self.n {
+            let b = self.rk(cur, R_BLOCKED).load(Acquire);
+            if b == 0 {
+                return None;
+            }
+            let next = (b - 1) as usize;
+            if next >= self.n {
+                return None;
+            }
+            if next == self.rank {
+                let mut sig = String::new();
+                for w in path.windows(2).chain(std::iter::once(&[cur, next][..])) {
+                    let (a, b) = (w[0], w[1]);
+                    sig += &format!(
+                        "{a}>{b}:{}/{} ",
+                        self.ch(a, b, C_POSTED).load(Acquire),
+                        self.ch(a, b, C_CONSUMED).load(Acquire)
+                    );
+                }
+                let ring: Vec<String> = path
+                    .iter()
+                    .chain(std::iter::once(&next))
+                    .map(|r| r.to_string())
+                    .collect();
+                let msg = format!(
+                    "deadlock: ranks {} each wait to send to the next and none receives (a message larger than one {} KiB chunk is not buffered; exchange with HcclBatchSendRecv)",
+                    ring.join(" → "),
+                    PSLOT >> 10
+                );
+                return Some((sig, msg));
+            }
+            if path.contains(&next) {
+                return None;
+            }
+            path.push(next);
+            cur = next;
+        }
+        None
     }
 
     fn send_inner(&self, api: &str, peer: usize, desc: [u64; 3], data: &[u8]) -> EmuResult<()> {
@@ -591,14 +682,20 @@ impl Segment {
         let free = |s: &Self| {
             s.ch(me, peer, C_CONSUMED).load(Acquire) >= s.ch(me, peer, C_POSTED).load(Acquire)
         };
-        let chunks = data.len().div_ceil(PSLOT);
-        for step in 0..=chunks {
-            self.wait(
+        // The descriptor travels with the first chunk, so a message of one chunk is buffered:
+        // the sender does not wait for the receiver (later chunks wait for the slot).
+        let chunks = data.len().div_ceil(PSLOT).max(1);
+        for step in 0..chunks {
+            self.rk(me, R_BLOCKED).store(peer as u64 + 1, Release);
+            let r = self.wait(
                 api,
                 &what,
                 || free(self),
                 || if free(self) { vec![] } else { vec![peer] },
-            )?;
+                || self.send_cycle(),
+            );
+            self.rk(me, R_BLOCKED).store(0, Release);
+            r?;
             if self.ch(me, peer, C_ERROR).load(Acquire) != 0 {
                 bail!(
                     Mismatch,
@@ -609,17 +706,12 @@ impl Segment {
                 for (i, w) in desc.iter().enumerate() {
                     self.ch(me, peer, C_DESC + i).store(*w, Release);
                 }
-            } else {
-                let part = &data[(step - 1) * PSLOT..(step * PSLOT).min(data.len())];
-                // SAFETY: the slot is free (consumed == posted) and only the sender writes it.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        part.as_ptr(),
-                        self.chan_data(me, peer),
-                        part.len(),
-                    )
-                };
             }
+            let part = &data[(step * PSLOT).min(data.len())..((step + 1) * PSLOT).min(data.len())];
+            // SAFETY: the slot is free (consumed == posted) and only the sender writes it.
+            unsafe {
+                std::ptr::copy_nonoverlapping(part.as_ptr(), self.chan_data(me, peer), part.len())
+            };
             self.ch(me, peer, C_POSTED).fetch_add(1, AcqRel);
         }
         Ok(())
@@ -634,12 +726,18 @@ impl Segment {
         count: u64,
         out: &mut [u8],
     ) -> EmuResult<()> {
-        let mut l = self.local();
-        self.check_usable(api, &l)?;
-        l.received[peer] += 1;
-        let seq = l.received[peer];
+        let seq = {
+            let mut l = self.local();
+            self.check_usable(api, &l)?;
+            let s = l
+                .received
+                .get_mut(peer)
+                .ok_or_else(|| emu_err!(InvalidParam, "{api}: peer {peer}"))?;
+            *s += 1;
+            *s
+        };
         let r = self.recv_inner(api, peer, [seq, dtype, count], out);
-        r.map_err(|e| self.fail(&mut l, e))
+        r.map_err(|e| self.fail(&mut self.local(), e))
     }
 
     fn recv_inner(&self, api: &str, peer: usize, desc: [u64; 3], out: &mut [u8]) -> EmuResult<()> {
@@ -654,13 +752,15 @@ impl Segment {
         let posted = |s: &Self| {
             s.ch(peer, me, C_POSTED).load(Acquire) > s.ch(peer, me, C_CONSUMED).load(Acquire)
         };
-        let chunks = out.len().div_ceil(PSLOT);
-        for step in 0..=chunks {
+        let total = out.len();
+        let chunks = total.div_ceil(PSLOT).max(1);
+        for step in 0..chunks {
             self.wait(
                 api,
                 &what,
                 || posted(self),
                 || if posted(self) { vec![] } else { vec![peer] },
+                || None,
             )?;
             if step == 0 {
                 let got: Vec<u64> = (0..3)
@@ -680,16 +780,14 @@ impl Segment {
                         got[1]
                     );
                 }
-            } else {
-                let total = out.len();
-                let part = &mut out[(step - 1) * PSLOT..(step * PSLOT).min(total)];
-                let len = part.len();
-                // SAFETY: the sender posted this chunk and will not touch the slot until we
-                // bump `consumed`.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(self.chan_data(peer, me), part.as_mut_ptr(), len)
-                };
             }
+            let part = &mut out[(step * PSLOT).min(total)..((step + 1) * PSLOT).min(total)];
+            let len = part.len();
+            // SAFETY: the sender posted this chunk and will not touch the slot until we bump
+            // `consumed`.
+            unsafe {
+                std::ptr::copy_nonoverlapping(self.chan_data(peer, me), part.as_mut_ptr(), len)
+            };
             self.ch(peer, me, C_CONSUMED).fetch_add(1, AcqRel);
         }
         Ok(())

@@ -28,13 +28,16 @@ struct Progress {
     error: Option<(EmuError, String)>,
 }
 
+/// One queued operation: its sequence number, its name and its work.
+type Item = (u64, &'static str, Work);
+
 /// An emulated stream: a worker thread with an in-order queue.
 pub struct Stream {
     /// Id of the stream (its index in the vector clocks).
     pub id: u32,
     /// The device it belongs to.
     pub device: i32,
-    tx: Mutex<Option<Sender<(u64, &'static str, Work)>>>,
+    tx: Mutex<Option<Sender<Item>>>,
     progress: Arc<(Mutex<Progress>, Condvar)>,
 }
 
@@ -55,7 +58,7 @@ impl Stream {
     pub fn create(device: i32) -> EmuResult<usize> {
         let id = engine().new_stream_clock();
         let progress: Arc<(Mutex<Progress>, Condvar)> = Arc::default();
-        let (tx, rx) = channel::<(u64, &'static str, Work)>();
+        let (tx, rx) = channel::<Item>();
         let p = progress.clone();
         std::thread::Builder::new()
             .name(format!("ascend-emu-stream-{id}"))
@@ -163,10 +166,7 @@ impl Stream {
         drop(g);
         engine().host_join(&vc);
         match err {
-            Some((e, line)) => {
-                crate::diag::set_recent(&line);
-                Err(EmuError::new(e.kind, format!("{api}: {line}")))
-            }
+            Some((e, line)) => Err(queued_error(api, e, &line)),
             None => Ok(()),
         }
     }
@@ -185,6 +185,18 @@ impl Stream {
             g = cv.wait(g).unwrap_or_else(|e| e.into_inner());
         }
     }
+}
+
+/// The error a synchronisation returns for failed queued work `e` (logged as `line`).
+fn queued_error(api: &str, e: EmuError, line: &str) -> EmuError {
+    let kind = match e.kind {
+        ErrorKind::Timeout => ErrorKind::QueuedTimeout,
+        k => k,
+    };
+    EmuError::new(
+        kind,
+        format!("{api}: {}", line.trim_start_matches("[ascend-emu] ")),
+    )
 }
 
 /// Every live stream (for device-wide synchronisation).
@@ -339,8 +351,7 @@ impl Event {
             drop(g);
             engine().host_join(&vc);
             if let Some((e, line)) = err {
-                crate::diag::set_recent(&line);
-                return Err(EmuError::new(e.kind, format!("{api}: {line}")));
+                return Err(queued_error(api, e, &line));
             }
         }
         Ok(())

@@ -1,5 +1,6 @@
 //! Every aclnn op of the emulator against a tiny hand-computed case, through the exported
 //! two-phase functions (GetWorkspaceSize, then the launch on a stream).
+#![allow(clippy::macro_metavars_in_unsafe)]
 
 mod common;
 
@@ -7,7 +8,6 @@ use common::*;
 use shardc_ascend_emulator::aclnn::*;
 use shardc_ascend_emulator::ffi::ACLNN_ERR_PARAM_INVALID;
 use shardc_ascend_sys as sys;
-use std::ffi::c_void;
 
 const E: f32 = 1e-6;
 
@@ -839,11 +839,78 @@ fn a_workspace_aliasing_live_data_corrupts_it() {
     let w = malloc(size as usize);
     let keep = vec![1u8; size as usize];
     h2d(w, &keep);
-    assert_eq!(
-        unsafe { aclnnMatmul(w as *mut c_void, size, ex, std::ptr::null_mut()) },
-        0
-    );
+    assert_eq!(unsafe { aclnnMatmul(w, size, ex, std::ptr::null_mut()) }, 0);
     sync();
     assert_ne!(d2h(w, size as usize), keep);
     close(&o.f32(), &[7., 10., 15., 22.], E);
+}
+
+#[test]
+fn dilation_divisor_override_and_bf16() {
+    setup(0);
+    let x = dev(&[1., 2., 3., 4., 5., 6., 7., 8., 9.], &[1, 1, 3, 3]);
+    let w = dev(&[1., 0., 0., 1.], &[1, 1, 2, 2]);
+    let o = zeros(&[1, 1, 1, 1]);
+    run_op!(
+        aclnnConvolution,
+        aclnnConvolutionGetWorkspaceSize(
+            x.t,
+            w.t,
+            std::ptr::null(),
+            ints(&[1, 1]),
+            ints(&[0, 0]),
+            ints(&[2, 2]),
+            false,
+            ints(&[0, 0]),
+            1,
+            o.t,
+            0
+        )
+    );
+    close(&o.f32(), &[10.], E);
+    let mi = zeros_of(&[1, 1, 1, 1], sys::ACL_INT32);
+    run_op!(
+        aclnnMaxPool2dWithIndices,
+        aclnnMaxPool2dWithIndicesGetWorkspaceSize(
+            x.t,
+            ints(&[2, 2]),
+            ints(&[1, 1]),
+            ints(&[0, 0]),
+            ints(&[2, 2]),
+            false,
+            o.t,
+            mi.t
+        )
+    );
+    close(&o.f32(), &[9.], E);
+    assert_eq!(mi.i32(), vec![8]);
+    let x2 = dev(&[1., 2., 3., 4.], &[1, 1, 2, 2]);
+    run_op!(
+        aclnnAvgPool2d,
+        aclnnAvgPool2dGetWorkspaceSize(
+            x2.t,
+            ints(&[2, 2]),
+            ints(&[2, 2]),
+            ints(&[0, 0]),
+            false,
+            true,
+            2,
+            0,
+            o.t
+        )
+    );
+    close(&o.f32(), &[5.], E);
+    let a = dev(&[1.0, -2.5, 3.140_625], &[3]);
+    let b = zeros_of(&[3], sys::ACL_BF16);
+    run_op!(
+        aclnnCast,
+        aclnnCastGetWorkspaceSize(a.t, sys::ACL_BF16, b.t)
+    );
+    assert_eq!(&b.raw()[..2], &0x3f80u16.to_le_bytes());
+    let back = zeros(&[3]);
+    run_op!(
+        aclnnCast,
+        aclnnCastGetWorkspaceSize(b.t, sys::ACL_FLOAT, back.t)
+    );
+    close(&back.f32(), &[1.0, -2.5, 3.140_625], 0.0);
 }

@@ -1,5 +1,6 @@
 //! The AscendCL runtime of the emulator: init, devices, memory misuse, streams, events,
 //! timeouts and asynchronous errors, each through the exported C functions.
+#![allow(clippy::macro_metavars_in_unsafe)]
 
 mod common;
 
@@ -412,7 +413,7 @@ fn one_stream_runs_in_order() {
 #[test]
 fn a_stream_that_has_not_drained_times_out() {
     setup(5);
-    let (a, b, c) = busy(320);
+    let (a, b, c) = busy(384);
     let s = stream();
     launch_matmul(&a, &b, &c, s);
     launch_matmul(&a, &b, &c, s);
@@ -677,4 +678,22 @@ fn a_strided_write_then_read_on_another_stream_needs_an_event() {
         assert_eq!(aclrtSynchronizeStream(s3), 0);
         assert_eq!(d2h(q, 16), [lo, hi].concat());
     }
+}
+
+#[test]
+fn device_memory_is_bounded_and_nonempty() {
+    setup(0);
+    let mut p = null_mut();
+    assert_eq!(
+        unsafe { aclrtMalloc(&mut p, 65 << 30, 0) },
+        sys::ACL_ERROR_RT_MEMORY_ALLOCATION
+    );
+    assert_eq!(
+        unsafe { aclrtMalloc(&mut p, 0, 0) },
+        sys::ACL_ERROR_INVALID_PARAM
+    );
+    assert_eq!(
+        unsafe { aclrtMalloc(&mut p, 16, 7) },
+        sys::ACL_ERROR_INVALID_PARAM
+    );
 }

@@ -208,3 +208,23 @@ impl<'a> OpCall<'a> {
             .ok_or_else(|| self.err(format!("axis {axis} is out of range for rank {rank}")))
     }
 }
+
+/// The reason a node with these tensors cannot run as Float32 aclnn math, if it cannot.
+pub(crate) fn not_f32(call: &OpCall<'_>) -> Option<String> {
+    let tensors = call
+        .inputs
+        .iter()
+        .filter_map(|v| match v {
+            Val::Tensor { ty, .. } => Some(ty.dtype),
+            Val::Const(_) => None,
+        })
+        .chain(call.outputs.iter().map(|(_, t)| t.dtype));
+    for d in tensors {
+        if d != DType::Float32 {
+            return Some(format!(
+                "{d} tensors: the aclnn lowering computes in Float32 only"
+            ));
+        }
+    }
+    None
+}

@@ -2,8 +2,7 @@
 //! node's temporaries: the softmax cross-entropies and the optimizer updates (MindSpore's
 //! formulas, as the CPU backend computes them).
 
-use super::call::{host, Lowered, OpCall};
-use super::not_f32;
+use super::call::{host, not_f32, Lowered, OpCall};
 use crate::aclnn::{self, TensorDesc};
 use crate::error::AscendResult;
 use shardc_ir::{DType, TensorType};
@@ -422,5 +421,142 @@ pub(super) fn adam(call: &OpCall<'_>) -> AscendResult<Lowered> {
     o.add(&t1, &deps, &t2)?;
     o.div(&t0, &t2, &t1)?;
     o.sub(&var, &t1, &dvar)?;
+    Ok(Lowered::Device)
+}
+
+/// Operand `i`'s number on the host: a constant's value, or a one-element tensor downloaded.
+fn host_scalar(call: &OpCall<'_>, i: usize) -> AscendResult<f64> {
+    match call.inputs.get(i) {
+        Some(super::call::Val::Const(c)) => c
+            .as_f64()
+            .ok_or_else(|| call.err(format!("operand {i} must be a number, got {c:?}"))),
+        Some(super::call::Val::Tensor { ptr, ty }) if ty.num_elements() == 1 => {
+            let mut bytes = vec![0u8; ty.size_bytes()];
+            call.dev.download(*ptr, &mut bytes)?;
+            Ok(shardc_runtime::Tensor::from_le_bytes(ty, &bytes)
+                .data
+                .get_f64(0))
+        }
+        _ => Err(call.err(format!(
+            "operand {i} must be a number or a one-element tensor"
+        ))),
+    }
+}
+
+/// `SGD(parameters, gradient, learning_rate, accum, momentum, stat)` -> `(parameters',
+/// accum', stat')`, MindSpore's SGD kernel as the CPU runs it: `g = grad + weight_decay ·
+/// param` (when weight_decay > 0); with momentum > 0, where `stat > 0` `accum = g, stat = 0`,
+/// elsewhere `accum = accum · momentum + (1 - dampening) · g` (the choice is a 0/1 mask,
+/// `Relu(stat) == 0`, blended exactly); `g = nesterov ? g + accum · momentum : accum`;
+/// `param = param - lr · g`. The momentum's value decides the branch on the host (a tensor
+/// operand is downloaded).
+pub(super) fn sgd(call: &OpCall<'_>) -> AscendResult<Lowered> {
+    if let Some(why) = not_f32(call) {
+        return host(why);
+    }
+    let ops = same_type(call, &[0, 1, 3, 5])?;
+    let ty = ops[0].1.clone();
+    let dtype = ty.dtype;
+    let mom_v = host_scalar(call, 4)?;
+    let damp = call.node.attrs.float_or("dampening", 0.0);
+    let wd = call.node.attrs.float_or("weight_decay", 0.0);
+    let nesterov = call.node.attrs.bool_or("nesterov", false);
+    let (p_out, tp) = call.out(0)?;
+    let (a_out, ta) = call.out(1)?;
+    let (s_out, ts) = call.out(2)?;
+    let bytes = ty.size_bytes();
+    let n = ty.num_elements();
+    // t0..t4 full; lr, mom, d, 1 - d, zero, scratch scalars; a bool mask.
+    let mut sizes = vec![bytes; 5];
+    sizes.extend([8; 6]);
+    sizes.push(n);
+    let t = call.temps(&sizes)?;
+    let lr = call.scalar_tensor(2, dtype, t[5])?;
+    let mom = call.scalar_tensor(4, dtype, t[6])?;
+    let o = Ops { call, dtype };
+    let full = |p: u64| call.desc(p, &ty);
+    let s0 = |p: u64| call.desc_shape(p, dtype, &[]);
+    let (param, grad, accum, stat) = (
+        full(ops[0].0)?,
+        full(ops[1].0)?,
+        full(ops[2].0)?,
+        full(ops[3].0)?,
+    );
+    let (t0, t1, t2, t3, t4) = (
+        full(t[0])?,
+        full(t[1])?,
+        full(t[2])?,
+        full(t[3])?,
+        full(t[4])?,
+    );
+    let (dlr, dmom) = (s0(lr)?, s0(mom)?);
+    let (dp, da, ds) = (
+        call.desc(p_out, tp)?,
+        call.desc(a_out, ta)?,
+        call.desc(s_out, ts)?,
+    );
+    if mom_v <= 0.0 && wd <= 0.0 {
+        o.mul(&dlr, &grad, &t0)?;
+        o.sub(&param, &t0, &dp)?;
+        call.dev.copy(a_out, ops[2].0, bytes)?;
+        call.dev.copy(s_out, ops[3].0, bytes)?;
+        return Ok(Lowered::Device);
+    }
+    // g (with weight decay) in t1, or the gradient itself.
+    let g = if wd > 0.0 {
+        o.muls(&param, wd, &t0)?;
+        o.add(&grad, &t0, &t1)?;
+        &t1
+    } else {
+        &grad
+    };
+    // The step's g in t4 (or the accumulation's output).
+    let step_g: &TensorDesc = if mom_v > 0.0 {
+        // mask (1 where stat <= 0: the momentum branch) in t0, 1 - mask in t2.
+        let (zero, dval, omd, sc) = (s0(t[7])?, s0(t[8])?, s0(t[9])?, s0(t[10])?);
+        call.fill(t[7], dtype, &[], 0.0)?;
+        call.fill(t[8], dtype, &[], damp)?;
+        o.one_minus(&dval, &sc, &omd)?;
+        let mask_b = call.desc_shape(t[11], DType::Bool, &ty.shape)?;
+        crate::aclnn!(
+            &call.runner(),
+            aclnnRelu,
+            aclnnReluGetWorkspaceSize(stat.ptr(), t3.ptr())
+        )?;
+        crate::aclnn!(
+            &call.runner(),
+            aclnnEqTensor,
+            aclnnEqTensorGetWorkspaceSize(t3.ptr(), zero.ptr(), mask_b.ptr())
+        )?;
+        crate::aclnn!(
+            &call.runner(),
+            aclnnCast,
+            aclnnCastGetWorkspaceSize(mask_b.ptr(), aclnn::acl_dtype(dtype), t0.ptr())
+        )?;
+        o.one_minus(&t0, &t3, &t2)?;
+        // accum' = mask · (accum · mom + (1 - d) · g) + (1 - mask) · g
+        o.mul(&accum, &dmom, &t3)?;
+        o.mul(&omd, g, &t4)?;
+        let blended = call.desc(p_out, tp)?; // scratch: the parameter's output comes last
+        o.add(&t3, &t4, &blended)?;
+        o.mul(&t0, &blended, &t3)?;
+        o.mul(&t2, g, &t4)?;
+        o.add(&t3, &t4, &da)?;
+        // stat' = mask · stat
+        o.mul(&t0, &stat, &ds)?;
+        if nesterov {
+            o.mul(&da, &dmom, &t3)?;
+            o.add(g, &t3, &t4)?;
+            &t4
+        } else {
+            &da
+        }
+    } else {
+        call.dev.copy(a_out, ops[2].0, bytes)?;
+        call.dev.copy(s_out, ops[3].0, bytes)?;
+        g
+    };
+    o.mul(&dlr, step_g, &t0)?;
+    o.sub(&param, &t0, &dp)?;
     Ok(Lowered::Device)
 }

@@ -1,6 +1,6 @@
 //! Each op of a rank's graph as aclnn operators on the compute stream.
 //!
-//! [`lower`] either runs a node on the device or answers [`Lowered::Host`] with the reason,
+//! `lower` either runs a node on the device or answers `Lowered::Host` with the reason,
 //! without issuing anything, when no aclnn lowering covers the node as typed (an op listed in
 //! [`HOST_FALLBACKS`], a dtype other than Float32 for the float math, an attribute case an
 //! aclnn operator cannot express): the executor then runs the host backend's kernel on copies,
@@ -14,12 +14,14 @@ use crate::error::AscendResult;
 use shardc_ascend_sys as sys;
 use shardc_ir::{DType, OpKind};
 
+mod batch_norm;
 mod call;
 mod compose;
+mod conv;
 
-pub(crate) use call::{host, Lowered, OpCall, Val};
+pub(crate) use call::{host, not_f32, Lowered, OpCall, Val};
 
-/// The ops the Ascend lowering runs on the host, each with the reason: [`lower`] answers
+/// The ops the Ascend lowering runs on the host, each with the reason: `lower` answers
 /// `Lowered::Host(reason)` for them (the executor runs the host backend's kernel on copies,
 /// or runs the op itself). [`has_kernel`] is false exactly for these ops.
 pub const HOST_FALLBACKS: &[(OpKind, &str)] = &[
@@ -62,74 +64,6 @@ pub const HOST_FALLBACKS: &[(OpKind, &str)] = &[
     (
         OpKind::Dropout,
         "its mask is shardc's counter-based hash of (seeds, step, index) (ir::dropout), which no aclnn operator draws",
-    ),
-    (
-        OpKind::SGD,
-        "MindSpore's SGD chooses per element on `stat` (its first step copies the gradient into accum); the aclnn set used here has no per-element select",
-    ),
-    (
-        OpKind::StridedSlice,
-        "begin/end clamping and the masks are the CPU kernel's; not lowered to aclnn views yet",
-    ),
-    (
-        OpKind::StridedSliceGrad,
-        "the scatter into zeros of StridedSlice's views is not lowered to aclnn yet",
-    ),
-    (
-        OpKind::UnsortedSegmentSum,
-        "negative segment ids are dropped (MindSpore) and split tables skip ids outside their block, which aclnnIndexAdd cannot express",
-    ),
-    (
-        OpKind::Conv2D,
-        "MindSpore's pad modes (`same` pads asymmetrically) are not lowered to aclnnConvolution yet",
-    ),
-    (
-        OpKind::Conv2DBackpropInput,
-        "not lowered to aclnnConvolutionBackward yet (Conv2D's pad modes)",
-    ),
-    (
-        OpKind::Conv2DBackpropFilter,
-        "not lowered to aclnnConvolutionBackward yet (Conv2D's pad modes)",
-    ),
-    (
-        OpKind::MaxPool,
-        "MindSpore's `same` pad mode pads asymmetrically; not lowered to aclnnMaxPool2dWithIndices yet",
-    ),
-    (
-        OpKind::AvgPool,
-        "MindSpore's AvgPool excludes padding and pads `same` asymmetrically; not lowered to aclnnAvgPool2d yet",
-    ),
-    (
-        OpKind::MaxPoolGrad,
-        "not lowered to aclnnMaxPool2dWithIndicesBackward yet (MaxPool's pad modes)",
-    ),
-    (
-        OpKind::AvgPoolGrad,
-        "not lowered to aclnnAvgPool2dBackward yet (AvgPool's pad modes)",
-    ),
-    (
-        OpKind::BatchNorm,
-        "MindSpore's BatchNorm returns the unbiased batch variance and updates no running statistics itself; not lowered to aclnnBatchNorm yet",
-    ),
-    (
-        OpKind::BatchNormGrad,
-        "not lowered to aclnnBatchNormBackward yet",
-    ),
-    (
-        OpKind::BNTrainingReduce,
-        "synchronised BatchNorm's partial sums are not lowered to aclnn yet",
-    ),
-    (
-        OpKind::BNTrainingUpdate,
-        "synchronised BatchNorm's update is not lowered to aclnn yet",
-    ),
-    (
-        OpKind::BNTrainingUpdateGrad,
-        "synchronised BatchNorm's gradient sums are not lowered to aclnn yet",
-    ),
-    (
-        OpKind::BNTrainingReduceGrad,
-        "synchronised BatchNorm's input gradient is not lowered to aclnn yet",
     ),
 ];
 
@@ -176,10 +110,18 @@ fn route(op: OpKind) -> Route {
         ApplyMomentum => Kernel(compose::apply_momentum),
         ApplyGradientDescent => Kernel(compose::apply_gradient_descent),
         Adam => Kernel(compose::adam),
-        Dropout | SGD | StridedSlice | StridedSliceGrad | UnsortedSegmentSum | Conv2D
-        | Conv2DBackpropInput | Conv2DBackpropFilter | MaxPool | AvgPool | MaxPoolGrad
-        | AvgPoolGrad | BatchNorm | BatchNormGrad | BNTrainingReduce | BNTrainingUpdate
-        | BNTrainingUpdateGrad | BNTrainingReduceGrad => Host,
+        Conv2D | Conv2DBackpropInput | Conv2DBackpropFilter => Kernel(conv::conv),
+        MaxPool | AvgPool | MaxPoolGrad | AvgPoolGrad => Kernel(conv::pool),
+        BatchNorm => Kernel(batch_norm::batch_norm),
+        BatchNormGrad => Kernel(batch_norm::batch_norm_grad),
+        StridedSlice | StridedSliceGrad => Kernel(strided_slice),
+        UnsortedSegmentSum => Kernel(unsorted_segment_sum),
+        BNTrainingReduce => Kernel(batch_norm::bn_training_reduce),
+        BNTrainingUpdate => Kernel(batch_norm::bn_training_update),
+        BNTrainingUpdateGrad => Kernel(batch_norm::bn_training_update_grad),
+        BNTrainingReduceGrad => Kernel(batch_norm::bn_training_reduce_grad),
+        SGD => Kernel(compose::sgd),
+        Dropout => Host,
         TupleGetItem | Assign | AllReduce | AllGather | ReduceScatter | AllToAll | Broadcast
         | Send | Receive => Host,
     }
@@ -206,26 +148,6 @@ pub(crate) fn lower(call: &OpCall<'_>) -> AscendResult<Lowered> {
         Route::Kernel(f) => f(call),
         Route::Host => host(host_fallback(op).unwrap_or("no aclnn lowering")),
     }
-}
-
-/// The reason a node with these tensors cannot run as Float32 aclnn math, if it cannot.
-fn not_f32(call: &OpCall<'_>) -> Option<String> {
-    let tensors = call
-        .inputs
-        .iter()
-        .filter_map(|v| match v {
-            Val::Tensor { ty, .. } => Some(ty.dtype),
-            Val::Const(_) => None,
-        })
-        .chain(call.outputs.iter().map(|(_, t)| t.dtype));
-    for d in tensors {
-        if d != DType::Float32 {
-            return Some(format!(
-                "{d} tensors: the aclnn lowering computes in Float32 only"
-            ));
-        }
-    }
-    None
 }
 
 macro_rules! f32_or_host {
@@ -739,6 +661,136 @@ fn split(call: &OpCall<'_>) -> AscendResult<Lowered> {
         }
         at += ty.shape[axis] as i64;
     }
+    Ok(Lowered::Device)
+}
+
+/// `StridedSlice(x, begin, end, strides)` (a strided view of x copied out) and
+/// `StridedSliceGrad(dy, shape, begin, end, strides)` (zeros with dy copied into the view), the
+/// elements the CPU's `slice_spec` names.
+fn strided_slice(call: &OpCall<'_>) -> AscendResult<Lowered> {
+    let grad = call.node.op == OpKind::StridedSliceGrad;
+    let (a, ta) = call.tensor(0)?;
+    let (y, ty) = call.out(0)?;
+    let consts = |i: usize| -> AscendResult<Vec<i64>> {
+        call.constant(i)?
+            .as_ints()
+            .ok_or_else(|| call.err(format!("operand {i} must be constant integers")))
+    };
+    let k = usize::from(grad);
+    let (begin, end, steps) = (consts(1 + k)?, consts(2 + k)?, consts(3 + k)?);
+    for m in [
+        "begin_mask",
+        "end_mask",
+        "ellipsis_mask",
+        "new_axis_mask",
+        "shrink_axis_mask",
+    ] {
+        if call.node.attrs.int_or(m, 0) != 0 {
+            return host(format!("a non-zero {m}"));
+        }
+    }
+    let full = if grad { &ty.shape } else { &ta.shape };
+    let spec =
+        shardc_ir::geometry::slice_spec(full, &begin, &end, &steps).map_err(|e| call.err(e))?;
+    let own = contiguous_strides(full);
+    let shape: Vec<usize> = spec.iter().map(|s| s.2).collect();
+    let strides: Vec<i64> = spec
+        .iter()
+        .zip(&own)
+        .map(|(s, &o)| o * s.1 as i64)
+        .collect();
+    let offset: i64 = spec.iter().zip(&own).map(|(s, &o)| o * s.0 as i64).sum();
+    if grad {
+        call.dev.zero(y, ty.size_bytes())?;
+    }
+    if shape.iter().product::<usize>() == 0 {
+        return Ok(Lowered::Device);
+    }
+    let r = call.runner();
+    if grad {
+        let dst = call.view(y, ty.dtype, &shape, &strides, offset)?;
+        let src = call.desc_shape(a, ta.dtype, &shape)?;
+        crate::aclnn!(
+            &r,
+            aclnnInplaceCopy,
+            aclnnInplaceCopyGetWorkspaceSize(dst.ptr(), src.ptr())
+        )?;
+    } else {
+        let src = call.view(a, ta.dtype, &shape, &strides, offset)?;
+        let dst = call.desc_shape(y, ty.dtype, &shape)?;
+        crate::aclnn!(
+            &r,
+            aclnnInplaceCopy,
+            aclnnInplaceCopyGetWorkspaceSize(dst.ptr(), src.ptr())
+        )?;
+    }
+    Ok(Lowered::Device)
+}
+
+/// `UnsortedSegmentSum(x, segment_ids, num_segments)`: `aclnnIndexAdd` of x's rows (ids
+/// flattened, x seen as `(ids, rest)`) into zeros, rows added in index order as on the CPU.
+/// The ids are checked on the host first: one not below `num_segments` is an error naming
+/// its position (as on the CPU); negative ids (which MindSpore drops) and blocks of a split
+/// result (`global_shape`) run on the host.
+fn unsorted_segment_sum(call: &OpCall<'_>) -> AscendResult<Lowered> {
+    if call.node.attrs.get("global_shape").is_some() {
+        return host("a block of a split result (global_shape/offset): ids outside the block are skipped, which aclnnIndexAdd cannot express");
+    }
+    let (x, tx) = call.tensor(0)?;
+    let (ids, tids) = call.tensor(1)?;
+    let (y, ty) = call.out(0)?;
+    if tx.dtype != DType::Float32 || ty.dtype != DType::Float32 {
+        return host("only Float32 sums run through aclnn");
+    }
+    if !matches!(tids.dtype, DType::Int32 | DType::Int64) {
+        return host(format!("{} segment ids", tids.dtype));
+    }
+    let num = call
+        .constant(2)?
+        .as_int()
+        .ok_or_else(|| call.err("num_segments must be a constant integer"))?;
+    let k = tids.shape.len();
+    if tx.shape.len() < k || tx.shape[..k] != tids.shape[..] {
+        return Err(call.err(format!(
+            "segment_ids shape {:?} is not a prefix of x's shape {:?}",
+            tids.shape, tx.shape
+        )));
+    }
+    let mut bytes = vec![0u8; tids.size_bytes()];
+    call.dev.download(ids, &mut bytes)?;
+    let t = shardc_runtime::Tensor::from_le_bytes(tids, &bytes);
+    for i in 0..tids.num_elements() {
+        let v = t.data.get_f64(i) as i64;
+        if v >= num {
+            return Err(call.err(format!(
+                "segment id {v} (position {i}) is not below num_segments {num}"
+            )));
+        }
+        if v < 0 {
+            return host("negative segment ids (dropped, as MindSpore's)");
+        }
+    }
+    call.dev.zero(y, ty.size_bytes())?;
+    let n = tids.num_elements();
+    if n == 0 || ty.num_elements() == 0 {
+        return Ok(Lowered::Device);
+    }
+    let mut rows = vec![n];
+    rows.extend_from_slice(&tx.shape[k..]);
+    let tmp = call.temps(&[ty.size_bytes()])?;
+    call.dev.zero(tmp[0], ty.size_bytes())?;
+    let (dzero, dsrc, didx, dy) = (
+        call.desc(tmp[0], ty)?,
+        call.desc_shape(x, tx.dtype, &rows)?,
+        call.desc_shape(ids, tids.dtype, &[n])?,
+        call.desc(y, ty)?,
+    );
+    let one = aclnn::scalar(call.api(), 1.0, ty.dtype)?;
+    crate::aclnn!(
+        &call.runner(),
+        aclnnIndexAdd,
+        aclnnIndexAddGetWorkspaceSize(dzero.ptr(), 0, didx.ptr(), dsrc.ptr(), one.ptr(), dy.ptr())
+    )?;
     Ok(Lowered::Device)
 }
 

@@ -766,7 +766,8 @@ Nn {
     /// channel, `gradWeight = Σ gradOut·xhat`, `gradBias = Σ gradOut`, `gradInput =
     /// weight·saveInvstd/M · (M·gradOut - gradBias - xhat·gradWeight)`. Not `training`: uses
     /// the running statistics, `gradInput = gradOut·weight/√(runningVar + eps)`.
-    /// `outputMask` (3 bools) selects the outputs.
+    /// `outputMask` (3 bools) selects the outputs. When `training`, `runningMean` and
+    /// `runningVar` are not read and may be null (shardc passes null).
     op aclnnBatchNormBackward, aclnnBatchNormBackwardGetWorkspaceSize(gradOut: *const aclTensor, input: *const aclTensor, weight: *const aclTensor, runningMean: *const aclTensor, runningVar: *const aclTensor, saveMean: *const aclTensor, saveInvstd: *const aclTensor, training: bool, eps: f64, outputMask: *const aclBoolArray, gradInput: *mut aclTensor, gradWeight: *mut aclTensor, gradBias: *mut aclTensor);
     /// `aclnnConvolution` (`conv/convolution_forward/op_host/op_api/aclnn_convolution.h`):
     /// 2-d cross-correlation, NCHW input `[N, Cin, H, W]`, weight `[Cout, Cin/groups, kh,
