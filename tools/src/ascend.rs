@@ -132,10 +132,11 @@ fn in_process_executors(a: &RunArgs, art: &Artifact) -> Result<Vec<AscendExecuto
 }
 
 /// A rank's executor on its NPU, as a training program needs it (`Model` with
-/// `device_target="Ascend"`): the NPU `device_id`, else as
-/// [`shardc_runtime::cluster::npu_of_rank`] maps the rank; collectives through HCCL
-/// bootstrapped over `comm` when `hccl` and there are several ranks, else staged through
-/// `comm`.
+/// `device_target="Ascend"`, a cluster rank): NPU `device_id`, else as
+/// [`shardc_runtime::cluster::npu_of_rank`] maps the rank (`DEVICE_ID`, the rank table, the
+/// local rank); collectives through HCCL bootstrapped over `comm` when `hccl` and there are
+/// several ranks (all ranks agree first: [`shardc_backend_ascend::executor::ascend_executor`]),
+/// else staged through `comm`.
 pub fn ascend_executor(
     device_id: Option<usize>,
     graph: Graph,
@@ -145,15 +146,9 @@ pub fn ascend_executor(
     local_rank: Option<usize>,
 ) -> Result<AscendExecutor> {
     let rank = comm.as_ref().map_or(0, |c| c.rank());
-    let dev = open(npu_for(device_id, rank, local_rank)?)?;
-    Ok(match comm {
-        Some(c) if hccl && c.size() > 1 => {
-            let h = HcclComm::new(dev.clone(), c).map_err(|e| anyhow!("rank {rank}: HCCL: {e}"))?;
-            AscendExecutor::with_hccl(graph, dev, host, Arc::new(h))?
-        }
-        Some(c) => AscendExecutor::with_communicator(graph, dev, host, c)?,
-        None => AscendExecutor::new(graph, dev, host)?,
-    })
+    let id = npu_for(device_id, rank, local_rank)?;
+    shardc_backend_ascend::executor::ascend_executor(graph, host, comm, hccl, Some(id), local_rank)
+        .map_err(|e| anyhow!("--device-target Ascend: rank {rank}: {e}"))
 }
 
 /// One rank of a cluster on its NPU.
@@ -182,7 +177,7 @@ pub fn train_rank(
         eprintln!(
             "{size} ranks on {}, collectives {}",
             exec.device().description(),
-            if hccl && size > 1 {
+            if exec.uses_hccl() {
                 "through HCCL"
             } else {
                 "staged through the cluster's communicator"

@@ -289,6 +289,12 @@ impl AscendExecutor {
         &self.plan
     }
 
+    /// Whether the graph's collectives run through HCCL on device memory (else they are
+    /// staged through the host, or there are none).
+    pub fn uses_hccl(&self) -> bool {
+        self.comm.native().is_some()
+    }
+
     /// What ran where so far.
     pub fn stats(&self) -> &AscendStats {
         &self.stats
