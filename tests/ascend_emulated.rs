@@ -86,5 +86,8 @@ fn lenet_trains_as_on_the_cpu_with_convolutions_on_the_device() {
 #[test]
 fn a_small_resnet18_with_batch_norm_trains_as_on_the_cpu() {
     let s = compare(train(small_resnet18(2), momentum()), 2, 1e-4, true);
-    assert!(!s.contains("host:"), "convolutions, BatchNorms and pools on the device: {s}");
+    assert!(
+        !s.contains("host:"),
+        "convolutions, BatchNorms and pools on the device: {s}"
+    );
 }
