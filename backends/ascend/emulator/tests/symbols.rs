@@ -7,16 +7,10 @@ use shardc_ascend_sys::{self as sys, sig, Library, OpDomain};
 use std::ffi::{c_void, CString};
 use std::path::PathBuf;
 
+/// The built cdylib (`target/<profile>/` when this package is built alone, `deps/` when the
+/// workspace is).
 fn cdylib() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().unwrap().parent().unwrap();
-    let p = dir.join("libshardc_ascend_emulator.so");
-    assert!(
-        p.exists(),
-        "the emulator cdylib {} was not built",
-        p.display()
-    );
-    p
+    shardc_ascend_emulator::install::built_library().unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn open(path: &std::path::Path) -> *mut c_void {
