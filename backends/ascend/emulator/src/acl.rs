@@ -541,12 +541,13 @@ pub unsafe extern "C" fn aclrtGetMemInfo(
     })
 }
 
-/// `aclrtGetSocName`: `Ascend910B1`, or null before
+/// `aclrtGetSocName`: `Ascend910B1-emulated` (a real SoC name with a suffix, so that what a
+/// user reads, `shardc device info` included, says it is the emulator), or null before
 /// `aclInit`.
 #[no_mangle]
 pub unsafe extern "C" fn aclrtGetSocName() -> *const c_char {
     if INITIALIZED.load(Ordering::Acquire) {
-        c"Ascend910B1".as_ptr()
+        c"Ascend910B1-emulated".as_ptr()
     } else {
         std::ptr::null()
     }
