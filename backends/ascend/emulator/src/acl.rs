@@ -402,15 +402,20 @@ pub unsafe extern "C" fn aclrtMemcpy(
         let res = engine().access(api, "aclrtMemcpy", &Accessor::Host, dev, &reqs)?;
         let mut it = res.into_iter();
         let bytes = match se {
-            End::Device => mem::read_bytes(&it.next().expect("src")),
+            End::Device => mem::read_bytes(&region(it.next(), api, "src")?),
             End::Host => std::slice::from_raw_parts(src as *const u8, count).to_vec(),
         };
         match de {
-            End::Device => mem::write_bytes(&it.next().expect("dst"), &bytes),
+            End::Device => mem::write_bytes(&region(it.next(), api, "dst")?, &bytes),
             End::Host => std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst as *mut u8, count),
         }
         Ok(())
     })
+}
+
+/// The resolved region of a copy's device side (`which`: src or dst), as the checks made it.
+fn region(r: Option<mem::Resolved>, api: &str, which: &str) -> EmuResult<mem::Resolved> {
+    r.ok_or_else(|| crate::emu_err!(Internal, "{api}: the {which} region was not resolved"))
 }
 
 /// A host pointer that queued work may use (the caller keeps it valid until the stream is
@@ -450,14 +455,14 @@ pub unsafe extern "C" fn aclrtMemcpyAsync(
                 let hd = hd;
                 let mut it = res.into_iter();
                 let bytes = match se {
-                    End::Device => mem::read_bytes(&it.next().expect("src")),
+                    End::Device => mem::read_bytes(&region(it.next(), "aclrtMemcpyAsync", "src")?),
                     // SAFETY: the caller keeps the host source valid until synchronisation.
                     End::Host => unsafe {
                         std::slice::from_raw_parts(hs.0 as *const u8, count).to_vec()
                     },
                 };
                 match de {
-                    End::Device => mem::write_bytes(&it.next().expect("dst"), &bytes),
+                    End::Device => mem::write_bytes(&region(it.next(), api, "dst")?, &bytes),
                     // SAFETY: as above, for the host destination.
                     End::Host => unsafe {
                         std::ptr::copy_nonoverlapping(bytes.as_ptr(), hd.0 as *mut u8, count)

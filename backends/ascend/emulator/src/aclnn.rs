@@ -1018,7 +1018,10 @@ aclnnBatchNorm, aclnnBatchNormGetWorkspaceSize(input: *const aclTensor, weight: 
         let (mean, var) = if training {
             r::channel_stats(&xv, n, c, hw)
         } else {
-            (rma.as_ref().expect("eval").f64(res), rva.as_ref().expect("eval").f64(res))
+            match (&rma, &rva) {
+                (Some(m), Some(v)) => (m.f64(res), v.f64(res)),
+                _ => return Err(crate::emu_err!(Internal, "aclnnBatchNorm: inference without running statistics")),
+            }
         };
         let inv: Vec<f64> = var.iter().map(|v| 1.0 / (v + eps).sqrt()).collect();
         let mut out = vec![0f32; xv.len()];
@@ -1079,9 +1082,15 @@ aclnnBatchNormBackward, aclnnBatchNormBackwardGetWorkspaceSize(gradOut: *const a
     let (ga, xa) = (p.input(&g, "gradOut"), p.input(&x, "input"));
     let wa = w.as_ref().map(|t| p.input(t, "weight"));
     let (mA, iA) = if training {
-        (p.input(sm.as_ref().expect("checked"), "saveMean"), p.input(si.as_ref().expect("checked"), "saveInvstd"))
+        let (Some(sm), Some(si)) = (&sm, &si) else {
+            bail!(NullPtr, "{api}: training needs saveMean and saveInvstd");
+        };
+        (p.input(sm, "saveMean"), p.input(si, "saveInvstd"))
     } else {
-        (p.input(rm.as_ref().expect("checked"), "runningMean"), p.input(rv.as_ref().expect("checked"), "runningVar"))
+        let (Some(rm), Some(rv)) = (&rm, &rv) else {
+            bail!(NullPtr, "{api}: inference needs runningMean and runningVar");
+        };
+        (p.input(rm, "runningMean"), p.input(rv, "runningVar"))
     };
     let gia = gi.as_ref().map(|t| p.output(t, "gradInput"));
     let gwa = gw.as_ref().map(|t| p.output(t, "gradWeight"));

@@ -101,8 +101,8 @@ macro_rules! fold_int {
     ($t:ty, $acc:expr, $x:expr, $op:expr) => {{
         const S: usize = std::mem::size_of::<$t>();
         for (a, b) in $acc.chunks_exact_mut(S).zip($x.chunks_exact(S)) {
-            let p = <$t>::from_le_bytes(a.try_into().unwrap());
-            let q = <$t>::from_le_bytes(b.try_into().unwrap());
+            let p = <$t>::from_le_bytes(crate::dtype::bytes(a));
+            let q = <$t>::from_le_bytes(crate::dtype::bytes(b));
             let r = match $op {
                 ROp::Sum => p.wrapping_add(q),
                 ROp::Prod => p.wrapping_mul(q),
@@ -146,15 +146,15 @@ pub fn fold(t: HType, op: ROp, acc: &mut [u8], x: &[u8]) {
         HType::U64 => fold_int!(u64, acc, x, op),
         HType::F32 => {
             for (a, b) in acc.chunks_exact_mut(4).zip(x.chunks_exact(4)) {
-                let p = f32::from_le_bytes(a.try_into().unwrap());
-                let q = f32::from_le_bytes(b.try_into().unwrap());
+                let p = f32::from_le_bytes(crate::dtype::bytes(a));
+                let q = f32::from_le_bytes(crate::dtype::bytes(b));
                 a.copy_from_slice(&f32op(op, p, q).to_le_bytes());
             }
         }
         HType::F64 => {
             for (a, b) in acc.chunks_exact_mut(8).zip(x.chunks_exact(8)) {
-                let p = f64::from_le_bytes(a.try_into().unwrap());
-                let q = f64::from_le_bytes(b.try_into().unwrap());
+                let p = f64::from_le_bytes(crate::dtype::bytes(a));
+                let q = f64::from_le_bytes(crate::dtype::bytes(b));
                 a.copy_from_slice(&f(op, p, q).to_le_bytes());
             }
         }

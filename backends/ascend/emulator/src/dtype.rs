@@ -101,16 +101,16 @@ impl DType {
     pub fn load(self, b: &[u8], i: usize) -> f64 {
         let o = i * self.size();
         match self {
-            DType::F32 => f32::from_le_bytes(b[o..o + 4].try_into().unwrap()) as f64,
-            DType::F64 => f64::from_le_bytes(b[o..o + 8].try_into().unwrap()),
+            DType::F32 => f32::from_le_bytes(bytes(&b[o..o + 4])) as f64,
+            DType::F64 => f64::from_le_bytes(bytes(&b[o..o + 8])),
             DType::F16 => f16_to_f32(u16::from_le_bytes([b[o], b[o + 1]])) as f64,
             DType::Bf16 => bf16_to_f32(u16::from_le_bytes([b[o], b[o + 1]])) as f64,
             DType::I8 => b[o] as i8 as f64,
             DType::U8 => b[o] as f64,
             DType::Bool => (b[o] != 0) as u8 as f64,
             DType::I16 => i16::from_le_bytes([b[o], b[o + 1]]) as f64,
-            DType::I32 => i32::from_le_bytes(b[o..o + 4].try_into().unwrap()) as f64,
-            DType::I64 => i64::from_le_bytes(b[o..o + 8].try_into().unwrap()) as f64,
+            DType::I32 => i32::from_le_bytes(bytes(&b[o..o + 4])) as f64,
+            DType::I64 => i64::from_le_bytes(bytes(&b[o..o + 8])) as f64,
         }
     }
 
@@ -118,8 +118,8 @@ impl DType {
     pub fn load_i64(self, b: &[u8], i: usize) -> i64 {
         let o = i * self.size();
         match self {
-            DType::I64 => i64::from_le_bytes(b[o..o + 8].try_into().unwrap()),
-            DType::I32 => i32::from_le_bytes(b[o..o + 4].try_into().unwrap()) as i64,
+            DType::I64 => i64::from_le_bytes(bytes(&b[o..o + 8])),
+            DType::I32 => i32::from_le_bytes(bytes(&b[o..o + 4])) as i64,
             _ => self.load(b, i) as i64,
         }
     }
@@ -227,6 +227,13 @@ pub fn f32_to_bf16(f: f32) -> u16 {
     }
     let r = x.wrapping_add(0x7fff + ((x >> 16) & 1));
     (r >> 16) as u16
+}
+
+/// The first `N` bytes of `b` as an array (for `from_le_bytes`); `b` holds at least `N`.
+pub fn bytes<const N: usize>(b: &[u8]) -> [u8; N] {
+    let mut a = [0u8; N];
+    a.copy_from_slice(&b[..N]);
+    a
 }
 
 #[cfg(test)]

@@ -380,8 +380,8 @@ impl Engine {
     }
 
     /// Starts an operation on stream `id`: bumps its sequence number, joins the host's clock,
-    /// and returns the operation's accessor.
-    pub fn begin_op(&mut self, id: u32) -> Accessor {
+    /// and returns the operation's sequence number and vector clock.
+    pub fn begin_op(&mut self, id: u32) -> (u64, Vc) {
         let host = self.host.clone();
         let s = &mut self.streams[id as usize];
         s.seq += 1;
@@ -390,11 +390,7 @@ impl Engine {
             s.vc.resize(id as usize + 1, 0);
         }
         s.vc[id as usize] = s.seq;
-        Accessor::Stream {
-            stream: id,
-            seq: s.seq,
-            vc: s.vc.clone(),
-        }
+        (s.seq, s.vc.clone())
     }
 
     /// The clock of stream `id` at its latest operation (what an event recorded now captures,
@@ -437,7 +433,12 @@ impl Engine {
             if res.len == 0 {
                 continue;
             }
-            let a = self.live.get_mut(&base).expect("resolved");
+            let Some(a) = self.live.get_mut(&base) else {
+                bail!(
+                    Internal,
+                    "{api}: allocation {base:#x} vanished while checking {what}"
+                );
+            };
             a.records.retain(|x| !seen(&host, x.stream, x.seq));
             let lo = res.offset as u64;
             let hi = lo + res.len as u64;
@@ -485,7 +486,12 @@ impl Engine {
                 }
                 let lo = res.offset as u64;
                 let hi = lo + res.len as u64;
-                let a = self.live.get_mut(&base).expect("resolved");
+                let Some(a) = self.live.get_mut(&base) else {
+                    bail!(
+                        Internal,
+                        "{api}: allocation {base:#x} vanished while checking {what}"
+                    );
+                };
                 // A newer access of the same stream covering an older one supersedes it
                 // (same-stream order), as long as it is at least as strong.
                 a.records.retain(|x| {

@@ -172,17 +172,21 @@ pub fn launch(
     let s = acl::stream_or_default(op, stream_h)?;
     let ex = {
         let mut m = execs();
-        match m.get(&exec) {
+        match m.remove(&exec) {
             None => bail!(
                 BadExecutor,
                 "{op}: executor {exec:#x} is not live (already launched, or never made by {op}GetWorkspaceSize)"
             ),
-            Some(e) if e.op != op => bail!(
-                BadExecutor,
-                "{op}: executor {exec:#x} was made by {}GetWorkspaceSize, not {op}GetWorkspaceSize",
-                e.op
-            ),
-            Some(_) => m.remove(&exec).expect("present"),
+            Some(e) if e.op != op => {
+                let made_by = e.op;
+                // Still live for its own launch.
+                m.insert(exec, e);
+                bail!(
+                    BadExecutor,
+                    "{op}: executor {exec:#x} was made by {made_by}GetWorkspaceSize, not {op}GetWorkspaceSize"
+                )
+            }
+            Some(e) => e,
         }
     };
     let need = ex.plan.workspace;
@@ -209,8 +213,11 @@ pub fn launch(
     stream::submit(op, op, &s, &reqs, move |res| {
         Box::new(move || {
             if need > 0 {
-                let w = res.last().expect("workspace");
-                crate::mem::write_bytes(w, &vec![SCRIBBLE; w.len]);
+                // The workspace is the last region asked for: scribbled over, as a card leaves
+                // it, so an op that reads it before writing computes garbage.
+                if let Some(w) = res.last() {
+                    crate::mem::write_bytes(w, &vec![SCRIBBLE; w.len]);
+                }
             }
             run(&res)
         })

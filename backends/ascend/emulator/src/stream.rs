@@ -279,9 +279,7 @@ impl Event {
             );
         }
         let mut e = engine();
-        let Accessor::Stream { seq, vc, .. } = e.begin_op(stream.id) else {
-            unreachable!()
-        };
+        let (seq, vc) = e.begin_op(stream.id);
         stream.push(seq, "aclrtRecordEvent", Box::new(|| Ok(())))?;
         drop(e);
         let mut st = lock(&self.state);
@@ -303,9 +301,7 @@ impl Event {
         };
         let mut e = engine();
         e.stream_join(stream.id, &vc);
-        let Accessor::Stream { seq, .. } = e.begin_op(stream.id) else {
-            unreachable!()
-        };
+        let (seq, _) = e.begin_op(stream.id);
         let _ = api;
         stream.push(
             seq,
@@ -378,11 +374,13 @@ pub fn submit(
     build: impl FnOnce(Vec<crate::mem::Resolved>) -> Work,
 ) -> EmuResult<()> {
     let mut e = engine();
-    let who = e.begin_op(stream.id);
-    let res = e.access(api, what, &who, Some(stream.device), reqs)?;
-    let Accessor::Stream { seq, .. } = who else {
-        unreachable!()
+    let (seq, vc) = e.begin_op(stream.id);
+    let who = Accessor::Stream {
+        stream: stream.id,
+        seq,
+        vc,
     };
+    let res = e.access(api, what, &who, Some(stream.device), reqs)?;
     stream.push(seq, what, build(res))
 }
 

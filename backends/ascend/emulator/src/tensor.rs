@@ -178,7 +178,7 @@ impl TensorDesc {
         if self.dtype == DType::F32 {
             return r.data.with(|b| {
                 let b = &b[r.offset..r.offset + r.len];
-                let load = |o: usize| f32::from_le_bytes(b[o * 4..o * 4 + 4].try_into().unwrap());
+                let load = |o: usize| f32::from_le_bytes(crate::dtype::bytes(&b[o * 4..o * 4 + 4]));
                 if self.is_contiguous() {
                     (0..self.numel()).map(load).collect()
                 } else {
