@@ -1005,15 +1005,6 @@ pub fn ascend_executor(
 /// that another rank has one), or None: they must decide alike, or the ones that join HCCL
 /// wait for the others. Every rank must call it at the same point.
 pub fn why_not_hccl(comm: &dyn Communicator, mine: Option<String>) -> AscendResult<Option<String>> {
-    let world: Vec<usize> = (0..comm.size()).collect();
-    let mut flag = Tensor::from_i32(vec![1], vec![i32::from(mine.is_some())])
-        .ok_or_else(|| AscendError::Other("a flag tensor".into()))?;
-    comm.all_reduce(&world, shardc_ir::ReduceOp::Max, &mut flag)
-        .map_err(|e| AscendError::Other(format!("agreeing on HCCL: {e}")))?;
-    let any = matches!(&flag.data, shardc_runtime::Data::I32(v) if v.first() == Some(&1));
-    Ok(match (any, mine) {
-        (_, Some(why)) => Some(why),
-        (true, None) => Some("another rank of the job cannot load HCCL".into()),
-        (false, None) => None,
-    })
+    shardc_runtime::comm::why_not_all(comm, mine, "another rank of the job cannot load HCCL")
+        .map_err(|e| AscendError::Other(format!("agreeing on HCCL: {e}")))
 }

@@ -652,69 +652,6 @@ impl HcclComm {
         }
     }
 
-    /// Whether every member of `group` calls `collective` with the same input type and
-    /// parameters, compared over the bootstrap (HCCL itself cannot tell).
-    fn agree(
-        &self,
-        collective: Collective,
-        group: &[usize],
-        input: Option<&TensorType>,
-        params: &[i64],
-    ) -> Result<(), CommError> {
-        if group.len() < 2 {
-            return Ok(());
-        }
-        const WORDS: usize = 16;
-        let mut d = vec![collective as i64, params.len() as i64];
-        d.extend_from_slice(params);
-        if let Some(t) = input {
-            d.push(t.dtype as i64);
-            d.push(t.shape.len() as i64);
-            d.extend(t.shape.iter().map(|&x| x as i64));
-        }
-        if d.len() > WORDS {
-            let h = d[WORDS - 1..]
-                .iter()
-                .fold(0xcbf2_9ce4_8422_2325u64, |h, &w| {
-                    (h ^ w as u64).wrapping_mul(0x0100_0000_01b3)
-                });
-            d.truncate(WORDS - 1);
-            d.push(h as i64);
-        }
-        d.resize(WORDS, -1);
-        let mine = Tensor::from_i64(vec![1, WORDS], d.clone()).ok_or_else(|| {
-            CommError::InvalidArgument {
-                collective,
-                group: group.to_vec(),
-                rank: self.rank,
-                reason: "cannot describe the call".into(),
-            }
-        })?;
-        let all = self.bootstrap.all_gather(group, 0, &mine)?;
-        let shardc_runtime::Data::I64(words) = &all.data else {
-            return Ok(());
-        };
-        let differing: Vec<usize> = words
-            .chunks(WORDS)
-            .zip(group)
-            .filter(|(w, _)| *w != d.as_slice())
-            .map(|(_, &r)| r)
-            .collect();
-        if differing.is_empty() {
-            return Ok(());
-        }
-        Err(CommError::Mismatch {
-            collective,
-            group: group.to_vec(),
-            rank: self.rank,
-            reason: format!(
-                "rank {} calls it with {}, ranks {differing:?} with another type or parameters",
-                self.rank,
-                input.map_or("no input".to_string(), |t| t.to_string())
-            ),
-        })
-    }
-
     /// Stages a host collective through device memory.
     fn staged(
         &self,
@@ -725,19 +662,13 @@ impl HcclComm {
         out_ty: TensorType,
     ) -> Result<Tensor, CommError> {
         check_group(collective, group, self.rank, self.size)?;
-        let params: Vec<i64> = match &call {
-            CommCall::AllReduce { op, .. } => vec![*op as i64],
-            CommCall::Broadcast { root, .. } => vec![*root as i64],
-            CommCall::AllGather { axis, .. } => vec![*axis as i64],
-            CommCall::ReduceScatter { op, axis, .. } => vec![*op as i64, *axis as i64],
-            CommCall::AllToAll {
-                split_dim,
-                concat_dim,
-                ..
-            } => vec![*split_dim as i64, *concat_dim as i64],
-            CommCall::Send { .. } | CommCall::Receive { .. } => Vec::new(),
-        };
-        self.agree(collective, group, input.map(Tensor::ty).as_ref(), &params)?;
+        shardc_runtime::comm::agree_on_call(
+            self.bootstrap.as_ref(),
+            collective,
+            group,
+            input.map(Tensor::ty).as_ref(),
+            &call.params(),
+        )?;
         let fail = |e: AscendError| CommError::Transport {
             collective,
             group: group.to_vec(),

@@ -272,6 +272,101 @@ pub trait Communicator: Send + Sync {
     }
 }
 
+/// Whether every rank of `comm`'s world can take a path (a device communicator: NCCL, HCCL),
+/// given this rank's own obstacle `mine`: they must all decide alike, or the ones that take
+/// it wait for the others for ever. None where all can; else why not (this rank's reason, or
+/// `another`: what to say when only other ranks have one). Every rank must call it, at the
+/// same point.
+pub fn why_not_all(
+    comm: &dyn Communicator,
+    mine: Option<String>,
+    another: &str,
+) -> Result<Option<String>, CommError> {
+    let world: Vec<usize> = (0..comm.size()).collect();
+    let mut flag = Tensor::from_i32(vec![1], vec![i32::from(mine.is_some())]).ok_or_else(|| {
+        CommError::InvalidArgument {
+            collective: Collective::AllReduce,
+            group: world.clone(),
+            rank: comm.rank(),
+            reason: "cannot make the flag tensor".into(),
+        }
+    })?;
+    comm.all_reduce(&world, ReduceOp::Max, &mut flag)?;
+    let any = matches!(&flag.data, crate::tensor::Data::I32(v) if v.first() == Some(&1));
+    Ok(match (any, mine) {
+        (_, Some(why)) => Some(why),
+        (true, None) => Some(another.to_string()),
+        (false, None) => None,
+    })
+}
+
+/// Whether every member of `group` calls `collective` with the same input type and
+/// parameters (`params`: the call's attributes, [`crate::executor::CommCall::params`]),
+/// compared over `bootstrap`: a device library (NCCL, HCCL) cannot tell a disagreement and
+/// would hang or read past a buffer. For host-staged calls of a device communicator, no hot
+/// path (an executor's own collectives come from one compiled graph and skip this). The
+/// error names the ranks whose call differs.
+pub fn agree_on_call(
+    bootstrap: &dyn Communicator,
+    collective: Collective,
+    group: &[usize],
+    input: Option<&TensorType>,
+    params: &[i64],
+) -> Result<(), CommError> {
+    if group.len() < 2 {
+        return Ok(());
+    }
+    let rank = bootstrap.rank();
+    const WORDS: usize = 16;
+    let mut d = vec![collective as i64, params.len() as i64];
+    d.extend_from_slice(params);
+    if let Some(t) = input {
+        d.push(t.dtype as i64);
+        d.push(t.shape.len() as i64);
+        d.extend(t.shape.iter().map(|&x| x as i64));
+    }
+    if d.len() > WORDS {
+        // Too many dims to compare in one descriptor: a hash of the rest in the last word.
+        let h = d[WORDS - 1..]
+            .iter()
+            .fold(0xcbf2_9ce4_8422_2325u64, |h, &w| {
+                (h ^ w as u64).wrapping_mul(0x0100_0000_01b3)
+            });
+        d.truncate(WORDS - 1);
+        d.push(h as i64);
+    }
+    d.resize(WORDS, -1);
+    let mine =
+        Tensor::from_i64(vec![1, WORDS], d.clone()).ok_or_else(|| CommError::InvalidArgument {
+            collective,
+            group: group.to_vec(),
+            rank,
+            reason: "cannot describe the call".into(),
+        })?;
+    let all = bootstrap.all_gather(group, 0, &mine)?;
+    let crate::tensor::Data::I64(words) = &all.data else {
+        return Ok(());
+    };
+    let differing: Vec<usize> = words
+        .chunks(WORDS)
+        .zip(group)
+        .filter(|(w, _)| *w != d.as_slice())
+        .map(|(_, &r)| r)
+        .collect();
+    if differing.is_empty() {
+        return Ok(());
+    }
+    Err(CommError::Mismatch {
+        collective,
+        group: group.to_vec(),
+        rank,
+        reason: format!(
+            "rank {rank} calls it with {}, ranks {differing:?} with another type or parameters",
+            input.map_or("no input".to_string(), |t| t.to_string())
+        ),
+    })
+}
+
 /// Checks a group: non-empty, strictly ascending, inside a world of `size`, holding `rank`.
 pub fn check_group(
     collective: Collective,

@@ -70,6 +70,25 @@ pub enum CommCall {
     },
 }
 
+impl CommCall {
+    /// The call's attributes as numbers (reduction, axes, root), what every member must
+    /// agree on besides the input type ([`crate::comm::agree_on_call`]).
+    pub fn params(&self) -> Vec<i64> {
+        match self {
+            CommCall::AllReduce { op, .. } => vec![*op as i64],
+            CommCall::Broadcast { root, .. } => vec![*root as i64],
+            CommCall::AllGather { axis, .. } => vec![*axis as i64],
+            CommCall::ReduceScatter { op, axis, .. } => vec![*op as i64, *axis as i64],
+            CommCall::AllToAll {
+                split_dim,
+                concat_dim,
+                ..
+            } => vec![*split_dim as i64, *concat_dim as i64],
+            CommCall::Send { .. } | CommCall::Receive { .. } => Vec::new(),
+        }
+    }
+}
+
 /// Why a communication node failed: in the communicator, or before reaching it.
 #[derive(Debug)]
 pub enum CommFailure {
