@@ -6,18 +6,10 @@ use crate::diag::{report, EmuError, EmuResult, ErrorKind};
 use shardc_ascend_sys as sys;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-/// `ACLNN_ERR_PARAM_NULLPTR = 161001` (`aclnn/aclnn_base.h`; not in shardc-ascend-sys).
-pub const ACLNN_ERR_PARAM_NULLPTR: sys::aclnnStatus = 161001;
-/// `ACLNN_ERR_PARAM_INVALID = 161002` (`aclnn/aclnn_base.h`; not in shardc-ascend-sys).
-pub const ACLNN_ERR_PARAM_INVALID: sys::aclnnStatus = 161002;
-/// `ACLNN_ERR_RUNTIME_ERROR = 361001` (`aclnn/aclnn_base.h`): a runtime call under the op
-/// failed (here: an illegal device address, a race, a buffer of another device).
-pub const ACLNN_ERR_RUNTIME_ERROR: sys::aclnnStatus = 361001;
-/// `ACLNN_ERR_INNER = 561000` (`aclnn/aclnn_base.h`): an internal error.
-pub const ACLNN_ERR_INNER: sys::aclnnStatus = 561000;
-/// `ACL_ERROR_RT_CONTEXT_NULL = 107002` (`rt_error_codes.h`; not in shardc-ascend-sys): no
-/// current device/context on the calling thread.
-pub const ACL_ERROR_RT_CONTEXT_NULL: sys::aclError = 107002;
+pub use sys::{
+    ACLNN_ERR_INNER, ACLNN_ERR_PARAM_INVALID, ACLNN_ERR_PARAM_NULLPTR, ACLNN_ERR_RUNTIME_ERROR,
+    ACL_ERROR_RT_CONTEXT_NULL,
+};
 
 /// The aclError AscendCL returns for `kind`.
 pub fn acl_code(kind: ErrorKind) -> sys::aclError {

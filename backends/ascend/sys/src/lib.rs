@@ -20,8 +20,10 @@
 //! # ABI rules (the emulator's spec)
 //!
 //! - **Status codes.** AscendCL calls return [`aclError`] ([`ACL_SUCCESS`] = 0), nnopbase and
-//!   aclnn calls return [`aclnnStatus`] (0 = success, any other value is an error: the
-//!   emulator uses [`ACL_ERROR_INVALID_PARAM`] for a bad argument), HCCL calls return
+//!   aclnn calls return [`aclnnStatus`] (0 = success, any other value is an error:
+//!   [`ACLNN_ERR_PARAM_NULLPTR`] for a null argument, [`ACLNN_ERR_PARAM_INVALID`] for a bad
+//!   shape, dtype or attribute, [`ACLNN_ERR_RUNTIME_ERROR`] for a failed runtime call under
+//!   the op; the backend treats any nonzero status as an error), HCCL calls return
 //!   [`HcclResult`] ([`HCCL_SUCCESS`] = 0). C enums are passed as `int` (`i32`): every enum
 //!   here is an `i32` type alias with its values as constants, so an unknown value crossing the
 //!   boundary is an error code, never undefined behaviour.
@@ -205,6 +207,25 @@ pub const ACL_ERROR_FAILURE: aclError = 500001;
 pub const ACL_ERROR_RT_PARAM_INVALID: aclError = 107000;
 /// `#define ACL_ERROR_RT_MEMORY_ALLOCATION 207001` (`rt_error_codes.h`): device out of memory.
 pub const ACL_ERROR_RT_MEMORY_ALLOCATION: aclError = 207001;
+/// `#define ACL_ERROR_RT_CONTEXT_NULL 107002` (`rt_error_codes.h`): no current device or
+/// context on the calling thread.
+pub const ACL_ERROR_RT_CONTEXT_NULL: aclError = 107002;
+
+/// `ACLNN_ERR_PARAM_NULLPTR = 161001` (CANN's aclnn error codes, `aclnn/aclnn_base.h`): a
+/// required argument is null.
+pub const ACLNN_ERR_PARAM_NULLPTR: aclnnStatus = 161001;
+
+/// `ACLNN_ERR_PARAM_INVALID = 161002` (`aclnn/aclnn_base.h`): a shape, dtype or attribute the
+/// operator does not accept.
+pub const ACLNN_ERR_PARAM_INVALID: aclnnStatus = 161002;
+
+/// `ACLNN_ERR_RUNTIME_ERROR = 361001` (`aclnn/aclnn_base.h`): a runtime call under the
+/// operator failed.
+pub const ACLNN_ERR_RUNTIME_ERROR: aclnnStatus = 361001;
+
+/// `ACLNN_ERR_INNER = 561000` (`aclnn/aclnn_base.h`): an internal error of the operator.
+pub const ACLNN_ERR_INNER: aclnnStatus = 561000;
+
 /// `#define ACL_ERROR_RT_STREAM_SYNC_TIMEOUT 507046` (`rt_error_codes.h`): returned by
 /// `aclrtSynchronizeStreamWithTimeout` when the stream has not drained in time.
 pub const ACL_ERROR_RT_STREAM_SYNC_TIMEOUT: aclError = 507046;
