@@ -8,10 +8,10 @@
 mod ascend_common;
 
 mod cli_common;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-use cli_common::{free_port, losses, same_losses, text};
+use cli_common::{compile_quickstart, free_port, losses, same_losses, text, tmp};
 
 /// `shardc ARGS` with the emulated CANN findable.
 fn shardc_cmd(args: &[&str]) -> Command {
@@ -29,27 +29,6 @@ fn shardc(args: &[&str]) -> Output {
     shardc_cmd(args).output().expect("the shardc binary runs")
 }
 
-fn tmp(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("shardc-ascend-cli-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
-}
-
-fn model() -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("models/quickstart.ir")
-        .display()
-        .to_string()
-}
-
-fn compile(art: &Path, extra: &[&str]) {
-    let m = model();
-    let mut args = vec!["compile", m.as_str(), "-o", art.to_str().unwrap()];
-    args.extend_from_slice(extra);
-    let c = shardc(&args);
-    assert!(c.status.success(), "{}", text(&c));
-}
-
 /// `shardc run ART --steps N` on the CPU: the reference losses.
 fn cpu_losses(art: &Path, steps: &str) -> Vec<f64> {
     let o = shardc(&["run", art.to_str().unwrap(), "--steps", steps]);
@@ -63,9 +42,9 @@ fn without_cann_the_ascend_target_fails_naming_the_library_and_how_to_find_it() 
         eprintln!("SKIP: this machine has CANN");
         return;
     }
-    let dir = tmp("nocann");
+    let dir = tmp("ascend-cli", "nocann");
     let art = dir.join("art");
-    compile(&art, &[]);
+    compile_quickstart(&art, &[]);
     let empty = dir.join("empty");
     std::fs::create_dir_all(&empty).unwrap();
     let run = |args: &[&str]| {
@@ -138,15 +117,15 @@ fn run_ascend(art: &Path, steps: &str, extra: &[&str]) -> Output {
 
 #[test]
 fn one_npu_and_eight_in_process_ranks_with_hccl_train_as_the_cpu() {
-    let dir = tmp("inproc");
+    let dir = tmp("ascend-cli", "inproc");
     let one = dir.join("one");
-    compile(&one, &[]);
+    compile_quickstart(&one, &[]);
     let o = run_ascend(&one, "4", &["--stats"]);
     assert!(o.status.success(), "{}", text(&o));
     same_losses(&cpu_losses(&one, "4"), &losses(&text(&o)), "one NPU");
 
     let eight = dir.join("eight");
-    compile(
+    compile_quickstart(
         &eight,
         &["--device-num", "8", "--parallel-mode", "semi_auto_parallel"],
     );
@@ -181,9 +160,9 @@ fn launch_ascend(workers: usize, log: &Path, art: &Path, steps: &str, extra: &[&
 
 #[test]
 fn eight_launched_workers_with_hccl_print_the_cpu_losses() {
-    let dir = tmp("launch");
+    let dir = tmp("ascend-cli", "launch");
     let eight = dir.join("eight");
-    compile(
+    compile_quickstart(
         &eight,
         &["--device-num", "8", "--parallel-mode", "semi_auto_parallel"],
     );
@@ -209,9 +188,9 @@ fn eight_launched_workers_with_hccl_print_the_cpu_losses() {
 /// runs the scheduler on its table server, every rank takes the table's NPU.
 #[test]
 fn processes_started_from_a_rank_table_train_as_the_cpu() {
-    let dir = tmp("table");
+    let dir = tmp("ascend-cli", "table");
     let art = dir.join("art");
-    compile(
+    compile_quickstart(
         &art,
         &["--device-num", "2", "--parallel-mode", "data_parallel"],
     );
@@ -270,9 +249,9 @@ fn processes_started_from_a_rank_table_train_as_the_cpu() {
 
 #[test]
 fn a_killed_hccl_worker_ends_the_job_naming_its_rank() {
-    let dir = tmp("kill");
+    let dir = tmp("ascend-cli", "kill");
     let art = dir.join("art");
-    compile(
+    compile_quickstart(
         &art,
         &["--device-num", "4", "--parallel-mode", "data_parallel"],
     );

@@ -4,40 +4,16 @@
 //! cluster of worker processes under `shardc launch`.
 
 mod cli_common;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-use cli_common::{free_port, losses, same_losses, text};
+use cli_common::{compile_quickstart, free_port, losses, same_losses, text, tmp};
 
 fn shardc(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_shardc"))
         .args(args)
         .output()
         .expect("the shardc binary runs")
-}
-
-fn tmp(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("shardc-gpu-cli-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
-}
-
-fn model() -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("models/quickstart.ir")
-        .display()
-        .to_string()
-}
-
-fn compile(art: &Path, extra: &[&str]) {
-    let mut args = vec!["compile", &model_leak(), "-o", art.to_str().unwrap()];
-    args.extend_from_slice(extra);
-    let c = shardc(&args);
-    assert!(c.status.success(), "{}", text(&c));
-}
-
-fn model_leak() -> &'static str {
-    Box::leak(model().into_boxed_str())
 }
 
 /// Whether the emulated GPU can be built here (a C++20 compiler).
@@ -63,9 +39,9 @@ fn without_cuda_the_gpu_target_fails_with_the_missing_library() {
         eprintln!("SKIP: this machine has a CUDA driver");
         return;
     }
-    let dir = tmp("nocuda");
+    let dir = tmp("gpu-cli", "nocuda");
     let art = dir.join("art");
-    compile(&art, &[]);
+    compile_quickstart(&art, &[]);
     let o = shardc(&[
         "run",
         art.to_str().unwrap(),
@@ -112,9 +88,9 @@ fn the_emulated_gpu_trains_one_device_and_in_process_ranks_as_the_cpu() {
     if !emulator_available() {
         return;
     }
-    let dir = tmp("emulated");
+    let dir = tmp("gpu-cli", "emulated");
     let one = dir.join("one");
-    compile(&one, &[]);
+    compile_quickstart(&one, &[]);
     let cpu = shardc(&["run", one.to_str().unwrap(), "--steps", "4"]);
     let gpu = run_emulated(&one, "4", &["--stats"]);
     assert!(gpu.status.success(), "{}", text(&gpu));
@@ -126,7 +102,7 @@ fn the_emulated_gpu_trains_one_device_and_in_process_ranks_as_the_cpu() {
     same_losses(&losses(&text(&cpu)), &losses(&text(&gpu)), "one device");
 
     let four = dir.join("eight");
-    compile(
+    compile_quickstart(
         &four,
         &["--device-num", "8", "--parallel-mode", "semi_auto_parallel"],
     );
@@ -189,9 +165,9 @@ fn launched_workers_on_the_emulated_gpu_print_the_cpu_losses() {
     if !emulator_available() {
         return;
     }
-    let dir = tmp("launch");
+    let dir = tmp("gpu-cli", "launch");
     let art = dir.join("art");
-    compile(
+    compile_quickstart(
         &art,
         &["--device-num", "2", "--parallel-mode", "data_parallel"],
     );
@@ -212,7 +188,7 @@ fn launched_workers_on_the_emulated_gpu_print_the_cpu_losses() {
     // NCCL (the default) between 8 worker processes, emulated over the cluster's
     // communicator: model-parallel collectives on sub-groups, the CPU's losses.
     let eight = dir.join("eight");
-    compile(
+    compile_quickstart(
         &eight,
         &["--device-num", "8", "--parallel-mode", "semi_auto_parallel"],
     );
@@ -243,9 +219,9 @@ fn a_killed_nccl_worker_on_the_emulated_gpu_ends_the_job_naming_its_rank() {
     if !emulator_available() {
         return;
     }
-    let dir = tmp("kill");
+    let dir = tmp("gpu-cli", "kill");
     let art = dir.join("art");
-    compile(
+    compile_quickstart(
         &art,
         &["--device-num", "4", "--parallel-mode", "data_parallel"],
     );
@@ -266,9 +242,9 @@ fn saves_and_resumes_as_uninterrupted(tag: &str, compile_flags: &[&str], ranks: 
     if !emulator_available() {
         return;
     }
-    let dir = tmp(tag);
+    let dir = tmp("gpu-cli", tag);
     let art = dir.join("art");
-    compile(&art, compile_flags);
+    compile_quickstart(&art, compile_flags);
     let ck = dir.join("ck");
     let ck = ck.to_str().unwrap();
     let whole = run_emulated(&art, "6", &[]);

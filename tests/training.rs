@@ -533,13 +533,11 @@ fn full_batch_ranks_read_the_whole_batch_and_feed_their_block() {
     }
 }
 
-/// `Model` on the Ascend backend (MindSpore's `device_target="Ascend"`) over the emulated
-/// CANN (`tests/ascend_common`): the same losses and weights as on the CPU, checkpoints
-/// through the same callback.
-#[test]
-fn model_trains_on_ascend_as_on_the_cpu() {
+/// The MLP trained for 2 epochs by `Model` on the CPU and on `target` (a device whose
+/// description contains `device_says`): the same losses and weights to 1e-5, and the
+/// device run's checkpoints written through the same callback.
+fn model_on_a_device_trains_as_on_the_cpu(target: &str, device_says: &str) {
     use shardc::train::DeviceTarget;
-    ascend_common::cann_dir();
     let net = || MlpNetwork::new(&[12, 16, 5]);
     let loss = || SoftmaxCrossEntropyWithLogits::new(true, "mean");
     let opt = Momentum::new(0.1, 0.9);
@@ -548,17 +546,14 @@ fn model_trains_on_ascend_as_on_the_cpu() {
         .expect("batch");
     let mut cpu = Model::new(net(), loss(), &opt).with_threads(1);
     let a = cpu.train(2, &data, &mut []).expect("CPU");
-    let mut npu = Model::new(net(), loss(), &opt)
+    let mut dev = Model::new(net(), loss(), &opt)
         .with_threads(1)
-        .with_device_target("Ascend".parse::<DeviceTarget>().expect("a target"));
+        .with_device_target(target.parse::<DeviceTarget>().expect("a target"));
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut ckpt = ModelCheckpoint::new("npu", dir.path(), CheckpointConfig::default());
-    let b = npu.train(2, &data, &mut [&mut ckpt]).expect("Ascend");
-    assert!(npu
-        .executor()
-        .expect("built")
-        .device()
-        .contains("(device 0,"));
+    let mut ckpt = ModelCheckpoint::new("dev", dir.path(), CheckpointConfig::default());
+    let b = dev.train(2, &data, &mut [&mut ckpt]).expect(target);
+    let described = dev.executor().expect("built").device();
+    assert!(described.contains(device_says), "{described}");
     assert_eq!(a.losses.len(), b.losses.len());
     for (x, y) in a.losses.iter().zip(&b.losses) {
         assert!(
@@ -569,7 +564,7 @@ fn model_trains_on_ascend_as_on_the_cpu() {
         );
     }
     let names = trainable(&cpu);
-    let d = max_rel_diff(&weights_of(&npu), &weights_of(&cpu), &names);
+    let d = max_rel_diff(&weights_of(&dev), &weights_of(&cpu), &names);
     assert!(d <= 1e-5, "weights differ by {d}");
     assert!(
         std::fs::read_dir(dir.path().join("0"))
@@ -577,6 +572,15 @@ fn model_trains_on_ascend_as_on_the_cpu() {
             .count()
             > 0
     );
+}
+
+/// `Model` on the Ascend backend (MindSpore's `device_target="Ascend"`) over the emulated
+/// CANN (`tests/ascend_common`): the same losses and weights as on the CPU, checkpoints
+/// through the same callback.
+#[test]
+fn model_trains_on_ascend_as_on_the_cpu() {
+    ascend_common::cann_dir();
+    model_on_a_device_trains_as_on_the_cpu("Ascend", "(device 0,");
 }
 
 /// `Model` on the GPU backend's emulated device (MindSpore's `device_target="GPU"`, the
@@ -590,43 +594,18 @@ fn model_trains_on_the_emulated_gpu_as_on_the_cpu() {
         eprintln!("SKIP: no C++20 compiler for the emulated GPU");
         return;
     }
-    let net = || MlpNetwork::new(&[12, 16, 5]);
-    let loss = || SoftmaxCrossEntropyWithLogits::new(true, "mean");
-    let opt = Momentum::new(0.1, 0.9);
-    let data = classification(32, 12, 5, SourceOptions::default())
-        .batch(8, true)
-        .expect("batch");
-    let mut cpu = Model::new(net(), loss(), &opt).with_threads(1);
-    let a = cpu.train(2, &data, &mut []).expect("CPU");
-    let mut gpu = Model::new(net(), loss(), &opt)
-        .with_threads(1)
-        .with_device_target("GPU-emulated".parse::<DeviceTarget>().expect("a target"));
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut ckpt = ModelCheckpoint::new("gpu", dir.path(), CheckpointConfig::default());
-    let b = gpu.train(2, &data, &mut [&mut ckpt]).expect("emulated GPU");
-    assert!(gpu.executor().expect("built").device().contains("emulated"));
-    assert_eq!(a.losses.len(), b.losses.len());
-    for (x, y) in a.losses.iter().zip(&b.losses) {
-        assert!(
-            (x - y).abs() <= 1e-5 * (1.0 + x.abs()),
-            "{:?} vs {:?}",
-            a.losses,
-            b.losses
-        );
-    }
-    let names = trainable(&cpu);
-    let d = max_rel_diff(&weights_of(&gpu), &weights_of(&cpu), &names);
-    assert!(d <= 1e-5, "weights differ by {d}");
-    assert!(
-        std::fs::read_dir(dir.path().join("0"))
-            .expect("rank 0's checkpoints")
-            .count()
-            > 0
-    );
-
+    model_on_a_device_trains_as_on_the_cpu("GPU-emulated", "emulated");
     if !shardc::cuda::probe::Library::Driver.present() {
-        let mut real = Model::new(net(), loss(), &opt)
-            .with_device_target(DeviceTarget::Gpu { device_id: None });
+        let data = classification(32, 12, 5, SourceOptions::default())
+            .batch(8, true)
+            .expect("batch");
+        let opt = Momentum::new(0.1, 0.9);
+        let mut real = Model::new(
+            MlpNetwork::new(&[12, 16, 5]),
+            SoftmaxCrossEntropyWithLogits::new(true, "mean"),
+            &opt,
+        )
+        .with_device_target(DeviceTarget::Gpu { device_id: None });
         let err = real.train(1, &data, &mut []).unwrap_err().to_string();
         assert!(err.contains("CUDA not found: libcuda.so"), "{err}");
     }

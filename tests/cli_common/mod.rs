@@ -4,9 +4,30 @@
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output};
 use std::time::{Duration, Instant};
+
+/// A fresh temporary folder for test `tag` of suite `suite` (removed if left over, not made).
+pub fn tmp(suite: &str, tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("shardc-{suite}-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+/// `shardc compile models/quickstart.ir -o ART EXTRA...`, which must succeed.
+pub fn compile_quickstart(art: &Path, extra: &[&str]) {
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/quickstart.ir");
+    let c = Command::new(env!("CARGO_BIN_EXE_shardc"))
+        .arg("compile")
+        .arg(&model)
+        .arg("-o")
+        .arg(art)
+        .args(extra)
+        .output()
+        .expect("the shardc binary runs");
+    assert!(c.status.success(), "{}", text(&c));
+}
 
 /// A process's stdout then stderr.
 pub fn text(o: &Output) -> String {

@@ -10,65 +10,22 @@ use shardc_ir::Graph;
 use shardc_passes::autodiff::Optimizer;
 use shardc_runtime::data::synthetic::SyntheticData;
 use shardc_runtime::{Executor, Tensor};
-use std::path::PathBuf;
 use std::sync::{Arc, Once};
 
-/// Links `libascendcl.so`, `libnnopbase.so`, `libopapi.so` and `libhccl.so` to the emulator
-/// in a temporary folder and points `SHARDC_ASCEND_LIB_DIRS` at it (once per test binary,
-/// before the first load).
+/// Stages the emulator under CANN's library names (`shardc_ascend_emulator::install`, one
+/// folder per build) and points `SHARDC_ASCEND_LIB_DIRS` at it (once per test binary, before
+/// the first load).
 pub fn use_emulator() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        let exe = std::env::current_exe().expect("the test binary's path");
-        let deps = exe.parent().expect("its folder");
-        let candidates = [
-            deps.join("libshardc_ascend_emulator.so"),
-            deps.parent()
-                .map(|d| d.join("libshardc_ascend_emulator.so"))
-                .unwrap_or_default(),
-        ];
-        let lib = candidates
-            .iter()
-            .find(|p| p.exists())
-            .unwrap_or_else(|| panic!("the emulator cdylib is not next to {}", exe.display()))
-            .clone();
-        remove_stale_link_dirs();
-        let dir: PathBuf = std::env::temp_dir().join(format!(
-            "shardc-ascend-emu-{}-{}",
-            std::process::id(),
-            exe.file_name().and_then(|n| n.to_str()).unwrap_or("test")
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("a temporary folder");
-        for name in [
-            "libascendcl.so",
-            "libnnopbase.so",
-            "libopapi.so",
-            "libhccl.so",
-        ] {
-            std::os::unix::fs::symlink(&lib, dir.join(name)).expect("a link to the emulator");
-        }
+        use shardc_ascend_emulator::install::{stage_as_cann, staging_dir};
+        let dir = staging_dir()
+            .and_then(|d| stage_as_cann(&d))
+            .unwrap_or_else(|e| panic!("staging the CANN emulator: {e}"));
         std::env::set_var("SHARDC_ASCEND_LIB_DIRS", &dir);
         std::env::remove_var("ASCEND_HOME_PATH");
         std::env::remove_var("ASCEND_TOOLKIT_HOME");
     });
-}
-
-/// Removes the link folders of earlier test processes that are gone (`/proc/<pid>` absent).
-fn remove_stale_link_dirs() {
-    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let Some(rest) = name.strip_prefix("shardc-ascend-emu-") else {
-            continue;
-        };
-        let pid = rest.split('-').next().unwrap_or("");
-        if !pid.is_empty() && !std::path::Path::new("/proc").join(pid).exists() {
-            let _ = std::fs::remove_dir_all(e.path());
-        }
-    }
 }
 
 /// Emulated device `id`.
