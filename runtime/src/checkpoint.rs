@@ -925,10 +925,23 @@ pub fn find_resume_with<'g>(
 /// Merges the ranks' checkpoints of one step into a single-device checkpoint: each parameter's
 /// global tensor assembled from the blocks `layouts[name].block(rank)`; blocks held by several
 /// ranks (replicas) must agree bit for bit. `parts` holds one checkpoint per rank `0..n` (any
-/// order), all of the same model, step and device count `n`.
+/// order), all of the same model, step and device count `n`. Every rank must hold every
+/// parameter ([`merge_stages`] merges a pipeline's, where each stage holds its own).
 pub fn merge(
     parts: &[Checkpoint],
     layouts: &BTreeMap<String, TensorLayout>,
+) -> Result<Checkpoint, CheckpointError> {
+    let n = parts.first().map_or(1, |c| c.meta.device_num as usize);
+    merge_stages(parts, layouts, n)
+}
+
+/// [`merge`] for a pipeline whose stages are the consecutive runs of `ranks_per_stage` ranks:
+/// a parameter is held by every rank of the stages that hold it and by no other rank (a
+/// stage's weights live on its ranks only), and those ranks' blocks must cover it.
+pub fn merge_stages(
+    parts: &[Checkpoint],
+    layouts: &BTreeMap<String, TensorLayout>,
+    ranks_per_stage: usize,
 ) -> Result<Checkpoint, CheckpointError> {
     let merr = |param: &str, reason: String| CheckpointError::Merge {
         param: param.to_string(),
@@ -963,8 +976,52 @@ pub fn merge(
         .enumerate()
         .map(|(r, c)| c.ok_or_else(|| merr("*", format!("rank {r}'s checkpoint is missing"))))
         .collect::<Result<_, _>>()?;
-    let mut merged = Vec::with_capacity(first.tensors.len());
-    for (name, t0) in &first.tensors {
+    if ranks_per_stage == 0 || n % ranks_per_stage != 0 {
+        return Err(merr(
+            "*",
+            format!("{ranks_per_stage} ranks per stage do not divide the {n} ranks"),
+        ));
+    }
+    // Every parameter any rank holds, in the order the ranks list them.
+    let mut names: Vec<&str> = Vec::new();
+    for cp in &ranks {
+        for (name, _) in &cp.tensors {
+            if !names.contains(&name.as_str()) {
+                names.push(name);
+            }
+        }
+    }
+    let mut merged = Vec::with_capacity(names.len());
+    for name in names {
+        let holders: Vec<usize> = (0..n)
+            .filter(|&r| ranks[r].tensor(name).is_some())
+            .collect();
+        // The stages of the holders must be held whole: a rank of such a stage that lacks it
+        // lost it.
+        for &r in &holders {
+            let stage = r / ranks_per_stage;
+            let stage_ranks = stage * ranks_per_stage..(stage + 1) * ranks_per_stage;
+            if let Some(q) = stage_ranks
+                .clone()
+                .find(|q| ranks[*q].tensor(name).is_none())
+            {
+                return Err(merr(
+                    name,
+                    format!(
+                        "rank {r} holds it but rank {q} does not{}",
+                        if ranks_per_stage < n {
+                            format!(" (both run pipeline stage {stage}, ranks {stage_ranks:?})")
+                        } else {
+                            String::new()
+                        }
+                    ),
+                ));
+            }
+        }
+        let Some(t0) = holders.first().and_then(|&r| ranks[r].tensor(name)) else {
+            continue;
+        };
+        let name = &name.to_string();
         let layout = layouts.get(name).ok_or_else(|| {
             merr(
                 name,
@@ -986,7 +1043,8 @@ pub fn merge(
         let mut whole = Tensor::zeros(&TensorType::new(t0.dtype(), layout.tensor_shape.clone()));
         let mut owner: HashMap<Vec<std::ops::Range<usize>>, usize> = HashMap::new();
         let mut covered = 0usize;
-        for (r, cp) in ranks.iter().enumerate() {
+        for &r in &holders {
+            let cp = ranks[r];
             let t = cp
                 .tensor(name)
                 .ok_or_else(|| merr(name, format!("rank {r}'s checkpoint lacks it")))?;
@@ -1050,17 +1108,6 @@ pub fn merge(
             ));
         }
         merged.push((name.clone(), whole));
-    }
-    for cp in &ranks {
-        if let Some((extra, _)) = cp.tensors.iter().find(|(n, _)| first.tensor(n).is_none()) {
-            return Err(merr(
-                extra,
-                format!(
-                    "rank {} holds it but rank {} does not",
-                    cp.meta.rank, first.meta.rank
-                ),
-            ));
-        }
     }
     merged.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(Checkpoint {

@@ -427,3 +427,50 @@ fn merge_refuses_disagreeing_replicas_naming_the_parameter_and_ranks() {
         .to_string();
     assert!(e.contains("no layout"), "{e}");
 }
+
+#[test]
+fn merge_stages_assembles_each_stage_weights_from_its_own_ranks() {
+    // 4 ranks as 2 pipeline stages of 2: stage 0 holds w0 (4, 2) split by rows over its two
+    // ranks, stage 1 holds w1 (3) on both. Layouts carry the stage axis (major, unused).
+    let w0 = f32s(&[4, 2], |i| i as f32 * 0.5);
+    let w1 = f32s(&[3], |i| 10.0 + i as f32);
+    let l0 = layout(&[2, 2], &[0, -1], &[4, 2]);
+    let l1 = layout(&[2, 2], &[-1], &[3]);
+    let layouts: BTreeMap<String, TensorLayout> =
+        [("w0".to_string(), l0.clone()), ("w1".to_string(), l1)].into();
+    let parts: Vec<Checkpoint> = (0..4u32)
+        .map(|r| {
+            if r < 2 {
+                rank_cp(r, 4, vec![("w0", w0.block(&l0.block(r as usize)).unwrap())])
+            } else {
+                rank_cp(r, 4, vec![("w1", w1.clone())])
+            }
+        })
+        .collect();
+    let merged = checkpoint::merge_stages(&parts, &layouts, 2).unwrap();
+    assert_eq!(merged.tensor("w0").unwrap(), &w0);
+    assert_eq!(merged.tensor("w1").unwrap(), &w1);
+    // Without stages every rank must hold every parameter.
+    let e = checkpoint::merge(&parts, &layouts).unwrap_err().to_string();
+    assert!(e.contains("rank 0 holds it but rank 2 does not"), "{e}");
+    // A stage's rank that lost its weight is named, with its stage.
+    let mut lost = parts.clone();
+    lost[1] = rank_cp(1, 4, vec![]);
+    let e = checkpoint::merge_stages(&lost, &layouts, 2)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("w0")
+            && e.contains("rank 0 holds it but rank 1 does not")
+            && e.contains("stage 0"),
+        "{e}"
+    );
+    // Ranks per stage must divide the ranks.
+    let e = checkpoint::merge_stages(&parts, &layouts, 3)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("3 ranks per stage do not divide the 4 ranks"),
+        "{e}"
+    );
+}

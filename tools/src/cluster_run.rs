@@ -294,6 +294,11 @@ fn train_rank(a: &RunArgs, art: Artifact, joined: &Joined) -> Result<()> {
         );
     }
     let (data, inputs) = crate::training::distributed_data(a, &art)?;
+    let inputs = crate::training::rank_inputs(&art, rank, &inputs)?;
+    let pipeline = crate::training::PipelineInfo::of(&art);
+    if let Some(p) = &pipeline {
+        println!("{}", p.stage_line(rank));
+    }
     // This worker's own rank, materialized from the program every rank runs.
     let graph = art
         .rank_graph(rank)
@@ -335,7 +340,15 @@ fn train_rank(a: &RunArgs, art: Artifact, joined: &Joined) -> Result<()> {
     )
     .with_context(|| format!("rank {rank}"))?;
     if a.stats {
-        println!("{}", exec.stats());
+        let stats = exec.stats();
+        println!("{stats}");
+        if let Some(p) = &pipeline {
+            let wait = stats
+                .per_op
+                .get(&shardc_ir::OpKind::Receive)
+                .map_or(Duration::ZERO, |s| s.time);
+            println!("{}", p.bubble_line(rank, wait, stats.total));
+        }
     }
     Ok(())
 }

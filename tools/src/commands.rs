@@ -443,7 +443,9 @@ fn run_ranks_in_process(a: &RunArgs, art: Artifact) -> Result<()> {
     };
     let res =
         crate::in_process::run_ranks_with(rank_graphs, &inputs, &feeds, a.steps, 1, Some(&hooks))?;
-    for (i, outs) in res.outputs[0].iter().enumerate() {
+    // Rank 0's losses, or in a pipeline those of the last stage's first rank.
+    let losses = res.loss_rank_outputs().context("no rank returned a loss")?;
+    for (i, outs) in losses.iter().enumerate() {
         print_loss(outs, start + i as u64, per_epoch)?;
     }
     Ok(())

@@ -5,7 +5,9 @@
 //! A device module only opens its devices and builds its executors.
 
 use crate::run_args::RunArgs;
-use crate::training::{after_step, distributed_data, print_loss, rank_block, save_after};
+use crate::training::{
+    after_step, distributed_data, print_loss, rank_block, rank_inputs, save_after,
+};
 use anyhow::{anyhow, bail, Context, Result};
 use shardc_ir::artifact::Artifact;
 use shardc_runtime::data::synthetic::SyntheticData;
@@ -124,8 +126,10 @@ pub fn train_in_process<E: DeviceExecutor>(
             .zip(&savers)
             .enumerate()
             .map(|(rank, (mut exec, saver))| {
-                let (data, inputs) = (&data, &inputs);
+                let data = &data;
+                let inputs = rank_inputs(art, rank, &inputs);
                 s.spawn(move || -> Result<(Vec<Vec<Tensor>>, String)> {
+                    let inputs = &inputs?;
                     let mut outs = Vec::new();
                     shardc_runtime::train_steps(
                         &mut exec,
@@ -143,19 +147,20 @@ pub fn train_in_process<E: DeviceExecutor>(
             .collect();
         join_ranks(handles)
     });
-    let mut rank0 = None;
+    // The losses of the first rank that has them: rank 0, or a pipeline's last stage.
+    let mut printer = None;
     for (rank, r) in results.into_iter().enumerate() {
         let r = r?;
-        if rank == 0 {
-            rank0 = Some(r);
+        if printer.is_none() && r.0.iter().any(|o| !o.is_empty()) {
+            printer = Some((rank, r));
         }
     }
-    let (outs, summary) = rank0.context("no rank ran")?;
+    let (rank, (outs, summary)) = printer.context("no rank returned a loss")?;
     for (i, o) in outs.iter().enumerate() {
         print_loss(o, start + i as u64, per_epoch)?;
     }
     if a.stats {
-        println!("rank 0: {summary}");
+        println!("rank {rank}: {summary}");
     }
     Ok(())
 }
@@ -183,6 +188,10 @@ pub fn train_cluster_rank<E: DeviceExecutor>(
 ) -> Result<()> {
     let (rank, size) = (cluster.rank(), cluster.size());
     let (data, inputs) = distributed_data(a, art)?;
+    let inputs = rank_inputs(art, rank, &inputs)?;
+    if let Some(p) = crate::training::PipelineInfo::of(art) {
+        println!("{}", p.stage_line(rank));
+    }
     let per_epoch = per_epoch(a);
     exec.set_profiling(a.stats);
     let start = resume(a, art, &mut exec, rank, size)?;

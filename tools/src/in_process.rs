@@ -4,7 +4,7 @@
 use crate::training::rank_block;
 use anyhow::{anyhow, Context, Result};
 use shardc_backend_cpu::CpuBackend;
-use shardc_ir::{Graph, TensorLayout};
+use shardc_ir::{Graph, ParamKind, TensorLayout};
 use shardc_runtime::comm::InProcessWorld;
 use shardc_runtime::executor::Executor;
 use shardc_runtime::Tensor;
@@ -23,7 +23,8 @@ pub struct RanksResult {
 type RankRun = (Vec<Vec<Tensor>>, Vec<(String, Tensor)>);
 
 /// Runs `graphs` (rank `r` = `graphs[r]`) for `steps` steps. `global_feeds(step)` gives the
-/// whole batch of every data input; rank `r` is fed the block `input_layouts[name].block(r)`.
+/// whole batch of every data input; rank `r` is fed the block `input_layouts[name].block(r)`
+/// of each input its graph reads (a pipeline stage reads only some).
 pub fn run_ranks(
     graphs: Vec<Graph>,
     input_layouts: &[(String, TensorLayout)],
@@ -65,7 +66,9 @@ pub fn run_ranks_with(
     // Every rank's executor first: a rank that cannot start must not leave the others waiting
     // in their first collective until the communicator's timeout.
     let mut execs = Vec::with_capacity(n);
+    let mut rank_inputs = Vec::with_capacity(n);
     for (rank, (g, comm)) in graphs.into_iter().zip(comms).enumerate() {
+        rank_inputs.push(inputs_of(&g, input_layouts));
         let backend = Arc::new(CpuBackend::with_threads(threads_per_rank));
         let mut exec = Executor::with_communicator(g, backend, comm)
             .with_context(|| format!("rank {rank}: preparing its graph"))?;
@@ -77,8 +80,9 @@ pub fn run_ranks_with(
     let results: Vec<Result<RankRun>> = std::thread::scope(|s| {
         let handles: Vec<_> = execs
             .into_iter()
+            .zip(&rank_inputs)
             .enumerate()
-            .map(|(rank, mut exec)| {
+            .map(|(rank, (mut exec, input_layouts))| {
                 s.spawn(move || -> Result<RankRun> {
                     let start = exec.step_count();
                     let mut outs = Vec::with_capacity(steps.saturating_sub(start) as usize);
@@ -125,43 +129,104 @@ pub fn run_ranks_with(
     Ok(RanksResult { outputs, weights })
 }
 
+/// The layouts of the data inputs `graph` reads, out of `input_layouts`.
+pub fn inputs_of(
+    graph: &Graph,
+    input_layouts: &[(String, TensorLayout)],
+) -> Vec<(String, TensorLayout)> {
+    input_layouts
+        .iter()
+        .filter(|(n, _)| {
+            graph
+                .params
+                .iter()
+                .any(|p| p.kind == ParamKind::Input && &p.name == n)
+        })
+        .cloned()
+        .collect()
+}
+
 impl RanksResult {
-    /// Weight `name` as a whole tensor, assembled from every rank's block (`layout.block(r)`
-    /// on rank `r`).
+    /// Weight `name` as a whole tensor, assembled from the blocks of the ranks that hold it
+    /// (`layout.block(r)` on rank `r`; in a pipeline, only its stage's ranks hold a weight).
+    /// Every element must be covered.
     pub fn gathered_weight(&self, name: &str, layout: &TensorLayout) -> Result<Tensor> {
-        let blocks: Vec<&Tensor> = self
+        let blocks: Vec<(usize, &Tensor)> = self
             .weights
             .iter()
             .enumerate()
-            .map(|(r, w)| {
-                w.iter()
-                    .find(|(n, _)| n == name)
-                    .map(|(_, t)| t)
-                    .ok_or_else(|| anyhow!("rank {r} lacks weight {name}"))
-            })
-            .collect::<Result<_>>()?;
+            .filter_map(|(r, w)| w.iter().find(|(n, _)| n == name).map(|(_, t)| (r, t)))
+            .collect();
         gather_weight(name, layout, &blocks)
+    }
+
+    /// The outputs of the ranks that have outputs (every rank, or a pipeline's last stage):
+    /// the first of them, by rank, per step.
+    pub fn loss_rank_outputs(&self) -> Option<&Vec<Vec<Tensor>>> {
+        self.outputs
+            .iter()
+            .find(|steps| steps.iter().any(|o| !o.is_empty()))
     }
 }
 
-/// Assembles a weight from the ranks' blocks: rank `r` holds `layout.block(r)`.
-fn gather_weight(name: &str, layout: &TensorLayout, blocks: &[&Tensor]) -> Result<Tensor> {
-    let first = blocks
+/// Assembles a weight from the blocks `(r, block)` of the ranks that hold it: rank `r`
+/// holds `layout.block(r)`; together they must cover the whole weight.
+fn gather_weight(name: &str, layout: &TensorLayout, blocks: &[(usize, &Tensor)]) -> Result<Tensor> {
+    let (_, first) = blocks
         .first()
         .ok_or_else(|| anyhow!("weight {name}: no rank holds it"))?;
     let mut whole = Tensor::zeros(&shardc_ir::TensorType::new(
         first.dtype(),
         layout.tensor_shape.clone(),
     ));
-    for (r, b) in blocks.iter().enumerate() {
-        if !whole.set_block(&layout.block(r), b) {
+    let mut covered = vec![false; whole.len()];
+    for &(r, b) in blocks {
+        let block = layout.block(r);
+        mark_covered(&mut covered, &layout.tensor_shape, &block);
+        if !whole.set_block(&block, b) {
             return Err(anyhow!(
                 "weight {name}: rank {r}'s block of shape {:?} does not fit {layout}",
                 b.shape
             ));
         }
     }
+    if let Some(at) = covered.iter().position(|c| !c) {
+        return Err(anyhow!(
+            "weight {name}: no rank holds element {at} of {:?} (layout {layout})",
+            layout.tensor_shape
+        ));
+    }
     Ok(whole)
+}
+
+/// Marks the elements of `block` (ranges per dimension of a row-major tensor of `shape`).
+fn mark_covered(covered: &mut [bool], shape: &[usize], block: &[std::ops::Range<usize>]) {
+    if block.iter().any(|r| r.is_empty()) {
+        return;
+    }
+    let mut idx: Vec<usize> = block.iter().map(|r| r.start).collect();
+    loop {
+        let flat = idx
+            .iter()
+            .zip(shape)
+            .fold(0usize, |acc, (&i, &d)| acc * d + i);
+        if let Some(c) = covered.get_mut(flat) {
+            *c = true;
+        }
+        // The next index, last dimension fastest.
+        let mut k = idx.len();
+        loop {
+            if k == 0 {
+                return;
+            }
+            k -= 1;
+            idx[k] += 1;
+            if idx[k] < block[k].end {
+                break;
+            }
+            idx[k] = block[k].start;
+        }
+    }
 }
 
 /// Differences of a weight are measured against its largest magnitude, or this when smaller:

@@ -143,7 +143,14 @@ pub fn verify(a: &VerifyArgs) -> Result<bool> {
     let mut worst: f64 = 0.0;
     for (k, &l) in ref_losses.iter().enumerate() {
         let mut d: f64 = 0.0;
+        if (0..n).all(|r| res.outputs[r][k].is_empty()) {
+            anyhow::bail!("step {}: no rank returned the loss", k + 1);
+        }
         for r in 0..n {
+            // In a pipeline only the last stage's ranks have the loss.
+            if res.outputs[r][k].is_empty() {
+                continue;
+            }
             let v = res.outputs[r][k]
                 .first()
                 .and_then(Tensor::scalar_value)
