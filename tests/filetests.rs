@@ -30,6 +30,11 @@
 //!   cost model);
 //! - `partition device_num=N mode=MODE rank=R [...]`: the pipeline to `step_parallel_end`,
 //!   rank R's graph (its `step_parallel_end` dump).
+//! - `micro_batch micro_size=M`: the pipeline to `micro_batch` (one device), the forward
+//!   with its micro-batches;
+//! - `pipeline_split device_num=N mode=MODE stages=S micro_size=M [scheduler=gpipe] rank=R
+//!   [...]`: the pipeline to `pipeline_split`, rank R's stage graph (its `pipeline_split`
+//!   dump).
 //!
 //! Two commands run one pass on a hand-written input, as Cranelift's filetests do:
 //! - `autodiff`: `passes::autodiff::gradients`, the gradient graph of the loss w.r.t. every
@@ -133,7 +138,24 @@ fn run_command(command: &str, src: &str, file: &str) -> Result<String, String> {
             let s = pipeline_until(g, opts, "autodiff")?;
             Ok(print_graph(&s.graph))
         }
-        "strategy" | "partition" => run_parallel(what, rest, g),
+        "strategy" | "partition" | "pipeline_split" => run_parallel(what, rest, g),
+        "micro_batch" => {
+            let mut pipeline = shardc::passes::pipeline::PipelineOptions::default();
+            for w in rest {
+                match w.split_once('=') {
+                    Some(("micro_size", v)) => {
+                        pipeline.micro_size = v.parse().map_err(|_| format!("bad {w}"))?
+                    }
+                    _ => return Err(format!("bad option {w}")),
+                }
+            }
+            let opts = CompileOptions {
+                pipeline,
+                ..Default::default()
+            };
+            let s = pipeline_until(g, opts, "micro_batch")?;
+            Ok(print_graph(&s.graph))
+        }
         "autodiff" => {
             let g = pipeline_until(g, CompileOptions::default(), "infer_types")?.graph;
             let (grad, _) = autodiff::gradients(&g).map_err(|e| e.to_string())?;
@@ -184,6 +206,7 @@ fn run_parallel(what: &str, words: &[&str], g: Graph) -> Result<String, String> 
         search: Default::default(),
     };
     let mut rank = 0usize;
+    let mut pipeline = shardc::passes::pipeline::PipelineOptions::default();
     for w in words {
         if *w == "alltoall" {
             opts.enable_alltoall = true;
@@ -193,6 +216,12 @@ fn run_parallel(what: &str, words: &[&str], g: Graph) -> Result<String, String> 
         match k {
             "device_num" => opts.device_num = v.parse().map_err(|_| format!("bad {w}"))?,
             "rank" => rank = v.parse().map_err(|_| format!("bad {w}"))?,
+            "stages" => pipeline.stages = v.parse().map_err(|_| format!("bad {w}"))?,
+            "micro_size" => pipeline.micro_size = v.parse().map_err(|_| format!("bad {w}"))?,
+            "scheduler" => {
+                pipeline.scheduler = shardc::passes::pipeline::Scheduler::from_name(v)
+                    .ok_or(format!("unknown scheduler {v}"))?
+            }
             "gradients_mean" => opts.gradients_mean = v == "true",
             "mode" => {
                 opts.mode = match v {
@@ -239,8 +268,16 @@ fn run_parallel(what: &str, words: &[&str], g: Graph) -> Result<String, String> 
             use_nesterov: false,
         }),
         parallel: Some(opts),
+        pipeline,
         ..Default::default()
     };
+    if what == "pipeline_split" {
+        let s = pipeline_until(g, compile, "pipeline_split")?;
+        let program = s.unfused.as_ref().ok_or("no pipeline_split program")?;
+        let rg = program.materialize(rank).map_err(|e| e.to_string())?;
+        verify::verify(&rg).map_err(|e| e.to_string())?;
+        return Ok(print_graph(&rg));
+    }
     if what == "strategy" {
         let s = pipeline_until(g, compile, "step_parallel_begin")?;
         return Ok(print_graph(

@@ -198,6 +198,8 @@ pub struct GraphBuilder {
     weights_created: u64,
     random_ops: u64,
     training: bool,
+    /// The open `pipeline_stage` cells' stages, innermost last.
+    stages: Vec<i64>,
 }
 
 impl GraphBuilder {
@@ -213,6 +215,7 @@ impl GraphBuilder {
             weights_created: 0,
             random_ops: 0,
             training: true,
+            stages: Vec::new(),
         }
     }
 
@@ -299,6 +302,20 @@ impl GraphBuilder {
         let r = f(self);
         self.pop_name_prefix();
         self.pop_scope();
+        r
+    }
+
+    /// Runs `f` as a cell on pipeline stage `stage` (MindSpore's `cell.pipeline_stage =
+    /// stage`): every node it adds gets the attribute `pipeline_stage: stage` (an inner
+    /// stage overrides an outer one). The stage is left again whether `f` succeeds or fails.
+    pub fn pipeline_stage<T>(
+        &mut self,
+        stage: usize,
+        f: impl FnOnce(&mut GraphBuilder) -> Result<T, BuildError>,
+    ) -> Result<T, BuildError> {
+        self.stages.push(stage as i64);
+        let r = f(self);
+        self.stages.pop();
         r
     }
 
@@ -536,6 +553,9 @@ impl GraphBuilder {
         }
         let mut node = Node::new(op, inputs.to_vec());
         node.attrs = attrs;
+        if let Some(&k) = self.stages.last() {
+            node.attrs.set("pipeline_stage", shardc_ir::Attr::Int(k));
+        }
         node.instance = instance.clone();
         node.scope = self.scope();
         let ty = infer_node(&self.graph, &node).map_err(|source| BuildError::Infer {

@@ -46,6 +46,7 @@ use shardc_passes::parallel::{
     partition, strategy, sync_bn, DatasetLayout, Mode, ParallelError, ParallelOptions,
     SearchMode as PassSearchMode, SearchOptions,
 };
+use shardc_passes::pipeline::{self as pipe, PipelineError, PipelineOptions};
 use shardc_passes::{infer, verify};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -78,6 +79,10 @@ pub struct CompileOptions {
     /// so in tests, and when `SHARDC_VERIFY=1`; `shardc compile --verify` sets it). The input
     /// graph is verified after `infer_types` whatever this says.
     pub verify: bool,
+    /// Pipeline parallelism: the stage count (MindSpore's `pipeline_stages`), the micro-batch
+    /// count (`PipelineCell(net, micro_size)`) and the scheduler (`pipeline_config`). With
+    /// `stages > 1` the intra-op passes plan `device_num / stages` devices per stage.
+    pub pipeline: PipelineOptions,
 }
 
 impl Default for CompileOptions {
@@ -92,6 +97,7 @@ impl Default for CompileOptions {
             grad_fusion: None,
             materialize: Materialize::default(),
             verify: verify_by_default(),
+            pipeline: PipelineOptions::default(),
         }
     }
 }
@@ -129,6 +135,10 @@ pub struct ParallelCompiled {
     pub rank_ids: Vec<usize>,
     /// Their graphs, in the order of `rank_ids` (every rank's, `0..device_num`, by default).
     pub ranks: Vec<Graph>,
+    /// Every logical parameter's layout over all `device_num` ranks: the assignment's, lifted
+    /// over the pipeline stages when pipelined (the stage axis major), so that
+    /// `layout.block(global_rank)` is the rank's block (feeding data, merging checkpoints).
+    pub param_layouts: Vec<shardc_ir::TensorLayout>,
 }
 
 /// One stage of the pipeline as it ran (what it made is in the [`CompileState`], or for
@@ -227,6 +237,9 @@ pub enum CompileError {
     /// Autodiff failed.
     #[error(transparent)]
     Autodiff(Box<dyn std::error::Error + Send + Sync>),
+    /// A pipeline pass rejected the options or the graph (naming the op or value and why).
+    #[error("{0}")]
+    Pipeline(#[from] PipelineError),
     /// A dump could not be written.
     #[error("writing {path}: {source}")]
     Io {
@@ -306,6 +319,12 @@ const PASSES: &[Pass] = &[
         run: run_infer_types,
     },
     Pass {
+        name: "micro_batch",
+        enabled: |o| o.pipeline.stages > 1 || o.pipeline.micro_size > 1,
+        dump: Dump::Logical,
+        run: run_micro_batch,
+    },
+    Pass {
         name: "autodiff",
         enabled: |o| o.optimizer.is_some(),
         dump: Dump::Logical,
@@ -328,6 +347,12 @@ const PASSES: &[Pass] = &[
         enabled: is_parallel,
         dump: Dump::PerRankNamed,
         run: run_partition,
+    },
+    Pass {
+        name: "pipeline_split",
+        enabled: |o| is_parallel(o) && o.pipeline.stages > 1,
+        dump: Dump::PerRankNamed,
+        run: run_pipeline_split,
     },
     Pass {
         name: "grad_fusion",
@@ -417,7 +442,7 @@ fn run_sync_bn(s: &mut CompileState, _: &CompileOptions) -> Result<(), CompileEr
 /// A strategy for every op (the strategy file's, when one is loaded, else the mode's), a
 /// layout for every parameter, and the annotated logical graph.
 fn run_strategy(s: &mut CompileState, opts: &CompileOptions) -> Result<(), CompileError> {
-    let p = parallel_of(opts, "step_parallel_begin")?;
+    let p = &intra_op(parallel_of(opts, "step_parallel_begin")?, opts);
     if let Some(path) = &opts.load_strategy {
         let file = StrategyFile::load(path)?;
         let strategies = file.strategies_for(&s.graph, p.device_num, path)?;
@@ -450,12 +475,44 @@ fn run_strategy(s: &mut CompileState, opts: &CompileOptions) -> Result<(), Compi
 /// The program every rank runs, once: rank 0's graph and what differs per rank.
 fn run_partition(s: &mut CompileState, opts: &CompileOptions) -> Result<(), CompileError> {
     let a = needs(&s.assignment, "step_parallel_end", "step_parallel_begin")?;
-    let program = partition::program(&s.graph, a, parallel_of(opts, "step_parallel_end")?)
+    let intra = intra_op(parallel_of(opts, "step_parallel_end")?, opts);
+    let program = partition::program(&s.graph, a, &intra)
         .map_err(|error| CompileError::Parallel {
             stage: "step_parallel_end",
             error,
         })?;
     s.unfused = Some(program);
+    Ok(())
+}
+
+/// The options the intra-op passes plan with: one pipeline stage's mesh, `device_num /
+/// stages` devices (the device matrix is stages × this mesh).
+fn intra_op(p: &ParallelOptions, opts: &CompileOptions) -> ParallelOptions {
+    let mut intra = p.clone();
+    intra.device_num = p.device_num / opts.pipeline.stages.max(1);
+    intra
+}
+
+/// Pipeline stages (`pipeline_stage` on every forward node) and micro-batches
+/// (`passes::pipeline::{stages, micro_batch}`).
+fn run_micro_batch(s: &mut CompileState, opts: &CompileOptions) -> Result<(), CompileError> {
+    let pl = &opts.pipeline;
+    pl.validate(opts.parallel.as_ref().map(|p| p.device_num))?;
+    if pl.stages > 1 {
+        pipe::stages::assign_stages(&mut s.graph, pl.stages)?;
+    }
+    s.graph = pipe::micro_batch::micro_batch(&s.graph, pl.micro_size)?;
+    Ok(())
+}
+
+/// The program lifted to every device and split into its stages, each stage's nodes in the
+/// scheduler's order (`passes::pipeline::split`).
+fn run_pipeline_split(s: &mut CompileState, opts: &CompileOptions) -> Result<(), CompileError> {
+    let unfused = s.unfused.take().ok_or(CompileError::Order {
+        pass: "pipeline_split",
+        needs: "step_parallel_end",
+    })?;
+    s.unfused = Some(pipe::split::pipeline_split(unfused, &opts.pipeline)?);
     Ok(())
 }
 
@@ -522,16 +579,22 @@ fn check_pass(s: &CompileState, pass: &Pass) -> Result<(), CompileError> {
             &needs(&s.unfused, pass.name, pass.name)?.template,
             pass.name,
         ),
-        "grad_fusion" => check(
-            &needs(&s.program, pass.name, pass.name)?.template,
-            pass.name,
-        ),
+        "grad_fusion" => check_program(needs(&s.program, pass.name, pass.name)?, pass.name),
+        "pipeline_split" => check_program(needs(&s.unfused, pass.name, pass.name)?, pass.name),
         "execute" if !s.ranks.is_empty() => s
             .ranks
             .par_iter()
             .try_for_each(|(_, g)| check(g, pass.name)),
         _ => check(&s.graph, pass.name),
     }
+}
+
+/// Verifies a program's template, or each of its stages' when it is pipelined.
+fn check_program(p: &SpmdProgram, stage: &'static str) -> Result<(), CompileError> {
+    if p.stages.is_empty() {
+        return check(&p.template, stage);
+    }
+    p.stages.iter().try_for_each(|st| check(&st.template, stage))
 }
 
 fn training_step_unverified(forward: &Graph, opt: &Optimizer) -> Result<Graph, CompileError> {
@@ -609,7 +672,14 @@ fn dump(
             for r in asked_ranks(opts) {
                 match &s.unfused {
                     Some(program) => {
-                        write_named_dump(&rank_dir(r), name, &materialize(program, r)?)?
+                        // Before the pipeline split, the program covers one stage's mesh: rank
+                        // r's graph there is its intra-op position's.
+                        let local = if r >= program.device_num {
+                            r % program.device_num.max(1)
+                        } else {
+                            r
+                        };
+                        write_named_dump(&rank_dir(r), name, &materialize(program, local)?)?
                     }
                     None => write_named_dump(&rank_dir(r), name, needs(&s.begin, name, name)?)?,
                 };
@@ -629,9 +699,16 @@ pub fn compile(graph: Graph, opts: &CompileOptions) -> Result<Compiled, CompileE
                 needs: what,
             };
             let (rank_ids, ranks) = state.ranks.into_iter().unzip();
+            let assignment = state.assignment.ok_or(missing("step_parallel_begin"))?;
+            let param_layouts = assignment
+                .param_layouts
+                .iter()
+                .map(|l| pipe::split::lift_layout(l, opts.pipeline.stages))
+                .collect();
             Some(ParallelCompiled {
+                param_layouts,
                 options: p.clone(),
-                assignment: state.assignment.ok_or(missing("step_parallel_begin"))?,
+                assignment,
                 begin: state.begin.ok_or(missing("step_parallel_begin"))?,
                 program: state.program.ok_or(missing("grad_fusion"))?,
                 rank_ids,

@@ -261,7 +261,9 @@ fn unframe<T: serde::de::DeserializeOwned>(
 pub const PROGRAM_MAGIC: [u8; 8] = *b"SHARDCP\0";
 
 /// The version of the binary program format this build writes and reads.
-pub const PROGRAM_FORMAT_VERSION: u32 = 1;
+pub const PROGRAM_FORMAT_VERSION: u32 = 2;
+
+// Version 2 (pipeline stages): a program holds its stages' templates and patches.
 
 /// A patch as written: every kind as it is, but window variants, whose nodes are written as
 /// a graph's nodes are (their operands checked when read).
@@ -278,18 +280,25 @@ enum WirePatch {
 }
 
 #[derive(Serialize, Deserialize)]
-struct WireProgram {
-    device_num: u64,
+struct WireStage {
+    first_rank: u64,
+    rank_count: u64,
     template: WireGraph,
     patches: Vec<WirePatch>,
 }
 
-/// Encodes the program every rank runs: header (magic `SHARDCP\0`, version), then the
-/// bincode payload (the template as a graph is, the patches beside it).
-pub fn encode_program(p: &crate::spmd::SpmdProgram) -> Result<Vec<u8>, BinaryError> {
+#[derive(Serialize, Deserialize)]
+struct WireProgram {
+    device_num: u64,
+    template: WireGraph,
+    patches: Vec<WirePatch>,
+    stages: Vec<WireStage>,
+}
+
+/// The patches as written.
+fn wire_patches(patches: &[crate::spmd::Patch]) -> Result<Vec<WirePatch>, BinaryError> {
     use crate::spmd::Patch;
-    let patches = p
-        .patches
+    patches
         .iter()
         .map(|patch| {
             Ok(match patch.clone() {
@@ -317,22 +326,13 @@ pub fn encode_program(p: &crate::spmd::SpmdProgram) -> Result<Vec<u8>, BinaryErr
                 other => WirePatch::Plain(other),
             })
         })
-        .collect::<Result<_, BinaryError>>()?;
-    let wire = WireProgram {
-        device_num: p.device_num as u64,
-        template: wire_graph(&p.template)?,
-        patches,
-    };
-    frame(&PROGRAM_MAGIC, PROGRAM_FORMAT_VERSION, &wire)
+        .collect()
 }
 
-/// Decodes a program written by [`encode_program`], as [`decode_graph`] decodes a graph.
-pub fn decode_program(data: &[u8]) -> Result<crate::spmd::SpmdProgram, BinaryError> {
+/// The patches of their written form (window variants' nodes checked).
+fn patches_of(wire: Vec<WirePatch>) -> Result<Vec<crate::spmd::Patch>, BinaryError> {
     use crate::spmd::Patch;
-    let wire: WireProgram = unframe(&PROGRAM_MAGIC, PROGRAM_FORMAT_VERSION, data)?;
-    let patches = wire
-        .patches
-        .into_iter()
+    wire.into_iter()
         .map(|w| {
             Ok(match w {
                 WirePatch::Plain(Patch::Variants { .. }) => {
@@ -366,11 +366,53 @@ pub fn decode_program(data: &[u8]) -> Result<crate::spmd::SpmdProgram, BinaryErr
                 },
             })
         })
-        .collect::<Result<_, BinaryError>>()?;
+        .collect()
+}
+
+/// Encodes the program every rank runs: header (magic `SHARDCP\0`, version), then the
+/// bincode payload (the template as a graph is, the patches beside it, then each pipeline
+/// stage's template and patches).
+pub fn encode_program(p: &crate::spmd::SpmdProgram) -> Result<Vec<u8>, BinaryError> {
+    let wire = WireProgram {
+        device_num: p.device_num as u64,
+        template: wire_graph(&p.template)?,
+        patches: wire_patches(&p.patches)?,
+        stages: p
+            .stages
+            .iter()
+            .map(|s| {
+                Ok(WireStage {
+                    first_rank: s.first_rank as u64,
+                    rank_count: s.rank_count as u64,
+                    template: wire_graph(&s.template)?,
+                    patches: wire_patches(&s.patches)?,
+                })
+            })
+            .collect::<Result<_, BinaryError>>()?,
+    };
+    frame(&PROGRAM_MAGIC, PROGRAM_FORMAT_VERSION, &wire)
+}
+
+/// Decodes a program written by [`encode_program`], as [`decode_graph`] decodes a graph.
+pub fn decode_program(data: &[u8]) -> Result<crate::spmd::SpmdProgram, BinaryError> {
+    let wire: WireProgram = unframe(&PROGRAM_MAGIC, PROGRAM_FORMAT_VERSION, data)?;
+    let size = |x: u64| usize::try_from(x).unwrap_or(usize::MAX);
     Ok(crate::spmd::SpmdProgram {
-        device_num: usize::try_from(wire.device_num).unwrap_or(usize::MAX),
+        device_num: size(wire.device_num),
         template: graph_of(wire.template)?,
-        patches,
+        patches: patches_of(wire.patches)?,
+        stages: wire
+            .stages
+            .into_iter()
+            .map(|s| {
+                Ok(crate::spmd::StageProgram {
+                    first_rank: size(s.first_rank),
+                    rank_count: size(s.rank_count),
+                    template: graph_of(s.template)?,
+                    patches: patches_of(s.patches)?,
+                })
+            })
+            .collect::<Result<_, BinaryError>>()?,
     })
 }
 

@@ -83,6 +83,14 @@ pub enum Patch {
         /// Per variant: the nodes.
         variants: Vec<Vec<Node>>,
     },
+    /// Point-to-point node `node` (a pipeline stage's `Send` or `Receive`) talks to the rank
+    /// `rank + delta`: its `dest_rank` (Send) or `src_rank` (Receive).
+    Peer {
+        /// The node's index in the template.
+        node: u32,
+        /// The peer's rank minus this rank (`± k · ranks_per_stage`).
+        delta: i64,
+    },
 }
 
 impl Patch {
@@ -91,7 +99,8 @@ impl Patch {
         match self {
             Patch::Group { node, .. }
             | Patch::Slice { node, .. }
-            | Patch::NodeBlock { node, .. } => Some(*node),
+            | Patch::NodeBlock { node, .. }
+            | Patch::Peer { node, .. } => Some(*node),
             Patch::ParamBlock { .. } | Patch::Variants { .. } => None,
         }
     }
@@ -102,7 +111,8 @@ impl Patch {
         match self {
             Patch::Group { node, .. }
             | Patch::Slice { node, .. }
-            | Patch::NodeBlock { node, .. } => {
+            | Patch::NodeBlock { node, .. }
+            | Patch::Peer { node, .. } => {
                 *node = new_index[*node as usize];
             }
             Patch::ParamBlock { .. } => {}
@@ -136,15 +146,36 @@ pub struct SpmdError {
     pub reason: String,
 }
 
+/// One pipeline stage of a pipelined program: the ranks
+/// `first_rank .. first_rank + rank_count` run it (the stage axis is the device matrix's major
+/// axis, so a stage's ranks are contiguous).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StageProgram {
+    /// The stage's first (global) rank.
+    pub first_rank: usize,
+    /// How many ranks run the stage (the intra-op mesh: `device_num / stages`).
+    pub rank_count: usize,
+    /// The stage's first rank's graph: the stage's nodes, only the parameters they read, and
+    /// `Send` / `Receive` to the other stages.
+    pub template: Graph,
+    /// What differs between the stage's ranks, each a function of the **global** rank.
+    pub patches: Vec<Patch>,
+}
+
 /// The program every rank runs, once: see the module documentation.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SpmdProgram {
     /// The number of ranks.
     pub device_num: usize,
-    /// Rank 0's graph.
+    /// Rank 0's graph; when pipelined, the whole (unsplit) step of rank 0's intra-op
+    /// position, every parameter and input kept, for code that reads the logical program.
     pub template: Graph,
-    /// What differs from rank to rank.
+    /// What differs from rank to rank (of `template`).
     pub patches: Vec<Patch>,
+    /// The pipeline stages, in stage order (empty when the program is not pipelined: every
+    /// rank then runs `template` patched). When not empty, [`SpmdProgram::materialize`] and
+    /// [`SpmdProgram::weights_of`] give a rank its stage's graph.
+    pub stages: Vec<StageProgram>,
 }
 
 impl SpmdProgram {
@@ -155,7 +186,40 @@ impl SpmdProgram {
             device_num,
             template: graph,
             patches: Vec::new(),
+            stages: Vec::new(),
         }
+    }
+
+    /// The number of pipeline stages (1 when the program is not pipelined).
+    pub fn stage_count(&self) -> usize {
+        self.stages.len().max(1)
+    }
+
+    /// Whether the program is split into pipeline stages.
+    pub fn is_pipelined(&self) -> bool {
+        !self.stages.is_empty()
+    }
+
+    /// The pipeline stage rank `rank` runs (0 when the program is not pipelined), or an error
+    /// when no stage holds it.
+    pub fn stage_of(&self, rank: usize) -> Result<usize, SpmdError> {
+        self.check_rank(rank)?;
+        if self.stages.is_empty() {
+            return Ok(0);
+        }
+        self.stages
+            .iter()
+            .position(|s| (s.first_rank..s.first_rank + s.rank_count).contains(&rank))
+            .ok_or_else(|| self.error(rank, "no pipeline stage holds this rank".into()))
+    }
+
+    /// The graph and patches rank `rank` materializes from: its stage's, or the program's.
+    fn source_of(&self, rank: usize) -> Result<(&Graph, &[Patch], usize), SpmdError> {
+        if self.stages.is_empty() {
+            return Ok((&self.template, &self.patches, 0));
+        }
+        let s = &self.stages[self.stage_of(rank)?];
+        Ok((&s.template, &s.patches, s.first_rank))
     }
 
     /// An error of this program for `rank`.
@@ -185,11 +249,12 @@ impl SpmdProgram {
     pub fn materialize(&self, rank: usize) -> Result<Graph, SpmdError> {
         let fail = |reason: String| self.error(rank, reason);
         self.check_rank(rank)?;
-        let mut g = self.template.clone();
-        if rank == 0 {
+        let (template, patches, first) = self.source_of(rank)?;
+        let mut g = template.clone();
+        if rank == first {
             return Ok(g);
         }
-        for (k, p) in self.patches.iter().enumerate() {
+        for (k, p) in patches.iter().enumerate() {
             self.apply(&mut g, p, rank)
                 .map_err(|e| fail(format!("patch {k}: {e}")))?;
         }
@@ -202,9 +267,10 @@ impl SpmdProgram {
     pub fn weights_of(&self, rank: usize) -> Result<Graph, SpmdError> {
         let fail = |reason: String| self.error(rank, reason);
         self.check_rank(rank)?;
-        let mut g = Graph::new(self.template.name.clone());
-        g.params = self.template.params.clone();
-        for (k, p) in self.patches.iter().enumerate() {
+        let (template, patches, _) = self.source_of(rank)?;
+        let mut g = Graph::new(template.name.clone());
+        g.params = template.params.clone();
+        for (k, p) in patches.iter().enumerate() {
             if matches!(p, Patch::ParamBlock { .. }) {
                 self.apply(&mut g, p, rank)
                     .map_err(|e| fail(format!("patch {k}: {e}")))?;
@@ -213,8 +279,28 @@ impl SpmdProgram {
         Ok(g)
     }
 
-    fn apply(&self, g: &mut Graph, p: &Patch, rank: usize) -> Result<(), String> {
+    /// Applies patch `p` for `rank` to `g` (`g` is the template the patch was made for).
+    pub fn apply(&self, g: &mut Graph, p: &Patch, rank: usize) -> Result<(), String> {
         match p {
+            Patch::Peer { node, delta } => {
+                let peer = rank as i64 + delta;
+                if peer < 0 || peer >= self.device_num as i64 {
+                    return Err(format!(
+                        "node {node}'s peer rank {peer} is outside the {} ranks",
+                        self.device_num
+                    ));
+                }
+                let n = g
+                    .nodes
+                    .get_mut(*node as usize)
+                    .ok_or_else(|| format!("node {node} is not in the template"))?;
+                let key = match n.op {
+                    crate::OpKind::Send => "dest_rank",
+                    crate::OpKind::Receive => "src_rank",
+                    other => return Err(format!("node {node} is a {other}, not a Send or Receive")),
+                };
+                n.attrs.set(key, Attr::Int(peer));
+            }
             Patch::Group { node, primes, axes } => {
                 check_space(primes, axes, self.device_num)?;
                 let (ranks, _) = group(primes, axes, rank);
@@ -460,6 +546,7 @@ mod tests {
                 primes: vec![2, 2],
                 axes: vec![0],
             }],
+            stages: Vec::new(),
         };
         let e = p.materialize(1).unwrap_err().to_string();
         assert!(

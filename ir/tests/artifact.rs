@@ -44,6 +44,7 @@ fn artifact(n: u32) -> Artifact {
         } else {
             Vec::new()
         },
+        stages: Vec::new(),
     };
     Artifact {
         manifest: manifest(n),

@@ -162,8 +162,29 @@ pub fn fuse_program(
     let SpmdProgram {
         device_num,
         template,
-        mut patches,
+        patches,
+        stages,
     } = p;
+    let (mut fused, buckets) = fuse_one(device_num, template, patches, mode)?;
+    // A pipelined program: each stage's graph is fused on its own (its ranks run it).
+    for s in stages {
+        let (f, _) = fuse_one(device_num, s.template, s.patches, mode)?;
+        fused.stages.push(shardc_ir::spmd::StageProgram {
+            template: f.template,
+            patches: f.patches,
+            ..s
+        });
+    }
+    Ok((fused, buckets))
+}
+
+/// [`fuse_program`] on one template and its patches.
+fn fuse_one(
+    device_num: usize,
+    template: Graph,
+    mut patches: Vec<Patch>,
+    mode: &GradFusion,
+) -> Result<(SpmdProgram, Vec<Bucket>), GradFusionError> {
     let (out, new_index) = hoist(template);
     if let Some(new_index) = &new_index {
         for patch in &mut patches {
@@ -182,6 +203,7 @@ pub fn fuse_program(
             device_num,
             template: mark(out, &buckets, mode),
             patches,
+            stages: Vec::new(),
         },
         buckets,
     ))

@@ -156,6 +156,7 @@ pub fn compile(a: &CompileArgs) -> Result<()> {
         grad_fusion: Some(pipeline::grad_fusion_of(&ctx.comm_fusion)),
         materialize: pipeline::Materialize::Ranks(inspect.clone()),
         verify: a.verify || pipeline::verify_by_default(),
+        pipeline: a.parallel.pipeline_options(&ctx)?,
     };
     let compiled = pipeline::compile(graph, &opts)?;
     let g = compiled.graph;
@@ -166,10 +167,21 @@ pub fn compile(a: &CompileArgs) -> Result<()> {
                 .begin
                 .params
                 .iter()
-                .zip(&p.assignment.param_layouts)
+                .zip(&p.param_layouts)
                 .map(|(param, l)| Ok((param.name.clone(), serde_json::to_value(l)?)))
                 .collect::<Result<_>>()?;
             extra.insert("layouts".into(), serde_json::Value::Object(layouts));
+            if opts.pipeline.is_pipelined() {
+                extra.insert(
+                    "pipeline".into(),
+                    serde_json::json!({
+                        "stages": opts.pipeline.stages,
+                        "micro_size": opts.pipeline.micro_size,
+                        "scheduler": opts.pipeline.scheduler.name(),
+                        "ranks_per_stage": p.options.device_num / opts.pipeline.stages,
+                    }),
+                );
+            }
             extra.insert("decisions".into(), crate::explain::decisions_json(&p));
             if let Some(r) = &p.assignment.search {
                 extra.insert(

@@ -83,6 +83,20 @@ pub struct ParallelArgs {
     /// [default: cpu].
     #[arg(long, value_name = "PRESET|FILE.toml")]
     pub device: Option<String>,
+
+    /// Pipeline stages (MindSpore's pipeline_stages; each stage gets device_num / stages
+    /// devices) [default: 1].
+    #[arg(long, value_name = "S")]
+    pub pipeline_stages: Option<usize>,
+
+    /// Micro-batches per step (MindSpore's PipelineCell(net, micro_size)) [default: 1].
+    #[arg(long, value_name = "M")]
+    pub micro_size: Option<usize>,
+
+    /// The pipeline's schedule (pipeline_config.pipeline_scheduler): 1f1b or gpipe
+    /// [default: 1f1b].
+    #[arg(long, value_name = "SCHEDULER", value_parser = ["1f1b", "gpipe"])]
+    pub pipeline_scheduler: Option<String>,
 }
 
 fn parallel_mode_parser() -> impl TypedValueParser<Value = ParallelMode> {
@@ -136,6 +150,32 @@ impl ParallelArgs {
         };
         o.search.machine = self.device_description()?.machine();
         Ok(Some(o))
+    }
+
+    /// The pipeline options of the flags, checked against the context's device count.
+    pub fn pipeline_options(
+        &self,
+        ctx: &ParallelContext,
+    ) -> anyhow::Result<shardc_passes::pipeline::PipelineOptions> {
+        use shardc_passes::pipeline::{PipelineOptions, Scheduler};
+        let default = PipelineOptions::default();
+        let scheduler = match self.pipeline_scheduler.as_deref() {
+            None => default.scheduler,
+            Some(name) => Scheduler::from_name(name).ok_or_else(|| {
+                anyhow::anyhow!("--pipeline-scheduler {name}: expected 1f1b or gpipe")
+            })?,
+        };
+        let o = PipelineOptions {
+            stages: self.pipeline_stages.unwrap_or(default.stages),
+            micro_size: self.micro_size.unwrap_or(default.micro_size),
+            scheduler,
+        };
+        let devices = match ctx.parallel_mode {
+            ParallelMode::StandAlone => None,
+            _ => Some(ctx.device_num),
+        };
+        o.validate(devices)?;
+        Ok(o)
     }
 
     /// The options the flags set (the file is not read).

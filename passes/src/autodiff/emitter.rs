@@ -6,6 +6,9 @@ use crate::infer::error::InferError;
 use shardc_ir::{Attrs, Const, DType, Graph, Node, NodeId, OpKind, Operand, TensorType, Type};
 use std::collections::{HashMap, HashSet};
 
+/// The pipeline attributes a gradient's nodes inherit from their forward node.
+const PIPELINE_ATTRS: [&str; 2] = ["pipeline_stage", "micro_batch"];
+
 /// The shape rule an emitter types its nodes with (`crate::infer::infer_node`, given by the
 /// caller: the rules that emit nodes sit below the dispatcher of every op's shape rule).
 pub(crate) type TypeOf = fn(&Graph, &Node) -> Result<Type, InferError>;
@@ -29,6 +32,9 @@ pub(crate) struct Emitter {
     op: OpKind,
     /// Its instance name (or `%N`).
     instance: String,
+    /// The pipeline attributes (`pipeline_stage`, `micro_batch`) of the forward node, copied
+    /// onto every node emitted for its gradient (only those it has).
+    pipeline: Attrs,
 }
 
 impl Emitter {
@@ -60,6 +66,7 @@ impl Emitter {
             base: "grad".into(),
             op: OpKind::OnesLike,
             instance: String::new(),
+            pipeline: Attrs::new(),
         }
     }
 
@@ -78,6 +85,12 @@ impl Emitter {
         };
         self.base = format!("grad_{instance}");
         self.op = node.op;
+        self.pipeline = Attrs::new();
+        for key in PIPELINE_ATTRS {
+            if let Some(v) = node.attrs.get(key) {
+                self.pipeline.set(key, v.clone());
+            }
+        }
         self.instance = if node.instance.is_empty() {
             format!("%{}", id.index() + 1)
         } else {
@@ -90,6 +103,7 @@ impl Emitter {
         self.scope = "Gradients".into();
         self.base = format!("grad_{name}");
         self.instance = name.into();
+        self.pipeline = Attrs::new();
     }
 
     /// Emitted nodes from now on are named `<base>...` in `scope` (the optimizer update).
@@ -98,6 +112,7 @@ impl Emitter {
         self.base = base.into();
         self.op = op;
         self.instance = base.into();
+        self.pipeline = Attrs::new();
     }
 
     /// A fresh instance name `base + suffix` (with `_2`, `_3`, ... when taken).
@@ -123,6 +138,9 @@ impl Emitter {
     ) -> Result<NodeId, AutodiffError> {
         let mut node = Node::new(op, inputs);
         node.attrs = attrs;
+        for (k, v) in self.pipeline.iter() {
+            node.attrs.set(k, v.clone());
+        }
         node.instance = self.unique(suffix);
         node.scope = self.scope.clone();
         node.name = "grad".into();

@@ -897,6 +897,7 @@ pub fn program(
         device_num: opts.device_num,
         template,
         patches,
+        stages: Vec::new(),
     })
 }
 

@@ -1,0 +1,309 @@
+//! Micro-batches in the logical graph (MindSpore's `PipelineCell(net, micro_size)`).
+//!
+//! Every data input has the batch as dimension 0 (`B`, divisible by `M = micro_size`). Each
+//! is reshaped once `[B, ...] -> [B/M, M, ...]` (`micro_reshape_<input>`); micro-batch `m` is
+//! `StridedSlice [:, m:m+1, ...]` then `Reshape [B/M, ...]` (`micro_slice_<input>_micro{m}`,
+//! `micro_input_<input>_micro{m}`): it holds the rows `i ≡ m (mod M)`, **interleaved**, so a
+//! data-parallel split of the batch (contiguous blocks of dimension 0) stays local.
+//!
+//! Every forward node that depends on a data input is cloned `M` times, clone `m` with the
+//! attribute `micro_batch: m` and the instance name `<instance>_micro{m}`; a node depending on
+//! no data input (weight-only computation) is kept once. The loss becomes
+//! `(l_0 + ... + l_{M-1}) / M` when it is a mean over the batch (`ReduceMean`,
+//! `SparseSoftmaxCrossEntropyWithLogits`, or one of them scaled by a constant), the plain sum
+//! when it is a sum (`ReduceSum`): the micro-batched step computes the global batch's loss
+//! (`micro_loss_sum`, `micro_loss_mean`). Autodiff then sums the weights' gradients over the
+//! micro-batches by itself (gradient accumulation).
+
+use super::{node_name, PipelineError, MICRO_ATTR, STAGE_ATTR};
+use crate::infer::infer_node;
+use shardc_ir::{
+    Attr, Const, Graph, Node, NodeId, OpKind, Operand, ParamId, ParamKind, Type,
+};
+
+fn err(instance: String, reason: String) -> PipelineError {
+    PipelineError {
+        pass: "micro_batch",
+        instance,
+        reason,
+    }
+}
+
+/// Whether the scalar loss computed by node `i` is a mean over the batch (`Ok(true)`) or a sum
+/// (`Ok(false)`); anything else is an error naming the op and why.
+fn loss_is_mean(g: &Graph, i: usize) -> Result<bool, PipelineError> {
+    let n = &g.nodes[i];
+    let scalar = |o: &Operand| {
+        g.operand_tensor_type(o)
+            .is_some_and(|t| t.shape.iter().product::<usize>() == 1)
+    };
+    match n.op {
+        OpKind::ReduceMean => Ok(true),
+        OpKind::ReduceSum => Ok(false),
+        OpKind::SparseSoftmaxCrossEntropyWithLogits
+            if !n.attrs.get("is_grad").and_then(Attr::as_bool).unwrap_or(false) =>
+        {
+            Ok(true)
+        }
+        OpKind::Mul | OpKind::RealDiv => {
+            // A loss scaled by a constant: the scaled value decides.
+            match (n.inputs.first(), n.inputs.get(1)) {
+                (Some(Operand::Node(x)), Some(Operand::Const(_))) if scalar(&n.inputs[0]) => {
+                    loss_is_mean(g, x.index())
+                }
+                (Some(Operand::Const(_)), Some(Operand::Node(x)))
+                    if n.op == OpKind::Mul && scalar(&n.inputs[1]) =>
+                {
+                    loss_is_mean(g, x.index())
+                }
+                _ => Err(not_a_batch_reduction(g, i)),
+            }
+        }
+        _ => Err(not_a_batch_reduction(g, i)),
+    }
+}
+
+fn not_a_batch_reduction(g: &Graph, i: usize) -> PipelineError {
+    err(
+        node_name(g, i),
+        format!(
+            "computes the loss with {}: micro-batching needs the loss to be a mean or a sum over the batch (ReduceMean, ReduceSum, SparseSoftmaxCrossEntropyWithLogits, or one of them scaled by a constant)",
+            g.nodes[i].op
+        ),
+    )
+}
+
+/// Appends `node` to `out`, typed by its shape rule.
+fn push(out: &mut Graph, mut node: Node) -> Result<NodeId, PipelineError> {
+    node.ty = infer_node(out, &node).map_err(|e| err(node.instance.clone(), e.to_string()))?;
+    Ok(out.push_node(node))
+}
+
+/// The forward graph `g` (typed) with `micro_size` micro-batches; see the module
+/// documentation. `micro_size` 1 returns `g` unchanged.
+pub fn micro_batch(g: &Graph, micro_size: usize) -> Result<Graph, PipelineError> {
+    let m_count = micro_size;
+    if m_count <= 1 {
+        return Ok(g.clone());
+    }
+    // Which nodes depend on a data input.
+    let is_input = |p: &ParamId| matches!(g.params[p.index()].kind, ParamKind::Input);
+    let mut data = vec![false; g.nodes.len()];
+    for (i, n) in g.nodes.iter().enumerate() {
+        data[i] = n.inputs.iter().any(|o| match o {
+            Operand::Param(p) => is_input(p),
+            Operand::Node(id) => data[id.index()],
+            Operand::Const(_) => false,
+        });
+    }
+    let Some(Operand::Node(loss)) = g.loss().cloned() else {
+        return Err(err(
+            g.name.clone(),
+            "micro-batching needs the graph's first output to be the loss, computed by a node"
+                .into(),
+        ));
+    };
+    let scalar = matches!(&g.nodes[loss.index()].ty, Type::Tensor(t) if t.shape.iter().product::<usize>() == 1);
+    if !scalar || !data[loss.index()] {
+        return Err(err(
+            node_name(g, loss.index()),
+            format!(
+                "the loss {:?} must be a scalar computed from the data inputs to be split into micro-batches",
+                g.nodes[loss.index()].ty
+            ),
+        ));
+    }
+    let mean = loss_is_mean(g, loss.index())?;
+    for (k, o) in g.outputs.iter().enumerate().skip(1) {
+        if let Operand::Node(id) = o {
+            if data[id.index()] {
+                return Err(err(
+                    node_name(g, id.index()),
+                    format!("output {k} depends on the batch: a micro-batched step returns the loss only (and values of the weights)"),
+                ));
+            }
+        }
+    }
+    let mut out = Graph::new(g.name.clone());
+    out.params = g.params.clone();
+    // Weight-only nodes, once, in order.
+    let mut once: Vec<Option<NodeId>> = vec![None; g.nodes.len()];
+    for (i, n) in g.nodes.iter().enumerate() {
+        if !data[i] {
+            let mut c = n.clone();
+            for o in &mut c.inputs {
+                if let Operand::Node(id) = o {
+                    *id = once[id.index()].ok_or_else(|| {
+                        err(node_name(g, i), "reads a later node".into())
+                    })?;
+                }
+            }
+            once[i] = Some(out.push_node(c));
+        }
+    }
+    // The data inputs' micro-batches: per input read, per micro-batch, the operand.
+    let stage_of_readers = |p: usize| -> Option<i64> {
+        g.nodes
+            .iter()
+            .filter(|n| n.inputs.iter().any(|o| matches!(o, Operand::Param(q) if q.index() == p)))
+            .filter_map(|n| n.attrs.get(STAGE_ATTR).and_then(Attr::as_int))
+            .min()
+    };
+    let mut slices: Vec<Vec<Operand>> = vec![Vec::new(); g.params.len()];
+    for (p, prm) in g.params.iter().enumerate() {
+        let read = g
+            .nodes
+            .iter()
+            .any(|n| n.inputs.iter().any(|o| matches!(o, Operand::Param(q) if q.index() == p)));
+        if !read || !matches!(prm.kind, ParamKind::Input) {
+            continue;
+        }
+        let shape = &prm.ty.shape;
+        let b = shape.first().copied().unwrap_or(0);
+        if shape.is_empty() || b % m_count != 0 {
+            return Err(err(
+                prm.name.clone(),
+                format!(
+                    "data input of shape {shape:?}: its batch dimension 0 ({b}) is not divisible by micro_size {m_count}"
+                ),
+            ));
+        }
+        let rest: Vec<i64> = shape[1..].iter().map(|&d| d as i64).collect();
+        let per = (b / m_count) as i64;
+        let stage = stage_of_readers(p);
+        let mark = |n: &mut Node, micro: Option<usize>| {
+            if let Some(k) = stage {
+                n.attrs.set(STAGE_ATTR, Attr::Int(k));
+            }
+            if let Some(m) = micro {
+                n.attrs.set(MICRO_ATTR, Attr::Int(m as i64));
+            }
+        };
+        let mut wide = vec![per, m_count as i64];
+        wide.extend(&rest);
+        let mut r = Node::new(
+            OpKind::Reshape,
+            vec![Operand::Param(ParamId(p as u32)), Operand::Const(Const::Ints(wide.clone()))],
+        );
+        r.instance = format!("micro_reshape_{}", prm.name);
+        r.comments.push(format!(
+            "micro-batches of `{}`: [B, ...] -> [B/{m_count}, {m_count}, ...]; micro-batch m is the rows i = m (mod {m_count})",
+            prm.name
+        ));
+        mark(&mut r, None);
+        let wide_id = push(&mut out, r)?;
+        for m in 0..m_count {
+            let mut begin = vec![0i64; wide.len()];
+            begin[1] = m as i64;
+            let mut end = wide.clone();
+            end[1] = m as i64 + 1;
+            let mut s = Node::new(
+                OpKind::StridedSlice,
+                vec![
+                    Operand::Node(wide_id),
+                    Operand::Const(Const::Ints(begin)),
+                    Operand::Const(Const::Ints(end)),
+                    Operand::Const(Const::Ints(vec![1; wide.len()])),
+                ],
+            );
+            s.instance = format!("micro_slice_{}_micro{m}", prm.name);
+            mark(&mut s, Some(m));
+            let s_id = push(&mut out, s)?;
+            let mut narrow = vec![per];
+            narrow.extend(&rest);
+            let mut r = Node::new(
+                OpKind::Reshape,
+                vec![Operand::Node(s_id), Operand::Const(Const::Ints(narrow))],
+            );
+            r.instance = format!("micro_input_{}_micro{m}", prm.name);
+            mark(&mut r, Some(m));
+            slices[p].push(Operand::Node(push(&mut out, r)?));
+        }
+    }
+    // The clones, micro-batch by micro-batch.
+    let mut losses = Vec::with_capacity(m_count);
+    for m in 0..m_count {
+        let mut clone_of: Vec<Option<NodeId>> = vec![None; g.nodes.len()];
+        for (i, n) in g.nodes.iter().enumerate() {
+            if !data[i] {
+                continue;
+            }
+            let mut c = n.clone();
+            for o in &mut c.inputs {
+                let new = match &*o {
+                    Operand::Node(id) => Operand::Node(
+                        clone_of[id.index()]
+                            .or(once[id.index()])
+                            .ok_or_else(|| err(node_name(g, i), "reads a later node".into()))?,
+                    ),
+                    Operand::Param(p) if is_input(p) => slices[p.index()]
+                        .get(m)
+                        .cloned()
+                        .ok_or_else(|| err(node_name(g, i), "reads an unsliced input".into()))?,
+                    other => other.clone(),
+                };
+                *o = new;
+            }
+            // A batch-major reshape names the batch in its leading size: a micro-batch's is
+            // `1/M` of it.
+            if c.op == OpKind::Reshape {
+                if let Some(Operand::Const(Const::Ints(shape))) = c.inputs.get_mut(1) {
+                    if let Some(d) = shape.first_mut().filter(|d| **d > 0) {
+                        if *d % m_count as i64 == 0 {
+                            *d /= m_count as i64;
+                        }
+                    }
+                }
+            }
+            if !c.instance.is_empty() {
+                c.instance = format!("{}_micro{m}", c.instance);
+            }
+            c.attrs.set(MICRO_ATTR, Attr::Int(m as i64));
+            // Types change with the batch: retyped by the shape rules.
+            clone_of[i] = Some(push(&mut out, c)?);
+        }
+        losses.push(clone_of[loss.index()].ok_or_else(|| {
+            err(node_name(g, loss.index()), "the loss was not cloned".into())
+        })?);
+    }
+    let loss_node = &g.nodes[loss.index()];
+    let stage = loss_node.attrs.get(STAGE_ATTR).cloned();
+    let mut total = Operand::Node(losses[0]);
+    for (m, l) in losses.iter().enumerate().skip(1) {
+        let mut a = Node::new(OpKind::Add, vec![total, Operand::Node(*l)]);
+        a.instance = format!("micro_loss_sum_{m}");
+        a.scope.clone_from(&loss_node.scope);
+        if let Some(k) = &stage {
+            a.attrs.set(STAGE_ATTR, k.clone());
+        }
+        total = Operand::Node(push(&mut out, a)?);
+    }
+    if mean {
+        let mut d = Node::new(
+            OpKind::RealDiv,
+            vec![total, Operand::Const(Const::Float(m_count as f64))],
+        );
+        d.instance = "micro_loss_mean".into();
+        d.scope.clone_from(&loss_node.scope);
+        d.comments.push(format!(
+            "the loss of the global batch: the mean of the {m_count} micro-batches' mean losses"
+        ));
+        if let Some(k) = &stage {
+            d.attrs.set(STAGE_ATTR, k.clone());
+        }
+        total = Operand::Node(push(&mut out, d)?);
+    }
+    out.outputs = g
+        .outputs
+        .iter()
+        .enumerate()
+        .map(|(k, o)| match o {
+            _ if k == 0 => Ok(total.clone()),
+            Operand::Node(id) => once[id.index()]
+                .map(Operand::Node)
+                .ok_or_else(|| err(node_name(g, id.index()), "output not kept".into())),
+            other => Ok(other.clone()),
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(out)
+}

@@ -1,0 +1,684 @@
+//! `pipeline_split`: the program partitioned over one stage's intra-op mesh (`device_num / S`
+//! devices) becomes the program of all `device_num` devices, one graph per stage.
+//!
+//! - **Lift**: every layout gets `S` prepended to its device matrix (its tensor map and
+//!   partial axes count from the right, so they do not change), every patch the prime factors
+//!   of `S` prepended to its prime axes (its axes shifted): applied for a *global* rank, a
+//!   patch gives the groups (within the rank's stage), slices and blocks of that rank.
+//! - **Split**: stage `k` keeps its nodes (the forward nodes' `pipeline_stage`, their
+//!   gradients', an optimizer update its weight's; a node the partition inserted takes the
+//!   smallest stage of its readers, or the largest of its producers when it has none) and
+//!   only the parameters they read. A value made on stage `a` and read on stage `b` is a
+//!   `Send` on `a` (`dest_rank`, `sr_tag`) and a `Receive` on `b` (`src_rank`, `sr_tag`,
+//!   `shape`, `dtype`), the peer `rank ± |b - a| · device_num / S` ([`Patch::Peer`]), the tag
+//!   unique per value and reader stage (and so per micro-batch).
+//! - **Schedule**: each stage's nodes in a priority topological order: a node's slot is the
+//!   position of its (phase, micro-batch) in its stage's sequence ([`sequence`]: 1F1B or
+//!   GPipe; the backward phase is the scope `Gradients...`), a node without `micro_batch` the
+//!   largest slot of its operands; ties keep the original order. Program order stays a
+//!   schedule, and as `Send` never blocks and `Receive` does, the 1F1B order does not deadlock.
+//!
+//! A `OnesLike` (the gradient seed) reads only its operand's type: it is rewired to the start
+//! of the chain of same-typed first operands (the first micro-batch's loss rather than the
+//! global batch's), so the last stage's first backward does not wait for every forward.
+
+use super::{int_attr, PipelineError, PipelineOptions, Scheduler, MICRO_ATTR, STAGE_ATTR};
+use shardc_ir::spmd::{Patch, SpmdProgram, StageProgram};
+use shardc_ir::{
+    Attr, Graph, Node, NodeId, OpKind, Operand, Param, ParamId, TensorLayout, Type,
+};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
+
+fn err(instance: String, reason: String) -> PipelineError {
+    PipelineError {
+        pass: "pipeline_split",
+        instance,
+        reason,
+    }
+}
+
+/// The prime factors of `n`, ascending (none for 1).
+pub fn prime_factors(mut n: usize) -> Vec<usize> {
+    let mut out = Vec::new();
+    let mut p = 2;
+    while n > 1 && p * p <= n {
+        while n % p == 0 {
+            out.push(p);
+            n /= p;
+        }
+        p += 1;
+    }
+    if n > 1 {
+        out.push(n);
+    }
+    out
+}
+
+/// `l` over `stages` times its devices, the stage axis major.
+pub fn lift_layout(l: &TensorLayout, stages: usize) -> TensorLayout {
+    if stages <= 1 {
+        return l.clone();
+    }
+    let mut out = l.clone();
+    out.dev_matrix.insert(0, stages);
+    out
+}
+
+/// `p` over `stages` times its devices, the stage axes major.
+pub fn lift_patch(p: &Patch, stages: usize) -> Patch {
+    let f = prime_factors(stages);
+    let lift = |primes: &[usize], axes: &[usize]| {
+        let mut ps = f.clone();
+        ps.extend_from_slice(primes);
+        let ax = axes.iter().map(|a| a + f.len()).collect::<Vec<_>>();
+        (ps, ax)
+    };
+    match p {
+        Patch::Group { node, primes, axes } => {
+            let (primes, axes) = lift(primes, axes);
+            Patch::Group {
+                node: *node,
+                primes,
+                axes,
+            }
+        }
+        Patch::Slice {
+            node,
+            primes,
+            axes,
+            dim,
+            shape,
+        } => {
+            let (primes, axes) = lift(primes, axes);
+            Patch::Slice {
+                node: *node,
+                primes,
+                axes,
+                dim: *dim,
+                shape: shape.clone(),
+            }
+        }
+        Patch::ParamBlock { param, layout } => Patch::ParamBlock {
+            param: *param,
+            layout: lift_layout(layout, stages),
+        },
+        Patch::NodeBlock { node, layout } => Patch::NodeBlock {
+            node: *node,
+            layout: lift_layout(layout, stages),
+        },
+        Patch::Variants {
+            nodes,
+            layout,
+            dims,
+            keys,
+            variants,
+        } => Patch::Variants {
+            nodes: nodes.clone(),
+            layout: lift_layout(layout, stages),
+            dims: dims.clone(),
+            keys: keys.clone(),
+            variants: variants.clone(),
+        },
+        Patch::Peer { node, delta } => Patch::Peer {
+            node: *node,
+            delta: *delta,
+        },
+    }
+}
+
+/// Stage `stage` of `stages`' sequence of (backward?, micro-batch) with `micro` micro-batches.
+pub fn sequence(
+    scheduler: Scheduler,
+    stage: usize,
+    stages: usize,
+    micro: usize,
+) -> Vec<(bool, usize)> {
+    let micro = micro.max(1);
+    match scheduler {
+        Scheduler::GPipe => (0..micro)
+            .map(|m| (false, m))
+            .chain((0..micro).map(|m| (true, m)))
+            .collect(),
+        Scheduler::OneFOneB => {
+            let warm = stages.saturating_sub(stage + 1).min(micro);
+            let mut seq: Vec<(bool, usize)> = (0..warm).map(|m| (false, m)).collect();
+            for i in 0..micro - warm {
+                seq.push((false, warm + i));
+                seq.push((true, i));
+            }
+            seq.extend((micro - warm..micro).map(|m| (true, m)));
+            seq
+        }
+    }
+}
+
+/// Whether a node belongs to the backward phase (its scope is `Gradients...`).
+fn is_backward(n: &Node) -> bool {
+    n.scope.starts_with("Gradients")
+}
+
+/// The stage of every node of the (lifted) template; see the module documentation.
+fn node_stages(t: &Graph, stages: usize) -> Result<Vec<usize>, PipelineError> {
+    let n = t.nodes.len();
+    let mut stage: Vec<Option<usize>> = Vec::with_capacity(n);
+    for (i, node) in t.nodes.iter().enumerate() {
+        let k = match int_attr(node, STAGE_ATTR) {
+            None => None,
+            Some(k) if k >= 0 && (k as usize) < stages => Some(k as usize),
+            Some(k) => {
+                return Err(err(
+                    super::node_name(t, i),
+                    format!("pipeline_stage {k} is not a stage of pipeline_stages {stages}"),
+                ))
+            }
+        };
+        stage.push(k);
+    }
+    // A weight's stage: its staged readers'.
+    let mut weight: Vec<Option<usize>> = vec![None; t.params.len()];
+    for (i, node) in t.nodes.iter().enumerate() {
+        if let Some(k) = stage[i] {
+            for o in &node.inputs {
+                if let Operand::Param(p) = o {
+                    if t.params[p.index()].is_weight() {
+                        let w = &mut weight[p.index()];
+                        *w = Some(w.map_or(k, |x: usize| x.min(k)));
+                    }
+                }
+            }
+        }
+    }
+    for (i, node) in t.nodes.iter().enumerate() {
+        if stage[i].is_none() {
+            stage[i] = node
+                .inputs
+                .iter()
+                .filter_map(|o| match o {
+                    Operand::Param(p) => weight[p.index()],
+                    _ => None,
+                })
+                .min();
+        }
+    }
+    let users = t.users();
+    for i in (0..n).rev() {
+        if stage[i].is_none() {
+            stage[i] = users[i]
+                .iter()
+                .filter_map(|u| stage[u.index()])
+                .min();
+        }
+    }
+    for i in 0..n {
+        if stage[i].is_none() {
+            stage[i] = t.nodes[i]
+                .inputs
+                .iter()
+                .filter_map(|o| match o {
+                    Operand::Node(id) => stage[id.index()],
+                    _ => None,
+                })
+                .max();
+        }
+    }
+    Ok(stage.into_iter().map(|k| k.unwrap_or(0)).collect())
+}
+
+/// Rewires every `OnesLike` to the start of its operand's chain of same-typed first operands.
+fn rewire_seeds(t: &mut Graph) {
+    for i in 0..t.nodes.len() {
+        if t.nodes[i].op != OpKind::OnesLike {
+            continue;
+        }
+        let Some(Operand::Node(mut v)) = t.nodes[i].inputs.first().cloned() else {
+            continue;
+        };
+        loop {
+            let node = &t.nodes[v.index()];
+            match node.inputs.first() {
+                Some(Operand::Node(u)) if t.nodes[u.index()].ty == node.ty => v = *u,
+                _ => break,
+            }
+        }
+        t.nodes[i].inputs[0] = Operand::Node(v);
+    }
+}
+
+/// What a stage runs, before ordering.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Item {
+    /// The `Receive` of template node `.0` (made on stage `.1`).
+    Receive(usize, usize),
+    /// Template node `.0`.
+    Node(usize),
+    /// The `Send` of template node `.0` to stage `.1`.
+    Send(usize, usize),
+}
+
+/// Splits `program` (partitioned over `device_num / S` devices) into its pipeline stages;
+/// see the module documentation.
+pub fn pipeline_split(
+    program: SpmdProgram,
+    opts: &PipelineOptions,
+) -> Result<SpmdProgram, PipelineError> {
+    let stages = opts.stages;
+    if stages <= 1 {
+        return Ok(program);
+    }
+    let per = program.device_num;
+    let device_num = per * stages;
+    let patches: Vec<Patch> = program
+        .patches
+        .iter()
+        .map(|p| lift_patch(p, stages))
+        .collect();
+    let mut t = program.template;
+    rewire_seeds(&mut t);
+    let stage = node_stages(&t, stages)?;
+    for k in 0..stages {
+        if !stage.contains(&k) {
+            return Err(err(
+                String::new(),
+                format!("pipeline stage {k} of {stages} has no node"),
+            ));
+        }
+    }
+    let seqs: Vec<HashMap<(bool, usize), usize>> = (0..stages)
+        .map(|s| {
+            sequence(opts.scheduler, s, stages, opts.micro_size)
+                .into_iter()
+                .enumerate()
+                .map(|(i, x)| (x, i))
+                .collect()
+        })
+        .collect();
+    let micro = |n: &Node| int_attr(n, MICRO_ATTR).and_then(|m| usize::try_from(m).ok());
+    // Slot of (phase, micro) on stage s; a node without micro-batch gets its operands' max.
+    let slot_on = |s: usize, n: &Node| micro(n).map(|m| seqs[s].get(&(is_backward(n), m)).copied().unwrap_or(0));
+    let mut slot = vec![0usize; t.nodes.len()];
+    for (i, n) in t.nodes.iter().enumerate() {
+        slot[i] = match slot_on(stage[i], n) {
+            Some(x) => x,
+            None => n
+                .inputs
+                .iter()
+                .filter_map(|o| match o {
+                    Operand::Node(id) if stage[id.index()] == stage[i] => Some(slot[id.index()]),
+                    Operand::Node(id) => slot_on(stage[i], &t.nodes[id.index()]),
+                    _ => None,
+                })
+                .max()
+                .unwrap_or(0),
+        };
+    }
+    // Cross-stage values: (producer, reader stage) -> tag, in order.
+    let mut tags: BTreeMap<(usize, usize), i64> = BTreeMap::new();
+    for (i, n) in t.nodes.iter().enumerate() {
+        for o in &n.inputs {
+            if let Operand::Node(id) = o {
+                if stage[id.index()] != stage[i] {
+                    let next = tags.len() as i64;
+                    tags.entry((id.index(), stage[i])).or_insert(next);
+                }
+            }
+        }
+    }
+    // Renumber the tags in producer order, so that they read in program order.
+    for (k, v) in tags.values_mut().enumerate() {
+        *v = k as i64;
+    }
+    let scratch = SpmdProgram {
+        device_num,
+        template: Graph::new(t.name.clone()),
+        patches: Vec::new(),
+        stages: Vec::new(),
+    };
+    let mut out_stages = Vec::with_capacity(stages);
+    for s in 0..stages {
+        let first = s * per;
+        // The items and their order keys.
+        let mut items: Vec<(Item, (usize, usize, usize))> = Vec::new();
+        let mut first_reader: HashMap<usize, usize> = HashMap::new();
+        for (i, n) in t.nodes.iter().enumerate() {
+            if stage[i] != s {
+                continue;
+            }
+            items.push((Item::Node(i), (slot[i], i, 1)));
+            for o in &n.inputs {
+                if let Operand::Node(id) = o {
+                    if stage[id.index()] != s {
+                        first_reader.entry(id.index()).or_insert(i);
+                    }
+                }
+            }
+        }
+        for (&(p, b), _) in tags.iter() {
+            if stage[p] == s {
+                items.push((Item::Send(p, b), (slot[p], p, 2)));
+            }
+        }
+        for (&p, &r) in &first_reader {
+            let sl = slot_on(s, &t.nodes[p]).unwrap_or(0);
+            items.push((Item::Receive(p, stage[p]), (sl, r, 0)));
+        }
+        // Dependencies between items of this stage.
+        let index: HashMap<Item, usize> = items
+            .iter()
+            .enumerate()
+            .map(|(k, (it, _))| (*it, k))
+            .collect();
+        let dep_of = |id: usize| -> Option<usize> {
+            if stage[id] == s {
+                index.get(&Item::Node(id)).copied()
+            } else {
+                index.get(&Item::Receive(id, stage[id])).copied()
+            }
+        };
+        let mut deps: Vec<Vec<usize>> = vec![Vec::new(); items.len()];
+        for (k, (it, _)) in items.iter().enumerate() {
+            match *it {
+                Item::Node(i) => {
+                    for o in &t.nodes[i].inputs {
+                        if let Operand::Node(id) = o {
+                            if let Some(d) = dep_of(id.index()) {
+                                deps[k].push(d);
+                            }
+                        }
+                    }
+                }
+                Item::Send(p, _) => deps[k].extend(index.get(&Item::Node(p))),
+                Item::Receive(..) => {}
+            }
+        }
+        let order = priority_order(&items, &deps)?;
+        // Emit.
+        let mut g = Graph::new(t.name.clone());
+        let mut param_map: Vec<Option<ParamId>> = vec![None; t.params.len()];
+        for (p, prm) in t.params.iter().enumerate() {
+            let read = items.iter().any(|(it, _)| match it {
+                Item::Node(i) => t.nodes[*i]
+                    .inputs
+                    .iter()
+                    .any(|o| matches!(o, Operand::Param(q) if q.index() == p)),
+                _ => false,
+            });
+            if read {
+                param_map[p] = Some(g.add_param(Param {
+                    name: prm.name.clone(),
+                    ty: prm.ty.clone(),
+                    kind: prm.kind.clone(),
+                }));
+            }
+        }
+        let mut node_map: Vec<Option<u32>> = vec![None; t.nodes.len()];
+        let mut recv_map: HashMap<usize, NodeId> = HashMap::new();
+        let mut peers: Vec<Patch> = Vec::new();
+        let map_operand = |o: &Operand,
+                           node_map: &[Option<u32>],
+                           recv_map: &HashMap<usize, NodeId>|
+         -> Result<Operand, PipelineError> {
+            Ok(match o {
+                Operand::Node(id) if stage[id.index()] == s => Operand::Node(NodeId(
+                    node_map[id.index()].ok_or_else(|| {
+                        err(super::node_name(&t, id.index()), "is read before it is made".into())
+                    })?,
+                )),
+                Operand::Node(id) => Operand::Node(*recv_map.get(&id.index()).ok_or_else(|| {
+                    err(super::node_name(&t, id.index()), "is read before it is received".into())
+                })?),
+                Operand::Param(p) => Operand::Param(param_map[p.index()].ok_or_else(|| {
+                    err(t.params[p.index()].name.clone(), "parameter not kept".into())
+                })?),
+                c => c.clone(),
+            })
+        };
+        for k in order {
+            match items[k].0 {
+                Item::Node(i) => {
+                    let mut n = t.nodes[i].clone();
+                    n.inputs = n
+                        .inputs
+                        .iter()
+                        .map(|o| map_operand(o, &node_map, &recv_map))
+                        .collect::<Result<_, _>>()?;
+                    node_map[i] = Some(g.push_node(n).0);
+                }
+                Item::Send(p, b) => {
+                    let src = &t.nodes[p];
+                    let x = map_operand(&Operand::Node(NodeId(p as u32)), &node_map, &recv_map)?;
+                    let mut n = Node::new(OpKind::Send, vec![x]);
+                    n.instance = format!("send_{}_to_stage{b}", src.instance);
+                    n.name = "Send".into();
+                    n.scope.clone_from(&src.scope);
+                    n.ty = src.ty.clone();
+                    n.attrs.set("dest_rank", Attr::Int((b * per) as i64));
+                    n.attrs.set("sr_tag", Attr::Int(tags[&(p, b)]));
+                    n.attrs.set(STAGE_ATTR, Attr::Int(s as i64));
+                    if let Some(m) = micro(src) {
+                        n.attrs.set(MICRO_ATTR, Attr::Int(m as i64));
+                    }
+                    let id = g.push_node(n);
+                    peers.push(Patch::Peer {
+                        node: id.0,
+                        delta: (b as i64 - s as i64) * per as i64,
+                    });
+                }
+                Item::Receive(p, a) => {
+                    let src = &t.nodes[p];
+                    let Type::Tensor(ty) = &src.ty else {
+                        return Err(err(
+                            super::node_name(&t, p),
+                            format!("its tuple value crosses from stage {a} to stage {s}: only tensors are sent between stages"),
+                        ));
+                    };
+                    let mut n = Node::new(OpKind::Receive, Vec::new());
+                    n.instance = format!("receive_{}_from_stage{a}", src.instance);
+                    n.name = "Receive".into();
+                    n.scope.clone_from(&src.scope);
+                    n.ty = src.ty.clone();
+                    n.attrs.set("src_rank", Attr::Int((a * per) as i64));
+                    n.attrs.set("sr_tag", Attr::Int(tags[&(p, s)]));
+                    let shape: Vec<i64> = ty.shape.iter().map(|&d| d as i64).collect();
+                    n.attrs.set("shape", Attr::ints(&shape));
+                    n.attrs.set("dtype", Attr::Str(ty.dtype.name().into()));
+                    n.attrs.set(STAGE_ATTR, Attr::Int(s as i64));
+                    if let Some(m) = micro(src) {
+                        n.attrs.set(MICRO_ATTR, Attr::Int(m as i64));
+                    }
+                    let id = g.push_node(n);
+                    recv_map.insert(p, id);
+                    peers.push(Patch::Peer {
+                        node: id.0,
+                        delta: (a as i64 - s as i64) * per as i64,
+                    });
+                }
+            }
+        }
+        g.outputs = t
+            .outputs
+            .iter()
+            .filter_map(|o| match o {
+                Operand::Node(id) if stage[id.index()] == s => {
+                    node_map[id.index()].map(|x| Operand::Node(NodeId(x)))
+                }
+                _ => None,
+            })
+            .collect();
+        // The patches of this stage's nodes and parameters, renumbered.
+        let mut stage_patches = Vec::new();
+        for p in &patches {
+            let kept = match p {
+                Patch::ParamBlock { param, layout } => param_map[*param as usize].map(|q| {
+                    Patch::ParamBlock {
+                        param: q.0,
+                        layout: layout.clone(),
+                    }
+                }),
+                Patch::Variants {
+                    nodes,
+                    layout,
+                    dims,
+                    keys,
+                    variants,
+                } => {
+                    let mapped: Option<Vec<u32>> =
+                        nodes.iter().map(|&i| node_map[i as usize]).collect();
+                    match mapped {
+                        None => None,
+                        Some(new_nodes) => {
+                            let mut vs = variants.clone();
+                            for n in vs.iter_mut().flatten() {
+                                n.inputs = n
+                                    .inputs
+                                    .iter()
+                                    .map(|o| map_operand(o, &node_map, &recv_map))
+                                    .collect::<Result<_, _>>()?;
+                            }
+                            Some(Patch::Variants {
+                                nodes: new_nodes,
+                                layout: layout.clone(),
+                                dims: dims.clone(),
+                                keys: keys.clone(),
+                                variants: vs,
+                            })
+                        }
+                    }
+                }
+                other => match other.node().and_then(|i| node_map[i as usize]) {
+                    Some(_) => {
+                        let mut q = other.clone();
+                        let table: Vec<u32> =
+                            node_map.iter().map(|x| x.unwrap_or(u32::MAX)).collect();
+                        q.renumber(&table);
+                        Some(q)
+                    }
+                    None => None,
+                },
+            };
+            stage_patches.extend(kept);
+        }
+        stage_patches.extend(peers);
+        // The template is the stage's first rank's graph.
+        for (k, p) in stage_patches.iter().enumerate() {
+            scratch
+                .apply(&mut g, p, first)
+                .map_err(|e| err(String::new(), format!("stage {s}, patch {k}: {e}")))?;
+        }
+        out_stages.push(StageProgram {
+            first_rank: first,
+            rank_count: per,
+            template: g,
+            patches: stage_patches,
+        });
+    }
+    Ok(SpmdProgram {
+        device_num,
+        template: t,
+        patches,
+        stages: out_stages,
+    })
+}
+
+/// A topological order of `items` (each after its `deps`), the ready item with the smallest
+/// key first.
+fn priority_order(
+    items: &[(Item, (usize, usize, usize))],
+    deps: &[Vec<usize>],
+) -> Result<Vec<usize>, PipelineError> {
+    let mut missing: Vec<usize> = deps.iter().map(Vec::len).collect();
+    let mut users: Vec<Vec<usize>> = vec![Vec::new(); items.len()];
+    for (k, ds) in deps.iter().enumerate() {
+        for &d in ds {
+            users[d].push(k);
+        }
+    }
+    let mut ready: BinaryHeap<Reverse<((usize, usize, usize), usize)>> = BinaryHeap::new();
+    for (k, m) in missing.iter().enumerate() {
+        if *m == 0 {
+            ready.push(Reverse((items[k].1, k)));
+        }
+    }
+    let mut order = Vec::with_capacity(items.len());
+    while let Some(Reverse((_, k))) = ready.pop() {
+        order.push(k);
+        for &u in &users[k] {
+            missing[u] -= 1;
+            if missing[u] == 0 {
+                ready.push(Reverse((items[u].1, u)));
+            }
+        }
+    }
+    if order.len() != items.len() {
+        return Err(err(
+            String::new(),
+            "a stage's nodes do not form an acyclic graph".into(),
+        ));
+    }
+    Ok(order)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_f_one_b_and_gpipe_sequences() {
+        let f = |m| (false, m);
+        let b = |m| (true, m);
+        assert_eq!(
+            sequence(Scheduler::OneFOneB, 0, 2, 4),
+            vec![f(0), f(1), b(0), f(2), b(1), f(3), b(2), b(3)]
+        );
+        assert_eq!(
+            sequence(Scheduler::OneFOneB, 1, 2, 4),
+            vec![f(0), b(0), f(1), b(1), f(2), b(2), f(3), b(3)]
+        );
+        assert_eq!(
+            sequence(Scheduler::GPipe, 1, 2, 2),
+            vec![f(0), f(1), b(0), b(1)]
+        );
+        // More stages than micro-batches: every forward is warm-up.
+        assert_eq!(
+            sequence(Scheduler::OneFOneB, 0, 4, 2),
+            vec![f(0), f(1), b(0), b(1)]
+        );
+    }
+
+    #[test]
+    fn lifting_keeps_blocks_within_the_stage() {
+        let l = TensorLayout {
+            dev_matrix: vec![2, 1],
+            tensor_map: vec![1, -1],
+            tensor_shape: vec![8, 4],
+            partial: vec![],
+            partial_op: shardc_ir::ReduceOp::Sum,
+        };
+        let lifted = lift_layout(&l, 2);
+        assert_eq!(lifted.dev_matrix, vec![2, 2, 1]);
+        for r in 0..4 {
+            assert_eq!(lifted.block(r), l.block(r % 2), "rank {r}");
+        }
+        let p = lift_patch(
+            &Patch::Group {
+                node: 3,
+                primes: vec![2],
+                axes: vec![0],
+            },
+            4,
+        );
+        assert_eq!(
+            p,
+            Patch::Group {
+                node: 3,
+                primes: vec![2, 2, 2],
+                axes: vec![2]
+            }
+        );
+        let Patch::Group { primes, axes, .. } = p else {
+            unreachable!()
+        };
+        assert_eq!(shardc_ir::spmd::group(&primes, &axes, 5).0, vec![4, 5]);
+        assert_eq!(prime_factors(12), vec![2, 2, 3]);
+    }
+}
