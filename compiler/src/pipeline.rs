@@ -501,8 +501,39 @@ fn run_micro_batch(s: &mut CompileState, opts: &CompileOptions) -> Result<(), Co
     if pl.stages > 1 {
         pipe::stages::assign_stages(&mut s.graph, pl.stages)?;
     }
-    s.graph = pipe::micro_batch::micro_batch(&s.graph, pl.micro_size)?;
+    let splits = batch_splits(&s.graph, opts);
+    s.graph = pipe::micro_batch::micro_batch(&s.graph, pl.micro_size, &splits)?;
     Ok(())
+}
+
+/// Per parameter of `g`: how many contiguous blocks the dataset strategy splits a data
+/// input's dimension 0 into over a stage's devices (1 for a weight, on one device, or with
+/// `full_batch`).
+fn batch_splits(g: &Graph, opts: &CompileOptions) -> Vec<usize> {
+    let Some(p) = &opts.parallel else {
+        return vec![1; g.params.len()];
+    };
+    let mesh = (p.device_num / opts.pipeline.stages.max(1)).max(1);
+    let mut k = 0;
+    g.params
+        .iter()
+        .map(|prm| {
+            if !matches!(prm.kind, shardc_ir::ParamKind::Input) {
+                return 1;
+            }
+            let split = match &p.dataset {
+                DatasetLayout::DataParallel => mesh,
+                DatasetLayout::FullBatch => 1,
+                DatasetLayout::Explicit(s) => s
+                    .0
+                    .get(k)
+                    .and_then(|row| row.first())
+                    .map_or(1, |&x| x.max(1) as usize),
+            };
+            k += 1;
+            split
+        })
+        .collect()
 }
 
 /// The program lifted to every device and split into its stages, each stage's nodes in the

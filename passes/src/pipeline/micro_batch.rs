@@ -1,10 +1,15 @@
 //! Micro-batches in the logical graph (MindSpore's `PipelineCell(net, micro_size)`).
 //!
-//! Every data input has the batch as dimension 0 (`B`, divisible by `M = micro_size`). Each
-//! is reshaped once `[B, ...] -> [B/M, M, ...]` (`micro_reshape_<input>`); micro-batch `m` is
-//! `StridedSlice [:, m:m+1, ...]` then `Reshape [B/M, ...]` (`micro_slice_<input>_micro{m}`,
-//! `micro_input_<input>_micro{m}`): it holds the rows `i ≡ m (mod M)`, **interleaved**, so a
-//! data-parallel split of the batch (contiguous blocks of dimension 0) stays local.
+//! Every data input has the batch as dimension 0 (`B`). As MindSpore's `PipelineCell` slices
+//! each rank's own batch, micro-batch `m` is the `m`-th of `M = micro_size` contiguous chunks
+//! of each data-parallel block (the `d` contiguous blocks the dataset strategy splits
+//! dimension 0 into; `B` divisible by `d·M`). Each input is reshaped once `[B, ...] -> [d, M,
+//! B/(d·M), ...]` (`[M, B/M, ...]` when `d` is 1; `micro_reshape_<input>`); micro-batch `m`
+//! is `StridedSlice` of index `m` along the `M` axis, then `Reshape [B/M, ...]`
+//! (`micro_slice_<input>_micro{m}`, `micro_input_<input>_micro{m}`). The data-parallel split
+//! of dimension 0 carries to the leading `d` axis, so every slice is local; and chunks are
+//! contiguous, so a sample of several rows (a sequence's tokens, flattened) stays whole in one
+//! micro-batch when its rows divide `B/(d·M)`.
 //!
 //! Every forward node that depends on a data input is cloned `M` times, clone `m` with the
 //! attribute `micro_batch: m` and the instance name `<instance>_micro{m}`; a node depending on
@@ -80,8 +85,15 @@ fn push(out: &mut Graph, mut node: Node) -> Result<NodeId, PipelineError> {
 }
 
 /// The forward graph `g` (typed) with `micro_size` micro-batches; see the module
-/// documentation. `micro_size` 1 returns `g` unchanged.
-pub fn micro_batch(g: &Graph, micro_size: usize) -> Result<Graph, PipelineError> {
+/// documentation. `batch_splits[p]` is how many contiguous blocks the dataset strategy splits
+/// data input `p`'s dimension 0 into (its data-parallel ranks; missing or 0: 1): each block
+/// is cut into `micro_size` chunks, and micro-batch `m` is every block's `m`-th chunk.
+/// `micro_size` 1 returns `g` unchanged.
+pub fn micro_batch(
+    g: &Graph,
+    micro_size: usize,
+    batch_splits: &[usize],
+) -> Result<Graph, PipelineError> {
     let m_count = micro_size;
     if m_count <= 1 {
         return Ok(g.clone());
@@ -160,16 +172,23 @@ pub fn micro_batch(g: &Graph, micro_size: usize) -> Result<Graph, PipelineError>
         }
         let shape = &prm.ty.shape;
         let b = shape.first().copied().unwrap_or(0);
-        if shape.is_empty() || b % m_count != 0 {
+        let d = batch_splits.get(p).copied().unwrap_or(1).max(1);
+        if shape.is_empty() || b % (d * m_count) != 0 {
             return Err(err(
                 prm.name.clone(),
                 format!(
-                    "data input of shape {shape:?}: its batch dimension 0 ({b}) is not divisible by micro_size {m_count}"
+                    "data input of shape {shape:?}: its batch dimension 0 ({b}) is not divisible by micro_size {m_count}{}",
+                    if d > 1 {
+                        format!(" times the {d} data-parallel blocks the dataset strategy splits it into")
+                    } else {
+                        String::new()
+                    }
                 ),
             ));
         }
-        let rest: Vec<i64> = shape[1..].iter().map(|&d| d as i64).collect();
+        let rest: Vec<i64> = shape[1..].iter().map(|&x| x as i64).collect();
         let per = (b / m_count) as i64;
+        let chunk = (b / (d * m_count)) as i64;
         let stage = stage_of_readers(p);
         let mark = |n: &mut Node, micro: Option<usize>| {
             if let Some(k) = stage {
@@ -179,24 +198,39 @@ pub fn micro_batch(g: &Graph, micro_size: usize) -> Result<Graph, PipelineError>
                 n.attrs.set(MICRO_ATTR, Attr::Int(m as i64));
             }
         };
-        let mut wide = vec![per, m_count as i64];
+        // [B, ...] -> [d, M, B/(d M), ...] (the data-parallel blocks leading, so that their
+        // split carries to dimension 0 and the micro-batch axis stays whole), or [M, B/M, ...]
+        // on one block.
+        let (mut wide, axis) = if d > 1 {
+            (vec![d as i64, m_count as i64, chunk], 1)
+        } else {
+            (vec![m_count as i64, per], 0)
+        };
         wide.extend(&rest);
         let mut r = Node::new(
             OpKind::Reshape,
             vec![Operand::Param(ParamId(p as u32)), Operand::Const(Const::Ints(wide.clone()))],
         );
         r.instance = format!("micro_reshape_{}", prm.name);
-        r.comments.push(format!(
-            "micro-batches of `{}`: [B, ...] -> [B/{m_count}, {m_count}, ...]; micro-batch m is the rows i = m (mod {m_count})",
-            prm.name
-        ));
+        r.comments.push(if d > 1 {
+            format!(
+                "micro-batches of `{}`: [B, ...] -> [{d}, {m_count}, B/{}, ...]; micro-batch m is the m-th of {m_count} contiguous chunks of each of the {d} data-parallel blocks",
+                prm.name,
+                d * m_count
+            )
+        } else {
+            format!(
+                "micro-batches of `{}`: [B, ...] -> [{m_count}, B/{m_count}, ...]; micro-batch m is the m-th of {m_count} contiguous chunks",
+                prm.name
+            )
+        });
         mark(&mut r, None);
         let wide_id = push(&mut out, r)?;
         for m in 0..m_count {
             let mut begin = vec![0i64; wide.len()];
-            begin[1] = m as i64;
+            begin[axis] = m as i64;
             let mut end = wide.clone();
-            end[1] = m as i64 + 1;
+            end[axis] = m as i64 + 1;
             let mut s = Node::new(
                 OpKind::StridedSlice,
                 vec![
