@@ -108,7 +108,9 @@ fn check(what: &str, model: Graph, annotated: Graph, case: &Case) -> Result<(), 
         let s = par.program.stage_of(r).map_err(|e| e.to_string())?;
         let has = |op| g.nodes.iter().any(|n| n.op == op);
         if !has(OpKind::Receive) || !has(OpKind::Send) {
-            return Err(format!("{what}: rank {r} (stage {s}) lacks its Send/Receive"));
+            return Err(format!(
+                "{what}: rank {r} (stage {s}) lacks its Send/Receive"
+            ));
         }
     }
 
@@ -216,7 +218,9 @@ fn check(what: &str, model: Graph, annotated: Graph, case: &Case) -> Result<(), 
                 }
                 (true, None) => return Err(format!("{what}: rank {r} returns no loss")),
                 (false, Some(_)) => {
-                    return Err(format!("{what}: rank {r} of an early stage returns a value"))
+                    return Err(format!(
+                        "{what}: rank {r} of an early stage returns a value"
+                    ))
                 }
                 (false, None) => {}
             }

@@ -3,14 +3,20 @@
 //! | index | name                  | what                                                  |
 //! |-------|-----------------------|-------------------------------------------------------|
 //! | 00    | `infer_types`         | fills every node's type by the shape rules, then verifies (always: the input may be a file a user wrote) |
-//! | 01    | `autodiff`            | forward + backward + optimizer update (only with an optimizer) |
-//! | 02    | `sync_bn`             | training-mode BatchNorm as SyncBatchNorm pairs (`passes::parallel::sync_bn`) |
-//! | 03    | `step_parallel_begin` | a strategy for every op (the loaded strategy file's, else the mode's), a layout for every parameter (`passes::parallel::strategy`); writes the strategy file |
-//! | 04    | `step_parallel_end`   | the program every rank runs, once (SPMD): rank 0's graph with sliced shapes and inserted communication, and what differs per rank (`passes::parallel::partition::program`) |
-//! | 05    | `grad_fusion`         | gradient AllReduces moved to just after their gradients and grouped into `fusion: k` buckets by [`CompileOptions::grad_fusion`] (`passes::grad_fusion::fuse_program`) |
-//! | 06    | `execute`             | each asked rank's graph, materialized from the program ([`CompileOptions::materialize`]) |
+//! | 01    | `micro_batch`         | pipeline stages on every forward node (`pipeline_stage`: the cells' marks, else a split by compute cost) and the forward cloned per micro-batch, the loss combined (`passes::pipeline::{stages, micro_batch}`; only with [`CompileOptions::pipeline`] `stages > 1` or `micro_size > 1`) |
+//! | 02    | `autodiff`            | forward + backward + optimizer update (only with an optimizer) |
+//! | 03    | `sync_bn`             | training-mode BatchNorm as SyncBatchNorm pairs (`passes::parallel::sync_bn`) |
+//! | 04    | `step_parallel_begin` | a strategy for every op (the loaded strategy file's, else the mode's), a layout for every parameter (`passes::parallel::strategy`); writes the strategy file |
+//! | 05    | `step_parallel_end`   | the program every rank runs, once (SPMD): rank 0's graph with sliced shapes and inserted communication, and what differs per rank (`passes::parallel::partition::program`) |
+//! | 06    | `pipeline_split`      | the program lifted from one stage's mesh to every device and split into one program per stage, `Send` / `Receive` between them, each stage's nodes in the scheduler's order (`passes::pipeline::split`; only with `stages > 1`) |
+//! | 07    | `grad_fusion`         | gradient AllReduces moved to just after their gradients and grouped into `fusion: k` buckets by [`CompileOptions::grad_fusion`] (`passes::grad_fusion::fuse_program`, per stage when pipelined) |
+//! | 08    | `execute`             | each asked rank's graph, materialized from the program ([`CompileOptions::materialize`]): its stage's graph when pipelined |
 //!
-//! Passes 02-05 run only with [`CompileOptions::parallel`] set for more than one device. Every
+//! With pipeline stages, passes 04-05 plan one stage's intra-op mesh (`device_num / stages`
+//! devices); `pipeline_split` lifts the program to every device (the device matrix is
+//! stages × that mesh).
+//!
+//! Passes 03-07 run only with [`CompileOptions::parallel`] set for more than one device. Every
 //! pass is one entry of `PASSES`: its name, which is its dump's name and (by its place in the
 //! list) index, when it is enabled, and the function, over a [`CompileState`]. [`compile`]
 //! runs them all; [`compile_until`] stops after a named one (the filetests print, and the
@@ -27,8 +33,9 @@
 //! for the ranks [`CompileOptions::materialize`] names, `rank_R/step_parallel_begin_NNNN.ir`
 //! (the logical graph with every op's `in_strategy` and where it came from),
 //! `rank_R/step_parallel_end_NNNN.ir` (rank R's graph before gradient fusion) and
-//! `rank_R/06_execute_NNNN.ir` (the graph rank R runs). On one device the final graph is
-//! `06_execute_NNNN.ir`. Writing files is the compiler crate's job: the passes know no file
+//! `rank_R/pipeline_split_NNNN.ir` (rank R's stage graph, when pipelined) and
+//! `rank_R/08_execute_NNNN.ir` (the graph rank R runs). On one device the final graph is
+//! `08_execute_NNNN.ir`. Writing files is the compiler crate's job: the passes know no file
 //! system.
 
 use crate::builder::BuildError;
@@ -476,8 +483,8 @@ fn run_strategy(s: &mut CompileState, opts: &CompileOptions) -> Result<(), Compi
 fn run_partition(s: &mut CompileState, opts: &CompileOptions) -> Result<(), CompileError> {
     let a = needs(&s.assignment, "step_parallel_end", "step_parallel_begin")?;
     let intra = intra_op(parallel_of(opts, "step_parallel_end")?, opts);
-    let program = partition::program(&s.graph, a, &intra)
-        .map_err(|error| CompileError::Parallel {
+    let program =
+        partition::program(&s.graph, a, &intra).map_err(|error| CompileError::Parallel {
             stage: "step_parallel_end",
             error,
         })?;
@@ -625,7 +632,9 @@ fn check_program(p: &SpmdProgram, stage: &'static str) -> Result<(), CompileErro
     if p.stages.is_empty() {
         return check(&p.template, stage);
     }
-    p.stages.iter().try_for_each(|st| check(&st.template, stage))
+    p.stages
+        .iter()
+        .try_for_each(|st| check(&st.template, stage))
 }
 
 fn training_step_unverified(forward: &Graph, opt: &Optimizer) -> Result<Graph, CompileError> {

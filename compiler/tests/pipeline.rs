@@ -19,15 +19,17 @@ fn forward_only_runs_infer_types() {
         pass_names(),
         [
             "infer_types",
+            "micro_batch",
             "autodiff",
             "sync_bn",
             "step_parallel_begin",
             "step_parallel_end",
+            "pipeline_split",
             "grad_fusion",
             "execute"
         ]
     );
-    assert_eq!(pass_index("execute"), Some(6));
+    assert_eq!(pass_index("execute"), Some(8));
     assert_eq!(pass_index("partition"), None);
 }
 
@@ -50,7 +52,7 @@ fn parsed_model_compiles_to_a_training_step_with_dumps() {
     let stages: Vec<(usize, &str)> = c.stages.iter().map(|s| (s.index, s.name)).collect();
     assert_eq!(
         stages,
-        [(0, "infer_types"), (1, "autodiff"), (6, "execute")]
+        [(0, "infer_types"), (2, "autodiff"), (8, "execute")]
     );
     // After type inference every node has its type.
     let (after_infer, _) = compile_until(parsed.clone(), &plain, "infer_types").unwrap();
@@ -67,7 +69,7 @@ fn parsed_model_compiles_to_a_training_step_with_dumps() {
     files.sort();
     assert_eq!(files.len(), 3, "{files:?}");
     assert!(
-        files[2].starts_with("06_execute_") && files[2].ends_with(".ir"),
+        files[2].starts_with("08_execute_") && files[2].ends_with(".ir"),
         "{files:?}"
     );
     assert!(
@@ -75,7 +77,7 @@ fn parsed_model_compiles_to_a_training_step_with_dumps() {
         "{files:?}"
     );
     assert!(
-        files[1].starts_with("01_autodiff_") && files[1].ends_with(".ir"),
+        files[1].starts_with("02_autodiff_") && files[1].ends_with(".ir"),
         "{files:?}"
     );
     let counter = |f: &str| -> usize {
@@ -178,7 +180,7 @@ fn a_parallel_compile_runs_every_pass_of_the_one_list_and_dumps_by_its_index() {
     let prefixes: Vec<&str> = top.iter().map(|n| &n[..n.len().min(8)]).collect();
     assert_eq!(
         prefixes,
-        ["00_infer", "01_autod", "02_sync_", "rank_3", "rank_5"],
+        ["00_infer", "02_autod", "03_sync_", "rank_3", "rank_5"],
         "{top:?}"
     );
     for r in [3, 5] {
@@ -190,7 +192,7 @@ fn a_parallel_compile_runs_every_pass_of_the_one_list_and_dumps_by_its_index() {
         let stems: Vec<&str> = names.iter().map(|n| &n[..n.len() - 8]).collect();
         assert_eq!(
             stems,
-            ["06_execute", "step_parallel_begin", "step_parallel_end"],
+            ["08_execute", "step_parallel_begin", "step_parallel_end"],
             "{names:?}"
         );
     }

@@ -297,7 +297,9 @@ impl SpmdProgram {
                 let key = match n.op {
                     crate::OpKind::Send => "dest_rank",
                     crate::OpKind::Receive => "src_rank",
-                    other => return Err(format!("node {node} is a {other}, not a Send or Receive")),
+                    other => {
+                        return Err(format!("node {node} is a {other}, not a Send or Receive"))
+                    }
                 };
                 n.attrs.set(key, Attr::Int(peer));
             }

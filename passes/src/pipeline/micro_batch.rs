@@ -22,9 +22,7 @@
 
 use super::{node_name, PipelineError, MICRO_ATTR, STAGE_ATTR};
 use crate::infer::infer_node;
-use shardc_ir::{
-    Attr, Const, Graph, Node, NodeId, OpKind, Operand, ParamId, ParamKind, Type,
-};
+use shardc_ir::{Attr, Const, Graph, Node, NodeId, OpKind, Operand, ParamId, ParamKind, Type};
 
 fn err(instance: String, reason: String) -> PipelineError {
     PipelineError {
@@ -46,7 +44,11 @@ fn loss_is_mean(g: &Graph, i: usize) -> Result<bool, PipelineError> {
         OpKind::ReduceMean => Ok(true),
         OpKind::ReduceSum => Ok(false),
         OpKind::SparseSoftmaxCrossEntropyWithLogits
-            if !n.attrs.get("is_grad").and_then(Attr::as_bool).unwrap_or(false) =>
+            if !n
+                .attrs
+                .get("is_grad")
+                .and_then(Attr::as_bool)
+                .unwrap_or(false) =>
         {
             Ok(true)
         }
@@ -145,9 +147,8 @@ pub fn micro_batch(
             let mut c = n.clone();
             for o in &mut c.inputs {
                 if let Operand::Node(id) = o {
-                    *id = once[id.index()].ok_or_else(|| {
-                        err(node_name(g, i), "reads a later node".into())
-                    })?;
+                    *id = once[id.index()]
+                        .ok_or_else(|| err(node_name(g, i), "reads a later node".into()))?;
                 }
             }
             once[i] = Some(out.push_node(c));
@@ -157,16 +158,21 @@ pub fn micro_batch(
     let stage_of_readers = |p: usize| -> Option<i64> {
         g.nodes
             .iter()
-            .filter(|n| n.inputs.iter().any(|o| matches!(o, Operand::Param(q) if q.index() == p)))
+            .filter(|n| {
+                n.inputs
+                    .iter()
+                    .any(|o| matches!(o, Operand::Param(q) if q.index() == p))
+            })
             .filter_map(|n| n.attrs.get(STAGE_ATTR).and_then(Attr::as_int))
             .min()
     };
     let mut slices: Vec<Vec<Operand>> = vec![Vec::new(); g.params.len()];
     for (p, prm) in g.params.iter().enumerate() {
-        let read = g
-            .nodes
-            .iter()
-            .any(|n| n.inputs.iter().any(|o| matches!(o, Operand::Param(q) if q.index() == p)));
+        let read = g.nodes.iter().any(|n| {
+            n.inputs
+                .iter()
+                .any(|o| matches!(o, Operand::Param(q) if q.index() == p))
+        });
         if !read || !matches!(prm.kind, ParamKind::Input) {
             continue;
         }
@@ -209,7 +215,10 @@ pub fn micro_batch(
         wide.extend(&rest);
         let mut r = Node::new(
             OpKind::Reshape,
-            vec![Operand::Param(ParamId(p as u32)), Operand::Const(Const::Ints(wide.clone()))],
+            vec![
+                Operand::Param(ParamId(p as u32)),
+                Operand::Const(Const::Ints(wide.clone())),
+            ],
         );
         r.instance = format!("micro_reshape_{}", prm.name);
         r.comments.push(if d > 1 {
@@ -296,9 +305,10 @@ pub fn micro_batch(
             // Types change with the batch: retyped by the shape rules.
             clone_of[i] = Some(push(&mut out, c)?);
         }
-        losses.push(clone_of[loss.index()].ok_or_else(|| {
-            err(node_name(g, loss.index()), "the loss was not cloned".into())
-        })?);
+        losses
+            .push(clone_of[loss.index()].ok_or_else(|| {
+                err(node_name(g, loss.index()), "the loss was not cloned".into())
+            })?);
     }
     let loss_node = &g.nodes[loss.index()];
     let stage = loss_node.attrs.get(STAGE_ATTR).cloned();

@@ -24,9 +24,7 @@
 
 use super::{int_attr, PipelineError, PipelineOptions, Scheduler, MICRO_ATTR, STAGE_ATTR};
 use shardc_ir::spmd::{Patch, SpmdProgram, StageProgram};
-use shardc_ir::{
-    Attr, Graph, Node, NodeId, OpKind, Operand, Param, ParamId, TensorLayout, Type,
-};
+use shardc_ir::{Attr, Graph, Node, NodeId, OpKind, Operand, Param, ParamId, TensorLayout, Type};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 
@@ -204,10 +202,7 @@ fn node_stages(t: &Graph, stages: usize) -> Result<Vec<usize>, PipelineError> {
     let users = t.users();
     for i in (0..n).rev() {
         if stage[i].is_none() {
-            stage[i] = users[i]
-                .iter()
-                .filter_map(|u| stage[u.index()])
-                .min();
+            stage[i] = users[i].iter().filter_map(|u| stage[u.index()]).min();
         }
     }
     for i in 0..n {
@@ -244,6 +239,9 @@ fn rewire_seeds(t: &mut Graph) {
         t.nodes[i].inputs[0] = Operand::Node(v);
     }
 }
+
+/// An item's order key: (slot, original index, 0 for a Receive / 1 for a node / 2 for a Send).
+type Key = (usize, usize, usize);
 
 /// What a stage runs, before ordering.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -295,7 +293,9 @@ pub fn pipeline_split(
         .collect();
     let micro = |n: &Node| int_attr(n, MICRO_ATTR).and_then(|m| usize::try_from(m).ok());
     // Slot of (phase, micro) on stage s; a node without micro-batch gets its operands' max.
-    let slot_on = |s: usize, n: &Node| micro(n).map(|m| seqs[s].get(&(is_backward(n), m)).copied().unwrap_or(0));
+    let slot_on = |s: usize, n: &Node| {
+        micro(n).map(|m| seqs[s].get(&(is_backward(n), m)).copied().unwrap_or(0))
+    };
     let mut slot = vec![0usize; t.nodes.len()];
     for (i, n) in t.nodes.iter().enumerate() {
         slot[i] = match slot_on(stage[i], n) {
@@ -338,7 +338,7 @@ pub fn pipeline_split(
     for s in 0..stages {
         let first = s * per;
         // The items and their order keys.
-        let mut items: Vec<(Item, (usize, usize, usize))> = Vec::new();
+        let mut items: Vec<(Item, Key)> = Vec::new();
         let mut first_reader: HashMap<usize, usize> = HashMap::new();
         for (i, n) in t.nodes.iter().enumerate() {
             if stage[i] != s {
@@ -419,16 +419,27 @@ pub fn pipeline_split(
                            recv_map: &HashMap<usize, NodeId>|
          -> Result<Operand, PipelineError> {
             Ok(match o {
-                Operand::Node(id) if stage[id.index()] == s => Operand::Node(NodeId(
-                    node_map[id.index()].ok_or_else(|| {
-                        err(super::node_name(&t, id.index()), "is read before it is made".into())
-                    })?,
-                )),
-                Operand::Node(id) => Operand::Node(*recv_map.get(&id.index()).ok_or_else(|| {
-                    err(super::node_name(&t, id.index()), "is read before it is received".into())
-                })?),
+                Operand::Node(id) if stage[id.index()] == s => {
+                    Operand::Node(NodeId(node_map[id.index()].ok_or_else(|| {
+                        err(
+                            super::node_name(&t, id.index()),
+                            "is read before it is made".into(),
+                        )
+                    })?))
+                }
+                Operand::Node(id) => {
+                    Operand::Node(*recv_map.get(&id.index()).ok_or_else(|| {
+                        err(
+                            super::node_name(&t, id.index()),
+                            "is read before it is received".into(),
+                        )
+                    })?)
+                }
                 Operand::Param(p) => Operand::Param(param_map[p.index()].ok_or_else(|| {
-                    err(t.params[p.index()].name.clone(), "parameter not kept".into())
+                    err(
+                        t.params[p.index()].name.clone(),
+                        "parameter not kept".into(),
+                    )
                 })?),
                 c => c.clone(),
             })
@@ -509,12 +520,12 @@ pub fn pipeline_split(
         let mut stage_patches = Vec::new();
         for p in &patches {
             let kept = match p {
-                Patch::ParamBlock { param, layout } => param_map[*param as usize].map(|q| {
-                    Patch::ParamBlock {
+                Patch::ParamBlock { param, layout } => {
+                    param_map[*param as usize].map(|q| Patch::ParamBlock {
                         param: q.0,
                         layout: layout.clone(),
-                    }
-                }),
+                    })
+                }
                 Patch::Variants {
                     nodes,
                     layout,
@@ -582,10 +593,7 @@ pub fn pipeline_split(
 
 /// A topological order of `items` (each after its `deps`), the ready item with the smallest
 /// key first.
-fn priority_order(
-    items: &[(Item, (usize, usize, usize))],
-    deps: &[Vec<usize>],
-) -> Result<Vec<usize>, PipelineError> {
+fn priority_order(items: &[(Item, Key)], deps: &[Vec<usize>]) -> Result<Vec<usize>, PipelineError> {
     let mut missing: Vec<usize> = deps.iter().map(Vec::len).collect();
     let mut users: Vec<Vec<usize>> = vec![Vec::new(); items.len()];
     for (k, ds) in deps.iter().enumerate() {
@@ -593,7 +601,7 @@ fn priority_order(
             users[d].push(k);
         }
     }
-    let mut ready: BinaryHeap<Reverse<((usize, usize, usize), usize)>> = BinaryHeap::new();
+    let mut ready: BinaryHeap<Reverse<(Key, usize)>> = BinaryHeap::new();
     for (k, m) in missing.iter().enumerate() {
         if *m == 0 {
             ready.push(Reverse((items[k].1, k)));
