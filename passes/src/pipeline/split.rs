@@ -24,9 +24,11 @@
 
 use super::{int_attr, PipelineError, PipelineOptions, Scheduler, MICRO_ATTR, STAGE_ATTR};
 use shardc_ir::spmd::{Patch, SpmdProgram, StageProgram};
-use shardc_ir::{Attr, Graph, Node, NodeId, OpKind, Operand, Param, ParamId, TensorLayout, Type};
+use shardc_ir::{
+    Attr, Graph, Node, NodeId, OpKind, Operand, Param, ParamId, ParamKind, TensorLayout, Type,
+};
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
 
 fn err(instance: String, reason: String) -> PipelineError {
     PipelineError {
@@ -254,6 +256,64 @@ enum Item {
     Send(usize, usize),
 }
 
+/// Per stage: the nodes it runs as a replica of a shared state's update. A parameter that
+/// nodes of several stages read and that an `Assign` updates from weight-only values (Adam's
+/// `beta1_power` / `beta2_power`: scalars every stage's updates read, multiplied by a
+/// constant each step) is kept by every stage that reads it, each running its own copy of
+/// the update, as every rank of a data-parallel group does; a trainable weight shared by
+/// stages is refused before this (`stages::check`).
+fn shared_state_replicas(t: &Graph, stage: &[usize], stages: usize) -> Vec<HashSet<usize>> {
+    let mut replicas = vec![HashSet::new(); stages];
+    for (a, node) in t.nodes.iter().enumerate() {
+        let (OpKind::Assign, Some(Operand::Param(p))) = (node.op, node.inputs.first()) else {
+            continue;
+        };
+        // The update's chain: the Assign and every node it depends on, which must read
+        // only parameters that are not data inputs, constants, and each other.
+        let mut chain = vec![a];
+        let mut k = 0;
+        let mut weight_only = true;
+        while k < chain.len() && weight_only {
+            for o in &t.nodes[chain[k]].inputs {
+                match o {
+                    Operand::Node(id) => {
+                        if !chain.contains(&id.index()) {
+                            chain.push(id.index());
+                        }
+                    }
+                    Operand::Param(q) => {
+                        weight_only &= !matches!(t.params[q.index()].kind, ParamKind::Input);
+                    }
+                    Operand::Const(_) => {}
+                }
+            }
+            k += 1;
+            weight_only &= chain.len() <= 16;
+        }
+        if !weight_only {
+            continue;
+        }
+        let readers: HashSet<usize> = t
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(i, n)| {
+                !chain.contains(i)
+                    && n.inputs
+                        .iter()
+                        .any(|o| matches!(o, Operand::Param(q) if q == p))
+            })
+            .map(|(i, _)| stage[i])
+            .collect();
+        for k in readers {
+            if k != stage[a] {
+                replicas[k].extend(chain.iter().copied());
+            }
+        }
+    }
+    replicas
+}
+
 /// Splits `program` (partitioned over `device_num / S` devices) into its pipeline stages;
 /// see the module documentation.
 pub fn pipeline_split(
@@ -274,6 +334,9 @@ pub fn pipeline_split(
     let mut t = program.template;
     rewire_seeds(&mut t);
     let stage = node_stages(&t, stages)?;
+    let replicas = shared_state_replicas(&t, &stage, stages);
+    // Node `i` runs on stage `k`: its own stage, or a replica of a shared state's update.
+    let member = |i: usize, k: usize| stage[i] == k || replicas[k].contains(&i);
     for k in 0..stages {
         if !stage.contains(&k) {
             return Err(err(
@@ -292,32 +355,37 @@ pub fn pipeline_split(
         })
         .collect();
     let micro = |n: &Node| int_attr(n, MICRO_ATTR).and_then(|m| usize::try_from(m).ok());
-    // Slot of (phase, micro) on stage s; a node without micro-batch gets its operands' max.
-    let slot_on = |s: usize, n: &Node| {
-        micro(n).map(|m| seqs[s].get(&(is_backward(n), m)).copied().unwrap_or(0))
-    };
-    let mut slot = vec![0usize; t.nodes.len()];
+    // Each node's (phase, micro-batch): its own, or, for a node without a micro-batch (one
+    // the partition inserted, a weight-only computation), the latest of its operands' by its
+    // own stage's sequence: a redistribution of a forward value belongs to that forward. A
+    // value sent to another stage is received at its label's place in the receiver's
+    // sequence, and sent as soon as it is made, so 1F1B's sends always precede the receives
+    // that wait for them.
+    let pos = |s: usize, l: (bool, usize)| seqs[s].get(&l).copied().unwrap_or(0);
+    let mut label: Vec<Option<(bool, usize)>> = vec![None; t.nodes.len()];
     for (i, n) in t.nodes.iter().enumerate() {
-        slot[i] = match slot_on(stage[i], n) {
-            Some(x) => x,
+        label[i] = match micro(n) {
+            Some(m) => Some((is_backward(n), m)),
             None => n
                 .inputs
                 .iter()
                 .filter_map(|o| match o {
-                    Operand::Node(id) if stage[id.index()] == stage[i] => Some(slot[id.index()]),
-                    Operand::Node(id) => slot_on(stage[i], &t.nodes[id.index()]),
+                    Operand::Node(id) => label[id.index()],
                     _ => None,
                 })
-                .max()
-                .unwrap_or(0),
+                .max_by_key(|&l| pos(stage[i], l)),
         };
     }
+    let slot_on = |s: usize, i: usize| label[i].map(|l| pos(s, l));
+    let slot: Vec<usize> = (0..t.nodes.len())
+        .map(|i| slot_on(stage[i], i).unwrap_or(0))
+        .collect();
     // Cross-stage values: (producer, reader stage) -> tag, in order.
     let mut tags: BTreeMap<(usize, usize), i64> = BTreeMap::new();
     for (i, n) in t.nodes.iter().enumerate() {
         for o in &n.inputs {
             if let Operand::Node(id) = o {
-                if stage[id.index()] != stage[i] {
+                if !member(id.index(), stage[i]) {
                     let next = tags.len() as i64;
                     tags.entry((id.index(), stage[i])).or_insert(next);
                 }
@@ -341,13 +409,13 @@ pub fn pipeline_split(
         let mut items: Vec<(Item, Key)> = Vec::new();
         let mut first_reader: HashMap<usize, usize> = HashMap::new();
         for (i, n) in t.nodes.iter().enumerate() {
-            if stage[i] != s {
+            if !member(i, s) {
                 continue;
             }
             items.push((Item::Node(i), (slot[i], i, 1)));
             for o in &n.inputs {
                 if let Operand::Node(id) = o {
-                    if stage[id.index()] != s {
+                    if !member(id.index(), s) {
                         first_reader.entry(id.index()).or_insert(i);
                     }
                 }
@@ -359,7 +427,7 @@ pub fn pipeline_split(
             }
         }
         for (&p, &r) in &first_reader {
-            let sl = slot_on(s, &t.nodes[p]).unwrap_or(0);
+            let sl = slot_on(s, p).unwrap_or(0);
             items.push((Item::Receive(p, stage[p]), (sl, r, 0)));
         }
         // Dependencies between items of this stage.
@@ -369,7 +437,7 @@ pub fn pipeline_split(
             .map(|(k, (it, _))| (*it, k))
             .collect();
         let dep_of = |id: usize| -> Option<usize> {
-            if stage[id] == s {
+            if member(id, s) {
                 index.get(&Item::Node(id)).copied()
             } else {
                 index.get(&Item::Receive(id, stage[id])).copied()
@@ -383,6 +451,23 @@ pub fn pipeline_split(
                         if let Operand::Node(id) = o {
                             if let Some(d) = dep_of(id.index()) {
                                 deps[k].push(d);
+                            }
+                        }
+                    }
+                    // `Assign(param, v)` writes the parameter after every other read of it.
+                    if let (OpKind::Assign, Some(Operand::Param(p))) =
+                        (t.nodes[i].op, t.nodes[i].inputs.first())
+                    {
+                        for (r, (other, _)) in items.iter().enumerate() {
+                            if let Item::Node(j) = *other {
+                                if j != i
+                                    && t.nodes[j]
+                                        .inputs
+                                        .iter()
+                                        .any(|o| matches!(o, Operand::Param(q) if q == p))
+                                {
+                                    deps[k].push(r);
+                                }
                             }
                         }
                     }
@@ -419,7 +504,7 @@ pub fn pipeline_split(
                            recv_map: &HashMap<usize, NodeId>|
          -> Result<Operand, PipelineError> {
             Ok(match o {
-                Operand::Node(id) if stage[id.index()] == s => {
+                Operand::Node(id) if member(id.index(), s) => {
                     Operand::Node(NodeId(node_map[id.index()].ok_or_else(|| {
                         err(
                             super::node_name(&t, id.index()),
