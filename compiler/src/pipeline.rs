@@ -531,11 +531,11 @@ fn batch_splits(g: &Graph, opts: &CompileOptions) -> Vec<usize> {
             let split = match &p.dataset {
                 DatasetLayout::DataParallel => mesh,
                 DatasetLayout::FullBatch => 1,
-                DatasetLayout::Explicit(s) => s
-                    .0
-                    .get(k)
-                    .and_then(|row| row.first())
-                    .map_or(1, |&x| x.max(1) as usize),
+                DatasetLayout::Explicit(s) => {
+                    s.0.get(k)
+                        .and_then(|row| row.first())
+                        .map_or(1, |&x| x.max(1) as usize)
+                }
             };
             k += 1;
             split

@@ -81,6 +81,11 @@ pub struct StrategyFile {
     pub parameters: BTreeMap<String, ParamLayout>,
     /// Per op instance: its strategy.
     pub ops: BTreeMap<String, OpEntry>,
+    /// Pipeline stages, when more than one: the layouts then span every device (the stage
+    /// axis major) and each stage's ranks hold its own weights (`shardc ckpt merge` merges
+    /// them stage by stage).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline_stages: Option<usize>,
 }
 
 /// A strategy file that cannot be read or does not fit the model.
@@ -163,6 +168,7 @@ impl StrategyFile {
         StrategyFile {
             format: FORMAT.into(),
             model: g.name.clone(),
+            pipeline_stages: None,
             device_num: options.device_num,
             parallel_mode: parallel_mode.into(),
             searcher: searcher.into(),

@@ -214,6 +214,13 @@ pub fn strategy_of(art_dir: &Path, art: &Artifact) -> Result<StrategyFile> {
         predicted: None,
         parameters,
         ops,
+        pipeline_stages: m
+            .extra
+            .get("pipeline")
+            .and_then(|p| p.get("stages"))
+            .and_then(serde_json::Value::as_u64)
+            .map(|s| s as usize)
+            .filter(|&s| s > 1),
     })
 }
 
@@ -517,7 +524,9 @@ fn merge(a: &MergeArgs) -> Result<()> {
             }
         );
     };
-    let merged = checkpoint::merge(&parts, &layouts_of(&sf))?;
+    // A pipeline's stages hold their own weights: merge stage by stage.
+    let ranks_per_stage = n / sf.pipeline_stages.unwrap_or(1).max(1);
+    let merged = checkpoint::merge_stages(&parts, &layouts_of(&sf), ranks_per_stage)?;
     if let Some(dir) = a.output.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }

@@ -1,0 +1,427 @@
+//! The one invariant for pipelines, as a property: a pipelined (and optionally
+//! optimizer-sharded) training step computes what one device computes on the global batch.
+//! Over random models (MLPs of 2 to 4 layers, residual MLPs, a small transformer) × stage
+//! counts (2, 3, 4) × micro-batch counts (the stages up to 8) × both schedules (1F1B, GPipe)
+//! × random intra-op strategies on 1, 2 or 4 devices per stage, the ranks run together (a
+//! thread each, the in-process communicator, Send and Receive between stages) for 2 steps:
+//! the last stage's ranks return the single device's losses, and the weights gathered from
+//! the ranks that hold them (each stage its own) are the single device's.
+//!
+//! Each case is generated from its seed; a failure prints the seed and what it drew, and
+//! `SHARDC_CASE=seed cargo nextest run --test pipeline_invariant` reruns that case alone.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use shardc::compiler::builder::{BuildError, GraphBuilder, Value};
+use shardc::compiler::loss::{MSELoss, SoftmaxCrossEntropyWithLogits};
+use shardc::compiler::model::build_network;
+use shardc::compiler::nn::FnCell;
+use shardc::compiler::transformer::{transformer, TransformerConfig};
+use shardc::compiler::{compile, init, optim::Momentum, CompileOptions};
+use shardc::ir::{Attr, DType, Graph, OpKind, Strategy, TensorLayout};
+use shardc::passes::parallel::rules::{candidates, dims_of, strategy_from_loops};
+use shardc::passes::parallel::{DatasetLayout, Mode, ParallelOptions, SearchOptions};
+use shardc::passes::pipeline::{PipelineOptions, Scheduler};
+use shardc::runtime::data::SyntheticData;
+use shardc::runtime::executor::Executor;
+use shardc::runtime::Tensor;
+use shardc_tools::in_process::{rel, run_ranks, tensor_rel};
+use std::sync::Arc;
+
+const CASES: u64 = 48;
+const STEPS: u64 = 2;
+
+/// One drawn case.
+#[derive(Clone, Debug)]
+struct Case {
+    seed: u64,
+    stages: usize,
+    micro: usize,
+    mesh: usize,
+    scheduler: Scheduler,
+    zero: bool,
+}
+
+fn pick<'a, T>(rng: &mut ChaCha8Rng, xs: &'a [T]) -> &'a T {
+    &xs[rng.random_range(0..xs.len())]
+}
+
+/// An MLP of `layers` Dense layers (f64), the layer `i`'s ops marked with its stage
+/// `i * stages / layers`; `residual` adds each layer's input back where the widths agree.
+fn mlp(
+    rng: &mut ChaCha8Rng,
+    layers: usize,
+    stages: usize,
+    batch: usize,
+    residual: bool,
+) -> Result<Graph, BuildError> {
+    let width = *pick(rng, &[8usize, 16]);
+    let classes = *pick(rng, &[4usize, 8]);
+    let act = rng.random_range(0..3);
+    let bias = rng.random_bool(0.5);
+    let cross_entropy = rng.random_bool(0.5);
+    let net = FnCell::new("Mlp", move |b: &mut GraphBuilder, mut x: Value| {
+        for i in 0..layers {
+            let out = if i + 1 == layers { classes } else { width };
+            let w = b.weight(
+                &format!("w{i}"),
+                DType::Float64,
+                &[width, out],
+                init::normal(0.2),
+            )?;
+            let mut y = b.matmul(x.clone(), w)?;
+            if bias {
+                let bb = b.weight(&format!("b{i}"), DType::Float64, &[out], init::normal(0.1))?;
+                y = b.bias_add(y, bb)?;
+            }
+            if i + 1 < layers {
+                y = match act {
+                    0 => b.relu(y)?,
+                    1 => b.tanh(y)?,
+                    _ => b.gelu(y)?,
+                };
+                if residual {
+                    y = b.add(y, x)?;
+                }
+            }
+            x = y;
+        }
+        Ok(x)
+    });
+    let inputs: [(&str, DType, &[usize]); 2] = [
+        ("x", DType::Float64, &[batch, width]),
+        ("label", DType::Float64, &[batch, classes]),
+    ];
+    let mut g = if cross_entropy {
+        build_network(
+            "Mlp",
+            &net,
+            &SoftmaxCrossEntropyWithLogits::new(false, "mean"),
+            &inputs,
+        )?
+    } else {
+        build_network("Mlp", &net, &MSELoss::new(), &inputs)?
+    };
+    // Layer i is its MatMul and what follows up to the next MatMul; the loss joins the last.
+    let mut layer = 0usize;
+    let mut seen = 0usize;
+    for n in &mut g.nodes {
+        if n.op == OpKind::MatMul {
+            layer = seen;
+            seen += 1;
+        }
+        n.attrs.set(
+            "pipeline_stage",
+            Attr::Int((layer * stages / layers) as i64),
+        );
+    }
+    Ok(g)
+}
+
+/// Marks each op of layer `layerK` (its instance's prefix) with stage `K * stages / layers`.
+fn stage_by_layer_scope(g: &mut Graph, layers: usize, stages: usize) {
+    for n in &mut g.nodes {
+        let layer = n
+            .instance
+            .strip_prefix("layer")
+            .and_then(|s| s.split('_').next())
+            .and_then(|k| k.parse::<usize>().ok());
+        if let Some(k) = layer {
+            n.attrs
+                .set("pipeline_stage", Attr::Int((k * stages / layers) as i64));
+        }
+    }
+}
+
+/// Annotates a random subset of the forward ops with random valid strategies over `mesh`
+/// devices (the stage's intra-op mesh).
+fn annotate(rng: &mut ChaCha8Rng, g: &mut Graph, mesh: usize, p: f64) -> Vec<String> {
+    let mut notes = Vec::new();
+    if mesh == 1 {
+        return notes;
+    }
+    for i in 0..g.nodes.len() {
+        let node = &g.nodes[i];
+        if matches!(node.op, OpKind::TupleGetItem | OpKind::Assign) || !rng.random_bool(p) {
+            continue;
+        }
+        let Ok(dims) = dims_of(g, node) else { continue };
+        let cands = candidates(g, node, &dims, mesh, 4);
+        if cands.is_empty() {
+            continue;
+        }
+        let splits = cands[rng.random_range(0..cands.len())].clone();
+        let s: Strategy = strategy_from_loops(g, node, &dims, &splits);
+        notes.push(format!("{} {}", node.instance, s));
+        g.nodes[i].in_strategy = Some(s);
+    }
+    notes
+}
+
+/// The case of `seed`: its model (marked with stages) and what was drawn.
+fn case_of(seed: u64) -> Result<(String, Graph, Case, f64), String> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let stages = *pick(&mut rng, &[2usize, 3, 4]);
+    let mesh = *pick(&mut rng, &[1usize, 2, 4]);
+    let micro = *pick(&mut rng, &[stages, stages * 2].map(|m| m.min(8)));
+    let scheduler = if rng.random_bool(0.5) {
+        Scheduler::OneFOneB
+    } else {
+        Scheduler::GPipe
+    };
+    let zero = mesh > 1 && rng.random_bool(0.3);
+    let case = Case {
+        seed,
+        stages,
+        micro,
+        mesh,
+        scheduler,
+        zero,
+    };
+    // The batch: every data-parallel rank's micro-batches whole.
+    let batch = mesh * micro * 2;
+    let family = seed % 3;
+    let (what, mut g, tolerance) = match family {
+        0 | 1 => {
+            let layers = rng.random_range(stages..=4.max(stages));
+            let residual = family == 1;
+            let g = mlp(&mut rng, layers, stages, batch, residual).map_err(|e| e.to_string())?;
+            (
+                format!(
+                    "{}mlp of {layers} layers",
+                    if residual { "residual " } else { "" }
+                ),
+                g,
+                1e-9,
+            )
+        }
+        _ => {
+            // The transformer builds in f32: its tolerance is f32 rounding's.
+            let layers = stages.max(2);
+            let cfg = TransformerConfig::new(layers, 16, 2, 4, batch);
+            let mut g = transformer(&cfg).map_err(|e| e.to_string())?;
+            stage_by_layer_scope(&mut g, layers, stages);
+            (format!("transformer of {layers} layers"), g, 1e-4)
+        }
+    };
+    let notes = annotate(&mut rng, &mut g, mesh, 0.3);
+    Ok((
+        format!(
+            "seed {seed}: {what}, {case:?}, strategies [{}]",
+            notes.join("; ")
+        ),
+        g,
+        case,
+        tolerance,
+    ))
+}
+
+fn run_case(seed: u64) -> Result<(), String> {
+    let (what, model, case, tolerance) = case_of(seed)?;
+    let opt = Momentum::new(0.1, 0.9).to_spec();
+    let mut plain = model.clone();
+    for n in &mut plain.nodes {
+        n.in_strategy = None;
+        n.out_strategy = None;
+    }
+    let single = compile(
+        plain,
+        &CompileOptions {
+            optimizer: Some(opt),
+            ..Default::default()
+        },
+    )
+    .map_err(|e| format!("{what}: single-device compile: {e}"))?
+    .graph;
+    let device_num = case.stages * case.mesh;
+    let par = compile(
+        model,
+        &CompileOptions {
+            optimizer: Some(opt),
+            parallel: Some(ParallelOptions {
+                mode: Mode::SemiAutoParallel,
+                device_num,
+                dataset: DatasetLayout::DataParallel,
+                gradients_mean: true,
+                enable_alltoall: false,
+                search: SearchOptions::default(),
+            }),
+            pipeline: PipelineOptions {
+                stages: case.stages,
+                micro_size: case.micro,
+                scheduler: case.scheduler,
+            },
+            ..Default::default()
+        },
+    )
+    .map_err(|e| format!("{what}: parallel compile: {e}"))?
+    .parallel
+    .ok_or_else(|| format!("{what}: no per-rank graphs"))?;
+
+    let data = SyntheticData::new(&single, case.seed, STEPS as usize).map_err(|e| e.to_string())?;
+    let feeds = |step: u64| -> Vec<(String, Tensor)> {
+        data.feeds(step)
+            .into_iter()
+            .map(|(n, t)| (n.to_string(), t))
+            .collect()
+    };
+    let mut exec = Executor::new(single, Arc::new(shardc::cpu::CpuBackend::with_threads(1)))
+        .map_err(|e| format!("{what}: {e}"))?;
+    let mut losses = Vec::new();
+    for step in 0..STEPS {
+        let f = feeds(step);
+        let refs: Vec<(&str, Tensor)> = f.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+        let out = exec
+            .step(&refs)
+            .map_err(|e| format!("{what}: single step: {e}"))?;
+        losses.push(out[0].scalar_value().unwrap_or(f64::NAN));
+    }
+    // Every parameter's layout over all N devices (the stage axis major).
+    let layouts: Vec<(String, TensorLayout)> = par
+        .begin
+        .params
+        .iter()
+        .zip(&par.param_layouts)
+        .map(|(p, l)| (p.name.clone(), l.clone()))
+        .collect();
+    let inputs: Vec<(String, TensorLayout)> = layouts
+        .iter()
+        .filter(|(n, _)| exec.param(n).is_none())
+        .cloned()
+        .collect();
+    if par.ranks.len() != device_num {
+        return Err(format!(
+            "{what}: {} rank graphs for {device_num} devices",
+            par.ranks.len()
+        ));
+    }
+    let res =
+        run_ranks(par.ranks, &inputs, &feeds, STEPS, 1).map_err(|e| format!("{what}: {e:#}"))?;
+    let last_stage = (case.stages - 1) * case.mesh..device_num;
+    for (r, outs) in res.outputs.iter().enumerate() {
+        for (k, &l) in losses.iter().enumerate() {
+            let has_loss = !outs[k].is_empty();
+            if has_loss != last_stage.contains(&r) {
+                return Err(format!(
+                    "{what}: rank {r} {} a loss, but the last stage is ranks {last_stage:?}",
+                    if has_loss {
+                        "returned"
+                    } else {
+                        "did not return"
+                    }
+                ));
+            }
+            if !has_loss {
+                continue;
+            }
+            let v = outs[k][0].scalar_value().unwrap_or(f64::NAN);
+            if rel(v, l) > tolerance || rel(v, l).is_nan() {
+                return Err(format!(
+                    "{what}: step {} rank {r}: loss {v} vs single device {l}",
+                    k + 1
+                ));
+            }
+        }
+    }
+    for (name, layout) in &layouts {
+        let Some(reference) = exec.param(name) else {
+            continue;
+        };
+        let whole = res
+            .gathered_weight(name, layout)
+            .map_err(|e| format!("{what}: {e}"))?;
+        let d = tensor_rel(&whole, reference);
+        if d > tolerance || d.is_nan() {
+            return Err(format!(
+                "{what}: weight {name} differs by {d:.3e} after {STEPS} steps"
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn pipelined_steps_equal_the_single_device_on_random_models_stages_and_strategies() {
+    let only: Option<u64> = std::env::var("SHARDC_CASE")
+        .ok()
+        .and_then(|s| s.parse().ok());
+    let seeds: Vec<u64> = match only {
+        Some(s) => vec![s],
+        None => (0..CASES).collect(),
+    };
+    let mut failures = Vec::new();
+    let mut drawn = std::collections::BTreeMap::new();
+    for seed in seeds {
+        if let Ok((_, _, c, _)) = case_of(seed) {
+            *drawn
+                .entry((c.stages, c.micro, c.mesh, format!("{:?}", c.scheduler)))
+                .or_insert(0usize) += 1;
+        }
+        if let Err(e) = run_case(seed) {
+            failures.push(e);
+        }
+    }
+    eprintln!("cases (stages, micro-batches, mesh, schedule): {drawn:?}");
+    assert!(
+        failures.is_empty(),
+        "{} of {CASES} cases failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+#[ignore]
+fn dump_case() {
+    let seed: u64 = std::env::var("SHARDC_CASE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(30);
+    let (what, model, case, _) = case_of(seed).unwrap();
+    eprintln!("{what}");
+    let opt = Momentum::new(0.1, 0.9).to_spec();
+    let par = compile(
+        model,
+        &CompileOptions {
+            optimizer: Some(opt),
+            parallel: Some(ParallelOptions {
+                mode: Mode::SemiAutoParallel,
+                device_num: case.stages * case.mesh,
+                dataset: DatasetLayout::DataParallel,
+                gradients_mean: true,
+                enable_alltoall: false,
+                search: SearchOptions::default(),
+            }),
+            pipeline: PipelineOptions {
+                stages: case.stages,
+                micro_size: case.micro,
+                scheduler: case.scheduler,
+            },
+            ..Default::default()
+        },
+    )
+    .unwrap()
+    .parallel
+    .unwrap();
+    for (r, g) in par.ranks.iter().enumerate() {
+        eprintln!("=== rank {r}");
+        for n in &g.nodes {
+            if matches!(
+                n.op,
+                OpKind::Send
+                    | OpKind::Receive
+                    | OpKind::AllReduce
+                    | OpKind::AllGather
+                    | OpKind::ReduceScatter
+                    | OpKind::AllToAll
+            ) {
+                eprintln!(
+                    "  {} {} {:?}",
+                    n.op.name(),
+                    n.instance,
+                    n.attrs.get("sr_tag")
+                );
+            }
+        }
+    }
+}
