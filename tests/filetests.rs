@@ -182,6 +182,7 @@ fn run_parallel(what: &str, words: &[&str], g: Graph) -> Result<String, String> 
         gradients_mean: true,
         enable_alltoall: false,
         search: Default::default(),
+        parallel_optimizer: None,
     };
     let mut rank = 0usize;
     for w in words {

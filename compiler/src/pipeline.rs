@@ -43,7 +43,8 @@ use shardc_ir::Graph;
 use shardc_passes::autodiff::{self, Optimizer};
 use shardc_passes::grad_fusion::{self, GradFusion, GradFusionError};
 use shardc_passes::parallel::{
-    partition, strategy, sync_bn, DatasetLayout, Mode, ParallelError, ParallelOptions,
+    partition, strategy, sync_bn, DatasetLayout, Mode, ParallelError, ParallelOptimizer,
+    ParallelOptions,
     SearchMode as PassSearchMode, SearchOptions,
 };
 use shardc_passes::{infer, verify};
@@ -738,6 +739,14 @@ pub fn parallel_options(ctx: &ParallelContext) -> Result<Option<ParallelOptions>
             machine: Default::default(),
             max_device_memory: ctx.max_device_memory.map(|b| b as f64),
         },
+        parallel_optimizer: ctx.enable_parallel_optimizer.then(|| {
+            let c = &ctx.parallel_optimizer_config;
+            ParallelOptimizer {
+                threshold_kb: c.parallel_optimizer_threshold,
+                weight_shard_size: usize::try_from(c.optimizer_weight_shard_size).ok(),
+                gradient_accumulation_shard: c.gradient_accumulation_shard,
+            }
+        }),
     }))
 }
 

@@ -149,6 +149,7 @@ fn parallel_options(device_num: usize) -> shardc_passes::parallel::ParallelOptio
         gradients_mean: true,
         enable_alltoall: false,
         search: Default::default(),
+        parallel_optimizer: None,
     }
 }
 

@@ -160,8 +160,12 @@ pub fn compile(a: &CompileArgs) -> Result<()> {
     let compiled = pipeline::compile(graph, &opts)?;
     let g = compiled.graph;
     let mut extra = serde_json::Map::new();
+    let mut optimizer_line = None;
     let (program, graphs, mode) = match compiled.parallel {
         Some(p) => {
+            if ctx.enable_parallel_optimizer {
+                optimizer_line = Some(parallel_optimizer_summary(&p));
+            }
             let layouts: serde_json::Map<String, serde_json::Value> = p
                 .begin
                 .params
@@ -219,7 +223,34 @@ pub fn compile(a: &CompileArgs) -> Result<()> {
         a.model.display(),
         a.output.display(),
     );
+    if let Some(line) = optimizer_line {
+        println!("{line}");
+    }
     Ok(())
+}
+
+/// `parallel optimizer: K of N weights split; weights + optimizer state per rank: X bytes
+/// (Y without)`, from the layouts before and after the split.
+fn parallel_optimizer_summary(p: &pipeline::ParallelCompiled) -> String {
+    let a = &p.assignment;
+    let bytes = |l: &shardc_ir::TensorLayout, param: &shardc_ir::Param| -> usize {
+        l.slice_shape().iter().product::<usize>() * param.ty.dtype.size_bytes()
+    };
+    let (mut with, mut without, mut weights) = (0usize, 0usize, 0usize);
+    for (i, param) in p.begin.params.iter().enumerate() {
+        if !param.is_weight() {
+            continue;
+        }
+        weights += usize::from(param.requires_grad());
+        let now = &a.param_layouts[i];
+        with += bytes(now, param);
+        without += bytes(a.optimizer_shard_of(i).map_or(now, |s| &s.before), param);
+    }
+    format!(
+        "parallel optimizer: {} of {weights} weights split over their data-parallel group; \
+         weights + optimizer state per rank: {with} bytes ({without} without)",
+        a.optimizer_shards.len()
+    )
 }
 
 /// The ranks `--ranks` names: `all`, `A-B` (inclusive), or a comma-separated list of those.
