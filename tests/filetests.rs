@@ -25,7 +25,8 @@
 //!   pipeline to `step_parallel_begin` on the training step (Momentum lr 0.2, momentum 0.1):
 //!   every op's strategy and its source, the `step_parallel_begin` dump (MODE:
 //!   `data_parallel`, `semi_auto_parallel`, `auto_parallel`; dataset: `data_parallel`,
-//!   `full_batch`; `search=` one of `sharding_propagation`, `recursive_programming`,
+//!   `full_batch`; `parallel_optimizer_threshold=KB` and `optimizer_weight_shard_size=N` turn
+//!   the parallel optimizer on; `search=` one of `sharding_propagation`, `recursive_programming`,
 //!   `dynamic_programming`, `ilp`, with `device=PRESET` and `max_device_memory=BYTES` for the
 //!   cost model);
 //! - `partition device_num=N mode=MODE rank=R [...]`: the pipeline to `step_parallel_end`,
@@ -219,6 +220,15 @@ fn run_parallel(what: &str, words: &[&str], g: Graph) -> Result<String, String> 
             }
             "max_device_memory" => {
                 opts.search.max_device_memory = Some(v.parse().map_err(|_| format!("bad {w}"))?);
+            }
+            // The parallel optimizer on, weights from this many KB split.
+            "parallel_optimizer_threshold" => {
+                let po = opts.parallel_optimizer.get_or_insert_default();
+                po.threshold_kb = v.parse().map_err(|_| format!("bad {w}"))?;
+            }
+            "optimizer_weight_shard_size" => {
+                let po = opts.parallel_optimizer.get_or_insert_default();
+                po.weight_shard_size = Some(v.parse().map_err(|_| format!("bad {w}"))?);
             }
             "dataset" => {
                 opts.dataset = match v {

@@ -158,7 +158,8 @@ fn check(
         .cloned()
         .collect();
     let rank0 = &compiled.ranks[0];
-    let count = |pred: &dyn Fn(&shardc::ir::Node) -> bool| rank0.nodes.iter().filter(|n| pred(n)).count();
+    let count =
+        |pred: &dyn Fn(&shardc::ir::Node) -> bool| rank0.nodes.iter().filter(|n| pred(n)).count();
     let seen = Seen {
         gathers: count(&|n| {
             n.op == OpKind::AllGather && n.instance.starts_with("parallel_optimizer_allgather_")
@@ -225,13 +226,21 @@ fn optimizer_sharded_mlp_equals_one_device_data_parallel_and_mixed() {
             ("mlp mixed", &mlp_mixed, Mode::SemiAutoParallel),
         ] {
             let what = format!("{what} {opt_name}");
-            match check(&what, model, options(mode, 4, Some(zero1(None))), opt, 1e-9, &[]) {
+            match check(
+                &what,
+                model,
+                options(mode, 4, Some(zero1(None))),
+                opt,
+                1e-9,
+                &[],
+            ) {
                 Ok(seen) => {
                     // Data parallel: every gradient is reduce-scattered, none all-reduced. In
                     // the mixed plan the completion may pick gradient strategies that make
                     // the update's block directly.
                     let dp = mode == Mode::DataParallel;
-                    let unreduced = dp && (seen.reduce_scatters == 0 || seen.mirror_all_reduces > 0);
+                    let unreduced =
+                        dp && (seen.reduce_scatters == 0 || seen.mirror_all_reduces > 0);
                     if seen.gathers == 0 || unreduced {
                         failures.push(format!(
                             "{what}: {} optimizer all-gathers, {} gradient reduce-scatters, \
@@ -265,10 +274,10 @@ fn optimizer_sharded_transformer_equals_one_device_data_parallel_and_mixed() {
     let cfg = TransformerConfig::new(1, 16, 2, 4, 4);
     let dp = transformer(&cfg).expect("transformer");
     // Mixed: the feed-forward input Dense split by columns over 2, batch over 2.
-    let mixed = transformer(
-        &cfg.clone()
-            .annotate("layer0_ffn_in_matmul", Strategy(vec![vec![2, 1], vec![1, 2]])),
-    )
+    let mixed = transformer(&cfg.clone().annotate(
+        "layer0_ffn_in_matmul",
+        Strategy(vec![vec![2, 1], vec![1, 2]]),
+    ))
     .expect("transformer");
     let mut failures = Vec::new();
     for (opt_name, opt) in [("momentum", momentum()), ("adam", adam())] {
@@ -280,8 +289,19 @@ fn optimizer_sharded_transformer_equals_one_device_data_parallel_and_mixed() {
             // The key bias's exact gradient is zero (softmax ignores a shift of a row of
             // scores): its f32 rounding noise, which depends on the order of the sums, Adam
             // normalises into whole steps on either side. The ranks' losses still agree.
-            let unchecked: &[&str] = if opt_name == "adam" { &["attn_k.bias"] } else { &[] };
-            match check(&what, model, options(mode, 4, Some(zero1(None))), opt, 2e-4, unchecked) {
+            let unchecked: &[&str] = if opt_name == "adam" {
+                &["attn_k.bias"]
+            } else {
+                &[]
+            };
+            match check(
+                &what,
+                model,
+                options(mode, 4, Some(zero1(None))),
+                opt,
+                2e-4,
+                unchecked,
+            ) {
                 Ok(seen) if seen.gathers == 0 || seen.reduce_scatters == 0 => failures.push(
                     format!("{what}: no optimizer all-gather or gradient reduce-scatter"),
                 ),
@@ -324,8 +344,14 @@ fn each_rank_keeps_a_quarter_of_the_weight_and_state_bytes() {
         .map(|p| p.ty.size_bytes())
         .sum();
     let (before, after) = (ref_bytes(&plain), ref_bytes(&sharded));
-    eprintln!("rank 0 weight + Adam state bytes: {before} without, {after} with the parallel optimizer");
-    assert_eq!(after - scalars, (before - scalars) / 4, "{before} -> {after}");
+    eprintln!(
+        "rank 0 weight + Adam state bytes: {before} without, {after} with the parallel optimizer"
+    );
+    assert_eq!(
+        after - scalars,
+        (before - scalars) / 4,
+        "{before} -> {after}"
+    );
     let all_reduces = |g: &Graph| {
         g.nodes
             .iter()
@@ -333,7 +359,11 @@ fn each_rank_keeps_a_quarter_of_the_weight_and_state_bytes() {
             .count()
     };
     assert!(all_reduces(&plain) > 0);
-    assert_eq!(all_reduces(&sharded), 0, "every gradient is reduce-scattered");
+    assert_eq!(
+        all_reduces(&sharded),
+        0,
+        "every gradient is reduce-scattered"
+    );
     // The 64 KB default threshold keeps this small model's weights whole.
     let default = rank0(Some(ParallelOptimizer::DEFAULT));
     assert_eq!(ref_bytes(&default), before);
@@ -446,14 +476,7 @@ mod cli {
         assert!(rank0.contains("ReduceScatter("), "{rank0}");
 
         let (ck, single) = (dir.join("ck"), dir.join("single"));
-        let par = ok(&[
-            "run",
-            s(&art4),
-            "--steps",
-            "4",
-            "--checkpoint-dir",
-            s(&ck),
-        ]);
+        let par = ok(&["run", s(&art4), "--steps", "4", "--checkpoint-dir", s(&ck)]);
         let one = ok(&[
             "run",
             s(&art1),
@@ -466,7 +489,10 @@ mod cli {
         assert_eq!((lp.len(), l1.len()), (4, 4), "{}", stdout(&par));
         for (v, want) in lp.iter().zip(&l1) {
             let want = *want;
-            assert!((v - want).abs() <= 1e-5 * want.abs().max(1.0), "{v} vs {want}");
+            assert!(
+                (v - want).abs() <= 1e-5 * want.abs().max(1.0),
+                "{v} vs {want}"
+            );
         }
         // Each rank's file holds its quarter of a split weight.
         let r0 = checkpoint::load(&only_file(&ck.join("0"))).unwrap();
@@ -475,11 +501,15 @@ mod cli {
             .tensors
             .iter()
             .filter(|(n, t)| {
-                r0.tensor(n)
-                    .is_some_and(|b| b.shape.iter().product::<usize>() * 4 == t.shape.iter().product::<usize>())
+                r0.tensor(n).is_some_and(|b| {
+                    b.shape.iter().product::<usize>() * 4 == t.shape.iter().product::<usize>()
+                })
             })
             .count();
-        assert!(split > 0, "no rank-0 tensor is a quarter of the single device's");
+        assert!(
+            split > 0,
+            "no rank-0 tensor is a quarter of the single device's"
+        );
 
         let merged = dir.join("merged/0/merged.safetensors");
         ok(&[
@@ -505,7 +535,10 @@ mod cli {
                 .zip(&b)
                 .map(|(x, y)| (x - y).abs() / scale)
                 .fold(0.0, f64::max);
-            assert!(d < 1e-5, "{n}: merged differs from the single device by {d}");
+            assert!(
+                d < 1e-5,
+                "{n}: merged differs from the single device by {d}"
+            );
         }
     }
 }

@@ -1016,9 +1016,10 @@ impl ParallelSettings {
                                 s.parallel_optimizer_threshold = Some(usize_of(&path, v)? as u64)
                             }
                             _ => {
-                                s.optimizer_weight_shard_size = Some(v.as_integer().ok_or_else(
-                                    || wrong_type(&path, "an integer (-1 or a group size)", v),
-                                )?)
+                                s.optimizer_weight_shard_size =
+                                    Some(v.as_integer().ok_or_else(|| {
+                                        wrong_type(&path, "an integer (-1 or a group size)", v)
+                                    })?)
                             }
                         }
                     }

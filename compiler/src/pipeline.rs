@@ -44,8 +44,7 @@ use shardc_passes::autodiff::{self, Optimizer};
 use shardc_passes::grad_fusion::{self, GradFusion, GradFusionError};
 use shardc_passes::parallel::{
     partition, strategy, sync_bn, DatasetLayout, Mode, ParallelError, ParallelOptimizer,
-    ParallelOptions,
-    SearchMode as PassSearchMode, SearchOptions,
+    ParallelOptions, SearchMode as PassSearchMode, SearchOptions,
 };
 use shardc_passes::{infer, verify};
 use std::path::{Path, PathBuf};

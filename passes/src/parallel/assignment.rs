@@ -172,7 +172,6 @@ pub struct OptimizerShard {
     pub before: TensorLayout,
 }
 
-
 impl Assignment {
     /// The parallel optimizer's split of parameter `p` (a weight or one of its optimizer
     /// states), if it split it.

@@ -82,8 +82,7 @@ pub fn shard_layout(
     };
     // A dimension mapped to an axis of one device is whole too.
     let (slice, splits) = (w.slice_shape(), w.splits());
-    let Some(dim) = (0..slice.len()).find(|&d| splits[d] == 1 && slice[d] % devices == 0)
-    else {
+    let Some(dim) = (0..slice.len()).find(|&d| splits[d] == 1 && slice[d] % devices == 0) else {
         return Ok(None);
     };
     // The run of axes [start, start + len) becomes one axis of `group` devices, factored as
@@ -106,7 +105,13 @@ pub fn shard_layout(
     let mut tensor_map: Vec<i64> = w
         .tensor_map
         .iter()
-        .map(|&k| if k < 0 { k } else { renumber(k as usize) as i64 })
+        .map(|&k| {
+            if k < 0 {
+                k
+            } else {
+                renumber(k as usize) as i64
+            }
+        })
         .collect();
     tensor_map[dim] = start as i64;
     let out = TensorLayout {
@@ -245,7 +250,10 @@ mod tests {
         assert_eq!(l.dev_matrix, vec![4, 2]);
         assert_eq!(l.tensor_map, vec![0, -1]);
         let err = shard_layout(&w, 2048, "w", &cfg(Some(3))).unwrap_err();
-        assert!(err.to_string().contains("optimizer_weight_shard_size 3"), "{err}");
+        assert!(
+            err.to_string().contains("optimizer_weight_shard_size 3"),
+            "{err}"
+        );
     }
 
     #[test]

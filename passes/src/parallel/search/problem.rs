@@ -27,8 +27,8 @@ pub use super::super::cost::Breakdown;
 
 use super::super::assignment::Candidate;
 use super::super::cost::{elem_bytes, CommCost, Machine};
-use super::super::redistribute::{placement, Placement};
 use super::super::optimizer_shard::shard_layout;
+use super::super::redistribute::{placement, Placement};
 use super::super::roles::{is_generated, like_weight, updated_weight};
 use super::super::rules::{self, candidates, dims_of, sharding, OpSharding, MAX_SPLIT_LOOPS};
 use super::super::{ParallelError, ParallelOptions};
