@@ -21,6 +21,8 @@
 //!   error;
 //! - `train OPT [lr=..] [momentum=..]`: the pipeline to `autodiff`, the whole training step
 //!   (`momentum`, `sgd`, `adam`);
+//! - `recompute OPT [lr=..] [momentum=..]`: the pipeline to `recompute`, the training step
+//!   with the nodes marked `recompute: true` replayed in the backward pass;
 //! - `strategy device_num=N mode=MODE [dataset=..] [gradients_mean=..] [alltoall]`: the
 //!   pipeline to `step_parallel_begin` on the training step (Momentum lr 0.2, momentum 0.1):
 //!   every op's strategy and its source, the `step_parallel_begin` dump (MODE:
@@ -132,6 +134,14 @@ fn run_command(command: &str, src: &str, file: &str) -> Result<String, String> {
                 ..Default::default()
             };
             let s = pipeline_until(g, opts, "autodiff")?;
+            Ok(print_graph(&s.graph))
+        }
+        "recompute" => {
+            let opts = CompileOptions {
+                optimizer: Some(parse_optimizer(rest)?),
+                ..Default::default()
+            };
+            let s = pipeline_until(g, opts, "recompute")?;
             Ok(print_graph(&s.graph))
         }
         "strategy" | "partition" => run_parallel(what, rest, g),

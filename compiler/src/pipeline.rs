@@ -4,13 +4,14 @@
 //! |-------|-----------------------|-------------------------------------------------------|
 //! | 00    | `infer_types`         | fills every node's type by the shape rules, then verifies (always: the input may be a file a user wrote) |
 //! | 01    | `autodiff`            | forward + backward + optimizer update (only with an optimizer) |
-//! | 02    | `sync_bn`             | training-mode BatchNorm as SyncBatchNorm pairs (`passes::parallel::sync_bn`) |
-//! | 03    | `step_parallel_begin` | a strategy for every op (the loaded strategy file's, else the mode's), a layout for every parameter (`passes::parallel::strategy`); writes the strategy file |
-//! | 04    | `step_parallel_end`   | the program every rank runs, once (SPMD): rank 0's graph with sliced shapes and inserted communication, and what differs per rank (`passes::parallel::partition::program`) |
-//! | 05    | `grad_fusion`         | gradient AllReduces moved to just after their gradients and grouped into `fusion: k` buckets by [`CompileOptions::grad_fusion`] (`passes::grad_fusion::fuse_program`) |
-//! | 06    | `execute`             | each asked rank's graph, materialized from the program ([`CompileOptions::materialize`]) |
+//! | 02    | `recompute`           | forward nodes marked `recompute: true` replayed in the backward pass, so their results die after the forward (`passes::recompute`; changes nothing without marks) |
+//! | 03    | `sync_bn`             | training-mode BatchNorm as SyncBatchNorm pairs (`passes::parallel::sync_bn`) |
+//! | 04    | `step_parallel_begin` | a strategy for every op (the loaded strategy file's, else the mode's), a layout for every parameter (`passes::parallel::strategy`; with `enable_parallel_optimizer`, weights and optimizer state split over their data-parallel group, `passes::parallel::optimizer_shard`); writes the strategy file |
+//! | 05    | `step_parallel_end`   | the program every rank runs, once (SPMD): rank 0's graph with sliced shapes and inserted communication, and what differs per rank (`passes::parallel::partition::program`) |
+//! | 06    | `grad_fusion`         | gradient AllReduces moved to just after their gradients and grouped into `fusion: k` buckets by [`CompileOptions::grad_fusion`] (`passes::grad_fusion::fuse_program`) |
+//! | 07    | `execute`             | each asked rank's graph, materialized from the program ([`CompileOptions::materialize`]) |
 //!
-//! Passes 02-05 run only with [`CompileOptions::parallel`] set for more than one device. Every
+//! Passes 03-06 run only with [`CompileOptions::parallel`] set for more than one device. Every
 //! pass is one entry of `PASSES`: its name, which is its dump's name and (by its place in the
 //! list) index, when it is enabled, and the function, over a [`CompileState`]. [`compile`]
 //! runs them all; [`compile_until`] stops after a named one (the filetests print, and the
@@ -27,8 +28,8 @@
 //! for the ranks [`CompileOptions::materialize`] names, `rank_R/step_parallel_begin_NNNN.ir`
 //! (the logical graph with every op's `in_strategy` and where it came from),
 //! `rank_R/step_parallel_end_NNNN.ir` (rank R's graph before gradient fusion) and
-//! `rank_R/06_execute_NNNN.ir` (the graph rank R runs). On one device the final graph is
-//! `06_execute_NNNN.ir`. Writing files is the compiler crate's job: the passes know no file
+//! `rank_R/07_execute_NNNN.ir` (the graph rank R runs). On one device the final graph is
+//! `07_execute_NNNN.ir`. Writing files is the compiler crate's job: the passes know no file
 //! system.
 
 use crate::builder::BuildError;
@@ -227,6 +228,9 @@ pub enum CompileError {
     /// Autodiff failed.
     #[error(transparent)]
     Autodiff(Box<dyn std::error::Error + Send + Sync>),
+    /// The `recompute` pass refused a marked node (it names the op, the node and why).
+    #[error(transparent)]
+    Recompute(Box<shardc_passes::recompute::RecomputeError>),
     /// A dump could not be written.
     #[error("writing {path}: {source}")]
     Io {
@@ -312,6 +316,12 @@ const PASSES: &[Pass] = &[
         run: run_autodiff,
     },
     Pass {
+        name: "recompute",
+        enabled: |o| o.optimizer.is_some(),
+        dump: Dump::Logical,
+        run: run_recompute,
+    },
+    Pass {
         name: "sync_bn",
         enabled: is_parallel,
         dump: Dump::Logical,
@@ -380,6 +390,16 @@ fn needs<'a, T>(
         pass,
         needs: made_by,
     })
+}
+
+/// Replays the forward nodes marked `recompute: true` in the backward pass
+/// (`passes::recompute`); a graph without marks is left as it is.
+fn run_recompute(s: &mut CompileState, _: &CompileOptions) -> Result<(), CompileError> {
+    if shardc_passes::recompute::any_marked(&s.graph) {
+        s.graph = shardc_passes::recompute::recompute(&s.graph)
+            .map_err(|e| CompileError::Recompute(Box::new(e)))?;
+    }
+    Ok(())
 }
 
 fn run_infer_types(s: &mut CompileState, _: &CompileOptions) -> Result<(), CompileError> {

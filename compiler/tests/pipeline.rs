@@ -20,6 +20,7 @@ fn forward_only_runs_infer_types() {
         [
             "infer_types",
             "autodiff",
+            "recompute",
             "sync_bn",
             "step_parallel_begin",
             "step_parallel_end",
@@ -27,7 +28,7 @@ fn forward_only_runs_infer_types() {
             "execute"
         ]
     );
-    assert_eq!(pass_index("execute"), Some(6));
+    assert_eq!(pass_index("execute"), Some(7));
     assert_eq!(pass_index("partition"), None);
 }
 
@@ -50,7 +51,12 @@ fn parsed_model_compiles_to_a_training_step_with_dumps() {
     let stages: Vec<(usize, &str)> = c.stages.iter().map(|s| (s.index, s.name)).collect();
     assert_eq!(
         stages,
-        [(0, "infer_types"), (1, "autodiff"), (6, "execute")]
+        [
+            (0, "infer_types"),
+            (1, "autodiff"),
+            (2, "recompute"),
+            (7, "execute")
+        ]
     );
     // After type inference every node has its type.
     let (after_infer, _) = compile_until(parsed.clone(), &plain, "infer_types").unwrap();
@@ -65,9 +71,9 @@ fn parsed_model_compiles_to_a_training_step_with_dumps() {
         .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
         .collect();
     files.sort();
-    assert_eq!(files.len(), 3, "{files:?}");
+    assert_eq!(files.len(), 4, "{files:?}");
     assert!(
-        files[2].starts_with("06_execute_") && files[2].ends_with(".ir"),
+        files[3].starts_with("07_execute_") && files[3].ends_with(".ir"),
         "{files:?}"
     );
     assert!(
@@ -179,7 +185,7 @@ fn a_parallel_compile_runs_every_pass_of_the_one_list_and_dumps_by_its_index() {
     let prefixes: Vec<&str> = top.iter().map(|n| &n[..n.len().min(8)]).collect();
     assert_eq!(
         prefixes,
-        ["00_infer", "01_autod", "02_sync_", "rank_3", "rank_5"],
+        ["00_infer", "01_autod", "02_recom", "03_sync_", "rank_3", "rank_5"],
         "{top:?}"
     );
     for r in [3, 5] {
@@ -191,7 +197,7 @@ fn a_parallel_compile_runs_every_pass_of_the_one_list_and_dumps_by_its_index() {
         let stems: Vec<&str> = names.iter().map(|n| &n[..n.len() - 8]).collect();
         assert_eq!(
             stems,
-            ["06_execute", "step_parallel_begin", "step_parallel_end"],
+            ["07_execute", "step_parallel_begin", "step_parallel_end"],
             "{names:?}"
         );
     }

@@ -8,4 +8,5 @@ pub mod grad_fusion;
 pub mod infer;
 pub mod ops;
 pub mod parallel;
+pub mod recompute;
 pub mod verify;

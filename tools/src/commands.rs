@@ -42,7 +42,7 @@ pub struct CompileArgs {
     pub optimizer: OptimizerArgs,
     /// Write every pipeline stage as `NN_name_NNNN.ir` into this directory; with several
     /// devices, the ranks `--ranks` (or `--global-rank`) names each into `rank_R/`
-    /// (`step_parallel_begin_NNNN.ir`, `step_parallel_end_NNNN.ir`, `06_execute_NNNN.ir`).
+    /// (`step_parallel_begin_NNNN.ir`, `step_parallel_end_NNNN.ir`, `07_execute_NNNN.ir`).
     #[arg(long)]
     pub save_graphs_path: Option<PathBuf>,
     /// Verify what every pass made (every violation reported), as debug builds do; also on
