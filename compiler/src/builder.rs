@@ -258,10 +258,16 @@ impl GraphBuilder {
 
     /// Takes the `recompute` mark off the node producing `v` (a cell's output, which
     /// MindSpore's `cell.recompute()` keeps as the checkpoint the backward pass reads).
+    /// A `TupleGetItem`'s source op is the output too.
     pub fn unmark_recompute(&mut self, v: Value) {
-        if let Value::Node(n) = v {
-            if let Some(node) = self.graph.nodes.get_mut(n.index()) {
-                node.attrs.remove("recompute");
+        let Value::Node(mut n) = v else {
+            return;
+        };
+        while let Some(node) = self.graph.nodes.get_mut(n.index()) {
+            node.attrs.remove("recompute");
+            match (node.op, node.inputs.first()) {
+                (OpKind::TupleGetItem, Some(Operand::Node(src))) => n = *src,
+                _ => break,
             }
         }
     }

@@ -9,8 +9,9 @@
 //! unmarked producers as they are: those are the checkpoints kept. A `TupleGetItem` of a
 //! marked node is replayed with it.
 //!
-//! A clone is the same op with the same attributes (so a replayed Dropout, whose mask depends
-//! on its seeds, the step and the element index, draws the same mask) but `recompute`, in
+//! A clone is the same op with the same attributes and strategy annotation (so a replayed
+//! Dropout, whose mask depends on its seeds, the step and the element index, draws the same
+//! mask) but `recompute`, plus MindSpore's `duplicated: true`, in
 //! scope `Gradients/<scope>` (MindSpore puts recomputed nodes in the backward; the schedulers
 //! treat `Gradients*` as backward), with instance name `<instance>_recompute` (made unique) and
 //! a comment naming what it replays. Forward nodes that no backward node reads, and graphs
@@ -25,6 +26,11 @@ use thiserror::Error;
 
 /// The attribute that marks a node for recomputation.
 pub const RECOMPUTE_ATTR: &str = "recompute";
+
+/// The attribute MindSpore gives a recomputed node (`duplicated: true`); strategy assignment
+/// treats such a node as the forward op it replays (same default, same annotation), so that
+/// it computes its blocks as the original does.
+pub const DUPLICATED_ATTR: &str = "duplicated";
 
 /// Suffix of a clone's instance name.
 pub const RECOMPUTE_SUFFIX: &str = "_recompute";
@@ -149,6 +155,7 @@ impl Rewriter<'_> {
         let mut node = orig.clone();
         node.inputs = inputs;
         node.attrs.remove(RECOMPUTE_ATTR);
+        node.attrs.set(DUPLICATED_ATTR, Attr::Bool(true));
         node.scope = format!("Gradients/{}", orig.scope);
         node.comments = vec![format!(
             "recomputed: replays {} for the backward pass",
