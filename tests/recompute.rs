@@ -37,7 +37,10 @@ fn mlp(recompute: bool) -> Graph {
     ]);
     let head = Dense::new(32, 8);
     let net: SequentialCell = if recompute {
-        SequentialCell::named(vec![("body", Box::new(body.recompute())), ("head", Box::new(head))])
+        SequentialCell::named(vec![
+            ("body", Box::new(body.recompute())),
+            ("head", Box::new(head)),
+        ])
     } else {
         SequentialCell::named(vec![("body", Box::new(body)), ("head", Box::new(head))])
     };
@@ -54,7 +57,10 @@ fn mlp(recompute: bool) -> Graph {
 }
 
 /// Losses of every step and the weights after [`STEPS`] steps on one device.
-fn train_one_device(g: Graph, opt: Optimizer) -> (Vec<Vec<u64>>, Vec<(String, Vec<u64>)>) {
+/// Every step's loss and the named weights at the end, as bits.
+type Trained = (Vec<Vec<u64>>, Vec<(String, Vec<u64>)>);
+
+fn train_one_device(g: Graph, opt: Optimizer) -> Trained {
     let step = compile(
         g,
         &CompileOptions {
@@ -158,8 +164,10 @@ fn ranks(g: Graph) -> (Vec<Graph>, Vec<(String, TensorLayout)>, Graph) {
 
 #[test]
 fn recomputed_transformer_ranks_train_bit_for_bit_as_plain_ones() {
-    let cfg = TransformerConfig::new(2, 16, 2, 4, 4)
-        .annotate("layer0_ffn_in_matmul", Strategy(vec![vec![2, 1], vec![1, 2]]));
+    let cfg = TransformerConfig::new(2, 16, 2, 4, 4).annotate(
+        "layer0_ffn_in_matmul",
+        Strategy(vec![vec![2, 1], vec![1, 2]]),
+    );
     let (plain, inputs, single) = ranks(transformer(&cfg).expect("transformer"));
     let (recomputed, _, _) =
         ranks(transformer(&cfg.clone().with_recompute(true)).expect("transformer"));
@@ -209,10 +217,7 @@ fn recomputed_layers_lower_the_memory_plan_peak() {
     eprintln!(
         "4-layer transformer (hidden 64, seq 32, batch 8) memory plan: live peak {} -> {} bytes, \
          planned peak {} -> {} bytes with recompute on every layer",
-        plain.live_peak_bytes,
-        recomputed.live_peak_bytes,
-        plain.peak_bytes,
-        recomputed.peak_bytes
+        plain.live_peak_bytes, recomputed.live_peak_bytes, plain.peak_bytes, recomputed.peak_bytes
     );
     assert!(
         (recomputed.live_peak_bytes as f64) < 0.8 * plain.live_peak_bytes as f64,

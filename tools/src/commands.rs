@@ -157,8 +157,10 @@ pub fn compile(a: &CompileArgs) -> Result<()> {
         materialize: pipeline::Materialize::Ranks(inspect.clone()),
         verify: a.verify || pipeline::verify_by_default(),
     };
+    let plain = graph.clone();
     let compiled = pipeline::compile(graph, &opts)?;
     let g = compiled.graph;
+    let recompute_line = recompute_summary(plain, &g, opt)?;
     let mut extra = serde_json::Map::new();
     let mut optimizer_line = None;
     let (program, graphs, mode) = match compiled.parallel {
@@ -226,7 +228,35 @@ pub fn compile(a: &CompileArgs) -> Result<()> {
     if let Some(line) = optimizer_line {
         println!("{line}");
     }
+    if let Some(line) = recompute_line {
+        println!("{line}");
+    }
     Ok(())
+}
+
+/// `recompute: N nodes replayed in the backward pass; ...`: the liveness memory plan of the
+/// logical training step (one device) with and without the replays, when any node was marked
+/// `recompute: true` (`None` otherwise).
+fn recompute_summary(forward: Graph, step: &Graph, opt: Optimizer) -> Result<Option<String>> {
+    let replayed = shardc_passes::recompute::replayed_count(step);
+    if replayed == 0 {
+        return Ok(None);
+    }
+    let opts = CompileOptions {
+        optimizer: Some(opt),
+        verify: false,
+        ..Default::default()
+    };
+    let (kept, _) = pipeline::compile_until(forward, &opts, "autodiff")?;
+    let (with, without) = (
+        shardc_runtime::memory::plan(step),
+        shardc_runtime::memory::plan(&kept.graph),
+    );
+    Ok(Some(format!(
+        "recompute: {replayed} nodes replayed in the backward pass; the training step's memory \
+         plan (one device): live peak {} bytes ({} without), planned peak {} bytes ({} without)",
+        with.live_peak_bytes, without.live_peak_bytes, with.peak_bytes, without.peak_bytes
+    )))
 }
 
 /// `parallel optimizer: K of N weights split; weights + optimizer state per rank: X bytes

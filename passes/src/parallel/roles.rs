@@ -9,7 +9,10 @@ use shardc_ir::{Graph, Node, OpClass, OpKind, Operand, ReduceOp, TensorLayout};
 /// node the `recompute` pass replayed in the backward (`duplicated: true`) counts as the
 /// forward op it replays.
 pub fn is_generated(node: &Node) -> bool {
-    let replayed = matches!(node.attrs.get("duplicated"), Some(shardc_ir::Attr::Bool(true)));
+    let replayed = matches!(
+        node.attrs.get("duplicated"),
+        Some(shardc_ir::Attr::Bool(true))
+    );
     (node.scope.starts_with("Gradients") || node.scope.starts_with("Default/optimizer"))
         && !replayed
 }
