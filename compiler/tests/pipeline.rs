@@ -219,8 +219,8 @@ fn compile_until_stops_after_the_named_pass() {
     assert!(matches!(err, CompileError::UnknownPass { .. }), "{err:?}");
     assert_eq!(
         err.to_string(),
-        "no pass named `partition`; the passes are infer_types, autodiff, sync_bn, \
-         step_parallel_begin, step_parallel_end, grad_fusion, execute"
+        "no pass named `partition`; the passes are infer_types, autodiff, recompute, \
+         sync_bn, step_parallel_begin, step_parallel_end, grad_fusion, execute"
     );
 }
 
