@@ -232,3 +232,40 @@ fn recomputed_layers_lower_the_memory_plan_peak() {
         recomputed.peak_bytes
     );
 }
+
+/// `shardc compile` of a text model with `recompute: true` marks prints the saving.
+#[test]
+fn shardc_compile_prints_the_replays_and_the_memory_plan() {
+    let src = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/filetests/recompute/mlp_dense_recomputed.ir"),
+    )
+    .expect("the filetest model");
+    let model: String = src
+        .lines()
+        .filter(|l| !l.starts_with(';'))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let dir = std::env::temp_dir().join(format!("shardc-recompute-cli-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("mlp.ir");
+    std::fs::write(&path, model).expect("write the model");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_shardc"))
+        .args(["compile", path.to_str().unwrap_or_default(), "-o"])
+        .arg(dir.join("art"))
+        .args(["--optimizer", "momentum"])
+        .output()
+        .expect("shardc runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("recompute: 3 nodes replayed in the backward pass")
+            && text.contains("live peak"),
+        "{text}"
+    );
+}
