@@ -2,7 +2,7 @@
 //! `Net(32, 16, 16)` with `matmul` sharded `((2, 4), (4, 1))` and everything else decided by
 //! sharding propagation (`auto_parallel`), 8 ranks, MSELoss, Momentum(0.2, 0.1), 5 epochs of
 //! 4 steps on a fixed random batch of 2 per rank; the dumps in `saved_graph/rank_R/`
-//! (`step_parallel_begin_NNNN.ir`, `08_execute_NNNN.ir`) and every rank's checkpoints in
+//! (`step_parallel_begin_NNNN.ir`, `09_execute_NNNN.ir`) and every rank's checkpoints in
 //! `DIR/{rank_id}/`.
 //!
 //! `examples/run_quickstart_parallel.sh` starts it with `shardc launch` (8 workers); options:

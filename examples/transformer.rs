@@ -75,6 +75,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     mode,
                     ..Default::default()
                 },
+                parallel_optimizer: None,
             }),
             ..Default::default()
         },

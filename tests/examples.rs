@@ -328,7 +328,7 @@ fn quickstart_parallel_example_trains_8_ranks_under_auto_parallel_with_dumps_and
     assert!(
         begin
             .iter()
-            .any(|p| p.to_string_lossy().contains("08_execute_")),
+            .any(|p| p.to_string_lossy().contains("09_execute_")),
         "{begin:?}"
     );
     // ModelCheckpoint wrote the strategy file beside the ranks' files: they merge into one

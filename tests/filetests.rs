@@ -21,11 +21,14 @@
 //!   error;
 //! - `train OPT [lr=..] [momentum=..]`: the pipeline to `autodiff`, the whole training step
 //!   (`momentum`, `sgd`, `adam`);
+//! - `recompute OPT [lr=..] [momentum=..]`: the pipeline to `recompute`, the training step
+//!   with the nodes marked `recompute: true` replayed in the backward pass;
 //! - `strategy device_num=N mode=MODE [dataset=..] [gradients_mean=..] [alltoall]`: the
 //!   pipeline to `step_parallel_begin` on the training step (Momentum lr 0.2, momentum 0.1):
 //!   every op's strategy and its source, the `step_parallel_begin` dump (MODE:
 //!   `data_parallel`, `semi_auto_parallel`, `auto_parallel`; dataset: `data_parallel`,
-//!   `full_batch`; `search=` one of `sharding_propagation`, `recursive_programming`,
+//!   `full_batch`; `parallel_optimizer_threshold=KB` and `optimizer_weight_shard_size=N` turn
+//!   the parallel optimizer on; `search=` one of `sharding_propagation`, `recursive_programming`,
 //!   `dynamic_programming`, `ilp`, with `device=PRESET` and `max_device_memory=BYTES` for the
 //!   cost model);
 //! - `partition device_num=N mode=MODE rank=R [...]`: the pipeline to `step_parallel_end`,
@@ -156,6 +159,14 @@ fn run_command(command: &str, src: &str, file: &str) -> Result<String, String> {
             let s = pipeline_until(g, opts, "micro_batch")?;
             Ok(print_graph(&s.graph))
         }
+        "recompute" => {
+            let opts = CompileOptions {
+                optimizer: Some(parse_optimizer(rest)?),
+                ..Default::default()
+            };
+            let s = pipeline_until(g, opts, "recompute")?;
+            Ok(print_graph(&s.graph))
+        }
         "autodiff" => {
             let g = pipeline_until(g, CompileOptions::default(), "infer_types")?.graph;
             let (grad, _) = autodiff::gradients(&g).map_err(|e| e.to_string())?;
@@ -204,6 +215,7 @@ fn run_parallel(what: &str, words: &[&str], g: Graph) -> Result<String, String> 
         gradients_mean: true,
         enable_alltoall: false,
         search: Default::default(),
+        parallel_optimizer: None,
     };
     let mut rank = 0usize;
     let mut pipeline = shardc::passes::pipeline::PipelineOptions::default();
@@ -247,6 +259,15 @@ fn run_parallel(what: &str, words: &[&str], g: Graph) -> Result<String, String> 
             }
             "max_device_memory" => {
                 opts.search.max_device_memory = Some(v.parse().map_err(|_| format!("bad {w}"))?);
+            }
+            // The parallel optimizer on, weights from this many KB split.
+            "parallel_optimizer_threshold" => {
+                let po = opts.parallel_optimizer.get_or_insert_default();
+                po.threshold_kb = v.parse().map_err(|_| format!("bad {w}"))?;
+            }
+            "optimizer_weight_shard_size" => {
+                let po = opts.parallel_optimizer.get_or_insert_default();
+                po.weight_shard_size = Some(v.parse().map_err(|_| format!("bad {w}"))?);
             }
             "dataset" => {
                 opts.dataset = match v {

@@ -33,6 +33,7 @@ fn options(n: usize, mean: bool, fusion: Option<GradFusion>) -> CompileOptions {
             gradients_mean: mean,
             enable_alltoall: false,
             search: Default::default(),
+            parallel_optimizer: None,
         }),
         grad_fusion: fusion,
         ..Default::default()

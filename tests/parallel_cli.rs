@@ -69,7 +69,7 @@ fn per_rank_dumps_parse_back_and_the_strategy_file_reproduces_the_graphs() {
             .collect();
         names.sort();
         assert_eq!(names.len(), 3, "{names:?}");
-        assert!(names[0].starts_with("08_execute_"), "{names:?}");
+        assert!(names[0].starts_with("09_execute_"), "{names:?}");
         assert!(names[1].starts_with("step_parallel_begin_"), "{names:?}");
         assert!(names[2].starts_with("step_parallel_end_"), "{names:?}");
         for n in &names {

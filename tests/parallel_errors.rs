@@ -117,6 +117,7 @@ fn options(c: &Case) -> CompileOptions {
             gradients_mean: false,
             enable_alltoall: false,
             search: Default::default(),
+            parallel_optimizer: None,
         }),
         ..Default::default()
     }

@@ -488,6 +488,7 @@ fn check_case_with(
                     mode: search,
                     ..Default::default()
                 },
+                parallel_optimizer: None,
             }),
             // `SHARDC_CASE_DUMP=DIR` writes the case's dumps (with `SHARDC_CASE=seed`).
             dump_dir: std::env::var_os("SHARDC_CASE_DUMP").map(std::path::PathBuf::from),
@@ -646,6 +647,7 @@ fn gradients_mean_false_sums_the_replicas_gradients() {
                     gradients_mean: mean,
                     enable_alltoall: false,
                     search: Default::default(),
+                    parallel_optimizer: None,
                 }),
                 ..Default::default()
             },
@@ -867,6 +869,7 @@ fn every_rank_materialized_from_the_program_is_its_per_rank_partition() {
                 mode: case.search,
                 ..Default::default()
             },
+            parallel_optimizer: None,
         };
         let result = (|| -> Result<(), String> {
             let g = sync_bn::sync_batch_norm(&train).map_err(|e| e.to_string())?;

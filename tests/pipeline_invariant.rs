@@ -20,7 +20,9 @@ use shardc::compiler::transformer::{transformer, TransformerConfig};
 use shardc::compiler::{compile, init, optim::Momentum, CompileOptions};
 use shardc::ir::{Attr, DType, Graph, OpKind, Strategy, TensorLayout};
 use shardc::passes::parallel::rules::{candidates, dims_of, strategy_from_loops};
-use shardc::passes::parallel::{DatasetLayout, Mode, ParallelOptions, SearchOptions};
+use shardc::passes::parallel::{
+    DatasetLayout, Mode, ParallelOptimizer, ParallelOptions, SearchOptions,
+};
 use shardc::passes::pipeline::{PipelineOptions, Scheduler};
 use shardc::runtime::data::SyntheticData;
 use shardc::runtime::executor::Executor;
@@ -245,6 +247,12 @@ fn run_case(seed: u64) -> Result<(), String> {
                 gradients_mean: true,
                 enable_alltoall: false,
                 search: SearchOptions::default(),
+                // Optimizer sharding: every weight split over its data-parallel group,
+                // however small.
+                parallel_optimizer: case.zero.then_some(ParallelOptimizer {
+                    threshold_kb: 0,
+                    ..ParallelOptimizer::DEFAULT
+                }),
             }),
             pipeline: PipelineOptions {
                 stages: case.stages,
@@ -391,6 +399,7 @@ fn dump_case() {
                 gradients_mean: true,
                 enable_alltoall: false,
                 search: SearchOptions::default(),
+                parallel_optimizer: None,
             }),
             pipeline: PipelineOptions {
                 stages: case.stages,

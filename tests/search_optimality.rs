@@ -81,6 +81,7 @@ fn options(devices: usize, mode: SearchMode) -> ParallelOptions {
             mode,
             ..Default::default()
         },
+        parallel_optimizer: None,
     }
 }
 

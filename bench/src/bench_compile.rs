@@ -156,6 +156,7 @@ fn options(mode: Mode, devices: usize) -> ParallelOptions {
         gradients_mean: true,
         enable_alltoall: false,
         search: Default::default(),
+        parallel_optimizer: None,
     }
 }
 

@@ -180,6 +180,7 @@ fn write_artifact(
             gradients_mean: true,
             enable_alltoall: false,
             search: Default::default(),
+            parallel_optimizer: None,
         }),
         grad_fusion: Some(GradFusion::SizeMb(bucket_mb)),
         ..Default::default()

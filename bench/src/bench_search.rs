@@ -88,6 +88,7 @@ pub fn options(devices: usize, mode: SearchMode) -> ParallelOptions {
                 .unwrap_or_default(),
             max_device_memory: None,
         },
+        parallel_optimizer: None,
     }
 }
 

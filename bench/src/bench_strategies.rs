@@ -352,6 +352,7 @@ pub fn candidates(
                 machine,
                 max_device_memory: None,
             },
+            parallel_optimizer: None,
         };
         let compiled = match compile(
             forward,

@@ -200,6 +200,9 @@ pub struct GraphBuilder {
     training: bool,
     /// The open `pipeline_stage` cells' stages, innermost last.
     stages: Vec<i64>,
+    /// Open [`GraphBuilder::in_recompute`] regions: nodes added inside are marked
+    /// `recompute: true`.
+    recompute_depth: usize,
 }
 
 impl GraphBuilder {
@@ -216,6 +219,7 @@ impl GraphBuilder {
             random_ops: 0,
             training: true,
             stages: Vec::new(),
+            recompute_depth: 0,
         }
     }
 
@@ -240,6 +244,35 @@ impl GraphBuilder {
     /// Whether cells build their training-mode graph.
     pub fn is_training(&self) -> bool {
         self.training
+    }
+
+    /// Runs `f` with every node it adds marked `recompute: true` (MindSpore's
+    /// `cell.recompute()`): the `recompute` pass replays those nodes in the backward pass
+    /// instead of keeping their results. The region ends whether `f` succeeds or fails.
+    pub fn in_recompute<T>(
+        &mut self,
+        f: impl FnOnce(&mut GraphBuilder) -> Result<T, BuildError>,
+    ) -> Result<T, BuildError> {
+        self.recompute_depth += 1;
+        let r = f(self);
+        self.recompute_depth -= 1;
+        r
+    }
+
+    /// Takes the `recompute` mark off the node producing `v` (a cell's output, which
+    /// MindSpore's `cell.recompute()` keeps as the checkpoint the backward pass reads).
+    /// A `TupleGetItem`'s source op is the output too.
+    pub fn unmark_recompute(&mut self, v: Value) {
+        let Value::Node(mut n) = v else {
+            return;
+        };
+        while let Some(node) = self.graph.nodes.get_mut(n.index()) {
+            node.attrs.remove("recompute");
+            match (node.op, node.inputs.first()) {
+                (OpKind::TupleGetItem, Some(Operand::Node(src))) => n = *src,
+                _ => break,
+            }
+        }
     }
 
     /// The graph built so far.
@@ -572,6 +605,9 @@ impl GraphBuilder {
         node.ty = ty;
         node.in_strategy = in_strategy;
         node.out_strategy = out_strategy;
+        if self.recompute_depth > 0 && node.attrs.get("recompute").is_none() {
+            node.attrs.set("recompute", shardc_ir::Attr::Bool(true));
+        }
         let claimed = self.claim_instance(&base);
         debug_assert_eq!(claimed, instance);
         node.instance = claimed;

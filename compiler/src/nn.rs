@@ -25,6 +25,33 @@ pub trait Cell {
 
     /// Adds the cell's parameters and nodes to `b`, applied to `x`; returns the output.
     fn construct(&self, b: &mut GraphBuilder, x: Value) -> Result<Value, BuildError>;
+
+    /// MindSpore's `cell.recompute()`: the cell's nodes but its output are marked
+    /// `recompute: true`, so the `recompute` pass replays them in the backward pass instead of
+    /// keeping their results alive from the forward pass (the output is the checkpoint the
+    /// replay starts from).
+    fn recompute(self) -> Recompute<Self>
+    where
+        Self: Sized,
+    {
+        Recompute(self)
+    }
+}
+
+/// A cell whose nodes are all recomputed in the backward pass ([`Cell::recompute`]); same
+/// class name, scopes and parameters as the cell it wraps.
+pub struct Recompute<C>(pub C);
+
+impl<C: Cell> Cell for Recompute<C> {
+    fn class_name(&self) -> &str {
+        self.0.class_name()
+    }
+
+    fn construct(&self, b: &mut GraphBuilder, x: Value) -> Result<Value, BuildError> {
+        let y = b.in_recompute(|b| self.0.construct(b, x))?;
+        b.unmark_recompute(y);
+        Ok(y)
+    }
 }
 
 /// Calls `cell` on `x` as a sub-cell named `name`: scope `name-Class`, parameter prefix `name`.

@@ -115,6 +115,12 @@ impl Primitive {
         self
     }
 
+    /// MindSpore's `primitive.recompute()`: the node is marked `recompute: true` and replayed
+    /// in the backward pass instead of keeping its result (the `recompute` pass).
+    pub fn recompute(self) -> Self {
+        self.attr("recompute", Attr::Bool(true))
+    }
+
     /// The op kind.
     pub fn op(&self) -> OpKind {
         self.op
@@ -180,6 +186,12 @@ macro_rules! primitive {
             /// Sets the instance name.
             pub fn instance(mut self, name: &str) -> Self {
                 self.prim = self.prim.instance(name);
+                self
+            }
+
+            /// MindSpore's `primitive.recompute()`: replayed in the backward pass.
+            pub fn recompute(mut self) -> Self {
+                self.prim = self.prim.recompute();
                 self
             }
 

@@ -13,6 +13,7 @@
 //! dataset_strategy = [[4, 1], [4, 1]]   # or "data_parallel" / "full_batch" / "((4, 1), (4, 1))"
 //! enable_alltoall = false
 //! max_device_memory = "16GB"
+//! enable_parallel_optimizer = false
 //!
 //! [strategy_ckpt_config]
 //! save_file = "strategy.ckpt"
@@ -21,6 +22,11 @@
 //! [comm_fusion.allreduce]
 //! mode = "size"                          # "auto" | "size" | "index"
 //! config = 32                            # MB for "size", [20, 35] for "index"
+//!
+//! [parallel_optimizer_config]            # with enable_parallel_optimizer = true above
+//! parallel_optimizer_threshold = 64      # KB; smaller weights stay whole
+//! optimizer_weight_shard_size = -1       # -1: the whole data-parallel group
+//! gradient_accumulation_shard = true
 //! ```
 //!
 //! Unknown keys are errors (a typo is never silently ignored), and every error names the key,
@@ -671,6 +677,34 @@ pub struct ParallelContext {
     pub comm_fusion: CommFusion,
     /// The device memory limit in bytes, if any.
     pub max_device_memory: Option<u64>,
+    /// MindSpore's parallel optimizer: split weights and optimizer state over their
+    /// data-parallel group (ZeRO-1; default false).
+    pub enable_parallel_optimizer: bool,
+    /// Its settings (`parallel_optimizer_config`).
+    pub parallel_optimizer_config: ParallelOptimizerConfig,
+}
+
+/// MindSpore's `parallel_optimizer_config`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ParallelOptimizerConfig {
+    /// `gradient_accumulation_shard` (default true): keep accumulated gradients split too
+    /// (only matters with gradient accumulation over micro-batches).
+    pub gradient_accumulation_shard: bool,
+    /// `parallel_optimizer_threshold`: weights under this many KB stay whole (default 64).
+    pub parallel_optimizer_threshold: u64,
+    /// `optimizer_weight_shard_size`: -1 (default) splits over the whole data-parallel group,
+    /// else over this many devices of it (more than 1, dividing the group).
+    pub optimizer_weight_shard_size: i64,
+}
+
+impl Default for ParallelOptimizerConfig {
+    fn default() -> Self {
+        ParallelOptimizerConfig {
+            gradient_accumulation_shard: true,
+            parallel_optimizer_threshold: 64,
+            optimizer_weight_shard_size: -1,
+        }
+    }
 }
 
 impl Default for ParallelContext {
@@ -686,6 +720,8 @@ impl Default for ParallelContext {
             enable_alltoall: false,
             comm_fusion: CommFusion::Auto,
             max_device_memory: None,
+            enable_parallel_optimizer: false,
+            parallel_optimizer_config: ParallelOptimizerConfig::default(),
         }
     }
 }
@@ -702,6 +738,13 @@ pub const TOP_LEVEL_KEYS: &[&str] = &[
     "max_device_memory",
     "strategy_ckpt_config",
     "comm_fusion",
+    "enable_parallel_optimizer",
+    "parallel_optimizer_config",
+];
+const PARALLEL_OPTIMIZER_KEYS: &[&str] = &[
+    "gradient_accumulation_shard",
+    "parallel_optimizer_threshold",
+    "optimizer_weight_shard_size",
 ];
 const CKPT_KEYS: &[&str] = &["save_file", "load_file", "only_trainable_params"];
 const COMM_FUSION_KEYS: &[&str] = &["allreduce"];
@@ -758,6 +801,18 @@ impl ParallelContext {
                 "must be greater than 0",
             ));
         }
+        let size = self.parallel_optimizer_config.optimizer_weight_shard_size;
+        if size != -1 && (size <= 1 || self.device_num % size as usize != 0) {
+            return Err(ParallelContextError::invalid(
+                "parallel_optimizer_config.optimizer_weight_shard_size",
+                size,
+                format!(
+                    "must be -1 (the whole data-parallel group) or a divisor of device_num ({}) \
+                     greater than 1",
+                    self.device_num
+                ),
+            ));
+        }
         Ok(())
     }
 
@@ -805,6 +860,10 @@ impl ParallelContext {
         if let Some(m) = self.max_device_memory {
             line("max_device_memory", s(&format_memory_size(m)));
         }
+        line(
+            "enable_parallel_optimizer",
+            self.enable_parallel_optimizer.to_string(),
+        );
         out.push_str("\n[strategy_ckpt_config]\n");
         let ckpt = &self.strategy_ckpt_config;
         for (key, file) in [
@@ -831,6 +890,14 @@ impl ParallelContext {
                 out.push_str(&format!("config = [{list}]\n"));
             }
         }
+        let po = &self.parallel_optimizer_config;
+        out.push_str(&format!(
+            "\n[parallel_optimizer_config]\ngradient_accumulation_shard = {}\n\
+             parallel_optimizer_threshold = {}\noptimizer_weight_shard_size = {}\n",
+            po.gradient_accumulation_shard,
+            po.parallel_optimizer_threshold,
+            po.optimizer_weight_shard_size
+        ));
         out
     }
 }
@@ -864,6 +931,14 @@ pub struct ParallelSettings {
     pub strategy_ckpt_only_trainable_params: Option<bool>,
     /// `comm_fusion.allreduce`.
     pub comm_fusion: Option<CommFusion>,
+    /// `enable_parallel_optimizer`.
+    pub enable_parallel_optimizer: Option<bool>,
+    /// `parallel_optimizer_config.gradient_accumulation_shard`.
+    pub gradient_accumulation_shard: Option<bool>,
+    /// `parallel_optimizer_config.parallel_optimizer_threshold` (KB).
+    pub parallel_optimizer_threshold: Option<u64>,
+    /// `parallel_optimizer_config.optimizer_weight_shard_size`.
+    pub optimizer_weight_shard_size: Option<i64>,
 }
 
 impl ParallelSettings {
@@ -927,6 +1002,28 @@ impl ParallelSettings {
                             Some(comm_fusion_of(&path, table_of(&path, v, ALLREDUCE_KEYS)?)?);
                     }
                 }
+                "enable_parallel_optimizer" => {
+                    s.enable_parallel_optimizer = Some(bool_of(key, value)?)
+                }
+                "parallel_optimizer_config" => {
+                    for (k, v) in table_of(key, value, PARALLEL_OPTIMIZER_KEYS)? {
+                        let path = format!("{key}.{k}");
+                        match k.as_str() {
+                            "gradient_accumulation_shard" => {
+                                s.gradient_accumulation_shard = Some(bool_of(&path, v)?)
+                            }
+                            "parallel_optimizer_threshold" => {
+                                s.parallel_optimizer_threshold = Some(usize_of(&path, v)? as u64)
+                            }
+                            _ => {
+                                s.optimizer_weight_shard_size =
+                                    Some(v.as_integer().ok_or_else(|| {
+                                        wrong_type(&path, "an integer (-1 or a group size)", v)
+                                    })?)
+                            }
+                        }
+                    }
+                }
                 _ => return Err(unknown_key(key, TOP_LEVEL_KEYS)),
             }
         }
@@ -954,6 +1051,18 @@ impl ParallelSettings {
                 .strategy_ckpt_only_trainable_params
                 .or(self.strategy_ckpt_only_trainable_params),
             comm_fusion: over.comm_fusion.or(self.comm_fusion),
+            enable_parallel_optimizer: over
+                .enable_parallel_optimizer
+                .or(self.enable_parallel_optimizer),
+            gradient_accumulation_shard: over
+                .gradient_accumulation_shard
+                .or(self.gradient_accumulation_shard),
+            parallel_optimizer_threshold: over
+                .parallel_optimizer_threshold
+                .or(self.parallel_optimizer_threshold),
+            optimizer_weight_shard_size: over
+                .optimizer_weight_shard_size
+                .or(self.optimizer_weight_shard_size),
         }
     }
 
@@ -978,6 +1087,20 @@ impl ParallelSettings {
             enable_alltoall: self.enable_alltoall.unwrap_or(d.enable_alltoall),
             comm_fusion: self.comm_fusion.clone().unwrap_or(d.comm_fusion),
             max_device_memory: self.max_device_memory.or(d.max_device_memory),
+            enable_parallel_optimizer: self
+                .enable_parallel_optimizer
+                .unwrap_or(d.enable_parallel_optimizer),
+            parallel_optimizer_config: ParallelOptimizerConfig {
+                gradient_accumulation_shard: self
+                    .gradient_accumulation_shard
+                    .unwrap_or(d.parallel_optimizer_config.gradient_accumulation_shard),
+                parallel_optimizer_threshold: self
+                    .parallel_optimizer_threshold
+                    .unwrap_or(d.parallel_optimizer_config.parallel_optimizer_threshold),
+                optimizer_weight_shard_size: self
+                    .optimizer_weight_shard_size
+                    .unwrap_or(d.parallel_optimizer_config.optimizer_weight_shard_size),
+            },
         }
     }
 }

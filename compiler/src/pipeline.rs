@@ -5,18 +5,19 @@
 //! | 00    | `infer_types`         | fills every node's type by the shape rules, then verifies (always: the input may be a file a user wrote) |
 //! | 01    | `micro_batch`         | pipeline stages on every forward node (`pipeline_stage`: the cells' marks, else a split by compute cost) and the forward cloned per micro-batch, the loss combined (`passes::pipeline::{stages, micro_batch}`; only with [`CompileOptions::pipeline`] `stages > 1` or `micro_size > 1`) |
 //! | 02    | `autodiff`            | forward + backward + optimizer update (only with an optimizer) |
-//! | 03    | `sync_bn`             | training-mode BatchNorm as SyncBatchNorm pairs (`passes::parallel::sync_bn`) |
-//! | 04    | `step_parallel_begin` | a strategy for every op (the loaded strategy file's, else the mode's), a layout for every parameter (`passes::parallel::strategy`); writes the strategy file |
-//! | 05    | `step_parallel_end`   | the program every rank runs, once (SPMD): rank 0's graph with sliced shapes and inserted communication, and what differs per rank (`passes::parallel::partition::program`) |
-//! | 06    | `pipeline_split`      | the program lifted from one stage's mesh to every device and split into one program per stage, `Send` / `Receive` between them, each stage's nodes in the scheduler's order (`passes::pipeline::split`; only with `stages > 1`) |
-//! | 07    | `grad_fusion`         | gradient AllReduces moved to just after their gradients and grouped into `fusion: k` buckets by [`CompileOptions::grad_fusion`] (`passes::grad_fusion::fuse_program`, per stage when pipelined) |
-//! | 08    | `execute`             | each asked rank's graph, materialized from the program ([`CompileOptions::materialize`]): its stage's graph when pipelined |
+//! | 03    | `recompute`           | forward nodes marked `recompute: true` replayed in the backward pass, so their results die after the forward (`passes::recompute`; changes nothing without marks) |
+//! | 04    | `sync_bn`             | training-mode BatchNorm as SyncBatchNorm pairs (`passes::parallel::sync_bn`) |
+//! | 05    | `step_parallel_begin` | a strategy for every op (the loaded strategy file's, else the mode's), a layout for every parameter (`passes::parallel::strategy`; with `enable_parallel_optimizer`, weights and optimizer state split over their data-parallel group, `passes::parallel::optimizer_shard`); writes the strategy file |
+//! | 06    | `step_parallel_end`   | the program every rank runs, once (SPMD): rank 0's graph with sliced shapes and inserted communication, and what differs per rank (`passes::parallel::partition::program`) |
+//! | 07    | `pipeline_split`      | the program lifted from one stage's mesh to every device and split into one program per stage, `Send` / `Receive` between them, each stage's nodes in the scheduler's order (`passes::pipeline::split`; only with `stages > 1`) |
+//! | 08    | `grad_fusion`         | gradient AllReduces moved to just after their gradients and grouped into `fusion: k` buckets by [`CompileOptions::grad_fusion`] (`passes::grad_fusion::fuse_program`, per stage when pipelined) |
+//! | 09    | `execute`             | each asked rank's graph, materialized from the program ([`CompileOptions::materialize`]): its stage's graph when pipelined |
 //!
-//! With pipeline stages, passes 04-05 plan one stage's intra-op mesh (`device_num / stages`
+//! With pipeline stages, passes 05-06 plan one stage's intra-op mesh (`device_num / stages`
 //! devices); `pipeline_split` lifts the program to every device (the device matrix is
 //! stages × that mesh).
 //!
-//! Passes 03-07 run only with [`CompileOptions::parallel`] set for more than one device. Every
+//! Passes 04-08 run only with [`CompileOptions::parallel`] set for more than one device. Every
 //! pass is one entry of `PASSES`: its name, which is its dump's name and (by its place in the
 //! list) index, when it is enabled, and the function, over a [`CompileState`]. [`compile`]
 //! runs them all; [`compile_until`] stops after a named one (the filetests print, and the
@@ -34,8 +35,8 @@
 //! (the logical graph with every op's `in_strategy` and where it came from),
 //! `rank_R/step_parallel_end_NNNN.ir` (rank R's graph before gradient fusion) and
 //! `rank_R/pipeline_split_NNNN.ir` (rank R's stage graph, when pipelined) and
-//! `rank_R/08_execute_NNNN.ir` (the graph rank R runs). On one device the final graph is
-//! `08_execute_NNNN.ir`. Writing files is the compiler crate's job: the passes know no file
+//! `rank_R/09_execute_NNNN.ir` (the graph rank R runs). On one device the final graph is
+//! `09_execute_NNNN.ir`. Writing files is the compiler crate's job: the passes know no file
 //! system.
 
 use crate::builder::BuildError;
@@ -50,8 +51,8 @@ use shardc_ir::Graph;
 use shardc_passes::autodiff::{self, Optimizer};
 use shardc_passes::grad_fusion::{self, GradFusion, GradFusionError};
 use shardc_passes::parallel::{
-    partition, strategy, sync_bn, DatasetLayout, Mode, ParallelError, ParallelOptions,
-    SearchMode as PassSearchMode, SearchOptions,
+    partition, strategy, sync_bn, DatasetLayout, Mode, ParallelError, ParallelOptimizer,
+    ParallelOptions, SearchMode as PassSearchMode, SearchOptions,
 };
 use shardc_passes::pipeline::{self as pipe, PipelineError, PipelineOptions};
 use shardc_passes::{infer, verify};
@@ -247,6 +248,9 @@ pub enum CompileError {
     /// A pipeline pass rejected the options or the graph (naming the op or value and why).
     #[error("{0}")]
     Pipeline(#[from] PipelineError),
+    /// The `recompute` pass refused a marked node (it names the op, the node and why).
+    #[error(transparent)]
+    Recompute(Box<shardc_passes::recompute::RecomputeError>),
     /// A dump could not be written.
     #[error("writing {path}: {source}")]
     Io {
@@ -338,6 +342,12 @@ const PASSES: &[Pass] = &[
         run: run_autodiff,
     },
     Pass {
+        name: "recompute",
+        enabled: |o| o.optimizer.is_some(),
+        dump: Dump::Logical,
+        run: run_recompute,
+    },
+    Pass {
         name: "sync_bn",
         enabled: is_parallel,
         dump: Dump::Logical,
@@ -412,6 +422,16 @@ fn needs<'a, T>(
         pass,
         needs: made_by,
     })
+}
+
+/// Replays the forward nodes marked `recompute: true` in the backward pass
+/// (`passes::recompute`); a graph without marks is left as it is.
+fn run_recompute(s: &mut CompileState, _: &CompileOptions) -> Result<(), CompileError> {
+    if shardc_passes::recompute::any_marked(&s.graph) {
+        s.graph = shardc_passes::recompute::recompute(&s.graph)
+            .map_err(|e| CompileError::Recompute(Box::new(e)))?;
+    }
+    Ok(())
 }
 
 fn run_infer_types(s: &mut CompileState, _: &CompileOptions) -> Result<(), CompileError> {
@@ -855,6 +875,14 @@ pub fn parallel_options(ctx: &ParallelContext) -> Result<Option<ParallelOptions>
             machine: Default::default(),
             max_device_memory: ctx.max_device_memory.map(|b| b as f64),
         },
+        parallel_optimizer: ctx.enable_parallel_optimizer.then(|| {
+            let c = &ctx.parallel_optimizer_config;
+            ParallelOptimizer {
+                threshold_kb: c.parallel_optimizer_threshold,
+                weight_shard_size: usize::try_from(c.optimizer_weight_shard_size).ok(),
+                gradient_accumulation_shard: c.gradient_accumulation_shard,
+            }
+        }),
     }))
 }
 

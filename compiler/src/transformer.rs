@@ -58,6 +58,9 @@ pub struct TransformerConfig {
     /// `in_strategy` of ops by full instance name (`layer0_attn_q_matmul`): each is checked
     /// against the op when it is added, and one naming no op of the graph is an error.
     pub annotations: Vec<(String, Strategy)>,
+    /// Recompute every encoder layer in the backward pass (MindSpore's `cell.recompute()` on
+    /// each layer: its nodes but its output replayed; default false).
+    pub recompute: bool,
 }
 
 impl TransformerConfig {
@@ -72,12 +75,19 @@ impl TransformerConfig {
             batch,
             ffn: 4 * hidden,
             annotations: Vec::new(),
+            recompute: false,
         }
     }
 
     /// Sets the feed-forward size.
     pub fn ffn(mut self, ffn: usize) -> Self {
         self.ffn = ffn;
+        self
+    }
+
+    /// Recomputes every encoder layer in the backward pass ([`TransformerConfig::recompute`]).
+    pub fn with_recompute(mut self, on: bool) -> Self {
+        self.recompute = on;
         self
     }
 
@@ -187,7 +197,11 @@ impl Cell for Transformer<'_> {
                 used: self.used,
                 index,
             };
-            y = call_cell(b, &format!("layer{index}"), &layer, y)?;
+            y = if self.cfg.recompute {
+                call_cell(b, &format!("layer{index}"), &layer.recompute(), y)?
+            } else {
+                call_cell(b, &format!("layer{index}"), &layer, y)?
+            };
         }
         Ok(y)
     }

@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use shardc_compiler::parallel_context::{
     format_memory_size, parse_memory_size, CommFusion, DatasetStrategy, ParallelContext,
-    ParallelContextError, ParallelMode, ParallelSettings, SearchMode, StrategyCkptConfig,
+    ParallelContextError, ParallelMode, ParallelOptimizerConfig, ParallelSettings, SearchMode,
+    StrategyCkptConfig,
 };
 use shardc_ir::Strategy;
 
@@ -237,10 +238,65 @@ fn round_trip() {
         "parallel_mode = \"semi_auto_parallel\"\nsearch_mode = \"dynamic_programming\"\n\
          device_num = 8\nglobal_rank = 5\ngradients_mean = true\n\
          dataset_strategy = [[4, 1], [4, 1]]\nenable_alltoall = true\n\
-         max_device_memory = \"3584MB\"\n\n[strategy_ckpt_config]\n\
+         max_device_memory = \"3584MB\"\nenable_parallel_optimizer = false\n\n\
+         [strategy_ckpt_config]\n\
          save_file = \"out/strategy.ckpt\"\nload_file = \"in/strategy.ckpt\"\n\
          only_trainable_params = false\n\n[comm_fusion.allreduce]\nmode = \"index\"\n\
-         config = [20, 35]\n"
+         config = [20, 35]\n\n[parallel_optimizer_config]\n\
+         gradient_accumulation_shard = true\nparallel_optimizer_threshold = 64\n\
+         optimizer_weight_shard_size = -1\n"
+    );
+}
+
+#[test]
+fn parallel_optimizer_options_read_round_trip_and_validate() {
+    let ctx = ParallelContext::from_toml_str(
+        "device_num = 8\nenable_parallel_optimizer = true\n\
+         [parallel_optimizer_config]\nparallel_optimizer_threshold = 0\n\
+         optimizer_weight_shard_size = 4\ngradient_accumulation_shard = false\n",
+    )
+    .expect("parallel optimizer");
+    assert!(ctx.enable_parallel_optimizer);
+    assert_eq!(
+        ctx.parallel_optimizer_config,
+        ParallelOptimizerConfig {
+            gradient_accumulation_shard: false,
+            parallel_optimizer_threshold: 0,
+            optimizer_weight_shard_size: 4,
+        }
+    );
+    let text = ctx.to_toml_string();
+    assert_eq!(
+        ParallelContext::from_toml_str(&text).expect("round trip"),
+        ctx
+    );
+    for (size, ok) in [
+        (-1, true),
+        (2, true),
+        (8, true),
+        (3, false),
+        (1, false),
+        (0, false),
+    ] {
+        let r = ParallelContext::from_toml_str(&format!(
+            "device_num = 8\n[parallel_optimizer_config]\noptimizer_weight_shard_size = {size}\n"
+        ));
+        assert_eq!(r.is_ok(), ok, "{size}: {r:?}");
+        if let Err(e) = r {
+            assert!(
+                e.to_string().contains(&format!(
+                    "invalid parallel_optimizer_config.optimizer_weight_shard_size `{size}`"
+                )),
+                "{e}"
+            );
+        }
+    }
+    let typo = ParallelContext::from_toml_str("[parallel_optimizer_config]\nthreshold = 1\n")
+        .expect_err("unknown key");
+    assert!(
+        typo.to_string()
+            .contains("parallel_optimizer_config.threshold"),
+        "{typo}"
     );
 }
 
@@ -319,13 +375,14 @@ fn key_errors_name_the_key() {
             "line 2: unknown key `devce_num` (did you mean `device_num`?); valid keys: \
              parallel_mode, search_mode, device_num, global_rank, gradients_mean, \
              dataset_strategy, enable_alltoall, max_device_memory, strategy_ckpt_config, \
-             comm_fusion",
+             comm_fusion, enable_parallel_optimizer, parallel_optimizer_config",
         ),
         (
             "full_batch = true",
             "line 1: unknown key `full_batch`; valid keys: parallel_mode, search_mode, \
              device_num, global_rank, gradients_mean, dataset_strategy, enable_alltoall, \
-             max_device_memory, strategy_ckpt_config, comm_fusion",
+             max_device_memory, strategy_ckpt_config, comm_fusion, enable_parallel_optimizer, \
+             parallel_optimizer_config",
         ),
         (
             "[strategy_ckpt_config]\nsave_file = \"a\"\nsvae_file = \"b\"",

@@ -21,6 +21,7 @@ fn forward_only_runs_infer_types() {
             "infer_types",
             "micro_batch",
             "autodiff",
+            "recompute",
             "sync_bn",
             "step_parallel_begin",
             "step_parallel_end",
@@ -29,7 +30,7 @@ fn forward_only_runs_infer_types() {
             "execute"
         ]
     );
-    assert_eq!(pass_index("execute"), Some(8));
+    assert_eq!(pass_index("execute"), Some(9));
     assert_eq!(pass_index("partition"), None);
 }
 
@@ -52,7 +53,12 @@ fn parsed_model_compiles_to_a_training_step_with_dumps() {
     let stages: Vec<(usize, &str)> = c.stages.iter().map(|s| (s.index, s.name)).collect();
     assert_eq!(
         stages,
-        [(0, "infer_types"), (2, "autodiff"), (8, "execute")]
+        [
+            (0, "infer_types"),
+            (2, "autodiff"),
+            (3, "recompute"),
+            (9, "execute")
+        ]
     );
     // After type inference every node has its type.
     let (after_infer, _) = compile_until(parsed.clone(), &plain, "infer_types").unwrap();
@@ -67,9 +73,9 @@ fn parsed_model_compiles_to_a_training_step_with_dumps() {
         .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
         .collect();
     files.sort();
-    assert_eq!(files.len(), 3, "{files:?}");
+    assert_eq!(files.len(), 4, "{files:?}");
     assert!(
-        files[2].starts_with("08_execute_") && files[2].ends_with(".ir"),
+        files[3].starts_with("09_execute_") && files[3].ends_with(".ir"),
         "{files:?}"
     );
     assert!(
@@ -151,6 +157,7 @@ fn parallel_options(device_num: usize) -> shardc_passes::parallel::ParallelOptio
         gradients_mean: true,
         enable_alltoall: false,
         search: Default::default(),
+        parallel_optimizer: None,
     }
 }
 
@@ -180,7 +187,7 @@ fn a_parallel_compile_runs_every_pass_of_the_one_list_and_dumps_by_its_index() {
     let prefixes: Vec<&str> = top.iter().map(|n| &n[..n.len().min(8)]).collect();
     assert_eq!(
         prefixes,
-        ["00_infer", "02_autod", "03_sync_", "rank_3", "rank_5"],
+        ["00_infer", "02_autod", "03_recom", "04_sync_", "rank_3", "rank_5"],
         "{top:?}"
     );
     for r in [3, 5] {
@@ -192,7 +199,7 @@ fn a_parallel_compile_runs_every_pass_of_the_one_list_and_dumps_by_its_index() {
         let stems: Vec<&str> = names.iter().map(|n| &n[..n.len() - 8]).collect();
         assert_eq!(
             stems,
-            ["08_execute", "step_parallel_begin", "step_parallel_end"],
+            ["09_execute", "step_parallel_begin", "step_parallel_end"],
             "{names:?}"
         );
     }
@@ -214,8 +221,8 @@ fn compile_until_stops_after_the_named_pass() {
     assert!(matches!(err, CompileError::UnknownPass { .. }), "{err:?}");
     assert_eq!(
         err.to_string(),
-        "no pass named `partition`; the passes are infer_types, autodiff, sync_bn, \
-         step_parallel_begin, step_parallel_end, grad_fusion, execute"
+        "no pass named `partition`; the passes are infer_types, autodiff, recompute, \
+         sync_bn, step_parallel_begin, step_parallel_end, grad_fusion, execute"
     );
 }
 

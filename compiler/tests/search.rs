@@ -24,6 +24,7 @@ fn options(device_num: usize, mode: SearchMode, limit: Option<f64>) -> CompileOp
                 max_device_memory: limit,
                 ..Default::default()
             },
+            parallel_optimizer: None,
         }),
         ..Default::default()
     }

@@ -22,6 +22,7 @@ fn parallel(mode: Mode, devices: usize) -> ParallelOptions {
         gradients_mean: true,
         enable_alltoall: false,
         search: Default::default(),
+        parallel_optimizer: None,
     }
 }
 

@@ -9,4 +9,5 @@ pub mod infer;
 pub mod ops;
 pub mod parallel;
 pub mod pipeline;
+pub mod recompute;
 pub mod verify;

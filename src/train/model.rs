@@ -138,7 +138,7 @@ impl Model {
     }
 
     /// Write the compiler's dumps here (MindSpore's `save_graphs_path`): per rank
-    /// `rank_R/step_parallel_begin_NNNN.ir` and `08_execute_NNNN.ir`.
+    /// `rank_R/step_parallel_begin_NNNN.ir` and `09_execute_NNNN.ir`.
     pub fn with_save_graphs(mut self, dir: impl Into<PathBuf>) -> Model {
         self.dump_dir = Some(dir.into());
         self

@@ -117,6 +117,7 @@ pub fn train_both(
                 gradients_mean: true,
                 enable_alltoall: alltoall,
                 search: Default::default(),
+                parallel_optimizer: None,
             }),
             ..Default::default()
         },
@@ -265,6 +266,7 @@ pub fn one_rank_bucket_graph() -> Graph {
                 gradients_mean: true,
                 enable_alltoall: false,
                 search: Default::default(),
+                parallel_optimizer: None,
             }),
             ..Default::default()
         },

@@ -42,7 +42,7 @@ pub struct CompileArgs {
     pub optimizer: OptimizerArgs,
     /// Write every pipeline stage as `NN_name_NNNN.ir` into this directory; with several
     /// devices, the ranks `--ranks` (or `--global-rank`) names each into `rank_R/`
-    /// (`step_parallel_begin_NNNN.ir`, `step_parallel_end_NNNN.ir`, `08_execute_NNNN.ir`).
+    /// (`step_parallel_begin_NNNN.ir`, `step_parallel_end_NNNN.ir`, `09_execute_NNNN.ir`).
     #[arg(long)]
     pub save_graphs_path: Option<PathBuf>,
     /// Verify what every pass made (every violation reported), as debug builds do; also on
@@ -158,11 +158,17 @@ pub fn compile(a: &CompileArgs) -> Result<()> {
         verify: a.verify || pipeline::verify_by_default(),
         pipeline: a.parallel.pipeline_options(&ctx)?,
     };
+    let plain = graph.clone();
     let compiled = pipeline::compile(graph, &opts)?;
     let g = compiled.graph;
+    let recompute_line = recompute_summary(plain, &g, opt)?;
     let mut extra = serde_json::Map::new();
+    let mut optimizer_line = None;
     let (program, graphs, mode) = match compiled.parallel {
         Some(p) => {
+            if ctx.enable_parallel_optimizer {
+                optimizer_line = Some(parallel_optimizer_summary(&p));
+            }
             let layouts: serde_json::Map<String, serde_json::Value> = p
                 .begin
                 .params
@@ -231,7 +237,62 @@ pub fn compile(a: &CompileArgs) -> Result<()> {
         a.model.display(),
         a.output.display(),
     );
+    if let Some(line) = optimizer_line {
+        println!("{line}");
+    }
+    if let Some(line) = recompute_line {
+        println!("{line}");
+    }
     Ok(())
+}
+
+/// `recompute: N nodes replayed in the backward pass; ...`: the liveness memory plan of the
+/// logical training step (one device) with and without the replays, when any node was marked
+/// `recompute: true` (`None` otherwise).
+fn recompute_summary(forward: Graph, step: &Graph, opt: Optimizer) -> Result<Option<String>> {
+    let replayed = shardc_passes::recompute::replayed_count(step);
+    if replayed == 0 {
+        return Ok(None);
+    }
+    let opts = CompileOptions {
+        optimizer: Some(opt),
+        verify: false,
+        ..Default::default()
+    };
+    let (kept, _) = pipeline::compile_until(forward, &opts, "autodiff")?;
+    let (with, without) = (
+        shardc_runtime::memory::plan(step),
+        shardc_runtime::memory::plan(&kept.graph),
+    );
+    Ok(Some(format!(
+        "recompute: {replayed} nodes replayed in the backward pass; the training step's memory \
+         plan (one device): live peak {} bytes ({} without), planned peak {} bytes ({} without)",
+        with.live_peak_bytes, without.live_peak_bytes, with.peak_bytes, without.peak_bytes
+    )))
+}
+
+/// `parallel optimizer: K of N weights split; weights + optimizer state per rank: X bytes
+/// (Y without)`, from the layouts before and after the split.
+fn parallel_optimizer_summary(p: &pipeline::ParallelCompiled) -> String {
+    let a = &p.assignment;
+    let bytes = |l: &shardc_ir::TensorLayout, param: &shardc_ir::Param| -> usize {
+        l.slice_shape().iter().product::<usize>() * param.ty.dtype.size_bytes()
+    };
+    let (mut with, mut without, mut weights) = (0usize, 0usize, 0usize);
+    for (i, param) in p.begin.params.iter().enumerate() {
+        if !param.is_weight() {
+            continue;
+        }
+        weights += usize::from(param.requires_grad());
+        let now = &a.param_layouts[i];
+        with += bytes(now, param);
+        without += bytes(a.optimizer_shard_of(i).map_or(now, |s| &s.before), param);
+    }
+    format!(
+        "parallel optimizer: {} of {weights} weights split over their data-parallel group; \
+         weights + optimizer state per rank: {with} bytes ({without} without)",
+        a.optimizer_shards.len()
+    )
 }
 
 /// The ranks `--ranks` names: `all`, `A-B` (inclusive), or a comma-separated list of those.

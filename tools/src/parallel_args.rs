@@ -97,6 +97,25 @@ pub struct ParallelArgs {
     /// [default: 1f1b].
     #[arg(long, value_name = "SCHEDULER", value_parser = ["1f1b", "gpipe"])]
     pub pipeline_scheduler: Option<String>,
+    /// Split weights and optimizer state over their data-parallel group (MindSpore's
+    /// parallel optimizer, ZeRO-1); the bare flag means true [default: false].
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub enable_parallel_optimizer: Option<bool>,
+
+    /// Weights under this many KB stay whole
+    /// (parallel_optimizer_config.parallel_optimizer_threshold) [default: 64].
+    #[arg(long, value_name = "KB")]
+    pub parallel_optimizer_threshold: Option<u64>,
+
+    /// Split each weight over this many devices of its data-parallel group, -1 for all of it
+    /// (parallel_optimizer_config.optimizer_weight_shard_size) [default: -1].
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    pub optimizer_weight_shard_size: Option<i64>,
+
+    /// Keep accumulated gradients split too
+    /// (parallel_optimizer_config.gradient_accumulation_shard) [default: true].
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub gradient_accumulation_shard: Option<bool>,
 }
 
 fn parallel_mode_parser() -> impl TypedValueParser<Value = ParallelMode> {
@@ -193,6 +212,10 @@ impl ParallelArgs {
             strategy_ckpt_load_file: self.strategy_ckpt_load_file.clone(),
             strategy_ckpt_only_trainable_params: self.strategy_ckpt_only_trainable_params,
             comm_fusion: self.comm_fusion.clone(),
+            enable_parallel_optimizer: self.enable_parallel_optimizer,
+            gradient_accumulation_shard: self.gradient_accumulation_shard,
+            parallel_optimizer_threshold: self.parallel_optimizer_threshold,
+            optimizer_weight_shard_size: self.optimizer_weight_shard_size,
         }
     }
 

@@ -243,6 +243,7 @@ pub fn options(
             machine,
             max_device_memory: None,
         },
+        parallel_optimizer: None,
     }
 }
 

@@ -159,6 +159,7 @@ fn data_parallel_graphs_on(n: usize) -> Vec<Graph> {
                 gradients_mean: true,
                 enable_alltoall: false,
                 search: Default::default(),
+                parallel_optimizer: None,
             }),
             ..Default::default()
         },

@@ -152,9 +152,35 @@ pub struct Assignment {
     /// What the searcher decided, when one ran (`auto_parallel` with a search mode other than
     /// sharding propagation).
     pub search: Option<SearchReport>,
+    /// The weights the parallel optimizer split (`enable_parallel_optimizer`), in update
+    /// order.
+    pub optimizer_shards: Vec<OptimizerShard>,
+}
+
+/// A weight split by the parallel optimizer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OptimizerShard {
+    /// The weight (parameter index).
+    pub weight: usize,
+    /// Its optimizer state parameters split alike (parameter indices).
+    pub states: Vec<usize>,
+    /// The dimension split.
+    pub dim: usize,
+    /// The devices each slice of the weight's layout is split over.
+    pub devices: usize,
+    /// The layout before the split.
+    pub before: TensorLayout,
 }
 
 impl Assignment {
+    /// The parallel optimizer's split of parameter `p` (a weight or one of its optimizer
+    /// states), if it split it.
+    pub fn optimizer_shard_of(&self, p: usize) -> Option<&OptimizerShard> {
+        self.optimizer_shards
+            .iter()
+            .find(|s| s.weight == p || s.states.contains(&p))
+    }
+
     /// The layout a logical operand of `g` has under this assignment: a parameter's, a node's
     /// first result's, or the chosen result of a `TupleGetItem`; `None` for a constant or an
     /// op without a decision.

@@ -31,6 +31,7 @@ pub mod completion;
 pub mod cost;
 mod dataset;
 pub mod dims;
+pub mod optimizer_shard;
 pub mod partition;
 pub mod propagation;
 pub mod redistribute;
@@ -81,6 +82,44 @@ pub struct ParallelOptions {
     pub enable_alltoall: bool,
     /// How `auto_parallel` searches, and the cost model's machine.
     pub search: SearchOptions,
+    /// MindSpore's parallel optimizer (`enable_parallel_optimizer`): weights and optimizer
+    /// state split over their data-parallel group ([`optimizer_shard`]); `None`: off.
+    pub parallel_optimizer: Option<ParallelOptimizer>,
+}
+
+/// MindSpore's `parallel_optimizer_config` ([`optimizer_shard`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ParallelOptimizer {
+    /// Weights smaller than this many KB (1024 bytes) stay whole
+    /// (`parallel_optimizer_threshold`, MindSpore's default 64).
+    pub threshold_kb: u64,
+    /// Split each weight over at most this many devices of its data-parallel group, which it
+    /// must divide (`optimizer_weight_shard_size`); `None` (MindSpore's -1): the whole group.
+    pub weight_shard_size: Option<usize>,
+    /// `gradient_accumulation_shard`: with gradient accumulation over micro-batches, keep the
+    /// accumulated gradient split as well. Without micro-batches there is no accumulated
+    /// gradient and it changes nothing.
+    pub gradient_accumulation_shard: bool,
+}
+
+impl ParallelOptimizer {
+    /// MindSpore's defaults: 64 KB threshold, the whole group, accumulation shard on.
+    pub const DEFAULT: ParallelOptimizer = ParallelOptimizer {
+        threshold_kb: 64,
+        weight_shard_size: None,
+        gradient_accumulation_shard: true,
+    };
+
+    /// The threshold in bytes.
+    pub fn threshold_bytes(&self) -> f64 {
+        self.threshold_kb as f64 * 1024.0
+    }
+}
+
+impl Default for ParallelOptimizer {
+    fn default() -> ParallelOptimizer {
+        ParallelOptimizer::DEFAULT
+    }
 }
 
 /// How `auto_parallel` searches strategies (MindSpore's `search_mode`).

@@ -38,6 +38,9 @@ struct Edge {
     input: usize,
     /// The weight whose gradient this is, when the user is that weight's optimizer update.
     mirror_of: Option<String>,
+    /// Whether the producer is a parameter the parallel optimizer split (its gathers are
+    /// named `parallel_optimizer_allgather_<weight>_*`, as MindSpore's).
+    optimizer_shard: bool,
 }
 
 /// A conversion a value needs before one or more users: the same on every rank.
@@ -100,6 +103,8 @@ struct EdgeBuilder<'a> {
     plans: HashMap<(TensorLayout, TensorLayout, usize), Plan>,
     /// Per partial value: the conversion that completed it first and the layout it gave.
     completions: HashMap<(u8, u32), (usize, TensorLayout)>,
+    /// Per parameter: whether the parallel optimizer split it.
+    optimizer_sharded: Vec<bool>,
 }
 
 impl EdgeBuilder<'_> {
@@ -156,6 +161,7 @@ impl EdgeBuilder<'_> {
             } else {
                 None
             },
+            optimizer_shard: matches!(o, Operand::Param(p) if self.optimizer_sharded.get(p.index()).copied().unwrap_or(false)),
         };
         let id = self.edges.convs.len();
         let text = format!(
@@ -207,6 +213,9 @@ pub fn edges(g: &Graph, a: &Assignment, opts: &ParallelOptions) -> Edges {
         by_target: HashMap::new(),
         plans: HashMap::new(),
         completions: HashMap::new(),
+        optimizer_sharded: (0..g.params.len())
+            .map(|p| a.optimizer_shard_of(p).is_some())
+            .collect(),
     };
     for (i, node) in g.nodes.iter().enumerate() {
         let Some(d) = a.decisions[i].as_ref() else {
@@ -344,6 +353,8 @@ impl RankBuilder<'_> {
                         Some(w) => format!("mirror_grad_{w}_{what}{c}"),
                         None => format!("forward_op_{}_{what}{c}", edge.producer),
                     }
+                } else if edge.optimizer_shard {
+                    format!("parallel_optimizer_allgather_{}_{what}{c}", edge.producer)
                 } else {
                     format!(
                         "redistribution_op_{}_{}_{what}{c}",
@@ -386,7 +397,11 @@ impl RankBuilder<'_> {
                     (
                         n,
                         ranks.len(),
-                        "the user needs this dimension less split: gather the blocks",
+                        if edge.optimizer_shard {
+                            "the parallel optimizer keeps this weight split over its data-parallel group: gather it for its reader"
+                        } else {
+                            "the user needs this dimension less split: gather the blocks"
+                        },
                     )
                 }
                 Step::AllToAll {

@@ -277,7 +277,7 @@ pub const COMPUTE_BYTES_PER_ELEMENT: f64 = 0.25;
 
 /// The layout a whole op keeps when it updates a weight of layout `w`: every operand of the
 /// weight's shape in `w`, scalars replicated under the same device matrix.
-fn follow_weight(g: &Graph, node: &Node, w: &TensorLayout) -> OpSharding {
+pub(crate) fn follow_weight(g: &Graph, node: &Node, w: &TensorLayout) -> OpSharding {
     let like = |shape: &[usize]| like_weight(w, shape);
     let inputs: Vec<Option<TensorLayout>> = node
         .inputs
@@ -512,5 +512,6 @@ fn finish(mut st: State<'_>, report: Option<SearchReport>) -> Result<Assignment,
         decisions: st.decisions,
         param_layouts,
         search: report,
+        optimizer_shards: Vec::new(),
     })
 }

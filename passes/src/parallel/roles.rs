@@ -5,9 +5,16 @@
 
 use shardc_ir::{Graph, Node, OpClass, OpKind, Operand, ReduceOp, TensorLayout};
 
-/// Whether `node` was made by autodiff or the optimizer (not written by the user).
+/// Whether `node` was made by autodiff or the optimizer (not written by the user). A forward
+/// node the `recompute` pass replayed in the backward (`duplicated: true`) counts as the
+/// forward op it replays.
 pub fn is_generated(node: &Node) -> bool {
-    node.scope.starts_with("Gradients") || node.scope.starts_with("Default/optimizer")
+    let replayed = matches!(
+        node.attrs.get("duplicated"),
+        Some(shardc_ir::Attr::Bool(true))
+    );
+    (node.scope.starts_with("Gradients") || node.scope.starts_with("Default/optimizer"))
+        && !replayed
 }
 
 /// The weight an optimizer update or Assign writes, if its first operand is one.

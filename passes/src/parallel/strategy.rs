@@ -52,13 +52,18 @@ use shardc_ir::Graph;
 /// fallback for cost graphs too large to solve ([`COMPLETION_BUDGET`]) and a baseline: the
 /// plan kept is never predicted slower than it (nor, in `auto_parallel`, than the
 /// `semi_auto_parallel` plan of the same annotations).
+///
+/// With `parallel_optimizer` set, every eligible weight and its optimizer state are then split
+/// over their data-parallel group ([`super::optimizer_shard::apply`]).
 pub fn assign(g: &Graph, opts: &ParallelOptions) -> Result<Assignment, ParallelError> {
-    match opts.mode {
+    let mut a = match opts.mode {
         Mode::AutoParallel if opts.search.mode != SearchMode::ShardingPropagation => {
             searched(g, opts)
         }
         _ => assign_by_propagation(g, opts, Weighing::Explained),
-    }
+    }?;
+    super::optimizer_shard::apply(g, &mut a, opts)?;
+    Ok(a)
 }
 
 /// `auto_parallel` with a searcher: it decides every op but the weight updates (annotations

@@ -297,6 +297,7 @@ subgraph @Net(%para1_x, %para2_scale, %para3_bias, %para4_mean, %para5_var) {{\n
             gradients_mean: true,
             enable_alltoall: false,
             search: Default::default(),
+            parallel_optimizer: None,
         }
     }
 

@@ -27,6 +27,7 @@ pub use super::super::cost::Breakdown;
 
 use super::super::assignment::Candidate;
 use super::super::cost::{elem_bytes, CommCost, Machine};
+use super::super::optimizer_shard::shard_layout;
 use super::super::redistribute::{placement, Placement};
 use super::super::roles::{is_generated, like_weight, updated_weight};
 use super::super::rules::{self, candidates, dims_of, sharding, OpSharding, MAX_SPLIT_LOOPS};
@@ -152,9 +153,10 @@ pub struct Problem<'g> {
     pub op_terms: Vec<Vec<usize>>,
     /// The data inputs' layouts (by parameter index).
     pub input_layouts: Vec<Option<TensorLayout>>,
-    /// Per searched op: (operand, copies) of the weights it is first user of; `copies` counts
-    /// the weight, its optimizer state and its gradient.
-    owned_weights: Vec<Vec<(usize, f64)>>,
+    /// Per searched op: (operand, copies, updated copies) of the weights it is first user of;
+    /// `copies` counts the weight, its optimizer state and its gradient, `updated copies` the
+    /// weight and its state when an optimizer updates it (what the parallel optimizer splits).
+    owned_weights: Vec<Vec<(usize, f64, f64)>>,
     /// Per searched op: which results the backward pass reads.
     kept_results: Vec<Vec<usize>>,
     /// Per searched op: FLOPs per loop iteration (2 for a multiply-add) and whether at the
@@ -337,8 +339,10 @@ impl<'g> Problem<'g> {
         // updates write alongside), its gradient.
         let mut owned_weights = vec![Vec::new(); ops.len()];
         let mut state_copies = vec![0usize; g.params.len()];
+        let mut optimized = vec![false; g.params.len()];
         for node in &g.nodes {
             if let Some(w) = updated_weight(g, node) {
+                optimized[w] |= node.op.class() == shardc_ir::OpClass::Optimizer;
                 for o in node.inputs.iter().skip(1) {
                     if let Operand::Param(p) = o {
                         let q = g.param(*p);
@@ -352,7 +356,8 @@ impl<'g> Problem<'g> {
         for (w, fu) in first_user.iter().enumerate() {
             if let Some((k, j)) = fu {
                 let grad = if g.params[w].requires_grad() { 1 } else { 0 };
-                owned_weights[*k].push((*j, (1 + state_copies[w] + grad) as f64));
+                let updated = if optimized[w] { 1 + state_copies[w] } else { 0 };
+                owned_weights[*k].push((*j, (1 + state_copies[w] + grad) as f64, updated as f64));
             }
         }
         let mut op_terms = vec![Vec::new(); ops.len()];
@@ -457,7 +462,7 @@ impl<'g> Problem<'g> {
         };
         // The optimizer updates of the weights this op is first user of, on their slices:
         // read the weight, its gradient and state, write the weight and state.
-        for &(j, copies) in &self.owned_weights[k] {
+        for &(j, copies, _) in &self.owned_weights[k] {
             if let (Some(Some(l)), Some(ty)) = (
                 s.inputs.get(j),
                 node.inputs
@@ -477,14 +482,22 @@ impl<'g> Problem<'g> {
         let node = self.g.node(self.ops[k]);
         let slice = |l: &TensorLayout| l.slice_shape().iter().product::<usize>() as f64;
         let mut m = 0.0;
-        for &(j, copies) in &self.owned_weights[k] {
+        for &(j, copies, updated) in &self.owned_weights[k] {
             if let (Some(Some(l)), Some(t)) = (
                 s.inputs.get(j),
                 node.inputs
                     .get(j)
                     .and_then(|o| self.g.operand_tensor_type(o)),
             ) {
-                m += slice(l) * elem_bytes(t.dtype) as f64 * copies;
+                // The parallel optimizer keeps 1/n of the weight and its state on a device.
+                let n = match &self.opts.parallel_optimizer {
+                    Some(cfg) if updated > 0.0 => shard_layout(l, t.size_bytes(), "", cfg)
+                        .ok()
+                        .flatten()
+                        .map_or(1.0, |(_, _, n)| n as f64),
+                    _ => 1.0,
+                };
+                m += slice(l) * elem_bytes(t.dtype) as f64 * (copies - updated + updated / n);
             }
         }
         let tys = node.ty.tensors();
