@@ -269,3 +269,41 @@ fn shardc_compile_prints_the_replays_and_the_memory_plan() {
         "{text}"
     );
 }
+
+/// The search's memory model does not count the activations the backward replays: the
+/// predicted bytes per device of a searched plan fall with recompute on every layer.
+#[test]
+fn the_searched_plans_predicted_memory_counts_no_recomputed_activation() {
+    use shardc::passes::parallel::SearchMode;
+    let cfg = TransformerConfig::new(2, 32, 2, 16, 4);
+    let predicted = |g: Graph| {
+        compile(
+            g,
+            &CompileOptions {
+                optimizer: Some(Momentum::new(0.1, 0.9).to_spec()),
+                parallel: Some(ParallelOptions {
+                    mode: Mode::AutoParallel,
+                    device_num: 2,
+                    dataset: DatasetLayout::DataParallel,
+                    gradients_mean: true,
+                    enable_alltoall: false,
+                    search: SearchOptions {
+                        mode: SearchMode::DynamicProgramming,
+                        ..Default::default()
+                    },
+                    parallel_optimizer: None,
+                }),
+                ..Default::default()
+            },
+        )
+        .expect("compiles")
+        .parallel
+        .and_then(|p| p.assignment.search)
+        .map(|r| r.predicted.memory)
+        .expect("a search report")
+    };
+    let plain = predicted(transformer(&cfg).expect("transformer"));
+    let recomputed = predicted(transformer(&cfg.clone().with_recompute(true)).expect("t"));
+    eprintln!("predicted bytes per device: {plain} without, {recomputed} with recompute");
+    assert!(recomputed < 0.8 * plain, "{plain} -> {recomputed}");
+}

@@ -21,7 +21,9 @@
 //! edge of the cost graph joins two ops, and sharing depends on all the readers at once.
 //!
 //! Memory per device ([`Problem::memory_bytes`]): the slices of the weights an op is first
-//! user of, with their optimizer state and gradient, and the results the backward pass reads.
+//! user of, with their optimizer state and gradient (the parallel optimizer's split counted),
+//! and the results the backward pass reads (not those of recomputed nodes, which the backward
+//! replays).
 
 pub use super::super::cost::Breakdown;
 
@@ -264,7 +266,13 @@ impl<'g> Problem<'g> {
         // Values: producer result -> reader (looking through TupleGetItem).
         let mut kept_results = vec![Vec::new(); ops.len()];
         for (k, &n) in ops.iter().enumerate() {
-            let producer_generated = is_generated(g.node(n));
+            // A recomputed forward node (`duplicated`) runs in the backward pass: its results
+            // live there briefly, not from the forward pass on.
+            let replay = matches!(
+                g.node(n).attrs.get(crate::recompute::DUPLICATED_ATTR),
+                Some(shardc_ir::Attr::Bool(true))
+            );
+            let producer_generated = is_generated(g.node(n)) || replay;
             let mut readers: Vec<(NodeId, usize)> = Vec::new(); // (reader, result index)
             for &u in &users[n.index()] {
                 let un = g.node(u);
