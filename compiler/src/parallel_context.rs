@@ -41,6 +41,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use shardc_ir::Strategy;
+use shardc_passes::pipeline::{PipelineOptions, Scheduler};
 use thiserror::Error;
 
 /// An error in a parallel context: a bad option value, a bad TOML key, or a file that cannot
@@ -671,6 +672,9 @@ pub struct ParallelContext {
     pub comm_fusion: CommFusion,
     /// The device memory limit in bytes, if any.
     pub max_device_memory: Option<u64>,
+    /// `pipeline_stages` (1: no pipeline), `micro_size` (MindSpore's
+    /// `PipelineCell(net, micro_size)`) and `pipeline_config.pipeline_scheduler`.
+    pub pipeline: PipelineOptions,
 }
 
 impl Default for ParallelContext {
@@ -686,6 +690,7 @@ impl Default for ParallelContext {
             enable_alltoall: false,
             comm_fusion: CommFusion::Auto,
             max_device_memory: None,
+            pipeline: PipelineOptions::default(),
         }
     }
 }
@@ -702,7 +707,11 @@ pub const TOP_LEVEL_KEYS: &[&str] = &[
     "max_device_memory",
     "strategy_ckpt_config",
     "comm_fusion",
+    "pipeline_stages",
+    "micro_size",
+    "pipeline_config",
 ];
+const PIPELINE_CONFIG_KEYS: &[&str] = &["pipeline_scheduler"];
 const CKPT_KEYS: &[&str] = &["save_file", "load_file", "only_trainable_params"];
 const COMM_FUSION_KEYS: &[&str] = &["allreduce"];
 const ALLREDUCE_KEYS: &[&str] = &["mode", "config"];
@@ -758,6 +767,15 @@ impl ParallelContext {
                 "must be greater than 0",
             ));
         }
+        let devices = self.is_parallel().then_some(self.device_num);
+        self.pipeline.validate(devices).map_err(|e| {
+            let key = if e.reason.starts_with("micro_size") {
+                ("micro_size", self.pipeline.micro_size)
+            } else {
+                ("pipeline_stages", self.pipeline.stages)
+            };
+            ParallelContextError::invalid(key.0, key.1, e.reason)
+        })?;
         Ok(())
     }
 
@@ -805,6 +823,10 @@ impl ParallelContext {
         if let Some(m) = self.max_device_memory {
             line("max_device_memory", s(&format_memory_size(m)));
         }
+        if self.pipeline != PipelineOptions::default() {
+            line("pipeline_stages", int(self.pipeline.stages));
+            line("micro_size", int(self.pipeline.micro_size));
+        }
         out.push_str("\n[strategy_ckpt_config]\n");
         let ckpt = &self.strategy_ckpt_config;
         for (key, file) in [
@@ -830,6 +852,13 @@ impl ParallelContext {
                 let list = ix.iter().map(|&i| int(i)).collect::<Vec<_>>().join(", ");
                 out.push_str(&format!("config = [{list}]\n"));
             }
+        }
+        if self.pipeline != PipelineOptions::default() {
+            out.push_str("\n[pipeline_config]\n");
+            out.push_str(&format!(
+                "pipeline_scheduler = {}\n",
+                s(self.pipeline.scheduler.name())
+            ));
         }
         out
     }
@@ -864,6 +893,12 @@ pub struct ParallelSettings {
     pub strategy_ckpt_only_trainable_params: Option<bool>,
     /// `comm_fusion.allreduce`.
     pub comm_fusion: Option<CommFusion>,
+    /// `pipeline_stages`.
+    pub pipeline_stages: Option<usize>,
+    /// `micro_size`.
+    pub micro_size: Option<usize>,
+    /// `pipeline_config.pipeline_scheduler`.
+    pub pipeline_scheduler: Option<Scheduler>,
 }
 
 impl ParallelSettings {
@@ -927,6 +962,19 @@ impl ParallelSettings {
                             Some(comm_fusion_of(&path, table_of(&path, v, ALLREDUCE_KEYS)?)?);
                     }
                 }
+                "pipeline_stages" => s.pipeline_stages = Some(usize_of(key, value)?),
+                "micro_size" => s.micro_size = Some(usize_of(key, value)?),
+                "pipeline_config" => {
+                    if let Some(v) =
+                        table_of(key, value, PIPELINE_CONFIG_KEYS)?.get("pipeline_scheduler")
+                    {
+                        let path = format!("{key}.pipeline_scheduler");
+                        let name = str_of(&path, v)?;
+                        s.pipeline_scheduler = Some(Scheduler::from_name(name).ok_or_else(|| {
+                            ParallelContextError::invalid(&path, name, "expected 1f1b or gpipe")
+                        })?);
+                    }
+                }
                 _ => return Err(unknown_key(key, TOP_LEVEL_KEYS)),
             }
         }
@@ -954,6 +1002,9 @@ impl ParallelSettings {
                 .strategy_ckpt_only_trainable_params
                 .or(self.strategy_ckpt_only_trainable_params),
             comm_fusion: over.comm_fusion.or(self.comm_fusion),
+            pipeline_stages: over.pipeline_stages.or(self.pipeline_stages),
+            micro_size: over.micro_size.or(self.micro_size),
+            pipeline_scheduler: over.pipeline_scheduler.or(self.pipeline_scheduler),
         }
     }
 
@@ -978,6 +1029,11 @@ impl ParallelSettings {
             enable_alltoall: self.enable_alltoall.unwrap_or(d.enable_alltoall),
             comm_fusion: self.comm_fusion.clone().unwrap_or(d.comm_fusion),
             max_device_memory: self.max_device_memory.or(d.max_device_memory),
+            pipeline: PipelineOptions {
+                stages: self.pipeline_stages.unwrap_or(d.pipeline.stages),
+                micro_size: self.micro_size.unwrap_or(d.pipeline.micro_size),
+                scheduler: self.pipeline_scheduler.unwrap_or(d.pipeline.scheduler),
+            },
         }
     }
 }
