@@ -11,6 +11,7 @@ use shardc::compiler::nn::FnCell;
 use shardc::compiler::{compile, init, optim::Momentum, CompileOptions};
 use shardc::ir::{DType, Graph, OpKind, ParamKind, Strategy, TensorLayout};
 use shardc::passes::parallel::{DatasetLayout, Mode, ParallelOptions, SearchOptions};
+use shardc::passes::pipeline::split::sequence;
 use shardc::passes::pipeline::{PipelineOptions, Scheduler};
 use shardc::runtime::data::SyntheticData;
 use shardc::runtime::executor::Executor;
@@ -112,6 +113,38 @@ fn check(what: &str, model: Graph, annotated: Graph, case: &Case) -> Result<(), 
                 "{what}: rank {r} (stage {s}) lacks its Send/Receive"
             ));
         }
+    }
+
+    // Each rank's Send/Receive run in its stage's (phase, micro-batch) order, its parameters
+    // are its stage's, and the program survives its binary form.
+    for (r, g) in par.ranks.iter().enumerate() {
+        let s = par.program.stage_of(r).map_err(|e| e.to_string())?;
+        let mut seen: Vec<(bool, usize)> = Vec::new();
+        for n in &g.nodes {
+            if !matches!(n.op, OpKind::Send | OpKind::Receive) {
+                continue;
+            }
+            let m = n.attrs.get("micro_batch").and_then(|a| a.as_int()).unwrap_or(-1) as usize;
+            let x = (n.scope.starts_with("Gradients"), m);
+            if seen.last() != Some(&x) {
+                seen.push(x);
+            }
+        }
+        let want = sequence(case.pipeline.scheduler, s, stages, case.pipeline.micro_size);
+        if seen != want {
+            return Err(format!(
+                "{what}: rank {r} (stage {s}) runs {seen:?}, not the {} order {want:?}",
+                case.pipeline.scheduler
+            ));
+        }
+        let w = par.program.weights_of(r).map_err(|e| e.to_string())?;
+        if w.params != g.params {
+            return Err(format!("{what}: rank {r}: weights_of differs from its graph's"));
+        }
+    }
+    let bytes = shardc::ir::binary::encode_program(&par.program).map_err(|e| e.to_string())?;
+    if shardc::ir::binary::decode_program(&bytes).map_err(|e| e.to_string())? != par.program {
+        return Err(format!("{what}: the program does not round-trip"));
     }
 
     let data = SyntheticData::new(&single, 7, STEPS as usize).map_err(|e| e.to_string())?;

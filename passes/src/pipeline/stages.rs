@@ -93,13 +93,13 @@ pub fn assign_stages(g: &mut Graph, stages: usize) -> Result<StagePlan, Pipeline
             let mid = before + costs[i] / 2.0;
             before += costs[i];
             let k = ((mid / total * stages as f64) as usize).min(stages - 1);
-            // Only nodes that compute on a node's result are placed by cost; the rest follow
-            // their readers or operands below.
-            if g.nodes[i]
-                .inputs
-                .iter()
-                .any(|o| matches!(o, Operand::Node(_)))
-            {
+            // Only nodes that compute on a node's result or a data input are placed by cost;
+            // weight-only ones follow their readers below.
+            if g.nodes[i].inputs.iter().any(|o| match o {
+                Operand::Node(_) => true,
+                Operand::Param(p) => matches!(g.params[p.index()].kind, ParamKind::Input),
+                Operand::Const(_) => false,
+            }) {
                 explicit[i] = Some(k);
                 if k != last {
                     g.nodes[i].comments.push(format!(
