@@ -23,17 +23,26 @@ const DT: DType = DType::Float64;
 const TOLERANCE: f64 = 1e-9;
 
 /// A 4-layer MLP (widths `dims`), MSE or sparse cross-entropy loss, batch `batch`.
-fn mlp(batch: usize, cross_entropy: bool) -> Result<Graph, BuildError> {
+/// With `stages`, layer `i` is built inside `pipeline_stage(i * stages / 4)` (MindSpore's
+/// `cell.pipeline_stage`); without, the compiler splits by compute cost.
+fn mlp(batch: usize, cross_entropy: bool, stages: Option<usize>) -> Result<Graph, BuildError> {
     let dims = [8usize, 16, 16, 8, 8];
     let net = FnCell::new("Mlp", move |b: &mut GraphBuilder, mut x: Value| {
         for (i, w) in dims.windows(2).enumerate() {
-            let wt = b.weight(&format!("w{i}"), DT, &[w[0], w[1]], init::normal(0.3))?;
-            x = b.matmul(x, wt)?;
-            let bb = b.weight(&format!("b{i}"), DT, &[w[1]], init::normal(0.1))?;
-            x = b.bias_add(x, bb)?;
-            if i + 2 < dims.len() {
-                x = b.tanh(x)?;
-            }
+            let layer = |b: &mut GraphBuilder| -> Result<Value, BuildError> {
+                let wt = b.weight(&format!("w{i}"), DT, &[w[0], w[1]], init::normal(0.3))?;
+                let mut y = b.matmul(x, wt)?;
+                let bb = b.weight(&format!("b{i}"), DT, &[w[1]], init::normal(0.1))?;
+                y = b.bias_add(y, bb)?;
+                if i + 2 < dims.len() {
+                    y = b.tanh(y)?;
+                }
+                Ok(y)
+            };
+            x = match stages {
+                Some(s) => b.pipeline_stage(i * s / 4, layer)?,
+                None => layer(b)?,
+            };
         }
         Ok(x)
     });
@@ -124,7 +133,11 @@ fn check(what: &str, model: Graph, annotated: Graph, case: &Case) -> Result<(), 
             if !matches!(n.op, OpKind::Send | OpKind::Receive) {
                 continue;
             }
-            let m = n.attrs.get("micro_batch").and_then(|a| a.as_int()).unwrap_or(-1) as usize;
+            let m = n
+                .attrs
+                .get("micro_batch")
+                .and_then(|a| a.as_int())
+                .unwrap_or(-1) as usize;
             let x = (n.scope.starts_with("Gradients"), m);
             if seen.last() != Some(&x) {
                 seen.push(x);
@@ -139,7 +152,9 @@ fn check(what: &str, model: Graph, annotated: Graph, case: &Case) -> Result<(), 
         }
         let w = par.program.weights_of(r).map_err(|e| e.to_string())?;
         if w.params != g.params {
-            return Err(format!("{what}: rank {r}: weights_of differs from its graph's"));
+            return Err(format!(
+                "{what}: rank {r}: weights_of differs from its graph's"
+            ));
         }
     }
     let bytes = shardc::ir::binary::encode_program(&par.program).map_err(|e| e.to_string())?;
@@ -309,7 +324,7 @@ fn two_stages_by_two_data_parallel_1f1b_equal_the_single_device() {
     for ce in [false, true] {
         run(
             &format!("mlp (cross-entropy {ce}), S=2 x DP2, M=4, 1f1b"),
-            mlp(16, ce).expect("model"),
+            mlp(16, ce, None).expect("model"),
             Case {
                 mode: Mode::DataParallel,
                 device_num: 4,
@@ -322,8 +337,8 @@ fn two_stages_by_two_data_parallel_1f1b_equal_the_single_device() {
 #[test]
 fn two_stages_gpipe_equal_the_single_device() {
     run(
-        "mlp, S=2 x DP2, M=4, gpipe",
-        mlp(16, false).expect("model"),
+        "mlp, S=2 x DP2, M=4, gpipe, stages marked on the cells",
+        mlp(16, false, Some(2)).expect("model"),
         Case {
             mode: Mode::DataParallel,
             device_num: 4,
@@ -335,8 +350,8 @@ fn two_stages_gpipe_equal_the_single_device() {
 #[test]
 fn four_stages_on_four_devices_equal_the_single_device() {
     run(
-        "mlp, S=4 on N=4, M=4, 1f1b",
-        mlp(16, false).expect("model"),
+        "mlp, S=4 on N=4, M=4, 1f1b, stages marked on the cells",
+        mlp(16, false, Some(4)).expect("model"),
         Case {
             mode: Mode::DataParallel,
             device_num: 4,
@@ -347,7 +362,7 @@ fn four_stages_on_four_devices_equal_the_single_device() {
 
 #[test]
 fn model_parallel_inside_stages_equals_the_single_device() {
-    let model = mlp(16, false).expect("model");
+    let model = mlp(16, false, None).expect("model");
     let mut annotated = model.clone();
     // Split the first and third MatMuls' output columns over the stage's 2 devices.
     let mut k = 0;

@@ -970,9 +970,10 @@ impl ParallelSettings {
                     {
                         let path = format!("{key}.pipeline_scheduler");
                         let name = str_of(&path, v)?;
-                        s.pipeline_scheduler = Some(Scheduler::from_name(name).ok_or_else(|| {
-                            ParallelContextError::invalid(&path, name, "expected 1f1b or gpipe")
-                        })?);
+                        s.pipeline_scheduler =
+                            Some(Scheduler::from_name(name).ok_or_else(|| {
+                                ParallelContextError::invalid(&path, name, "expected 1f1b or gpipe")
+                            })?);
                     }
                 }
                 _ => return Err(unknown_key(key, TOP_LEVEL_KEYS)),

@@ -599,19 +599,28 @@ fn pipeline_options_read_from_toml_and_checked() {
     assert_eq!(ctx.pipeline.stages, 2);
     assert_eq!(ctx.pipeline.micro_size, 4);
     assert_eq!(ctx.pipeline.scheduler, Scheduler::GPipe);
-    assert_eq!(ParallelContext::from_toml_str(&ctx.to_toml_string()).unwrap(), ctx);
+    assert_eq!(
+        ParallelContext::from_toml_str(&ctx.to_toml_string()).unwrap(),
+        ctx
+    );
     let e = ParallelContext::from_toml_str(
         "parallel_mode = \"semi_auto_parallel\"\ndevice_num = 6\npipeline_stages = 4\nmicro_size = 4\n",
     )
     .unwrap_err()
     .to_string();
-    assert!(e.contains("pipeline_stages 4 does not divide device_num 6"), "{e}");
+    assert!(
+        e.contains("pipeline_stages 4 does not divide device_num 6"),
+        "{e}"
+    );
     let e = ParallelContext::from_toml_str(
         "parallel_mode = \"semi_auto_parallel\"\ndevice_num = 4\npipeline_stages = 2\nmicro_size = 1\n",
     )
     .unwrap_err()
     .to_string();
-    assert!(e.contains("micro_size 1 is smaller than pipeline_stages 2"), "{e}");
+    assert!(
+        e.contains("micro_size 1 is smaller than pipeline_stages 2"),
+        "{e}"
+    );
     let e = ParallelContext::from_toml_str("pipeline_stages = 2\nmicro_size = 2\n")
         .unwrap_err()
         .to_string();

@@ -277,7 +277,10 @@ fn a_pipelined_compile_runs_every_pass_and_dumps_each_ranks_stage() {
     assert_eq!(p.program.stage_of(1).unwrap(), 0);
     assert_eq!(p.program.stage_of(14).unwrap(), 1);
     // The lifted layouts cover all 16 devices, the stage axis major.
-    assert!(p.param_layouts.iter().all(|l| l.device_num() == 16 && l.dev_matrix[0] == 2));
+    assert!(p
+        .param_layouts
+        .iter()
+        .all(|l| l.device_num() == 16 && l.dev_matrix[0] == 2));
     for r in [1, 14] {
         let mut names: Vec<String> = std::fs::read_dir(dir.path().join(format!("rank_{r}")))
             .unwrap()

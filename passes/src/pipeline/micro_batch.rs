@@ -341,7 +341,11 @@ mod tests {
             let inst = format!("matmul_micro{k}");
             let n = &m.nodes[m.node_by_instance(&inst).unwrap().index()];
             assert_eq!(n.attrs.get(MICRO_ATTR), Some(&Attr::Int(k as i64)));
-            assert!(matches!(&n.ty, Type::Tensor(t) if t.shape == [4, 16]), "{:?}", n.ty);
+            assert!(
+                matches!(&n.ty, Type::Tensor(t) if t.shape == [4, 16]),
+                "{:?}",
+                n.ty
+            );
         }
         let Some(Operand::Node(l)) = m.loss() else {
             panic!("no loss")

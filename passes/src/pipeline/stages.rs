@@ -256,7 +256,10 @@ subgraph @Net(%para1_x, %para2_label, %para3_w, %para4_w2) {
         // The first MatMul (16·32·16 FLOP-iterations) outweighs the rest: stage 0 holds it
         // alone, the loss is on stage 1; stages never decrease.
         assert_eq!(plan.stage, vec![0, 1, 1, 1, 1, 1]);
-        assert!(g.nodes[0].comments.iter().any(|c| c.contains("automatic split")));
+        assert!(g.nodes[0]
+            .comments
+            .iter()
+            .any(|c| c.contains("automatic split")));
         assert_eq!(stage_of(&g.nodes[5]), Some(1));
     }
 
@@ -266,11 +269,17 @@ subgraph @Net(%para1_x, %para2_label, %para3_w, %para4_w2) {
         g.nodes[0].attrs.set(STAGE_ATTR, Attr::Int(1));
         g.nodes[1].attrs.set(STAGE_ATTR, Attr::Int(0));
         let e = assign_stages(&mut g, 2).unwrap_err().to_string();
-        assert!(e.contains("`relu`") && e.contains("must not decrease"), "{e}");
+        assert!(
+            e.contains("`relu`") && e.contains("must not decrease"),
+            "{e}"
+        );
         let mut g = mlp();
         g.nodes[2].attrs.set(STAGE_ATTR, Attr::Int(5));
         let e = assign_stages(&mut g, 2).unwrap_err().to_string();
-        assert!(e.contains("`matmul2`") && e.contains("pipeline_stage 5"), "{e}");
+        assert!(
+            e.contains("`matmul2`") && e.contains("pipeline_stage 5"),
+            "{e}"
+        );
         let mut g = mlp();
         let e = assign_stages(&mut g, 9).unwrap_err().to_string();
         assert!(e.contains("has no node"), "{e}");
