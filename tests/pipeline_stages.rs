@@ -415,3 +415,53 @@ fn a_two_layer_transformer_on_two_stages_equals_the_single_device() {
         );
     }
 }
+
+/// Micro-batches without stages (MindSpore's gradient accumulation through `PipelineCell` on
+/// one device): the step equals the plain one on the global batch.
+#[test]
+fn micro_batches_on_one_device_accumulate_to_the_global_batch_step() {
+    let model = mlp(16, true, None).expect("model");
+    let opt = Momentum::new(0.1, 0.9).to_spec();
+    let build = |micro_size: usize| {
+        compile(
+            model.clone(),
+            &CompileOptions {
+                optimizer: Some(opt),
+                pipeline: pipeline(1, micro_size, Scheduler::OneFOneB),
+                ..Default::default()
+            },
+        )
+        .expect("compile")
+        .graph
+    };
+    let (plain, micro) = (build(1), build(4));
+    assert!(micro
+        .nodes
+        .iter()
+        .any(|n| n.instance == "matmul_micro3" && n.attrs.get("micro_batch").is_some()));
+    let data = SyntheticData::new(&plain, 3, STEPS as usize).expect("data");
+    let run = |g: Graph| {
+        let mut exec =
+            Executor::new(g, Arc::new(shardc::cpu::CpuBackend::with_threads(1))).expect("exec");
+        let mut losses = Vec::new();
+        for step in 0..STEPS {
+            let out = exec.step(&data.feeds(step)).expect("step");
+            losses.push(out[0].scalar_value().unwrap_or(f64::NAN));
+        }
+        let w: Vec<Vec<f64>> = ["w0", "w3", "b2"]
+            .iter()
+            .map(|n| exec.param(n).expect("weight").to_f64_vec())
+            .collect();
+        (losses, w)
+    };
+    let (a, b) = (run(plain), run(micro));
+    for (x, y) in a.0.iter().zip(&b.0) {
+        assert!(
+            (x - y).abs() <= TOLERANCE * x.abs().max(1.0),
+            "loss {x} vs {y}"
+        );
+    }
+    for (x, y) in a.1.iter().flatten().zip(b.1.iter().flatten()) {
+        assert!((x - y).abs() <= TOLERANCE, "weight {x} vs {y}");
+    }
+}
