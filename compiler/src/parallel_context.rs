@@ -725,7 +725,9 @@ impl ParallelContext {
 
     /// Checks the options together: `device_num >= 1`, `global_rank < device_num`, an explicit
     /// dataset strategy has at least one input and only positive splits, the fusion size is
-    /// positive, fusion indices strictly increase, the memory limit is positive.
+    /// positive, fusion indices strictly increase, the memory limit is positive; the pipeline
+    /// options as [`PipelineOptions::validate`] (several stages need a parallel mode, divide
+    /// `device_num`, and `micro_size >= pipeline_stages`).
     pub fn validate(&self) -> Result<(), ParallelContextError> {
         if self.device_num == 0 {
             return Err(ParallelContextError::invalid(
@@ -795,7 +797,8 @@ impl ParallelContext {
         Ok(ctx)
     }
 
-    /// Writes every option as TOML (absent files and memory limit are left out);
+    /// Writes every option as TOML (absent files and memory limit, and the pipeline options
+    /// when they are the defaults, are left out);
     /// [`ParallelContext::from_toml_str`] reads it back to an equal context. Paths that are
     /// not UTF-8 are written lossily.
     pub fn to_toml_string(&self) -> String {
