@@ -246,8 +246,8 @@ fn rewire_seeds(t: &mut Graph) {
 /// An item's order key: (slot, original index, 0 for a Receive / 1 for a node / 2 for a Send).
 type Key = (usize, usize, usize);
 
-/// Whether node `i` is a sum-reduction collective (`AllReduce`, `ReduceScatter` with `op:
-/// sum`) whose group is `spec`'s.
+/// Whether node `i` is a sum-reduction collective of one operand (`AllReduce` or
+/// `ReduceScatter` with `op: sum`).
 fn summed_collective(t: &Graph, i: usize) -> bool {
     let n = &t.nodes[i];
     matches!(n.op, OpKind::AllReduce | OpKind::ReduceScatter)
@@ -292,7 +292,7 @@ fn reduce_once(mut t: Graph, mut patches: Vec<Patch>) -> (Graph, Vec<Patch>) {
                 && summed_collective(&t, b)
                 && na.op == nb.op
                 && na.attrs == nb.attrs
-                && groups.get(&a).is_some()
+                && groups.contains_key(&a)
                 && groups.get(&a) == groups.get(&b)
                 && na.ty == nb.ty
                 && only_reader(a, i)
