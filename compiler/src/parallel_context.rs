@@ -47,6 +47,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use shardc_ir::Strategy;
+use shardc_passes::pipeline::{PipelineOptions, Scheduler};
 use thiserror::Error;
 
 /// An error in a parallel context: a bad option value, a bad TOML key, or a file that cannot
@@ -677,6 +678,9 @@ pub struct ParallelContext {
     pub comm_fusion: CommFusion,
     /// The device memory limit in bytes, if any.
     pub max_device_memory: Option<u64>,
+    /// `pipeline_stages` (1: no pipeline), `micro_size` (MindSpore's
+    /// `PipelineCell(net, micro_size)`) and `pipeline_config.pipeline_scheduler`.
+    pub pipeline: PipelineOptions,
     /// MindSpore's parallel optimizer: split weights and optimizer state over their
     /// data-parallel group (ZeRO-1; default false).
     pub enable_parallel_optimizer: bool,
@@ -722,6 +726,7 @@ impl Default for ParallelContext {
             max_device_memory: None,
             enable_parallel_optimizer: false,
             parallel_optimizer_config: ParallelOptimizerConfig::default(),
+            pipeline: PipelineOptions::default(),
         }
     }
 }
@@ -740,12 +745,16 @@ pub const TOP_LEVEL_KEYS: &[&str] = &[
     "comm_fusion",
     "enable_parallel_optimizer",
     "parallel_optimizer_config",
+    "pipeline_stages",
+    "micro_size",
+    "pipeline_config",
 ];
 const PARALLEL_OPTIMIZER_KEYS: &[&str] = &[
     "gradient_accumulation_shard",
     "parallel_optimizer_threshold",
     "optimizer_weight_shard_size",
 ];
+const PIPELINE_CONFIG_KEYS: &[&str] = &["pipeline_scheduler"];
 const CKPT_KEYS: &[&str] = &["save_file", "load_file", "only_trainable_params"];
 const COMM_FUSION_KEYS: &[&str] = &["allreduce"];
 const ALLREDUCE_KEYS: &[&str] = &["mode", "config"];
@@ -759,7 +768,9 @@ impl ParallelContext {
 
     /// Checks the options together: `device_num >= 1`, `global_rank < device_num`, an explicit
     /// dataset strategy has at least one input and only positive splits, the fusion size is
-    /// positive, fusion indices strictly increase, the memory limit is positive.
+    /// positive, fusion indices strictly increase, the memory limit is positive; the pipeline
+    /// options as [`PipelineOptions::validate`] (several stages need a parallel mode, divide
+    /// `device_num`, and `micro_size >= pipeline_stages`).
     pub fn validate(&self) -> Result<(), ParallelContextError> {
         if self.device_num == 0 {
             return Err(ParallelContextError::invalid(
@@ -813,6 +824,15 @@ impl ParallelContext {
                 ),
             ));
         }
+        let devices = self.is_parallel().then_some(self.device_num);
+        self.pipeline.validate(devices).map_err(|e| {
+            let key = if e.reason.starts_with("micro_size") {
+                ("micro_size", self.pipeline.micro_size)
+            } else {
+                ("pipeline_stages", self.pipeline.stages)
+            };
+            ParallelContextError::invalid(key.0, key.1, e.reason)
+        })?;
         Ok(())
     }
 
@@ -832,7 +852,8 @@ impl ParallelContext {
         Ok(ctx)
     }
 
-    /// Writes every option as TOML (absent files and memory limit are left out);
+    /// Writes every option as TOML (absent files and memory limit, and the pipeline options
+    /// when they are the defaults, are left out);
     /// [`ParallelContext::from_toml_str`] reads it back to an equal context. Paths that are
     /// not UTF-8 are written lossily.
     pub fn to_toml_string(&self) -> String {
@@ -864,6 +885,10 @@ impl ParallelContext {
             "enable_parallel_optimizer",
             self.enable_parallel_optimizer.to_string(),
         );
+        if self.pipeline != PipelineOptions::default() {
+            line("pipeline_stages", int(self.pipeline.stages));
+            line("micro_size", int(self.pipeline.micro_size));
+        }
         out.push_str("\n[strategy_ckpt_config]\n");
         let ckpt = &self.strategy_ckpt_config;
         for (key, file) in [
@@ -898,6 +923,13 @@ impl ParallelContext {
             po.parallel_optimizer_threshold,
             po.optimizer_weight_shard_size
         ));
+        if self.pipeline != PipelineOptions::default() {
+            out.push_str("\n[pipeline_config]\n");
+            out.push_str(&format!(
+                "pipeline_scheduler = {}\n",
+                s(self.pipeline.scheduler.name())
+            ));
+        }
         out
     }
 }
@@ -939,6 +971,12 @@ pub struct ParallelSettings {
     pub parallel_optimizer_threshold: Option<u64>,
     /// `parallel_optimizer_config.optimizer_weight_shard_size`.
     pub optimizer_weight_shard_size: Option<i64>,
+    /// `pipeline_stages`.
+    pub pipeline_stages: Option<usize>,
+    /// `micro_size`.
+    pub micro_size: Option<usize>,
+    /// `pipeline_config.pipeline_scheduler`.
+    pub pipeline_scheduler: Option<Scheduler>,
 }
 
 impl ParallelSettings {
@@ -1024,6 +1062,20 @@ impl ParallelSettings {
                         }
                     }
                 }
+                "pipeline_stages" => s.pipeline_stages = Some(usize_of(key, value)?),
+                "micro_size" => s.micro_size = Some(usize_of(key, value)?),
+                "pipeline_config" => {
+                    if let Some(v) =
+                        table_of(key, value, PIPELINE_CONFIG_KEYS)?.get("pipeline_scheduler")
+                    {
+                        let path = format!("{key}.pipeline_scheduler");
+                        let name = str_of(&path, v)?;
+                        s.pipeline_scheduler =
+                            Some(Scheduler::from_name(name).ok_or_else(|| {
+                                ParallelContextError::invalid(&path, name, "expected 1f1b or gpipe")
+                            })?);
+                    }
+                }
                 _ => return Err(unknown_key(key, TOP_LEVEL_KEYS)),
             }
         }
@@ -1063,6 +1115,9 @@ impl ParallelSettings {
             optimizer_weight_shard_size: over
                 .optimizer_weight_shard_size
                 .or(self.optimizer_weight_shard_size),
+            pipeline_stages: over.pipeline_stages.or(self.pipeline_stages),
+            micro_size: over.micro_size.or(self.micro_size),
+            pipeline_scheduler: over.pipeline_scheduler.or(self.pipeline_scheduler),
         }
     }
 
@@ -1100,6 +1155,11 @@ impl ParallelSettings {
                 optimizer_weight_shard_size: self
                     .optimizer_weight_shard_size
                     .unwrap_or(d.parallel_optimizer_config.optimizer_weight_shard_size),
+            },
+            pipeline: PipelineOptions {
+                stages: self.pipeline_stages.unwrap_or(d.pipeline.stages),
+                micro_size: self.micro_size.unwrap_or(d.pipeline.micro_size),
+                scheduler: self.pipeline_scheduler.unwrap_or(d.pipeline.scheduler),
             },
         }
     }

@@ -375,14 +375,15 @@ fn key_errors_name_the_key() {
             "line 2: unknown key `devce_num` (did you mean `device_num`?); valid keys: \
              parallel_mode, search_mode, device_num, global_rank, gradients_mean, \
              dataset_strategy, enable_alltoall, max_device_memory, strategy_ckpt_config, \
-             comm_fusion, enable_parallel_optimizer, parallel_optimizer_config",
+             comm_fusion, enable_parallel_optimizer, parallel_optimizer_config, pipeline_stages, \
+             micro_size, pipeline_config",
         ),
         (
             "full_batch = true",
             "line 1: unknown key `full_batch`; valid keys: parallel_mode, search_mode, \
              device_num, global_rank, gradients_mean, dataset_strategy, enable_alltoall, \
              max_device_memory, strategy_ckpt_config, comm_fusion, enable_parallel_optimizer, \
-             parallel_optimizer_config",
+             parallel_optimizer_config, pipeline_stages, micro_size, pipeline_config",
         ),
         (
             "[strategy_ckpt_config]\nsave_file = \"a\"\nsvae_file = \"b\"",
@@ -643,4 +644,46 @@ fn comm_fusion_text_errors() {
         );
     }
     assert_eq!(CommFusion::AUTO_BUCKET_MB, 64.0);
+}
+
+#[test]
+fn pipeline_options_read_from_toml_and_checked() {
+    use shardc_passes::pipeline::Scheduler;
+    let ctx = ParallelContext::from_toml_str(
+        "parallel_mode = \"semi_auto_parallel\"\ndevice_num = 4\npipeline_stages = 2\nmicro_size = 4\n[pipeline_config]\npipeline_scheduler = \"gpipe\"\n",
+    )
+    .unwrap();
+    assert_eq!(ctx.pipeline.stages, 2);
+    assert_eq!(ctx.pipeline.micro_size, 4);
+    assert_eq!(ctx.pipeline.scheduler, Scheduler::GPipe);
+    assert_eq!(
+        ParallelContext::from_toml_str(&ctx.to_toml_string()).unwrap(),
+        ctx
+    );
+    let e = ParallelContext::from_toml_str(
+        "parallel_mode = \"semi_auto_parallel\"\ndevice_num = 6\npipeline_stages = 4\nmicro_size = 4\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("pipeline_stages 4 does not divide device_num 6"),
+        "{e}"
+    );
+    let e = ParallelContext::from_toml_str(
+        "parallel_mode = \"semi_auto_parallel\"\ndevice_num = 4\npipeline_stages = 2\nmicro_size = 1\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("micro_size 1 is smaller than pipeline_stages 2"),
+        "{e}"
+    );
+    let e = ParallelContext::from_toml_str("pipeline_stages = 2\nmicro_size = 2\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("stand_alone"), "{e}");
+    let e = ParallelContext::from_toml_str("[pipeline_config]\npipeline_scheduler = \"zb\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("expected 1f1b or gpipe"), "{e}");
 }

@@ -174,7 +174,12 @@ fn a_parallel_compile_runs_every_pass_of_the_one_list_and_dumps_by_its_index() {
     };
     let c = compile(g, &opts).unwrap();
     let ran: Vec<(usize, &str)> = c.stages.iter().map(|s| (s.index, s.name)).collect();
-    let all: Vec<(usize, &str)> = pass_names().into_iter().enumerate().collect();
+    // Every pass but the pipeline's (no stages, no micro-batches).
+    let all: Vec<(usize, &str)> = pass_names()
+        .into_iter()
+        .enumerate()
+        .filter(|(_, n)| !matches!(*n, "micro_batch" | "pipeline_split"))
+        .collect();
     assert_eq!(ran, all);
     assert!(c.stages.iter().all(|s| s.seconds >= 0.0));
     let p = c.parallel.unwrap();
@@ -221,8 +226,8 @@ fn compile_until_stops_after_the_named_pass() {
     assert!(matches!(err, CompileError::UnknownPass { .. }), "{err:?}");
     assert_eq!(
         err.to_string(),
-        "no pass named `partition`; the passes are infer_types, autodiff, recompute, \
-         sync_bn, step_parallel_begin, step_parallel_end, grad_fusion, execute"
+        "no pass named `partition`; the passes are infer_types, micro_batch, autodiff, recompute, \
+         sync_bn, step_parallel_begin, step_parallel_end, pipeline_split, grad_fusion, execute"
     );
 }
 
@@ -250,4 +255,55 @@ fn the_verifier_is_on_in_tests_and_reports_every_violation() {
         err.contains("%2 ReLU 'relu': instance name 'relu' is already used by %1 ReLU 'relu'"),
         "{err}"
     );
+}
+
+#[test]
+fn a_pipelined_compile_runs_every_pass_and_dumps_each_ranks_stage() {
+    use shardc_passes::pipeline::PipelineOptions;
+    // quickstart's MatMul is annotated for 8 devices: one stage's mesh of 16 / 2.
+    let g = zoo::quickstart(16).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let opts = CompileOptions {
+        optimizer: Some(Momentum::new(0.2, 0.1).to_spec()),
+        parallel: Some(parallel_options(16)),
+        dump_dir: Some(dir.path().to_path_buf()),
+        materialize: shardc_compiler::pipeline::Materialize::Ranks(vec![1, 14]),
+        pipeline: PipelineOptions {
+            stages: 2,
+            micro_size: 2,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let c = compile(g, &opts).unwrap();
+    let ran: Vec<(usize, &str)> = c.stages.iter().map(|s| (s.index, s.name)).collect();
+    let all: Vec<(usize, &str)> = pass_names().into_iter().enumerate().collect();
+    assert_eq!(ran, all);
+    let p = c.parallel.unwrap();
+    assert_eq!(p.program.stage_count(), 2);
+    assert_eq!(p.program.stage_of(1).unwrap(), 0);
+    assert_eq!(p.program.stage_of(14).unwrap(), 1);
+    // The lifted layouts cover all 16 devices, the stage axis major.
+    assert!(p
+        .param_layouts
+        .iter()
+        .all(|l| l.device_num() == 16 && l.dev_matrix[0] == 2));
+    for r in [1, 14] {
+        let mut names: Vec<String> = std::fs::read_dir(dir.path().join(format!("rank_{r}")))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+            .collect();
+        names.sort();
+        let stems: Vec<&str> = names.iter().map(|n| &n[..n.len() - 8]).collect();
+        assert_eq!(
+            stems,
+            [
+                "08_execute",
+                "pipeline_split",
+                "step_parallel_begin",
+                "step_parallel_end"
+            ],
+            "{names:?}"
+        );
+    }
 }

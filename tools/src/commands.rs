@@ -156,7 +156,7 @@ pub fn compile(a: &CompileArgs) -> Result<()> {
         grad_fusion: Some(pipeline::grad_fusion_of(&ctx.comm_fusion)),
         materialize: pipeline::Materialize::Ranks(inspect.clone()),
         verify: a.verify || pipeline::verify_by_default(),
-        pipeline: a.parallel.pipeline_options(&ctx)?,
+        pipeline: ctx.pipeline,
     };
     let plain = graph.clone();
     let compiled = pipeline::compile(graph, &opts)?;

@@ -171,32 +171,6 @@ impl ParallelArgs {
         Ok(Some(o))
     }
 
-    /// The pipeline options of the flags, checked against the context's device count.
-    pub fn pipeline_options(
-        &self,
-        ctx: &ParallelContext,
-    ) -> anyhow::Result<shardc_passes::pipeline::PipelineOptions> {
-        use shardc_passes::pipeline::{PipelineOptions, Scheduler};
-        let default = PipelineOptions::default();
-        let scheduler = match self.pipeline_scheduler.as_deref() {
-            None => default.scheduler,
-            Some(name) => Scheduler::from_name(name).ok_or_else(|| {
-                anyhow::anyhow!("--pipeline-scheduler {name}: expected 1f1b or gpipe")
-            })?,
-        };
-        let o = PipelineOptions {
-            stages: self.pipeline_stages.unwrap_or(default.stages),
-            micro_size: self.micro_size.unwrap_or(default.micro_size),
-            scheduler,
-        };
-        let devices = match ctx.parallel_mode {
-            ParallelMode::StandAlone => None,
-            _ => Some(ctx.device_num),
-        };
-        o.validate(devices)?;
-        Ok(o)
-    }
-
     /// The options the flags set (the file is not read).
     pub fn flag_settings(&self) -> ParallelSettings {
         ParallelSettings {
@@ -216,6 +190,12 @@ impl ParallelArgs {
             gradient_accumulation_shard: self.gradient_accumulation_shard,
             parallel_optimizer_threshold: self.parallel_optimizer_threshold,
             optimizer_weight_shard_size: self.optimizer_weight_shard_size,
+            pipeline_stages: self.pipeline_stages,
+            micro_size: self.micro_size,
+            pipeline_scheduler: self
+                .pipeline_scheduler
+                .as_deref()
+                .and_then(shardc_passes::pipeline::Scheduler::from_name),
         }
     }
 

@@ -351,3 +351,51 @@ pub fn micro_batch(
         .collect::<Result<_, _>>()?;
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mlp() -> Graph {
+        let mut g = shardc_ir::text::parse_graph(
+            &crate::pipeline::stages::tests::MLP.replace("ReduceMean", "ReduceMax"),
+            "mlp.ir",
+        )
+        .unwrap();
+        crate::infer::infer_graph(&mut g).unwrap();
+        g
+    }
+
+    #[test]
+    fn micro_batches_clone_the_forward_and_average_the_loss() {
+        let g = crate::pipeline::stages::tests::mlp();
+        let m = micro_batch(&g, 4, &[]).unwrap();
+        crate::verify::verify(&m).unwrap();
+        for k in 0..4 {
+            let inst = format!("matmul_micro{k}");
+            let n = &m.nodes[m.node_by_instance(&inst).unwrap().index()];
+            assert_eq!(n.attrs.get(MICRO_ATTR), Some(&Attr::Int(k as i64)));
+            assert!(
+                matches!(&n.ty, Type::Tensor(t) if t.shape == [4, 16]),
+                "{:?}",
+                n.ty
+            );
+        }
+        let Some(Operand::Node(l)) = m.loss() else {
+            panic!("no loss")
+        };
+        assert_eq!(m.nodes[l.index()].instance, "micro_loss_mean");
+    }
+
+    #[test]
+    fn a_loss_that_is_no_batch_mean_or_sum_is_an_error_naming_it() {
+        let e = micro_batch(&mlp(), 2, &[]).unwrap_err().to_string();
+        assert!(
+            e.contains("`reduce_mean`") && e.contains("ReduceMax") && e.contains("mean or a sum"),
+            "{e}"
+        );
+        let g = crate::pipeline::stages::tests::mlp();
+        let e = micro_batch(&g, 3, &[]).unwrap_err().to_string();
+        assert!(e.contains("`x`") && e.contains("micro_size 3"), "{e}");
+    }
+}

@@ -93,13 +93,13 @@ pub fn assign_stages(g: &mut Graph, stages: usize) -> Result<StagePlan, Pipeline
             let mid = before + costs[i] / 2.0;
             before += costs[i];
             let k = ((mid / total * stages as f64) as usize).min(stages - 1);
-            // Only nodes that compute on a node's result are placed by cost; the rest follow
-            // their readers or operands below.
-            if g.nodes[i]
-                .inputs
-                .iter()
-                .any(|o| matches!(o, Operand::Node(_)))
-            {
+            // Only nodes that compute on a node's result or a data input are placed by cost;
+            // weight-only ones follow their readers below.
+            if g.nodes[i].inputs.iter().any(|o| match o {
+                Operand::Node(_) => true,
+                Operand::Param(p) => matches!(g.params[p.index()].kind, ParamKind::Input),
+                Operand::Const(_) => false,
+            }) {
                 explicit[i] = Some(k);
                 if k != last {
                     g.nodes[i].comments.push(format!(
@@ -219,4 +219,69 @@ fn check(g: &Graph, stage: &[usize], stages: usize) -> Result<(), PipelineError>
 /// The stage attribute of a node, if it has one.
 pub fn stage_of(node: &shardc_ir::Node) -> Option<usize> {
     int_attr(node, STAGE_ATTR).and_then(|k| usize::try_from(k).ok())
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) const MLP: &str = "#IR entry      : @Net
+%para1_x : <Tensor[Float32], (16, 32)>
+%para2_label : <Tensor[Float32], (16, 16)>
+%para3_w : <Ref[Tensor(F32)], (32, 16), ref_key=:w>  :  has_default  init: normal(sigma=0.01, seed=1)
+%para4_w2 : <Ref[Tensor(F32)], (16, 16), ref_key=:w2>  :  has_default  init: normal(sigma=0.01, seed=2)
+
+subgraph @Net(%para1_x, %para2_label, %para3_w, %para4_w2) {
+  %1(out) = MatMul(%para1_x, %para3_w) {instance name: matmul} primitive_attrs: {transpose_a: false, transpose_b: false}
+  %2(out) = ReLU(%1) {instance name: relu}
+  %3(out) = MatMul(%2, %para4_w2) {instance name: matmul2} primitive_attrs: {transpose_a: false, transpose_b: false}
+  %4(diff) = Sub(%3, %para2_label) {instance name: sub}
+  %5(sq) = Square(%4) {instance name: square}
+  %6(loss) = ReduceMean(%5, (0, 1)) {instance name: reduce_mean} primitive_attrs: {keep_dims: false}
+  Return(%6)
+}
+";
+
+    pub(crate) fn mlp() -> Graph {
+        let mut g = shardc_ir::text::parse_graph(MLP, "mlp.ir").unwrap();
+        crate::infer::infer_graph(&mut g).unwrap();
+        g
+    }
+
+    #[test]
+    fn an_unmarked_graph_is_split_by_compute_cost() {
+        let mut g = mlp();
+        let plan = assign_stages(&mut g, 2).unwrap();
+        assert!(plan.automatic);
+        // The first MatMul (16·32·16 FLOP-iterations) outweighs the rest: stage 0 holds it
+        // alone, the loss is on stage 1; stages never decrease.
+        assert_eq!(plan.stage, vec![0, 1, 1, 1, 1, 1]);
+        assert!(g.nodes[0]
+            .comments
+            .iter()
+            .any(|c| c.contains("automatic split")));
+        assert_eq!(stage_of(&g.nodes[5]), Some(1));
+    }
+
+    #[test]
+    fn stage_errors_name_the_op_and_values() {
+        let mut g = mlp();
+        g.nodes[0].attrs.set(STAGE_ATTR, Attr::Int(1));
+        g.nodes[1].attrs.set(STAGE_ATTR, Attr::Int(0));
+        let e = assign_stages(&mut g, 2).unwrap_err().to_string();
+        assert!(
+            e.contains("`relu`") && e.contains("must not decrease"),
+            "{e}"
+        );
+        let mut g = mlp();
+        g.nodes[2].attrs.set(STAGE_ATTR, Attr::Int(5));
+        let e = assign_stages(&mut g, 2).unwrap_err().to_string();
+        assert!(
+            e.contains("`matmul2`") && e.contains("pipeline_stage 5"),
+            "{e}"
+        );
+        let mut g = mlp();
+        let e = assign_stages(&mut g, 9).unwrap_err().to_string();
+        assert!(e.contains("has no node"), "{e}");
+    }
 }
