@@ -298,7 +298,7 @@ fn a_pipelined_compile_runs_every_pass_and_dumps_each_ranks_stage() {
         assert_eq!(
             stems,
             [
-                "08_execute",
+                "09_execute",
                 "pipeline_split",
                 "step_parallel_begin",
                 "step_parallel_end"

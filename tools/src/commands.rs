@@ -517,7 +517,13 @@ fn run_ranks_in_process(a: &RunArgs, art: Artifact) -> Result<()> {
     let res =
         crate::in_process::run_ranks_with(rank_graphs, &inputs, &feeds, a.steps, 1, Some(&hooks))?;
     // Rank 0's losses, or in a pipeline those of the last stage's first rank.
-    let losses = res.loss_rank_outputs().context("no rank returned a loss")?;
+    // (None at all when no step was left to run.)
+    let ran = res.outputs.iter().any(|steps| !steps.is_empty());
+    let losses: &[Vec<Tensor>] = match res.loss_rank_outputs() {
+        Some(l) => l,
+        None if ran => bail!("no rank returned a loss"),
+        None => &[],
+    };
     for (i, outs) in losses.iter().enumerate() {
         print_loss(outs, start + i as u64, per_epoch)?;
     }

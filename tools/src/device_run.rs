@@ -148,14 +148,18 @@ pub fn train_in_process<E: DeviceExecutor>(
         join_ranks(handles)
     });
     // The losses of the first rank that has them: rank 0, or a pipeline's last stage.
-    let mut printer = None;
-    for (rank, r) in results.into_iter().enumerate() {
-        let r = r?;
-        if printer.is_none() && r.0.iter().any(|o| !o.is_empty()) {
-            printer = Some((rank, r));
-        }
-    }
-    let (rank, (outs, summary)) = printer.context("no rank returned a loss")?;
+    let results: Vec<(Vec<Vec<Tensor>>, String)> = results.into_iter().collect::<Result<_>>()?;
+    let ran = results.iter().any(|(steps, _)| !steps.is_empty());
+    // (Rank 0 when no step was left to run.)
+    let rank = match results
+        .iter()
+        .position(|(steps, _)| steps.iter().any(|o| !o.is_empty()))
+    {
+        Some(r) => r,
+        None if ran => bail!("no rank returned a loss"),
+        None => 0,
+    };
+    let (outs, summary) = results.get(rank).context("no rank ran")?;
     for (i, o) in outs.iter().enumerate() {
         print_loss(o, start + i as u64, per_epoch)?;
     }
