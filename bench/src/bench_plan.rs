@@ -482,3 +482,28 @@ mod tests {
         assert!(e.contains("no pipeline plan fits") && e.contains("the least any plan needs"), "{e}");
     }
 }
+#[cfg(test)]
+mod scratch {
+    use super::*;
+    #[test]
+    #[ignore]
+    fn scratch_timing() {
+        use shardc_passes::parallel::search::problem::Problem;
+        use shardc_passes::parallel::search::layer_profile::{inputs_of, search_choice};
+        use shardc_passes::parallel::{DatasetLayout, Mode, ParallelOptions, SearchMode, SearchOptions};
+        for (h, heads, seq, d, mb) in [(2048usize, 16usize, 2048usize, 64usize, 64usize), (2048, 16, 2048, 512, 64), (32, 4, 8, 4, 4)] {
+            let model = TransformerLayers { cfg: TransformerConfig::new(24, h, heads, seq, 1024) };
+            let g = model.layer_graph(3, mb, None).unwrap().unwrap();
+            let o = ParallelOptions { mode: Mode::AutoParallel, device_num: d, dataset: DatasetLayout::DataParallel, gradients_mean: true, enable_alltoall: false,
+                search: SearchOptions { mode: SearchMode::DynamicProgramming, machine: DeviceDescription::preset("8xh100").unwrap().machine(), max_device_memory: None } };
+            let p = Problem::new(&g, &o, inputs_of(&g, &o).unwrap()).unwrap();
+            for mode in [SearchMode::DynamicProgramming, SearchMode::RecursiveProgramming] {
+                let t = std::time::Instant::now();
+                let c = search_choice(&p, mode).unwrap();
+                let el = t.elapsed().as_secs_f64();
+                let ch: Vec<_> = c.iter().collect();
+                println!("h={h} d={d} mb={mb} {mode:?} {el:.2}s step={:.3} ms", p.step_seconds(&ch).seconds() * 1e3);
+            }
+        }
+    }
+}

@@ -113,6 +113,15 @@ pub fn kind_of(i: usize, layers: usize) -> usize {
     }
 }
 
+/// The data inputs' layouts of `g` under `opts`' dataset strategy (by parameter index;
+/// `None` for weights): what a [`Problem`] of `g` starts from.
+pub fn inputs_of(
+    g: &Graph,
+    opts: &ParallelOptions,
+) -> Result<Vec<Option<TensorLayout>>, ParallelError> {
+    data_input_layouts(g, opts)
+}
+
 /// One intra-op plan of the layers, priced per layer kind.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LayerProfile {
@@ -122,8 +131,43 @@ pub struct LayerProfile {
     pub tp: usize,
     /// Data-parallel degree: replicas of that weight (`devices / tp`).
     pub dp: usize,
-    /// The searcher's predicted step of the profile graph's own plan, for reference.
-    pub searched_step: f64,
+}
+
+/// The local search's budget of a profile's `dynamic_programming` search
+/// ([`super::dynamic::search_within`]): a twentieth of a compile's, as the planner searches
+/// at dozens of points.
+pub const PROFILE_BUDGET: usize = super::dynamic::IMPROVE_BUDGET / 20;
+
+/// The searcher `mode`'s choice on `p`, without the explanations and baselines
+/// [`super::run`] adds for `shardc explain`: the planner runs it at every (stage devices,
+/// micro-batch) point. `dynamic_programming` runs elimination with a reduced local search
+/// ([`PROFILE_BUDGET`], no cut-set conditioning, no memory weight: the planner checks memory
+/// per stage itself); the others run as in a compile (memory limited by the machine).
+pub fn search_choice(p: &Problem, mode: SearchMode) -> Result<Vec<OpSharding>, ParallelError> {
+    let limit = p.opts.search.memory_limit();
+    match mode {
+        SearchMode::RecursiveProgramming | SearchMode::ShardingPropagation => {
+            Ok(super::recursive::search(p, limit)?.shardings)
+        }
+        SearchMode::DynamicProgramming | SearchMode::Ilp => {
+            let cands = p.all_candidates()?;
+            let cg = p.cost_graph(&cands);
+            let choice = if mode == SearchMode::Ilp {
+                super::ilp::search(&cg, Some(limit))
+                    .map_err(super::recursive::search_error)?
+                    .choice
+            } else {
+                super::dynamic::search_within(&cg, PROFILE_BUDGET)
+                    .map_err(super::recursive::search_error)?
+                    .0
+            };
+            Ok(choice
+                .iter()
+                .zip(cands)
+                .map(|(&c, mut cs)| cs.swap_remove(c))
+                .collect())
+        }
+    }
 }
 
 /// Which op of the middle layer each searched op copies its sharding from: the op of the
@@ -345,18 +389,13 @@ pub fn profile(
     };
     let inputs = data_input_layouts(&g, opts)?;
     let p = Problem::new(&g, opts, inputs)?;
-    let found = super::run(&p, mode)?;
+    let found = search_choice(&p, mode)?;
     let mid = 1.min(layers - 1);
     let from = replicated_plan(&p, model, mid);
-    let choice: Vec<&OpSharding> = from.iter().map(|&k| &found.shardings[k]).collect();
+    let choice: Vec<&OpSharding> = from.iter().map(|&k| &found[k]).collect();
     let kinds = price_layers(&p, model, layers, &choice);
     let (tp, dp) = mesh_of(&p, &choice);
-    Ok(Some(LayerProfile {
-        kinds,
-        tp,
-        dp,
-        searched_step: found.report.predicted.seconds(),
-    }))
+    Ok(Some(LayerProfile { kinds, tp, dp }))
 }
 
 /// Prices the plan the profile graph's middle layer takes under `mode` on the whole
@@ -372,18 +411,18 @@ pub fn predict_unfolded(
     let layers = model.layers();
     let mid = 1.min(profile_layers(layers) - 1);
     let pp = Problem::new(profile_graph, opts, data_input_layouts(profile_graph, opts)?)?;
-    let found = super::run(&pp, mode)?;
+    let found = search_choice(&pp, mode)?;
     let mut by_role: HashMap<String, &OpSharding> = HashMap::new();
     let mut head: HashMap<String, &OpSharding> = HashMap::new();
     for (k, &n) in pp.ops.iter().enumerate() {
         let node = pp.g.node(n);
         match model.layer_of(node) {
             Some(i) if i == mid => {
-                by_role.entry(model.role(node)).or_insert(&found.shardings[k]);
+                by_role.entry(model.role(node)).or_insert(&found[k]);
             }
             Some(_) => {}
             None => {
-                head.insert(node.instance.clone(), &found.shardings[k]);
+                head.insert(node.instance.clone(), &found[k]);
             }
         }
     }

@@ -694,8 +694,33 @@ pub struct PlanReport {
     pub seconds: f64,
 }
 
+/// The micro-batch counts both planners try: `opts.micro_batches` that divide the global
+/// batch, or every divisor of it.
+fn micro_batch_counts(opts: &PlanOptions) -> Vec<usize> {
+    let b = opts.global_batch;
+    if opts.micro_batches.is_empty() {
+        divisors(b)
+    } else {
+        opts.micro_batches
+            .iter()
+            .copied()
+            .filter(|&m| m >= 1 && b % m == 0)
+            .collect()
+    }
+}
+
 fn divisors(n: usize) -> Vec<usize> {
     (1..=n).filter(|d| n % d == 0).collect()
+}
+
+/// Whether the planners try `m` micro-batches on `s` stages of `n / s` devices (global batch
+/// `b`): at least as many micro-batches as stages (fewer leaves a stage idle for a whole
+/// micro-batch slot), and at least one sample per `max_tp` devices of a stage (what the most
+/// tensor-parallel Megatron plan needs: `dp = d / tp` replicas of a whole sample each).
+/// Both planners keep to it, so the auto plan's space still contains every 3D plan.
+pub fn grid_admits(n: usize, s: usize, m: usize, b: usize, max_tp: usize) -> bool {
+    let d = n / s.max(1);
+    m >= s && (b / m.max(1)) * max_tp >= d
 }
 
 /// The intra-op plans at one (stage devices, micro-batch) point.
@@ -717,21 +742,16 @@ pub fn plan(model: &dyn LayeredModel, opts: &PlanOptions) -> Result<PlanReport, 
         .into_iter()
         .filter(|&s| s <= max_stages)
         .collect();
-    let ms: Vec<usize> = if opts.micro_batches.is_empty() {
-        divisors(b)
-    } else {
-        opts.micro_batches
-            .iter()
-            .copied()
-            .filter(|&m| m >= 1 && b % m == 0)
-            .collect()
-    };
+    let ms = micro_batch_counts(opts);
     let h = opts.machine.devices_per_host.max(1);
+    let max_tp = opts.tensor_parallel.iter().copied().max().unwrap_or(1).max(1);
     // Every (stage devices, micro-batch) point, and what to profile there.
     let mut points: Vec<(usize, usize)> = Vec::new();
     for &s in &stage_counts {
         for &m in &ms {
-            points.push((n / s, b / m));
+            if grid_admits(n, s, m, b, max_tp) {
+                points.push((n / s, b / m));
+            }
         }
     }
     points.sort_unstable();
@@ -871,7 +891,7 @@ pub fn plan(model: &dyn LayeredModel, opts: &PlanOptions) -> Result<PlanReport, 
 /// The best Megatron-LM 3D plan among the profiled points `table`: tensor parallel from
 /// `opts.tensor_parallel`, pipeline `pp` dividing the layers (split evenly), data parallel
 /// for the rest, ZeRO-1 and recompute on or off everywhere, `M` among the micro-batch counts
-/// with a whole number of samples per replica.
+/// with a whole number of samples per replica (the auto planner's counts, [`grid_admits`]).
 pub fn megatron_3d(
     layers: usize,
     opts: &PlanOptions,
@@ -887,8 +907,9 @@ pub fn megatron_3d(
             }
             let dp = n / (tp * pp);
             let per = layers / pp;
-            for m in divisors(b) {
-                if (b / m) % dp != 0 {
+            let max_tp = opts.tensor_parallel.iter().copied().max().unwrap_or(1).max(1);
+            for m in micro_batch_counts(opts) {
+                if (b / m) % dp != 0 || !grid_admits(n, pp, m, b, max_tp) {
                     continue;
                 }
                 let Some(plans) = table.get(&(tp * dp, b / m)) else {
@@ -988,7 +1009,6 @@ mod tests {
                     kinds: (0..3).map(|k| cost(seed * 31 + i as u64 * 7 + k)).collect(),
                     tp: 1,
                     dp: 4,
-                    searched_step: 0.0,
                 },
             })
             .collect()
