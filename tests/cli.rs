@@ -127,5 +127,32 @@ fn bench_calibrate_writes_a_device_description_the_cost_model_reads() {
     );
     assert!(d.flops > 1e8 && d.intra_host.bandwidth_gbs > 0.0, "{d:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("inter_host cannot be measured"));
+    // The point-to-point link is measured, and the stage planner prices with it.
+    let p2p = d.point_to_point().expect("a measured point-to-point link");
+    assert!(p2p.intra_host.bandwidth > 0.0, "{p2p:?}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bench_plan_quick_prints_the_auto_and_3d_plans_and_weak_scaling() {
+    let out = shardc(&["bench", "plan", "--quick"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for want in [
+        "plan: cost model assumptions",
+        "plan model=tiny",
+        "  auto: stages=",
+        "  3d:   stages=",
+        "ratio auto/3d throughput=",
+        "MFU=",
+        "plan weak scaling at 16 devices",
+    ] {
+        assert!(text.contains(want), "no {want:?} in:\n{text}");
+    }
+    // Auto is never predicted slower than 3D under the same model.
+    assert!(text.contains("(goal >= 1: met)"), "{text}");
 }

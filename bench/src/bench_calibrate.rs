@@ -129,8 +129,9 @@ pub fn point_to_point_seconds(bytes: usize, reps: usize) -> Result<f64> {
                 times.push(start.elapsed().as_secs_f64() / 2.0);
             }
         }
-        echo.join()
-            .map_err(|_| anyhow!("the echoing rank of the point-to-point measurement panicked"))??;
+        echo.join().map_err(|_| {
+            anyhow!("the echoing rank of the point-to-point measurement panicked")
+        })??;
         Ok(times)
     })?;
     times.sort_by(f64::total_cmp);
@@ -192,7 +193,10 @@ mod tests {
     #[test]
     fn the_point_to_point_link_is_measured() {
         let l = point_to_point_link(3).unwrap();
-        assert!(l.bandwidth_gbs > 0.0 && l.bandwidth_gbs.is_finite(), "{l:?}");
+        assert!(
+            l.bandwidth_gbs > 0.0 && l.bandwidth_gbs.is_finite(),
+            "{l:?}"
+        );
         assert!(l.latency_us >= 0.0 && l.latency_us.is_finite(), "{l:?}");
     }
 

@@ -29,11 +29,8 @@
 use crate::args::BenchArgs;
 use anyhow::{anyhow, Context, Result};
 use shardc_compiler::device::DeviceDescription;
-use shardc_compiler::optim::Adam;
-use shardc_compiler::pipeline::{compile, CompileOptions};
-use shardc_compiler::transformer::{transformer, TransformerConfig};
-use shardc_ir::{Graph, Node, Strategy};
-use shardc_passes::parallel::search::layer_profile::LayeredModel;
+use shardc_compiler::transformer::TransformerConfig;
+pub use shardc_compiler::transformer_layers::{megatron_annotations, TransformerLayers};
 use shardc_passes::parallel::search::stage_plan::{plan, PlanOptions, PlanReport, PointToPoint};
 
 /// The throughput goal: auto plan over the best 3D plan.
@@ -42,118 +39,6 @@ pub const GOAL_RATIO: f64 = 1.0;
 pub const GOAL_SEARCH_SECONDS: f64 = 60.0;
 /// The weak-scaling goal at 512 devices: per-device throughput relative to 8 devices.
 pub const GOAL_WEAK_SCALING: f64 = 0.7;
-
-/// A transformer of the builder as the planner sees it: its layers, built at any micro-batch,
-/// optionally with Megatron-LM's tensor-parallel strategies.
-#[derive(Clone, Debug)]
-pub struct TransformerLayers {
-    /// The configuration (its `batch` is ignored: the planner sets the micro-batch).
-    pub cfg: TransformerConfig,
-}
-
-/// Megatron-LM's strategies of one layer's ops on a `tp × dp` mesh: Q, K, V and the first FFN
-/// dense column-split (weights on their output dimension), attention split by heads, the
-/// attention output and second FFN dense row-split (a partial sum, then AllReduce), the batch
-/// split `dp` ways throughout.
-pub fn megatron_annotations(layer: usize, tp: usize, dp: usize) -> Vec<(String, Strategy)> {
-    let (t, d) = (tp as i64, dp as i64);
-    let mut v = Vec::new();
-    let mut add = |name: &str, s: Vec<Vec<i64>>| v.push((format!("layer{layer}_{name}"), Strategy(s)));
-    for x in ["q", "k", "v"] {
-        add(&format!("attn_{x}_matmul"), vec![vec![d, 1], vec![1, t]]);
-        add(&format!("attn_{x}_bias_add"), vec![vec![d, t], vec![t]]);
-    }
-    add("attn_scores_batch_matmul", vec![vec![d, t, 1, 1], vec![d, t, 1, 1]]);
-    add("attn_softmax", vec![vec![d, t, 1, 1]]);
-    add("attn_context_batch_matmul", vec![vec![d, t, 1, 1], vec![d, t, 1, 1]]);
-    add("attn_out_matmul", vec![vec![d, t], vec![t, 1]]);
-    add("ffn_in_matmul", vec![vec![d, 1], vec![1, t]]);
-    add("ffn_in_bias_add", vec![vec![d, t], vec![t]]);
-    add("ffn_gelu", vec![vec![d, t]]);
-    add("ffn_out_matmul", vec![vec![d, t], vec![t, 1]]);
-    v
-}
-
-/// The layer index in a scope or instance name: the digits after `layer`.
-fn layer_index(s: &str) -> Option<usize> {
-    let mut rest = s;
-    while let Some(at) = rest.find("layer") {
-        let tail = &rest[at + 5..];
-        let digits: String = tail.chars().take_while(char::is_ascii_digit).collect();
-        if !digits.is_empty() {
-            return digits.parse().ok();
-        }
-        rest = tail;
-    }
-    None
-}
-
-/// `s` with the digits after its first `layer` removed.
-fn without_layer_index(s: &str) -> String {
-    let mut rest = s;
-    let mut out = String::new();
-    while let Some(at) = rest.find("layer") {
-        out.push_str(&rest[..at + 5]);
-        let tail = &rest[at + 5..];
-        let n = tail.chars().take_while(char::is_ascii_digit).count();
-        if n > 0 {
-            out.push_str(&tail[n..]);
-            return out;
-        }
-        rest = tail;
-    }
-    out.push_str(rest);
-    out
-}
-
-impl LayeredModel for TransformerLayers {
-    fn layers(&self) -> usize {
-        self.cfg.layers
-    }
-
-    fn layer_graph(
-        &self,
-        layers: usize,
-        micro_batch: usize,
-        tensor_parallel: Option<(usize, usize)>,
-    ) -> std::result::Result<Option<Graph>, String> {
-        let c = &self.cfg;
-        let mut cfg = TransformerConfig::new(layers, c.hidden, c.heads, c.seq, micro_batch).ffn(c.ffn);
-        if let Some((tp, dp)) = tensor_parallel {
-            if c.heads % tp != 0 || c.ffn % tp != 0 || micro_batch % dp != 0 {
-                return Ok(None);
-            }
-            for i in 0..layers {
-                cfg.annotations.extend(megatron_annotations(i, tp, dp));
-            }
-        }
-        let forward = transformer(&cfg).map_err(|e| e.to_string())?;
-        compile(
-            forward,
-            &CompileOptions {
-                optimizer: Some(Adam::new(1e-4).to_spec()),
-                verify: false,
-                ..Default::default()
-            },
-        )
-        .map(|c| Some(c.graph))
-        .map_err(|e| e.to_string())
-    }
-
-    fn layer_of(&self, node: &Node) -> Option<usize> {
-        // The scope names the layer's cell (`.../layer3-TransformerEncoderLayer`, backward
-        // nodes under `Gradients/...`); the instance name starts with `layer3_`.
-        if node.scope.contains("-TransformerEncoderLayer") {
-            layer_index(&node.scope)
-        } else {
-            None
-        }
-    }
-
-    fn role(&self, node: &Node) -> String {
-        without_layer_index(&node.instance)
-    }
-}
 
 /// One model of the benchmark.
 #[derive(Clone, Debug)]
@@ -244,10 +129,7 @@ pub fn assumptions(d: &DeviceDescription, p2p: &PointToPoint) -> Vec<String> {
 
 /// The planner's options for `devices` devices of `d`, `global_batch` samples.
 pub fn plan_options(d: &DeviceDescription, devices: usize, global_batch: usize) -> PlanOptions {
-    let m = d.machine();
-    let mut o = PlanOptions::new(m, devices, global_batch);
-    o.p2p = d.point_to_point().unwrap_or(o.p2p);
-    o
+    d.plan_options(devices, global_batch)
 }
 
 /// Plans `cfg` on `devices` devices of `d` with `global_batch` samples.
@@ -268,7 +150,9 @@ pub fn plan_transformer(
 pub fn run(args: &BenchArgs) -> Result<()> {
     let d = match args.device.as_deref() {
         None => DeviceDescription::preset("8xh100")?,
-        Some(name) if DeviceDescription::PRESETS.contains(&name) => DeviceDescription::preset(name)?,
+        Some(name) if DeviceDescription::PRESETS.contains(&name) => {
+            DeviceDescription::preset(name)?
+        }
         Some(path) => DeviceDescription::load(std::path::Path::new(path))?,
     };
     let o = plan_options(&d, 8, 8);
@@ -400,8 +284,12 @@ fn indent(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use shardc_passes::parallel::search::layer_profile::{predict_unfolded, profile, profile_layers};
-    use shardc_passes::parallel::{DatasetLayout, Mode, ParallelOptions, SearchMode, SearchOptions};
+    use shardc_passes::parallel::search::layer_profile::{
+        predict_unfolded, profile, profile_layers, LayeredModel,
+    };
+    use shardc_passes::parallel::{
+        DatasetLayout, Mode, ParallelOptions, SearchMode, SearchOptions,
+    };
 
     fn opts(d: usize) -> ParallelOptions {
         ParallelOptions {
@@ -419,14 +307,6 @@ mod tests {
     }
 
     #[test]
-    fn layer_names_fold() {
-        assert_eq!(layer_index("Default/x/layer12-TransformerEncoderLayer"), Some(12));
-        assert_eq!(without_layer_index("layer12_attn_q_matmul"), "layer_attn_q_matmul");
-        assert_eq!(without_layer_index("grad_layer3_ffn"), "grad_layer_ffn");
-        assert_eq!(without_layer_index("sub"), "sub");
-    }
-
-    #[test]
     fn folding_prices_what_the_unfolded_graph_predicts() {
         for (layers, tp) in [(5, None), (4, Some((2, 2))), (2, None), (1, None)] {
             let model = TransformerLayers {
@@ -438,7 +318,8 @@ mod tests {
                 .unwrap();
             let folded: f64 = (0..layers)
                 .map(|i| {
-                    let c = p.kinds[shardc_passes::parallel::search::layer_profile::kind_of(i, layers)];
+                    let c =
+                        p.kinds[shardc_passes::parallel::search::layer_profile::kind_of(i, layers)];
                     c.forward + c.backward + c.grad_sync + c.optimizer
                 })
                 .sum();
@@ -479,31 +360,9 @@ mod tests {
         }
         o.memory_limit = 1024.0;
         let e = plan(&model, &o).unwrap_err().to_string();
-        assert!(e.contains("no pipeline plan fits") && e.contains("the least any plan needs"), "{e}");
-    }
-}
-#[cfg(test)]
-mod scratch {
-    use super::*;
-    #[test]
-    #[ignore]
-    fn scratch_timing() {
-        use shardc_passes::parallel::search::problem::Problem;
-        use shardc_passes::parallel::search::layer_profile::{inputs_of, search_choice};
-        use shardc_passes::parallel::{DatasetLayout, Mode, ParallelOptions, SearchMode, SearchOptions};
-        for (h, heads, seq, d, mb) in [(2048usize, 16usize, 2048usize, 64usize, 64usize), (2048, 16, 2048, 512, 64), (32, 4, 8, 4, 4)] {
-            let model = TransformerLayers { cfg: TransformerConfig::new(24, h, heads, seq, 1024) };
-            let g = model.layer_graph(3, mb, None).unwrap().unwrap();
-            let o = ParallelOptions { mode: Mode::AutoParallel, device_num: d, dataset: DatasetLayout::DataParallel, gradients_mean: true, enable_alltoall: false,
-                search: SearchOptions { mode: SearchMode::DynamicProgramming, machine: DeviceDescription::preset("8xh100").unwrap().machine(), max_device_memory: None } };
-            let p = Problem::new(&g, &o, inputs_of(&g, &o).unwrap()).unwrap();
-            for mode in [SearchMode::DynamicProgramming, SearchMode::RecursiveProgramming] {
-                let t = std::time::Instant::now();
-                let c = search_choice(&p, mode).unwrap();
-                let el = t.elapsed().as_secs_f64();
-                let ch: Vec<_> = c.iter().collect();
-                println!("h={h} d={d} mb={mb} {mode:?} {el:.2}s step={:.3} ms", p.step_seconds(&ch).seconds() * 1e3);
-            }
-        }
+        assert!(
+            e.contains("no pipeline plan fits") && e.contains("the least any plan needs"),
+            "{e}"
+        );
     }
 }

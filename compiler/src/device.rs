@@ -25,7 +25,7 @@
 
 use serde::{Deserialize, Serialize};
 use shardc_passes::parallel::cost::{LinkAlgorithm, LinkCost, Machine};
-use shardc_passes::parallel::search::stage_plan::PointToPoint;
+use shardc_passes::parallel::search::stage_plan::{PlanOptions, PointToPoint};
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 
@@ -396,6 +396,15 @@ impl DeviceDescription {
         })
     }
 
+    /// The stage planner's options for `devices` devices of this description and
+    /// `global_batch` samples: its machine and memory, its point-to-point link where measured
+    /// ([`DeviceDescription::point_to_point`]), the planner's defaults otherwise.
+    pub fn plan_options(&self, devices: usize, global_batch: usize) -> PlanOptions {
+        let mut o = PlanOptions::new(self.machine(), devices, global_batch);
+        o.p2p = self.point_to_point().unwrap_or(o.p2p);
+        o
+    }
+
     /// Seconds of an AllReduce of `bytes` per member over `group`, on the link that joins it.
     pub fn all_reduce_seconds(&self, bytes: f64, group: &[usize]) -> f64 {
         let m = self.machine();
@@ -432,7 +441,10 @@ mod tests {
         let p = back.point_to_point().unwrap();
         assert_eq!(p.intra_host.bandwidth, 3.5e9);
         assert_eq!(p.inter_host, back.machine().inter_host);
-        assert!(DeviceDescription::preset("8xh100").unwrap().point_to_point().is_none());
+        assert!(DeviceDescription::preset("8xh100")
+            .unwrap()
+            .point_to_point()
+            .is_none());
         let e = DeviceDescription::preset("tpu").unwrap_err().to_string();
         assert!(e.contains("\"tpu\"") && e.contains("8xh100"), "{e}");
     }

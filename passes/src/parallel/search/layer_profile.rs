@@ -216,11 +216,7 @@ pub fn price_layers(
         .iter()
         .map(|&n| model.layer_of(g.node(n)).map_or(last, |i| i.min(last)))
         .collect();
-    let backward: Vec<bool> = p
-        .ops
-        .iter()
-        .map(|&n| is_generated(g.node(n)))
-        .collect();
+    let backward: Vec<bool> = p.ops.iter().map(|&n| is_generated(g.node(n))).collect();
     let mut out = vec![LayerCost::default(); layers];
     let d = p.opts.device_num.max(1) as f64;
     // Compute, the optimizer update split out, weights and activations.
@@ -290,7 +286,11 @@ pub fn price_layers(
             Term::Flow { from, out, to, .. }
                 if !backward[from] && !backward[to] && layer_of[from] != layer_of[to] =>
             {
-                Some((Converted::Result(from, out), layer_of[to], Some((from, out))))
+                Some((
+                    Converted::Result(from, out),
+                    layer_of[to],
+                    Some((from, out)),
+                ))
             }
             Term::FromInput { param, to, .. } if !backward[to] => {
                 Some((Converted::Input(param), layer_of[to], None))
@@ -410,7 +410,11 @@ pub fn predict_unfolded(
 ) -> Result<f64, ParallelError> {
     let layers = model.layers();
     let mid = 1.min(profile_layers(layers) - 1);
-    let pp = Problem::new(profile_graph, opts, data_input_layouts(profile_graph, opts)?)?;
+    let pp = Problem::new(
+        profile_graph,
+        opts,
+        data_input_layouts(profile_graph, opts)?,
+    )?;
     let found = search_choice(&pp, mode)?;
     let mut by_role: HashMap<String, &OpSharding> = HashMap::new();
     let mut head: HashMap<String, &OpSharding> = HashMap::new();

@@ -321,10 +321,11 @@ impl PipelinePlan {
                 .iter()
                 .map(|s| format!("{}x{}", s.mesh.0, s.mesh.1)),
         );
-        let rec: Vec<String> =
-            dedup_runs(self.stages.iter().map(|s| {
-                if s.recompute { "on" } else { "off" }.to_string()
-            }));
+        let rec: Vec<String> = dedup_runs(
+            self.stages
+                .iter()
+                .map(|s| if s.recompute { "on" } else { "off" }.to_string()),
+        );
         format!(
             "stages={} split={} mesh(tp x dp)={} M={} micro_batch={} {} zero={} recompute={} \
              step={:.1} ms bubble={:.1}% peak_memory={:.1} GiB",
@@ -433,7 +434,11 @@ struct Entry {
 
 /// Keeps the Pareto front of (slowest, sync): sorted by slowest, sync strictly falling.
 fn prune(front: &mut Vec<Entry>) {
-    front.sort_by(|a, b| a.slowest.total_cmp(&b.slowest).then(a.sync.total_cmp(&b.sync)));
+    front.sort_by(|a, b| {
+        a.slowest
+            .total_cmp(&b.slowest)
+            .then(a.sync.total_cmp(&b.sync))
+    });
     let mut best = f64::INFINITY;
     front.retain(|e| {
         if e.sync < best {
@@ -744,7 +749,13 @@ pub fn plan(model: &dyn LayeredModel, opts: &PlanOptions) -> Result<PlanReport, 
         .collect();
     let ms = micro_batch_counts(opts);
     let h = opts.machine.devices_per_host.max(1);
-    let max_tp = opts.tensor_parallel.iter().copied().max().unwrap_or(1).max(1);
+    let max_tp = opts
+        .tensor_parallel
+        .iter()
+        .copied()
+        .max()
+        .unwrap_or(1)
+        .max(1);
     // Every (stage devices, micro-batch) point, and what to profile there.
     let mut points: Vec<(usize, usize)> = Vec::new();
     for &s in &stage_counts {
@@ -783,14 +794,7 @@ pub fn plan(model: &dyn LayeredModel, opts: &PlanOptions) -> Result<PlanReport, 
                     max_device_memory: None,
                 },
             };
-            let r = profile(
-                model,
-                &popts,
-                opts.search_mode,
-                mb,
-                tp.map(|t| (t, d / t)),
-            )
-            .map(|p| {
+            let r = profile(model, &popts, opts.search_mode, mb, tp.map(|t| (t, d / t))).map(|p| {
                 p.map(|profile| IntraPlan {
                     name: match tp {
                         Some(t) => format!("megatron tp={t}"),
@@ -907,7 +911,13 @@ pub fn megatron_3d(
             }
             let dp = n / (tp * pp);
             let per = layers / pp;
-            let max_tp = opts.tensor_parallel.iter().copied().max().unwrap_or(1).max(1);
+            let max_tp = opts
+                .tensor_parallel
+                .iter()
+                .copied()
+                .max()
+                .unwrap_or(1)
+                .max(1);
             for m in micro_batch_counts(opts) {
                 if (b / m) % dp != 0 || !grid_admits(n, pp, m, b, max_tp) {
                     continue;
@@ -976,7 +986,9 @@ mod tests {
 
     /// A deterministic pseudo-random layer cost.
     fn cost(seed: u64) -> LayerCost {
-        let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let mut x = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         let mut next = || {
             x ^= x >> 33;
             x = x.wrapping_mul(0xff51afd7ed558ccd);
