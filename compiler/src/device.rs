@@ -15,6 +15,10 @@
 //! [inter_host]                  # between hosts (InfiniBand, RoCE, Ethernet)
 //! bandwidth_gbs = 50.0
 //! latency_us = 6.0
+//!
+//! [point_to_point]              # optional: Send/Receive between pipeline stages in a host
+//! bandwidth_gbs = 400.0
+//! latency_us = 2.0
 //! ```
 //!
 //! Communication follows an α–β model per link class: a message of `b` bytes costs
