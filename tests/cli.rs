@@ -156,3 +156,46 @@ fn bench_plan_quick_prints_the_auto_and_3d_plans_and_weak_scaling() {
     // Auto is never predicted slower than 3D under the same model.
     assert!(text.contains("(goal >= 1: met)"), "{text}");
 }
+
+#[test]
+fn explain_plan_pipeline_shows_the_stages_their_memory_and_the_bubble() {
+    let out = shardc(&[
+        "explain",
+        "--plan-pipeline",
+        "4,64,4,16",
+        "--devices",
+        "8",
+        "--batch",
+        "8",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for want in [
+        "pipeline plan of the transformer layers=4",
+        "stage 0: layers 0..",
+        "memory=",
+        "predicted bubble",
+        "best Megatron-LM 3D plan",
+    ] {
+        assert!(text.contains(want), "no {want:?} in:\n{text}");
+    }
+    // A hopeless memory limit is an error naming what any plan needs.
+    let out = shardc(&[
+        "explain",
+        "--plan-pipeline",
+        "4,64,4,16",
+        "--devices",
+        "8",
+        "--batch",
+        "8",
+        "--max-device-memory",
+        "0.000001",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("the least any plan needs"), "{err}");
+}

@@ -1072,7 +1072,11 @@ mod tests {
         // Between the least any split needs and what the roomy plan keeps: a plan still
         // fits, within the limit, and no faster.
         let least = least_memory(&shape(4, 2, 8, false, 1e13), &ps);
-        assert!(least < roomy.peak_memory(), "{least} vs {}", roomy.peak_memory());
+        assert!(
+            least < roomy.peak_memory(),
+            "{least} vs {}",
+            roomy.peak_memory()
+        );
         let tight = 0.5 * (least + roomy.peak_memory());
         let p = stage_dp(&shape(4, 2, 8, false, tight), &ps).unwrap();
         assert!(p.peak_memory() <= tight);
