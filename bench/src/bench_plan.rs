@@ -114,8 +114,9 @@ pub fn assumptions(d: &DeviceDescription, p2p: &PointToPoint) -> Vec<String> {
          and by Megatron's tp split on each stage mesh, the middle layer's plan given to all"
             .into(),
         "step = (M + S - 1) * max_s t_s + max_s (gradient sync + optimizer update), 1F1B and GPipe alike; \
-         bubble = (S - 1) * max_s t_s / step; gradient sync not overlapped; ZeRO-1: ReduceScatter + AllGather \
-         (one AllReduce's bytes), optimizer state and update / replicas"
+         bubble = (S - 1) * max_s t_s / step; gradient sync not overlapped, fused in 64 MB buckets (each bucket \
+         pays one collective's overhead and latency); ZeRO-1: ReduceScatter + AllGather per bucket (one \
+         AllReduce's bytes), optimizer state and update / replicas"
             .into(),
         "memory/stage = weights + gradients + optimizer state (/ replicas with ZeRO-1) + in-flight micro-batches \
          (1F1B: S - s; GPipe: M) x activations the backward reads (recompute: the layer inputs, + one layer's \

@@ -21,7 +21,9 @@
 //! communication), the gradient synchronisation (the terms that write a gradient into its
 //! weight: data parallelism's AllReduce) and the optimizer update per step, and the bytes:
 //! weights, gradients and optimizer state per device, the activations the backward pass
-//! reads per micro-batch, the layer's input and output per device.
+//! reads per micro-batch, the layer's input and output per device. The gradient
+//! synchronisation is also split into its bandwidth part and its collectives' fixed part, so
+//! that the pipeline prices it fused into buckets, as `grad_fusion` emits it.
 
 use super::super::dataset::data_input_layouts;
 use super::super::roles::is_generated;
@@ -47,6 +49,12 @@ pub struct LayerCost {
     /// Collectives in [`LayerCost::grad_sync`] (one per gradient that needs one); ZeRO runs
     /// two where the AllReduce was one, each with the machine's fixed overhead.
     pub grad_collectives: f64,
+    /// The bandwidth part of [`LayerCost::grad_sync`] (its seconds less each collective's
+    /// fixed overhead and latency): what the gradients cost once fused into buckets.
+    pub grad_sync_bandwidth: f64,
+    /// The fixed part of the layer's costliest gradient collective (overhead and latency
+    /// steps): what one fused bucket pays on top of its bytes.
+    pub grad_sync_latency: f64,
     /// The optimizer update of the layer's weights, once per step, unsharded.
     pub optimizer: f64,
     /// The optimizer update with ZeRO-1: each weight's update on `1 / replicas` of it.
@@ -202,8 +210,13 @@ fn slice_bytes(l: &TensorLayout, elem: usize) -> f64 {
 /// Prices `choice` (one sharding per searched op of `p`) per layer of the profile graph:
 /// returns one [`LayerCost`] per layer (`layers` of them; the head's ops and terms go to the
 /// last).
+///
+/// `fixed_part`, when given, is the same problem on a machine whose links have infinite
+/// bandwidth: its price of a gradient's collective is that collective's fixed part
+/// ([`LayerCost::grad_sync_latency`]).
 pub fn price_layers(
     p: &Problem,
+    fixed_part: Option<&Problem>,
     model: &dyn LayeredModel,
     layers: usize,
     choice: &[&OpSharding],
@@ -275,6 +288,9 @@ pub fn price_layers(
                 c.grad_sync += secs;
                 if secs > 0.0 {
                     c.grad_collectives += 1.0;
+                    let fixed = fixed_part.map_or(0.0, |q| q.term_seconds(t, |k| choice[k]));
+                    c.grad_sync_bandwidth += (secs - fixed).max(0.0);
+                    c.grad_sync_latency = c.grad_sync_latency.max(fixed.min(secs));
                 }
             }
             _ if ops.iter().all(|&k| !backward[k]) => c.forward += secs,
@@ -388,12 +404,20 @@ pub fn profile(
         return Ok(None);
     };
     let inputs = data_input_layouts(&g, opts)?;
-    let p = Problem::new(&g, opts, inputs)?;
+    let p = Problem::new(&g, opts, inputs.clone())?;
     let found = search_choice(&p, mode)?;
     let mid = 1.min(layers - 1);
     let from = replicated_plan(&p, model, mid);
     let choice: Vec<&OpSharding> = from.iter().map(|&k| &found[k]).collect();
-    let kinds = price_layers(&p, model, layers, &choice);
+    let mut unbounded = opts.clone();
+    for link in [
+        &mut unbounded.search.machine.intra_host,
+        &mut unbounded.search.machine.inter_host,
+    ] {
+        link.bandwidth = f64::INFINITY;
+    }
+    let fixed = Problem::new(&g, &unbounded, inputs)?;
+    let kinds = price_layers(&p, Some(&fixed), model, layers, &choice);
     let (tp, dp) = mesh_of(&p, &choice);
     Ok(Some(LayerProfile { kinds, tp, dp }))
 }

@@ -22,9 +22,12 @@
 //!   where they are on different hosts). Transfers are not overlapped with compute.
 //! - **Step**: `(M + S − 1) · max_s t_s + max_s (sync_s + update_s)`, the same for 1F1B and
 //!   GPipe (the same bubble: `S − 1` slots of the slowest stage); `sync_s` is the stage's
-//!   gradient synchronisation (not hidden: it follows the last micro-batch's backward), with
-//!   ZeRO-1 a ReduceScatter of the gradients and an AllGather of the updated weights (the
-//!   bytes of one AllReduce on a ring, and one more fixed overhead per collective);
+//!   gradient synchronisation (not hidden: it follows the last micro-batch's backward),
+//!   fused into 64 MB buckets as `grad_fusion` emits it (every gradient's bytes at its
+//!   collective's bandwidth, and per bucket the fixed part — overhead and latency steps — of
+//!   the stage's costliest gradient collective); with ZeRO-1 a ReduceScatter of the
+//!   gradients and an AllGather of the updated weights per bucket (the bytes of one
+//!   AllReduce on a ring, and one more fixed overhead);
 //!   `update_s` the optimizer update (over `1 / replicas` of each weight with ZeRO-1).
 //! - **Bubble**: `(S − 1) · max_s t_s / step`, i.e. `(S − 1) / (M + S − 1)` of the pipelined
 //!   part.
@@ -211,6 +214,9 @@ pub struct StageFigures {
     pub in_flight: usize,
 }
 
+/// The bytes of one gradient bucket (`grad_fusion`'s `auto` size, 64 MB).
+pub const GRADIENT_BUCKET_BYTES: f64 = 64.0 * 1024.0 * 1024.0;
+
 /// The figures of stage `s` holding `spec` under `shape` with `plans`.
 pub fn stage_figures(
     shape: &PipelineShape,
@@ -229,14 +235,20 @@ pub fn stage_figures(
         ..Default::default()
     };
     let (mut fixed, mut act, mut largest) = (0.0, 0.0, 0.0f64);
+    let (mut grads, mut per_bucket) = (0.0, 0.0f64);
     for i in spec.layers.clone() {
         let c = plan.layer(i, l);
         f.seconds += c.seconds() + if spec.recompute { c.forward } else { 0.0 };
-        f.sync += if shape.zero {
-            c.grad_sync + c.grad_collectives * shape.collective_overhead + c.optimizer_zero
-        } else {
-            c.grad_sync + c.optimizer
-        };
+        f.sync += c.grad_sync_bandwidth
+            + if shape.zero {
+                c.optimizer_zero
+            } else {
+                c.optimizer
+            };
+        if c.grad_collectives > 0.0 {
+            grads += c.grad_bytes;
+            per_bucket = per_bucket.max(c.grad_sync_latency);
+        }
         fixed += c.weight_bytes
             + c.grad_bytes
             + if shape.zero {
@@ -250,6 +262,18 @@ pub fn stage_figures(
             c.activation_bytes
         };
         largest = largest.max(c.activation_bytes);
+    }
+    // The gradients fused into buckets (grad_fusion's `auto` size): each bucket pays one
+    // collective's fixed part; with ZeRO-1 a ReduceScatter and an AllGather per bucket, one
+    // more fixed overhead.
+    if per_bucket > 0.0 {
+        let buckets = (grads / GRADIENT_BUCKET_BYTES).ceil().max(1.0);
+        let extra = if shape.zero {
+            shape.collective_overhead
+        } else {
+            0.0
+        };
+        f.sync += buckets * (per_bucket + extra);
     }
     f.memory = fixed + in_flight as f64 * act + if spec.recompute { largest } else { 0.0 };
     if spec.layers.end < l {
@@ -1000,6 +1024,8 @@ mod tests {
             backward: next() * 2e-3,
             grad_sync: next() * 1e-3,
             grad_collectives: 4.0,
+            grad_sync_bandwidth: next() * 1e-3,
+            grad_sync_latency: next() * 1e-4,
             optimizer: next() * 1e-4,
             optimizer_zero: next() * 2e-5,
             weight_bytes: next() * 1e8,
