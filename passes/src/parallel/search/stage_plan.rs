@@ -609,12 +609,20 @@ pub fn least_memory(shape: &PipelineShape, plans: &[IntraPlan]) -> f64 {
     // need[s][n]: the least max-memory of stages 0..=s covering layers 0..n.
     let mut need = vec![vec![f64::INFINITY; l + 1]; st];
     for s in 0..st {
+        let (done, rest) = need.split_at_mut(s);
+        let row = &mut rest[0];
         for start in if s == 0 { 0..1 } else { s..l } {
-            let before = if s == 0 { 0.0 } else { need[s - 1][start] };
+            let before = if s == 0 { 0.0 } else { done[s - 1][start] };
             if !before.is_finite() {
                 continue;
             }
-            for end in start + 1..=l - (st - 1 - s) {
+            let last_end = l - (st - 1 - s);
+            for (end, slot) in row
+                .iter_mut()
+                .enumerate()
+                .take(last_end + 1)
+                .skip(start + 1)
+            {
                 for plan in 0..plans.len() {
                     for recompute in [false, true] {
                         let spec = StageSpec {
@@ -623,8 +631,8 @@ pub fn least_memory(shape: &PipelineShape, plans: &[IntraPlan]) -> f64 {
                             recompute,
                         };
                         let m = stage_figures(shape, plans, s, &spec).memory.max(before);
-                        if m < need[s][end] {
-                            need[s][end] = m;
+                        if m < *slot {
+                            *slot = m;
                         }
                     }
                 }
@@ -876,11 +884,10 @@ pub fn plan(model: &dyn LayeredModel, opts: &PlanOptions) -> Result<PlanReport, 
                 let shape = shape_of(s, m, zero);
                 shapes += 1;
                 match stage_dp(&shape, plans) {
-                    Some(p) => {
-                        if best.as_ref().is_none_or(|x| p.step < x.step) {
-                            best = Some(p);
-                        }
+                    Some(p) if best.as_ref().is_none_or(|x| p.step < x.step) => {
+                        best = Some(p);
                     }
+                    Some(_) => {}
                     None if best.is_none() => {
                         let least = least_memory(&shape, plans);
                         if least < need.0 {
