@@ -111,7 +111,8 @@ pub fn assumptions(d: &DeviceDescription, p2p: &PointToPoint) -> Vec<String> {
         ),
         "layers: f32, Adam (weight + gradient + 2 states), priced per op by the roofline and α–β collectives of \
          `cost::Machine`; one layer of each kind (first, middle, last + head) planned by the intra-op searcher \
-         and by Megatron's tp split on each stage mesh, the middle layer's plan given to all"
+         (dynamic_programming, reduced local search) and by Megatron's tp split (the rest completed as \
+         sharding_propagation does) on each stage mesh, the middle layer's plan given to all"
             .into(),
         "step = (M + S - 1) * max_s t_s + max_s (gradient sync + optimizer update), 1F1B and GPipe alike; \
          bubble = (S - 1) * max_s t_s / step; gradient sync not overlapped, fused in 64 MB buckets (each bucket \
@@ -329,9 +330,15 @@ mod tests {
                 .unwrap()
                 .unwrap();
             let whole = model.layer_graph(layers, 4, tp).unwrap().unwrap();
-            let unfolded =
-                predict_unfolded(&model, &o, &small, &whole, SearchMode::DynamicProgramming)
-                    .unwrap();
+            let unfolded = predict_unfolded(
+                &model,
+                &o,
+                &small,
+                &whole,
+                SearchMode::DynamicProgramming,
+                tp.is_some(),
+            )
+            .unwrap();
             assert!(
                 (folded - unfolded).abs() <= 1e-9 * unfolded,
                 "L={layers} tp={tp:?}: folded {folded} vs unfolded {unfolded}"

@@ -385,6 +385,38 @@ fn mesh_of(p: &Problem, choice: &[&OpSharding]) -> (usize, usize) {
     (tp, d / tp)
 }
 
+/// The sharding of every searched op of `p` (the problem of `g`) when `g`'s annotations are
+/// kept and the rest is completed as `sharding_propagation` completes them.
+fn annotated_choice(
+    g: &Graph,
+    p: &Problem,
+    opts: &ParallelOptions,
+) -> Result<Vec<OpSharding>, ParallelError> {
+    let completing = ParallelOptions {
+        mode: super::super::Mode::AutoParallel,
+        search: super::super::SearchOptions {
+            mode: SearchMode::ShardingPropagation,
+            ..opts.search
+        },
+        ..opts.clone()
+    };
+    let a = super::super::strategy::assign(g, &completing)?;
+    p.ops
+        .iter()
+        .map(|id| {
+            a.decisions[id.index()]
+                .as_ref()
+                .map(|d| d.sharding.clone())
+                .ok_or_else(|| {
+                    ParallelError::Search(format!(
+                        "op '{}' has no decision after completion",
+                        g.node(*id).instance
+                    ))
+                })
+        })
+        .collect()
+}
+
 /// Plans the model's profile graph at `micro_batch` on `opts.device_num` devices with the
 /// searcher `mode` (annotated with Megatron-LM's strategies for `(tp, dp)` when given: the
 /// searcher then decides the other ops), gives every layer the middle layer's plan, and
@@ -405,7 +437,12 @@ pub fn profile(
     };
     let inputs = data_input_layouts(&g, opts)?;
     let p = Problem::new(&g, opts, inputs.clone())?;
-    let found = search_choice(&p, mode)?;
+    let found = match tensor_parallel {
+        // Megatron's annotations fixed, every other op completed as `sharding_propagation`
+        // completes annotations (exactly on the cost graph where it fits, else propagation).
+        Some(_) => annotated_choice(&g, &p, opts)?,
+        None => search_choice(&p, mode)?,
+    };
     let mid = 1.min(layers - 1);
     let from = replicated_plan(&p, model, mid);
     let choice: Vec<&OpSharding> = from.iter().map(|&k| &found[k]).collect();
@@ -422,7 +459,8 @@ pub fn profile(
     Ok(Some(LayerProfile { kinds, tp, dp }))
 }
 
-/// Prices the plan the profile graph's middle layer takes under `mode` on the whole
+/// Prices the plan the profile graph's middle layer takes under `mode` (or, `annotated`,
+/// completed around its annotations, as [`profile`] does for Megatron's) on the whole
 /// `graph` of a model (every layer given the middle layer's plan, searched on `profile_graph`):
 /// the unfolded prediction, `(compute + communication, memory)`, that folding must equal.
 pub fn predict_unfolded(
@@ -431,6 +469,7 @@ pub fn predict_unfolded(
     profile_graph: &Graph,
     graph: &Graph,
     mode: SearchMode,
+    annotated: bool,
 ) -> Result<f64, ParallelError> {
     let layers = model.layers();
     let mid = 1.min(profile_layers(layers) - 1);
@@ -439,7 +478,11 @@ pub fn predict_unfolded(
         opts,
         data_input_layouts(profile_graph, opts)?,
     )?;
-    let found = search_choice(&pp, mode)?;
+    let found = if annotated {
+        annotated_choice(profile_graph, &pp, opts)?
+    } else {
+        search_choice(&pp, mode)?
+    };
     let mut by_role: HashMap<String, &OpSharding> = HashMap::new();
     let mut head: HashMap<String, &OpSharding> = HashMap::new();
     for (k, &n) in pp.ops.iter().enumerate() {

@@ -50,7 +50,8 @@
 //!
 //! The Megatron-LM 3D enumerator ([`megatron_3d`]) takes tensor parallel `tp ∈ {1, 2, 4, 8}`
 //! within a host (the layers annotated with Megatron's column / row split of attention and
-//! the MLP, the other ops left to the searcher on the same `tp × dp` devices), pipeline
+//! the MLP, every other op completed around them as `sharding_propagation` completes
+//! annotations, on the same `tp × dp` devices), pipeline
 //! `pp` dividing `L` with layers split evenly, data parallel for the rest, ZeRO-1 on/off,
 //! recompute on/off for every stage, and `M` such that `b` is whole; the same model prices
 //! it. Every 3D plan is in the auto planner's space (its stage count divides `N` and is at
