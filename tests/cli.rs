@@ -127,5 +127,75 @@ fn bench_calibrate_writes_a_device_description_the_cost_model_reads() {
     );
     assert!(d.flops > 1e8 && d.intra_host.bandwidth_gbs > 0.0, "{d:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("inter_host cannot be measured"));
+    // The point-to-point link is measured, and the stage planner prices with it.
+    let p2p = d.point_to_point().expect("a measured point-to-point link");
+    assert!(p2p.intra_host.bandwidth > 0.0, "{p2p:?}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bench_plan_quick_prints_the_auto_and_3d_plans_and_weak_scaling() {
+    let out = shardc(&["bench", "plan", "--quick"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for want in [
+        "plan: cost model assumptions",
+        "plan model=tiny",
+        "  auto: stages=",
+        "  3d:   stages=",
+        "ratio auto/3d throughput=",
+        "MFU=",
+        "plan weak scaling at 16 devices",
+    ] {
+        assert!(text.contains(want), "no {want:?} in:\n{text}");
+    }
+    // Auto is never predicted slower than 3D under the same model.
+    assert!(text.contains("(goal >= 1: met)"), "{text}");
+}
+
+#[test]
+fn explain_plan_pipeline_shows_the_stages_their_memory_and_the_bubble() {
+    let out = shardc(&[
+        "explain",
+        "--plan-pipeline",
+        "4,64,4,16",
+        "--devices",
+        "8",
+        "--batch",
+        "8",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for want in [
+        "pipeline plan of the transformer layers=4",
+        "stage 0: layers 0..",
+        "memory=",
+        "predicted bubble",
+        "best Megatron-LM 3D plan",
+    ] {
+        assert!(text.contains(want), "no {want:?} in:\n{text}");
+    }
+    // A hopeless memory limit is an error naming what any plan needs.
+    let out = shardc(&[
+        "explain",
+        "--plan-pipeline",
+        "4,64,4,16",
+        "--devices",
+        "8",
+        "--batch",
+        "8",
+        "--max-device-memory",
+        "0.000001",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("the least any plan needs"), "{err}");
 }

@@ -50,6 +50,12 @@ pub enum BenchWhat {
     ///
     /// [`bench_plans`]: crate::bench_plans
     Plans,
+    /// The stage planner on paper: GPT 1.3B / 6.7B / 13B on 64 8xH100 hosts, the auto plan
+    /// (stages, micro-batches, ZeRO-1, recompute) against Megatron 3D, and weak scaling of the
+    /// 24-layer transformer from 8 to 512 devices (see [`bench_plan`]).
+    ///
+    /// [`bench_plan`]: crate::bench_plan
+    Plan,
 }
 
 /// A model of the training-step benchmark.
@@ -199,7 +205,8 @@ pub struct BenchArgs {
     pub bucket_mb: f64,
     /// `calibrate`: where to write the device description.
     /// `bench plans`: the machine the plans are priced on, a preset (cpu, 8xh100,
-    /// ascend910) or a device description file (default: cpu, as `shardc compile`).
+    /// ascend910) or a device description file (default: cpu, as `shardc compile`);
+    /// `bench plan`: the same (default: 8xh100).
     #[arg(long)]
     pub device: Option<String>,
     /// `calibrate`: the device description file written.

@@ -18,7 +18,11 @@
 //!   AllReduces with a partner; see
 //!   [`crate::bench_strategies::collective_overhead_seconds`]);
 //! - `inter_host`: not measurable on one host: the `cpu` preset's Ethernet figures, said so
-//!   on stderr.
+//!   on stderr;
+//! - `point_to_point`: Send / Receive between two ranks of this process (threads, as
+//!   in-process ranks run: the message is handed over through the host's memory), one way,
+//!   the median of ping-pong round trips halved at 4 KiB and 16 MiB, fitted to `α + b / β`:
+//!   what the stage planner prices a boundary activation between stages of one host at.
 
 use crate::args::BenchArgs;
 use crate::bench_collectives::{run_processes, CollectivesArgs, Transport};
@@ -76,6 +80,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         "calibrate: inter_host cannot be measured on one host: the cpu preset's {} GB/s, {} us (edit the file for your network)",
         preset.inter_host.bandwidth_gbs, preset.inter_host.latency_us
     );
+    eprintln!("calibrate: point-to-point between two ranks (threads), 4 KiB and 16 MiB ...");
+    let p2p = point_to_point_link(if args.quick { 10 } else { 40 })?;
     let d = DeviceDescription {
         name: format!("this-host-{devices}x1-thread"),
         devices_per_host: devices,
@@ -86,12 +92,68 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         collective_overhead_us: Some(overhead * 1e6),
         intra_host: intra,
         inter_host: preset.inter_host,
+        point_to_point: Some(p2p),
     };
     d.validate()?;
     d.save(&args.device_file)?;
     print!("{}", d.to_toml());
     eprintln!("calibrate: wrote {}", args.device_file.display());
     Ok(())
+}
+
+/// One-way seconds of a Send / Receive of `bytes` between two in-process ranks: the median
+/// of `reps` ping-pong round trips (after one untimed), halved.
+pub fn point_to_point_seconds(bytes: usize, reps: usize) -> Result<f64> {
+    use shardc_ir::{DType, TensorType};
+    use shardc_runtime::tensor::Tensor;
+    use shardc_runtime::InProcessWorld;
+    let comms = InProcessWorld::new(2);
+    let ty = TensorType::new(DType::Float32, vec![(bytes / 4).max(1)]);
+    let t = Tensor::zeros(&ty);
+    let (a, b) = (comms[0].clone(), comms[1].clone());
+    let mut times = std::thread::scope(|s| -> Result<Vec<f64>> {
+        let ty1 = ty.clone();
+        let echo = s.spawn(move || -> Result<()> {
+            for i in 0..=reps {
+                let x = b.recv(0, i as i64, &ty1)?;
+                b.send(0, i as i64, &x)?;
+            }
+            Ok(())
+        });
+        let mut times = Vec::with_capacity(reps);
+        for i in 0..=reps {
+            let start = std::time::Instant::now();
+            a.send(1, i as i64, &t)?;
+            a.recv(1, i as i64, &ty)?;
+            if i > 0 {
+                times.push(start.elapsed().as_secs_f64() / 2.0);
+            }
+        }
+        echo.join().map_err(|_| {
+            anyhow!("the echoing rank of the point-to-point measurement panicked")
+        })??;
+        Ok(times)
+    })?;
+    times.sort_by(f64::total_cmp);
+    times
+        .get(times.len() / 2)
+        .copied()
+        .ok_or_else(|| anyhow!("no point-to-point measurement"))
+}
+
+/// The point-to-point link of this host: [`point_to_point_seconds`] at 4 KiB and 16 MiB
+/// fitted to `α + b / β`.
+pub fn point_to_point_link(reps: usize) -> Result<Link> {
+    let (small, large) = (4usize << 10, 16usize << 20);
+    let ts = point_to_point_seconds(small, reps)?;
+    let tl = point_to_point_seconds(large, reps)?;
+    let inv_beta = ((tl - ts) / (large - small) as f64).max(1e-15);
+    let alpha = (ts - small as f64 * inv_beta).max(0.0);
+    Ok(Link {
+        bandwidth_gbs: 1.0 / inv_beta / 1e9,
+        latency_us: alpha * 1e6,
+        algorithm: LinkAlgorithm::Ring,
+    })
 }
 
 /// Bytes per second (10⁹) one thread reads and writes adding two 64 MiB f32 arrays.
@@ -127,6 +189,16 @@ fn mem_total() -> Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_point_to_point_link_is_measured() {
+        let l = point_to_point_link(3).unwrap();
+        assert!(
+            l.bandwidth_gbs > 0.0 && l.bandwidth_gbs.is_finite(),
+            "{l:?}"
+        );
+        assert!(l.latency_us >= 0.0 && l.latency_us.is_finite(), "{l:?}");
+    }
 
     #[test]
     fn memory_is_read() {

@@ -24,6 +24,11 @@
 //! - `gemm`, `train` and `all` are [`bench_cpu`]; `train --ranks N` is [`bench_ddp`] (against
 //!   PyTorch DDP), `gpu` is [`bench_gpu`], `calibrate` [`bench_calibrate`], `plans`
 //!   [`bench_plans`] and `collectives` [`bench_collectives`].
+//! - `plan`: the stage planner on paper, at scale: GPT-style 1.3B, 6.7B and 13B on 512
+//!   H100s, shardc's auto plan (stages, micro-batches, ZeRO-1, recompute) against the best
+//!   Megatron-LM 3D plan under the same cost model, with MFU and search time, and the 24-layer
+//!   transformer's weak scaling from 8 to 512 devices (see [`bench_plan`]). Goals: auto ≥ 1.0×
+//!   3D throughput on every model, search < 60 s per model, weak scaling ≥ 70 % at 512.
 //! - `strategies`: the cost model's predicted step time of candidate strategies (data
 //!   parallel, model-parallel annotations, searched) against their measured step time on
 //!   in-process ranks, with Spearman's rank correlation per case (see [`bench_strategies`]).
@@ -55,6 +60,7 @@ pub mod bench_compile;
 pub mod bench_cpu;
 pub mod bench_ddp;
 pub mod bench_gpu;
+pub mod bench_plan;
 pub mod bench_plans;
 pub mod bench_search;
 pub mod bench_strategies;
@@ -88,6 +94,9 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
     }
     if args.what == BenchWhat::Plans {
         return bench_plans::run(args);
+    }
+    if args.what == BenchWhat::Plan {
+        return bench_plan::run(args);
     }
     if args.what == BenchWhat::Gpu {
         return bench_gpu::run(args);

@@ -15,6 +15,10 @@
 //! [inter_host]                  # between hosts (InfiniBand, RoCE, Ethernet)
 //! bandwidth_gbs = 50.0
 //! latency_us = 6.0
+//!
+//! [point_to_point]              # optional: Send/Receive between pipeline stages in a host
+//! bandwidth_gbs = 400.0
+//! latency_us = 2.0
 //! ```
 //!
 //! Communication follows an α–β model per link class: a message of `b` bytes costs
@@ -25,6 +29,7 @@
 
 use serde::{Deserialize, Serialize};
 use shardc_passes::parallel::cost::{LinkAlgorithm, LinkCost, Machine};
+use shardc_passes::parallel::search::stage_plan::{PlanOptions, PointToPoint};
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 
@@ -71,6 +76,12 @@ pub struct DeviceDescription {
     pub intra_host: Link,
     /// Between hosts.
     pub inter_host: Link,
+    /// Point-to-point transfers (Send / Receive between pipeline stages) within a host, as
+    /// `shardc bench calibrate` measures them (`[point_to_point]`: bandwidth and latency of one
+    /// message); when absent, the stage planner prices them on `intra_host`. Between hosts
+    /// they take `inter_host`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub point_to_point: Option<Link>,
 }
 
 /// A device description that cannot be read or makes no sense.
@@ -140,6 +151,7 @@ impl DeviceDescription {
                     latency_us: 50.0,
                     algorithm: LinkAlgorithm::Ring,
                 },
+                point_to_point: None,
             },
             "8xh100" => DeviceDescription {
                 name: "8xH100-SXM".into(),
@@ -159,6 +171,7 @@ impl DeviceDescription {
                     latency_us: 6.0,
                     algorithm: LinkAlgorithm::Ring,
                 },
+                point_to_point: None,
             },
             "ascend910" => DeviceDescription {
                 name: "8xAscend910".into(),
@@ -178,6 +191,7 @@ impl DeviceDescription {
                     latency_us: 10.0,
                     algorithm: LinkAlgorithm::Ring,
                 },
+                point_to_point: None,
             },
             other => return Err(DeviceError::UnknownPreset(other.to_string())),
         };
@@ -244,7 +258,16 @@ impl DeviceDescription {
             self.inter_host.bandwidth_gbs,
             self.inter_host.latency_us,
             self.inter_host.algorithm.name(),
-        )
+        ) + &match &self.point_to_point {
+            Some(l) => format!(
+                "\n# point-to-point (Send/Receive between pipeline stages) within a host\n\
+                 [point_to_point]\n\
+                 bandwidth_gbs = {:?}\n\
+                 latency_us = {:?}\n",
+                l.bandwidth_gbs, l.latency_us
+            ),
+            None => String::new(),
+        }
     }
 
     /// Writes [`DeviceDescription::to_toml`] to `path`.
@@ -307,6 +330,22 @@ impl DeviceDescription {
                 return Err(bad(field, v.to_string(), "must be a positive number"));
             }
         }
+        if let Some(l) = &self.point_to_point {
+            if !(l.bandwidth_gbs.is_finite() && l.bandwidth_gbs > 0.0) {
+                return Err(bad(
+                    "point_to_point.bandwidth_gbs",
+                    l.bandwidth_gbs.to_string(),
+                    "must be a positive number",
+                ));
+            }
+            if !(l.latency_us.is_finite() && l.latency_us >= 0.0) {
+                return Err(bad(
+                    "point_to_point.latency_us",
+                    l.latency_us.to_string(),
+                    "must be a non-negative number",
+                ));
+            }
+        }
         for (field, v) in [
             ("intra_host.latency_us", self.intra_host.latency_us),
             ("inter_host.latency_us", self.inter_host.latency_us),
@@ -342,6 +381,34 @@ impl DeviceDescription {
         }
     }
 
+    /// The stage planner's point-to-point links: the measured `point_to_point` link within a
+    /// host and `inter_host` between hosts, each transfer with the collective overhead;
+    /// `None` when no point-to-point link was measured (the planner then uses the
+    /// collectives' links).
+    pub fn point_to_point(&self) -> Option<PointToPoint> {
+        let l = self.point_to_point?;
+        let m = self.machine();
+        Some(PointToPoint {
+            intra_host: LinkCost {
+                bandwidth: l.bandwidth_gbs * 1e9,
+                latency: l.latency_us * 1e-6,
+                algorithm: LinkAlgorithm::Ring,
+            },
+            inter_host: m.inter_host,
+            devices_per_host: self.devices_per_host,
+            overhead: m.collective_overhead,
+        })
+    }
+
+    /// The stage planner's options for `devices` devices of this description and
+    /// `global_batch` samples: its machine and memory, its point-to-point link where measured
+    /// ([`DeviceDescription::point_to_point`]), the planner's defaults otherwise.
+    pub fn plan_options(&self, devices: usize, global_batch: usize) -> PlanOptions {
+        let mut o = PlanOptions::new(self.machine(), devices, global_batch);
+        o.p2p = self.point_to_point().unwrap_or(o.p2p);
+        o
+    }
+
     /// Seconds of an AllReduce of `bytes` per member over `group`, on the link that joins it.
     pub fn all_reduce_seconds(&self, bytes: f64, group: &[usize]) -> f64 {
         let m = self.machine();
@@ -367,6 +434,21 @@ mod tests {
             let back = DeviceDescription::parse(&d.to_toml(), Path::new("x.toml")).unwrap();
             assert_eq!(back, d, "{name}");
         }
+        let mut d = DeviceDescription::preset("cpu").unwrap();
+        d.point_to_point = Some(Link {
+            bandwidth_gbs: 3.5,
+            latency_us: 4.25,
+            algorithm: LinkAlgorithm::Ring,
+        });
+        let back = DeviceDescription::parse(&d.to_toml(), Path::new("x.toml")).unwrap();
+        assert_eq!(back, d);
+        let p = back.point_to_point().unwrap();
+        assert_eq!(p.intra_host.bandwidth, 3.5e9);
+        assert_eq!(p.inter_host, back.machine().inter_host);
+        assert!(DeviceDescription::preset("8xh100")
+            .unwrap()
+            .point_to_point()
+            .is_none());
         let e = DeviceDescription::preset("tpu").unwrap_err().to_string();
         assert!(e.contains("\"tpu\"") && e.contains("8xh100"), "{e}");
     }

@@ -52,6 +52,7 @@ pub mod pipeline;
 pub mod strategy;
 pub mod strategy_file;
 pub mod transformer;
+pub mod transformer_layers;
 pub mod zoo;
 
 pub use builder::{BuildError, GraphBuilder, Value};

@@ -18,13 +18,90 @@ use std::path::PathBuf;
 #[derive(Args, Debug)]
 pub struct ExplainArgs {
     /// The artifact directory written by `shardc compile` with several devices.
-    pub artifact: PathBuf,
+    #[arg(required_unless_present = "plan_pipeline")]
+    pub artifact: Option<PathBuf>,
     /// The op's instance name (`relu`, `matmul2`, `grad_matmul_b`).
-    #[arg(long)]
-    pub op: String,
+    #[arg(long, required_unless_present = "plan_pipeline")]
+    pub op: Option<String>,
     /// The rank whose communication to show.
     #[arg(long, default_value_t = 0)]
     pub rank: u32,
+    /// Instead of an op: plan the pipeline of the transformer builder's model
+    /// `LAYERS,HIDDEN,HEADS,SEQ` (stages, layer split, intra-op mesh, micro-batches, ZeRO-1,
+    /// recompute) and show the stage plan, each stage's memory and the predicted bubble.
+    #[arg(long, value_name = "LAYERS,HIDDEN,HEADS,SEQ", conflicts_with_all = ["artifact", "op"])]
+    pub plan_pipeline: Option<String>,
+    /// `--plan-pipeline`: devices.
+    #[arg(long, default_value_t = 8)]
+    pub devices: usize,
+    /// `--plan-pipeline`: the global batch, in sequences.
+    #[arg(long, default_value_t = 8)]
+    pub batch: usize,
+    /// `--plan-pipeline`: the machine, a preset (cpu, 8xh100, ascend910) or a device
+    /// description file.
+    #[arg(long, default_value = "8xh100")]
+    pub device: String,
+    /// `--plan-pipeline`: the memory limit per device in GB (`max_device_memory`); the
+    /// device's memory when absent.
+    #[arg(long)]
+    pub max_device_memory: Option<f64>,
+}
+
+/// `shardc explain --plan-pipeline L,H,A,S`: the stage plan of the transformer `L,H,A,S` on
+/// `--devices` devices with `--batch` sequences, each stage's memory and the predicted
+/// bubble, and the best Megatron-LM 3D plan under the same cost model for comparison.
+pub fn explain_plan(a: &ExplainArgs, spec: &str) -> Result<()> {
+    use shardc_compiler::device::DeviceDescription;
+    use shardc_compiler::transformer::TransformerConfig;
+    use shardc_compiler::transformer_layers::TransformerLayers;
+    use shardc_passes::parallel::search::stage_plan::plan;
+    let v: Vec<usize> = spec
+        .split(',')
+        .map(|x| x.trim().parse::<usize>())
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("--plan-pipeline {spec}: expected LAYERS,HIDDEN,HEADS,SEQ"))?;
+    let [layers, hidden, heads, seq] = v[..] else {
+        bail!("--plan-pipeline {spec}: expected four numbers, LAYERS,HIDDEN,HEADS,SEQ");
+    };
+    let d = if DeviceDescription::PRESETS.contains(&a.device.as_str()) {
+        DeviceDescription::preset(&a.device)?
+    } else {
+        DeviceDescription::load(std::path::Path::new(&a.device))?
+    };
+    let cfg = TransformerConfig::new(layers, hidden, heads, seq, a.batch);
+    cfg.validate()?;
+    let mut o = d.plan_options(a.devices, a.batch);
+    if let Some(gb) = a.max_device_memory {
+        o.memory_limit = o.memory_limit.min(gb * 1e9);
+    }
+    let r = plan(&TransformerLayers { cfg }, &o)?;
+    println!(
+        "pipeline plan of the transformer layers={layers} hidden={hidden} heads={heads} seq={seq} \
+         batch={} on {} devices of {} (memory limit {:.2} GiB per device; {} intra-op \
+         profiles, {} pipeline shapes, {:.2} s)",
+        a.batch,
+        a.devices,
+        d.name,
+        o.memory_limit / (1u64 << 30) as f64,
+        r.profiles,
+        r.shapes,
+        r.seconds
+    );
+    print!("{}", r.auto);
+    println!(
+        "predicted bubble {:.1}% of the step: (S - 1) = {} idle slots of the slowest stage \
+         ({:.3} ms per micro-batch) in a step of {:.3} ms ({} micro-batches)",
+        100.0 * r.auto.bubble,
+        r.auto.stages.len() - 1,
+        r.auto.slowest * 1e3,
+        r.auto.step * 1e3,
+        r.auto.shape.micro_batches
+    );
+    match &r.megatron {
+        Some(m) => print!("best Megatron-LM 3D plan under the same model: {}", m),
+        None => println!("no Megatron-LM 3D plan fits"),
+    }
+    Ok(())
 }
 
 /// A strategy as `explain` prints it: the in strategy, then ` out ` and the out strategy when
@@ -95,8 +172,26 @@ fn num(v: &Value) -> f64 {
     v.as_f64().unwrap_or(0.0)
 }
 
+/// What `shardc explain` explains of an artifact: one op, one rank's communication.
+struct Explained {
+    artifact: PathBuf,
+    op: String,
+    rank: u32,
+}
+
 /// `shardc explain`.
 pub fn explain(a: &ExplainArgs) -> Result<()> {
+    if let Some(spec) = &a.plan_pipeline {
+        return explain_plan(a, spec);
+    }
+    let (Some(artifact), Some(op)) = (&a.artifact, &a.op) else {
+        bail!("shardc explain needs an artifact and --op, or --plan-pipeline");
+    };
+    let a = &Explained {
+        artifact: artifact.clone(),
+        op: op.clone(),
+        rank: a.rank,
+    };
     let art = Artifact::read(&a.artifact)?;
     let Some(Value::Object(decisions)) = art.manifest.extra.get("decisions") else {
         bail!(

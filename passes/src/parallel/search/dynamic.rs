@@ -420,11 +420,17 @@ pub fn cut_set(cg: &CostGraph) -> Vec<usize> {
 /// re-solved exactly; a better total (time + `lambda` · memory) is kept; sweeps repeat until
 /// none improves or [`IMPROVE_BUDGET`] is spent. Nodes the fallback fixes anew
 /// join the cut.
-pub fn improve(
+pub fn improve(cg: &CostGraph, lambda: f64, choice: Vec<usize>, cut: Vec<usize>) -> Vec<usize> {
+    improve_within(cg, lambda, choice, cut, IMPROVE_BUDGET)
+}
+
+/// As [`improve`], spending at most `budget` instead of [`IMPROVE_BUDGET`].
+pub fn improve_within(
     cg: &CostGraph,
     lambda: f64,
     mut choice: Vec<usize>,
     mut cut: Vec<usize>,
+    budget: usize,
 ) -> Vec<usize> {
     let price = |c: &[usize]| cg.total(c) + lambda * cg.memory(c);
     let mut best = price(&choice);
@@ -440,7 +446,7 @@ pub fn improve(
                 if c == choice[v] {
                     continue;
                 }
-                if spent + per_solve > IMPROVE_BUDGET {
+                if spent + per_solve > budget {
                     break 'sweeps;
                 }
                 let forced: Vec<(usize, usize)> = cut
@@ -469,6 +475,19 @@ pub fn improve(
         }
     }
     choice
+}
+
+/// Elimination with no memory weight, then (where the graph is not series-parallel)
+/// [`improve_within`] `budget`, without cut-set conditioning: the stage planner's search, run
+/// at many (devices, micro-batch) points, which checks memory itself. Returns the choice and
+/// whether it is exact.
+pub fn search_within(cg: &CostGraph, budget: usize) -> Result<(Vec<usize>, bool), SearchError> {
+    cg.validate()?;
+    let (choice, cut, _) = Elimination::new(cg, 0.0).run(&[]);
+    if cut.is_empty() {
+        return Ok((choice, true));
+    }
+    Ok((improve_within(cg, 0.0, choice, cut, budget), false))
 }
 
 /// Searches `cg` by elimination within `memory_limit` bytes per device.

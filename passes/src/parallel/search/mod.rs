@@ -25,8 +25,10 @@
 pub mod cost_graph;
 pub mod dynamic;
 pub mod ilp;
+pub mod layer_profile;
 pub mod problem;
 pub mod recursive;
+pub mod stage_plan;
 
 pub use super::assignment::SearchReport;
 pub use super::completion::SEMI_AUTO_BASELINE_BUDGET;

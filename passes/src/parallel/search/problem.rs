@@ -661,13 +661,20 @@ impl<'g> Problem<'g> {
     /// term, a value's conversion to one placement counted once however many readers need it
     /// there ([`Problem::conversion`]), as the partition makes it once.
     pub fn step_seconds(&self, choice: &[&OpSharding]) -> Breakdown {
+        let communication = self.counted_term_seconds(choice).iter().sum();
+        self.breakdown(choice, communication)
+    }
+
+    /// What each term (in [`Problem::terms`]' order) adds to [`Problem::step_seconds`] of
+    /// `choice`: a conversion several readers share counts at its first reader only, 0 at
+    /// the others (the stage planner attributes the terms to layers with it).
+    pub fn counted_term_seconds(&self, choice: &[&OpSharding]) -> Vec<f64> {
         let mut converted = HashSet::new();
         // A partial result is completed once, for its first reader; the other readers convert
         // from the layout that completion gave (as the partition does, so that every reader
         // sees the same sums).
         let mut completed: HashMap<(usize, usize), TensorLayout> = HashMap::new();
-        let communication = self
-            .terms
+        self.terms
             .iter()
             .map(|t| {
                 let s = match *t {
@@ -709,8 +716,7 @@ impl<'g> Problem<'g> {
                     0.0
                 }
             })
-            .sum();
-        self.breakdown(choice, communication)
+            .collect()
     }
 
     /// The searchers' objective for a choice, the total of the [`CostGraph`] they search:
@@ -791,6 +797,20 @@ impl<'g> Problem<'g> {
             communication,
             memory: self.memory_bytes(k, s),
         }
+    }
+}
+
+impl Problem<'_> {
+    /// The weights searched op `k` is first user of, as (operand index, copies): the weight,
+    /// its optimizer state and its gradient (what [`Problem::memory_bytes`] charges to `k`).
+    pub fn owned_weights_of(&self, k: usize) -> &[(usize, f64)] {
+        &self.owned_weights[k]
+    }
+
+    /// The results of searched op `k` that the backward pass reads (what
+    /// [`Problem::memory_bytes`] keeps for it).
+    pub fn kept_results_of(&self, k: usize) -> &[usize] {
+        &self.kept_results[k]
     }
 }
 
