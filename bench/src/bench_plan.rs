@@ -305,6 +305,7 @@ mod tests {
                 machine: DeviceDescription::preset("8xh100").unwrap().machine(),
                 max_device_memory: None,
             },
+            parallel_optimizer: None,
         }
     }
 

@@ -237,7 +237,7 @@ pub fn price_layers(
         let node = g.node(p.ops[k]);
         let c = &mut out[layer_of[k]];
         let mut update = 0.0;
-        for &(j, copies) in p.owned_weights_of(k) {
+        for (j, copies) in p.owned_weights_of(k) {
             let (Some(Some(l)), Some(ty)) = (
                 s.inputs.get(j),
                 node.inputs.get(j).and_then(|o| g.operand_tensor_type(o)),

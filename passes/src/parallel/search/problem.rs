@@ -803,8 +803,11 @@ impl<'g> Problem<'g> {
 impl Problem<'_> {
     /// The weights searched op `k` is first user of, as (operand index, copies): the weight,
     /// its optimizer state and its gradient (what [`Problem::memory_bytes`] charges to `k`).
-    pub fn owned_weights_of(&self, k: usize) -> &[(usize, f64)] {
-        &self.owned_weights[k]
+    pub fn owned_weights_of(&self, k: usize) -> Vec<(usize, f64)> {
+        self.owned_weights[k]
+            .iter()
+            .map(|&(j, copies, _)| (j, copies))
+            .collect()
     }
 
     /// The results of searched op `k` that the backward pass reads (what

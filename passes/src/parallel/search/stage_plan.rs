@@ -826,6 +826,8 @@ pub fn plan(model: &dyn LayeredModel, opts: &PlanOptions) -> Result<PlanReport, 
                     machine: opts.machine,
                     max_device_memory: None,
                 },
+                // The planner prices ZeRO-1 itself, per candidate.
+                parallel_optimizer: None,
             };
             let r = profile(model, &popts, opts.search_mode, mb, tp.map(|t| (t, d / t))).map(|p| {
                 p.map(|profile| IntraPlan {
