@@ -2,10 +2,11 @@
 //! optimizer-sharded) training step computes what one device computes on the global batch.
 //! Over random models (MLPs of 2 to 4 layers, residual MLPs, a small transformer) × stage
 //! counts (2, 3, 4) × micro-batch counts (the stages up to 8) × both schedules (1F1B, GPipe)
-//! × random intra-op strategies on 1, 2 or 4 devices per stage, the ranks run together (a
-//! thread each, the in-process communicator, Send and Receive between stages) for 2 steps:
-//! the last stage's ranks return the single device's losses, and the weights gathered from
-//! the ranks that hold them (each stage its own) are the single device's.
+//! × random intra-op strategies on 1, 2 or 4 devices per stage × optimizer sharding on or
+//! off, the ranks run together (a thread each, the in-process communicator, Send and Receive
+//! between stages) for 2 steps: the last stage's ranks return the single device's losses,
+//! and the weights gathered from the ranks that hold them (each stage its own) are the
+//! single device's.
 //!
 //! Each case is generated from its seed; a failure prints the seed and what it drew, and
 //! `SHARDC_CASE=seed cargo nextest run --test pipeline_invariant` reruns that case alone.
@@ -71,7 +72,7 @@ fn mlp(
                 &[width, out],
                 init::normal(0.2),
             )?;
-            let mut y = b.matmul(x.clone(), w)?;
+            let mut y = b.matmul(x, w)?;
             if bias {
                 let bb = b.weight(&format!("b{i}"), DType::Float64, &[out], init::normal(0.1))?;
                 y = b.bias_add(y, bb)?;
@@ -359,8 +360,10 @@ fn pipelined_steps_equal_the_single_device_on_random_models_stages_and_strategie
     };
     let mut failures = Vec::new();
     let mut drawn = std::collections::BTreeMap::new();
+    let mut sharded = 0usize;
     for seed in seeds {
         if let Ok((_, _, c, _)) = case_of(seed) {
+            sharded += c.zero as usize;
             *drawn
                 .entry((c.stages, c.micro, c.mesh, format!("{:?}", c.scheduler)))
                 .or_insert(0usize) += 1;
@@ -369,68 +372,21 @@ fn pipelined_steps_equal_the_single_device_on_random_models_stages_and_strategie
             failures.push(e);
         }
     }
-    eprintln!("cases (stages, micro-batches, mesh, schedule): {drawn:?}");
+    eprintln!(
+        "cases (stages, micro-batches, mesh, schedule): {drawn:?}; with optimizer sharding: {sharded}"
+    );
+    if only.is_none() {
+        assert!(sharded >= 5, "only {sharded} cases shard the optimizer");
+        assert!(
+            drawn.len() >= 20,
+            "only {} kinds of case drawn",
+            drawn.len()
+        );
+    }
     assert!(
         failures.is_empty(),
         "{} of {CASES} cases failed:\n{}",
         failures.len(),
         failures.join("\n")
     );
-}
-
-#[test]
-#[ignore]
-fn dump_case() {
-    let seed: u64 = std::env::var("SHARDC_CASE")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(30);
-    let (what, model, case, _) = case_of(seed).unwrap();
-    eprintln!("{what}");
-    let opt = Momentum::new(0.1, 0.9).to_spec();
-    let par = compile(
-        model,
-        &CompileOptions {
-            optimizer: Some(opt),
-            parallel: Some(ParallelOptions {
-                mode: Mode::SemiAutoParallel,
-                device_num: case.stages * case.mesh,
-                dataset: DatasetLayout::DataParallel,
-                gradients_mean: true,
-                enable_alltoall: false,
-                search: SearchOptions::default(),
-                parallel_optimizer: None,
-            }),
-            pipeline: PipelineOptions {
-                stages: case.stages,
-                micro_size: case.micro,
-                scheduler: case.scheduler,
-            },
-            ..Default::default()
-        },
-    )
-    .unwrap()
-    .parallel
-    .unwrap();
-    for (r, g) in par.ranks.iter().enumerate() {
-        eprintln!("=== rank {r}");
-        for n in &g.nodes {
-            if matches!(
-                n.op,
-                OpKind::Send
-                    | OpKind::Receive
-                    | OpKind::AllReduce
-                    | OpKind::AllGather
-                    | OpKind::ReduceScatter
-                    | OpKind::AllToAll
-            ) {
-                eprintln!(
-                    "  {} {} {:?}",
-                    n.op.name(),
-                    n.instance,
-                    n.attrs.get("sr_tag")
-                );
-            }
-        }
-    }
 }
