@@ -133,6 +133,98 @@ mod with_mpi {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// A pipeline under `mpirun --comm mpi`: the 2-layer transformer as 2 stages × 2-way data
+    /// parallel, 1F1B over 4 micro-batches, with optimizer sharding: the last stage's ranks
+    /// print the single device's losses, sends and receives between stages going over MPI.
+    #[test]
+    fn mpirun_runs_pipeline_stages_with_the_single_device_losses() {
+        if !have_mpirun() {
+            eprintln!("SKIP: mpirun not found; bash scripts/install-mpi.sh installs Open MPI");
+            return;
+        }
+        let dir = tmp("pipeline");
+        std::fs::create_dir_all(&dir).unwrap();
+        let model = dir.join("t.ir");
+        let run = |args: &[&str]| {
+            let o = Command::new(exe()).args(args).output().unwrap();
+            assert!(o.status.success(), "{args:?}: {}", text(&o));
+            String::from_utf8_lossy(&o.stdout).into_owned()
+        };
+        let m = model.to_str().unwrap();
+        run(&[
+            "gen",
+            "transformer",
+            "--layers",
+            "2",
+            "--hidden",
+            "32",
+            "--heads",
+            "2",
+            "--seq",
+            "8",
+            "--batch",
+            "8",
+            "-o",
+            m,
+        ]);
+        let one = dir.join("one");
+        run(&["compile", m, "-o", one.to_str().unwrap()]);
+        let reference = loss_lines(&run(&["run", one.to_str().unwrap(), "--steps", "3"]));
+        assert_eq!(reference.len(), 3);
+        let pipe = dir.join("pipe");
+        run(&[
+            "compile",
+            m,
+            "-o",
+            pipe.to_str().unwrap(),
+            "--device-num",
+            "4",
+            "--parallel-mode",
+            "semi_auto_parallel",
+            "--gradients-mean",
+            "--pipeline-stages",
+            "2",
+            "--micro-size",
+            "4",
+            "--enable-parallel-optimizer",
+        ]);
+        let o = mpirun(
+            4,
+            &[
+                "run",
+                pipe.to_str().unwrap(),
+                "--steps",
+                "3",
+                "--comm",
+                "mpi",
+            ],
+        );
+        assert!(o.status.success(), "{}", text(&o));
+        let out = String::from_utf8_lossy(&o.stdout);
+        for r in 0..4 {
+            let stage = r / 2;
+            assert!(
+                out.contains(&format!("rank {r}: pipeline stage {stage} of 2")),
+                "{}",
+                text(&o)
+            );
+        }
+        // The two last-stage ranks print 3 losses each; the values are the single device's
+        // to f32 rounding of another summation order.
+        let got = loss_lines(&out);
+        assert_eq!(got.len(), 6, "{}", text(&o));
+        let value = |l: &str| -> f64 { l.rsplit(' ').next().unwrap().parse().unwrap() };
+        for l in &got {
+            let step = reference
+                .iter()
+                .find(|r| r.split(", loss is ").next() == l.split(", loss is ").next())
+                .unwrap_or_else(|| panic!("{l}: no such step in {reference:?}"));
+            let (a, b) = (value(l), value(step));
+            assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{l} vs {step}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// Ascend ranks started by `mpirun` (MindSpore's GPU and Ascend tutorials' launcher): MPI
     /// carries rank 0's HCCL root info to the others, HCCL (the emulated CANN here) runs the
     /// collectives, and every rank prints the CPU's losses.
