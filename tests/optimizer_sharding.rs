@@ -14,16 +14,15 @@ use shardc::compiler::nn::FnCell;
 use shardc::compiler::optim::{Adam, Momentum};
 use shardc::compiler::transformer::{transformer, TransformerConfig};
 use shardc::compiler::{compile, init, CompileOptions};
-use shardc::ir::{DType, Graph, OpKind, ParamKind, Strategy, TensorLayout};
+use shardc::ir::{DType, Graph, OpKind, ParamKind, Strategy};
 use shardc::passes::autodiff::Optimizer;
 use shardc::passes::parallel::{
     DatasetLayout, Mode, ParallelOptimizer, ParallelOptions, SearchOptions,
 };
-use shardc::runtime::data::SyntheticData;
-use shardc::runtime::executor::Executor;
-use shardc::runtime::Tensor;
-use shardc_tools::in_process::{rel, run_ranks, tensor_rel};
-use std::sync::Arc;
+use shardc_tools::in_process::run_ranks;
+
+mod invariant_common;
+use invariant_common::{feeds_of, layouts_of, SingleDevice};
 
 const STEPS: u64 = 3;
 
@@ -129,34 +128,9 @@ fn check(
     .map_err(|e| format!("{what}: parallel: {e}"))?
     .parallel
     .ok_or_else(|| format!("{what}: no ranks"))?;
-    let data = SyntheticData::new(&single, 11, STEPS as usize).map_err(|e| e.to_string())?;
-    let feeds = |step: u64| -> Vec<(String, Tensor)> {
-        data.feeds(step)
-            .into_iter()
-            .map(|(n, t)| (n.to_string(), t))
-            .collect()
-    };
-    let mut exec = Executor::new(single, Arc::new(shardc::cpu::CpuBackend::with_threads(1)))
-        .map_err(|e| format!("{what}: {e}"))?;
-    let mut losses = Vec::new();
-    for step in 0..STEPS {
-        let f = feeds(step);
-        let refs: Vec<(&str, Tensor)> = f.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
-        let out = exec.step(&refs).map_err(|e| format!("{what}: {e}"))?;
-        losses.push(out[0].scalar_value().unwrap_or(f64::NAN));
-    }
-    let layouts: Vec<(String, TensorLayout)> = compiled
-        .begin
-        .params
-        .iter()
-        .zip(&compiled.assignment.param_layouts)
-        .map(|(p, l)| (p.name.clone(), l.clone()))
-        .collect();
-    let inputs: Vec<(String, TensorLayout)> = layouts
-        .iter()
-        .filter(|(n, _)| exec.param(n).is_none())
-        .cloned()
-        .collect();
+    let reference = SingleDevice::run(what, single, 11, STEPS)?;
+    let layouts = layouts_of(&compiled);
+    let inputs = reference.inputs(&layouts);
     let rank0 = &compiled.ranks[0];
     let count =
         |pred: &dyn Fn(&shardc::ir::Node) -> bool| rank0.nodes.iter().filter(|n| pred(n)).count();
@@ -171,36 +145,11 @@ fn check(
             n.op == OpKind::AllReduce && n.instance.starts_with("mirror_grad_")
         }),
     };
+    let data = &reference.data;
+    let feeds = |step: u64| feeds_of(data, step);
     let res = run_ranks(compiled.ranks, &inputs, &feeds, STEPS, 1)
         .map_err(|e| format!("{what}: {e:#}"))?;
-    for (k, &l) in losses.iter().enumerate() {
-        for (r, outs) in res.outputs.iter().enumerate() {
-            let v = outs[k][0].scalar_value().unwrap_or(f64::NAN);
-            if rel(v, l).is_nan() || rel(v, l) > tolerance {
-                return Err(format!(
-                    "{what}: step {} rank {r}: loss {v} vs one device {l}",
-                    k + 1
-                ));
-            }
-        }
-    }
-    for (name, layout) in &layouts {
-        let Some(reference) = exec.param(name) else {
-            continue;
-        };
-        if unchecked.iter().any(|u| name.ends_with(u)) {
-            continue;
-        }
-        let whole = res
-            .gathered_weight(name, layout)
-            .map_err(|e| format!("{what}: {e:#}"))?;
-        let d = tensor_rel(&whole, reference);
-        if d.is_nan() || d > tolerance {
-            return Err(format!(
-                "{what}: {name} differs by {d:.3e} after {STEPS} steps"
-            ));
-        }
-    }
+    reference.check_except(what, &res, &layouts, tolerance, unchecked)?;
     Ok(seen)
 }
 

@@ -23,7 +23,10 @@ use shardc::passes::parallel::{DatasetLayout, Mode, ParallelOptions, SearchMode,
 use shardc::runtime::data::SyntheticData;
 use shardc::runtime::executor::Executor;
 use shardc::runtime::Tensor;
-use shardc_tools::in_process::{rel, run_ranks, tensor_rel};
+use shardc_tools::in_process::{run_ranks, tensor_rel};
+
+mod invariant_common;
+use invariant_common::{feeds_of, layouts_of, SingleDevice};
 use std::sync::Arc;
 
 const CASES: u64 = 320;
@@ -499,68 +502,19 @@ fn check_case_with(
     .parallel
     .ok_or_else(|| format!("{what}: no per-rank graphs"))?;
 
-    let data = SyntheticData::new(&single, seed, STEPS as usize).map_err(|e| e.to_string())?;
-    let feeds = |step: u64| -> Vec<(String, Tensor)> {
-        data.feeds(step)
-            .into_iter()
-            .map(|(n, t)| (n.to_string(), t))
-            .collect()
-    };
-    let mut exec = Executor::new(single, Arc::new(shardc::cpu::CpuBackend::with_threads(1)))
-        .map_err(|e| format!("{what}: {e}"))?;
-    let mut losses = Vec::new();
-    for step in 0..STEPS {
-        let f = feeds(step);
-        let refs: Vec<(&str, Tensor)> = f.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
-        let out = exec
-            .step(&refs)
-            .map_err(|e| format!("{what}: single step: {e}"))?;
-        losses.push(out[0].scalar_value().unwrap_or(f64::NAN));
-    }
-    let layouts: Vec<(String, TensorLayout)> = par
-        .begin
-        .params
-        .iter()
-        .zip(&par.assignment.param_layouts)
-        .map(|(p, l)| (p.name.clone(), l.clone()))
-        .collect();
-    let inputs: Vec<(String, TensorLayout)> = layouts
-        .iter()
-        .filter(|(n, _)| exec.param(n).is_none())
-        .cloned()
-        .collect();
+    let reference = SingleDevice::run(what, single, seed, STEPS)?;
+    let layouts = layouts_of(&par);
+    let inputs = reference.inputs(&layouts);
     let reach = par.ranks.first().map(reached).unwrap_or_default();
+    let data = &reference.data;
+    let feeds = |step: u64| feeds_of(data, step);
     let res =
         run_ranks(par.ranks, &inputs, &feeds, STEPS, 1).map_err(|e| format!("{what}: {e:#}"))?;
-    for (k, &l) in losses.iter().enumerate() {
-        for (r, outs) in res.outputs.iter().enumerate() {
-            let v = outs[k][0].scalar_value().unwrap_or(f64::NAN);
-            if rel(v, l) > TOLERANCE || rel(v, l).is_nan() {
-                return Err(format!(
-                    "{what}: step {} rank {r}: loss {v} vs single device {l}",
-                    k + 1
-                ));
-            }
-        }
+    // Every rank returns the global loss.
+    if let Some(r) = res.outputs.iter().position(|o| o.iter().any(Vec::is_empty)) {
+        return Err(format!("{what}: rank {r} returned no loss"));
     }
-    for (name, layout) in &layouts {
-        let Some(reference) = exec.param(name) else {
-            continue;
-        };
-        let whole = res
-            .gathered_weight(name, layout)
-            .map_err(|e| format!("{what}: {e}"))?;
-        let d = tensor_rel(&whole, reference);
-        if d > TOLERANCE || d.is_nan() {
-            if std::env::var("SHARDC_CASE").is_ok() {
-                eprintln!("reference {name}: {:?}", reference.to_f64_vec());
-                eprintln!("gathered  {name}: {:?}", whole.to_f64_vec());
-            }
-            return Err(format!(
-                "{what}: weight {name} differs by {d:.3e} after {STEPS} steps"
-            ));
-        }
-    }
+    reference.check(what, &res, &layouts, TOLERANCE)?;
     Ok(reach)
 }
 

@@ -19,17 +19,16 @@ use shardc::compiler::model::build_network;
 use shardc::compiler::nn::FnCell;
 use shardc::compiler::transformer::{transformer, TransformerConfig};
 use shardc::compiler::{compile, init, optim::Momentum, CompileOptions};
-use shardc::ir::{Attr, DType, Graph, OpKind, Strategy, TensorLayout};
+use shardc::ir::{Attr, DType, Graph, OpKind, Strategy};
 use shardc::passes::parallel::rules::{candidates, dims_of, strategy_from_loops};
 use shardc::passes::parallel::{
     DatasetLayout, Mode, ParallelOptimizer, ParallelOptions, SearchOptions,
 };
 use shardc::passes::pipeline::{PipelineOptions, Scheduler};
-use shardc::runtime::data::SyntheticData;
-use shardc::runtime::executor::Executor;
-use shardc::runtime::Tensor;
-use shardc_tools::in_process::{rel, run_ranks, tensor_rel};
-use std::sync::Arc;
+use shardc_tools::in_process::run_ranks;
+
+mod invariant_common;
+use invariant_common::{feeds_of, layouts_of, SingleDevice};
 
 const CASES: u64 = 48;
 const STEPS: u64 = 2;
@@ -267,85 +266,35 @@ fn run_case(seed: u64) -> Result<(), String> {
     .parallel
     .ok_or_else(|| format!("{what}: no per-rank graphs"))?;
 
-    let data = SyntheticData::new(&single, case.seed, STEPS as usize).map_err(|e| e.to_string())?;
-    let feeds = |step: u64| -> Vec<(String, Tensor)> {
-        data.feeds(step)
-            .into_iter()
-            .map(|(n, t)| (n.to_string(), t))
-            .collect()
-    };
-    let mut exec = Executor::new(single, Arc::new(shardc::cpu::CpuBackend::with_threads(1)))
-        .map_err(|e| format!("{what}: {e}"))?;
-    let mut losses = Vec::new();
-    for step in 0..STEPS {
-        let f = feeds(step);
-        let refs: Vec<(&str, Tensor)> = f.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
-        let out = exec
-            .step(&refs)
-            .map_err(|e| format!("{what}: single step: {e}"))?;
-        losses.push(out[0].scalar_value().unwrap_or(f64::NAN));
-    }
-    // Every parameter's layout over all N devices (the stage axis major).
-    let layouts: Vec<(String, TensorLayout)> = par
-        .begin
-        .params
-        .iter()
-        .zip(&par.param_layouts)
-        .map(|(p, l)| (p.name.clone(), l.clone()))
-        .collect();
-    let inputs: Vec<(String, TensorLayout)> = layouts
-        .iter()
-        .filter(|(n, _)| exec.param(n).is_none())
-        .cloned()
-        .collect();
+    let reference = SingleDevice::run(&what, single, case.seed, STEPS)?;
+    let layouts = layouts_of(&par);
+    let inputs = reference.inputs(&layouts);
     if par.ranks.len() != device_num {
         return Err(format!(
             "{what}: {} rank graphs for {device_num} devices",
             par.ranks.len()
         ));
     }
+    let data = &reference.data;
+    let feeds = |step: u64| feeds_of(data, step);
     let res =
         run_ranks(par.ranks, &inputs, &feeds, STEPS, 1).map_err(|e| format!("{what}: {e:#}"))?;
+    // Only the last stage's ranks return the loss.
     let last_stage = (case.stages - 1) * case.mesh..device_num;
     for (r, outs) in res.outputs.iter().enumerate() {
-        for (k, &l) in losses.iter().enumerate() {
-            let has_loss = !outs[k].is_empty();
-            if has_loss != last_stage.contains(&r) {
-                return Err(format!(
-                    "{what}: rank {r} {} a loss, but the last stage is ranks {last_stage:?}",
-                    if has_loss {
-                        "returned"
-                    } else {
-                        "did not return"
-                    }
-                ));
-            }
-            if !has_loss {
-                continue;
-            }
-            let v = outs[k][0].scalar_value().unwrap_or(f64::NAN);
-            if rel(v, l) > tolerance || rel(v, l).is_nan() {
-                return Err(format!(
-                    "{what}: step {} rank {r}: loss {v} vs single device {l}",
-                    k + 1
-                ));
-            }
-        }
-    }
-    for (name, layout) in &layouts {
-        let Some(reference) = exec.param(name) else {
-            continue;
-        };
-        let whole = res
-            .gathered_weight(name, layout)
-            .map_err(|e| format!("{what}: {e}"))?;
-        let d = tensor_rel(&whole, reference);
-        if d > tolerance || d.is_nan() {
+        let has_loss = outs.iter().all(|o| !o.is_empty());
+        if has_loss != last_stage.contains(&r) {
             return Err(format!(
-                "{what}: weight {name} differs by {d:.3e} after {STEPS} steps"
+                "{what}: rank {r} {} the loss, but the last stage is ranks {last_stage:?}",
+                if has_loss {
+                    "returned"
+                } else {
+                    "did not return"
+                }
             ));
         }
     }
+    reference.check(&what, &res, &layouts, tolerance)?;
     Ok(())
 }
 

@@ -18,6 +18,9 @@ use shardc::runtime::executor::Executor;
 use shardc::runtime::{InProcessWorld, Tensor};
 use std::sync::Arc;
 
+mod invariant_common;
+use invariant_common::{feeds_of, SingleDevice};
+
 const STEPS: u64 = 3;
 const DT: DType = DType::Float64;
 const TOLERANCE: f64 = 1e-9;
@@ -165,24 +168,10 @@ fn check(what: &str, model: Graph, annotated: Graph, case: &Case) -> Result<(), 
         return Err(format!("{what}: the program does not round-trip"));
     }
 
-    let data = SyntheticData::new(&single, 7, STEPS as usize).map_err(|e| e.to_string())?;
-    let feeds = |step: u64| -> Vec<(String, Tensor)> {
-        data.feeds(step)
-            .into_iter()
-            .map(|(n, t)| (n.to_string(), t))
-            .collect()
-    };
-    let mut exec = Executor::new(single, Arc::new(shardc::cpu::CpuBackend::with_threads(1)))
-        .map_err(|e| format!("{what}: {e}"))?;
-    let mut losses = Vec::new();
-    for step in 0..STEPS {
-        let f = feeds(step);
-        let refs: Vec<(&str, Tensor)> = f.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
-        let out = exec
-            .step(&refs)
-            .map_err(|e| format!("{what}: single step: {e}"))?;
-        losses.push(out[0].scalar_value().unwrap_or(f64::NAN));
-    }
+    let reference = SingleDevice::run(what, single, 7, STEPS)?;
+    let (exec, losses) = (&reference.exec, &reference.losses);
+    let data = &reference.data;
+    let feeds = |step: u64| feeds_of(data, step);
 
     let layouts: Vec<(String, TensorLayout)> = par
         .begin
