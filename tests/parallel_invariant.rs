@@ -26,7 +26,7 @@ use shardc::runtime::Tensor;
 use shardc_tools::in_process::{run_ranks, tensor_rel};
 
 mod invariant_common;
-use invariant_common::{feeds_of, layouts_of, SingleDevice};
+use invariant_common::{annotate, feeds_of, layouts_of, pick, SingleDevice};
 use std::sync::Arc;
 
 const CASES: u64 = 320;
@@ -301,32 +301,6 @@ fn embedding(rng: &mut ChaCha8Rng, batch: usize) -> Result<Graph, BuildError> {
             ("label", DType::Int32, &[batch]),
         ],
     )
-}
-
-fn pick<'a, T>(rng: &mut ChaCha8Rng, xs: &'a [T]) -> &'a T {
-    &xs[rng.random_range(0..xs.len())]
-}
-
-/// Annotates a random subset of the forward ops with random valid strategies.
-fn annotate(rng: &mut ChaCha8Rng, g: &mut Graph, device_num: usize, p: f64) -> Vec<String> {
-    let mut notes = Vec::new();
-    for i in 0..g.nodes.len() {
-        let node = &g.nodes[i];
-        // Users annotate computations, not the updates of weights (those follow the weight).
-        if matches!(node.op, OpKind::TupleGetItem | OpKind::Assign) || !rng.random_bool(p) {
-            continue;
-        }
-        let Ok(dims) = dims_of(g, node) else { continue };
-        let cands = candidates(g, node, &dims, device_num, 4);
-        if cands.is_empty() {
-            continue;
-        }
-        let splits = cands[rng.random_range(0..cands.len())].clone();
-        let s: Strategy = strategy_from_loops(g, node, &dims, &splits);
-        notes.push(format!("{} {}", node.instance, s));
-        g.nodes[i].in_strategy = Some(s);
-    }
-    notes
 }
 
 /// Which rarer rules a case's per-rank graphs exercise (the property test checks that the

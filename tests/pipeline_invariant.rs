@@ -19,8 +19,7 @@ use shardc::compiler::model::build_network;
 use shardc::compiler::nn::FnCell;
 use shardc::compiler::transformer::{transformer, TransformerConfig};
 use shardc::compiler::{compile, init, optim::Momentum, CompileOptions};
-use shardc::ir::{Attr, DType, Graph, OpKind, Strategy};
-use shardc::passes::parallel::rules::{candidates, dims_of, strategy_from_loops};
+use shardc::ir::{Attr, DType, Graph, OpKind};
 use shardc::passes::parallel::{
     DatasetLayout, Mode, ParallelOptimizer, ParallelOptions, SearchOptions,
 };
@@ -28,7 +27,7 @@ use shardc::passes::pipeline::{PipelineOptions, Scheduler};
 use shardc_tools::in_process::run_ranks;
 
 mod invariant_common;
-use invariant_common::{feeds_of, layouts_of, SingleDevice};
+use invariant_common::{annotate, feeds_of, layouts_of, pick, SingleDevice};
 
 const CASES: u64 = 48;
 const STEPS: u64 = 2;
@@ -42,10 +41,6 @@ struct Case {
     mesh: usize,
     scheduler: Scheduler,
     zero: bool,
-}
-
-fn pick<'a, T>(rng: &mut ChaCha8Rng, xs: &'a [T]) -> &'a T {
-    &xs[rng.random_range(0..xs.len())]
 }
 
 /// An MLP of `layers` Dense layers (f64), the layer `i`'s ops marked with its stage
@@ -135,31 +130,6 @@ fn stage_by_layer_scope(g: &mut Graph, layers: usize, stages: usize) {
     }
 }
 
-/// Annotates a random subset of the forward ops with random valid strategies over `mesh`
-/// devices (the stage's intra-op mesh).
-fn annotate(rng: &mut ChaCha8Rng, g: &mut Graph, mesh: usize, p: f64) -> Vec<String> {
-    let mut notes = Vec::new();
-    if mesh == 1 {
-        return notes;
-    }
-    for i in 0..g.nodes.len() {
-        let node = &g.nodes[i];
-        if matches!(node.op, OpKind::TupleGetItem | OpKind::Assign) || !rng.random_bool(p) {
-            continue;
-        }
-        let Ok(dims) = dims_of(g, node) else { continue };
-        let cands = candidates(g, node, &dims, mesh, 4);
-        if cands.is_empty() {
-            continue;
-        }
-        let splits = cands[rng.random_range(0..cands.len())].clone();
-        let s: Strategy = strategy_from_loops(g, node, &dims, &splits);
-        notes.push(format!("{} {}", node.instance, s));
-        g.nodes[i].in_strategy = Some(s);
-    }
-    notes
-}
-
 /// The case of `seed`: its model (marked with stages) and what was drawn.
 fn case_of(seed: u64) -> Result<(String, Graph, Case, f64), String> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
@@ -206,7 +176,12 @@ fn case_of(seed: u64) -> Result<(String, Graph, Case, f64), String> {
             (format!("transformer of {layers} layers"), g, 1e-4)
         }
     };
-    let notes = annotate(&mut rng, &mut g, mesh, 0.3);
+    // Strategies over the stage's intra-op mesh.
+    let notes = if mesh > 1 {
+        annotate(&mut rng, &mut g, mesh, 0.3)
+    } else {
+        Vec::new()
+    };
     Ok((
         format!(
             "seed {seed}: {what}, {case:?}, strategies [{}]",

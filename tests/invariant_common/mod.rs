@@ -5,8 +5,13 @@
 
 #![allow(dead_code)]
 
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
 use shardc::compiler::pipeline::ParallelCompiled;
+use shardc::ir::OpKind;
+use shardc::ir::Strategy;
 use shardc::ir::{Graph, TensorLayout};
+use shardc::passes::parallel::rules::{candidates, dims_of, strategy_from_loops};
 use shardc::runtime::data::SyntheticData;
 use shardc::runtime::executor::Executor;
 use shardc::runtime::Tensor;
@@ -141,4 +146,31 @@ pub fn layouts_of(par: &ParallelCompiled) -> Vec<(String, TensorLayout)> {
         .zip(&par.param_layouts)
         .map(|(p, l)| (p.name.clone(), l.clone()))
         .collect()
+}
+
+/// A random element of `xs`.
+pub fn pick<'a, T>(rng: &mut ChaCha8Rng, xs: &'a [T]) -> &'a T {
+    &xs[rng.random_range(0..xs.len())]
+}
+
+/// Annotates a random subset of the forward ops with random valid strategies.
+pub fn annotate(rng: &mut ChaCha8Rng, g: &mut Graph, device_num: usize, p: f64) -> Vec<String> {
+    let mut notes = Vec::new();
+    for i in 0..g.nodes.len() {
+        let node = &g.nodes[i];
+        // Users annotate computations, not the updates of weights (those follow the weight).
+        if matches!(node.op, OpKind::TupleGetItem | OpKind::Assign) || !rng.random_bool(p) {
+            continue;
+        }
+        let Ok(dims) = dims_of(g, node) else { continue };
+        let cands = candidates(g, node, &dims, device_num, 4);
+        if cands.is_empty() {
+            continue;
+        }
+        let splits = cands[rng.random_range(0..cands.len())].clone();
+        let s: Strategy = strategy_from_loops(g, node, &dims, &splits);
+        notes.push(format!("{} {}", node.instance, s));
+        g.nodes[i].in_strategy = Some(s);
+    }
+    notes
 }
