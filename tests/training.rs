@@ -452,6 +452,29 @@ fn model_checkpoint_saves_every_k_steps_and_at_the_end_keeping_the_newest() {
 }
 
 #[test]
+fn model_refuses_pipeline_stages_naming_the_command_that_runs_them() {
+    let data = regression(32, SourceOptions::default())
+        .batch(8, true)
+        .expect("batch");
+    let mut ctx = ParallelContext {
+        parallel_mode: ParallelMode::SemiAutoParallel,
+        ..ParallelContext::default()
+    };
+    ctx.pipeline.stages = 2;
+    ctx.pipeline.micro_size = 2;
+    let mut m =
+        Model::new(QuickstartNet, MSELoss::new(), &Momentum::new(0.2, 0.1)).with_context(ctx);
+    let e = m
+        .train(1, &data, &mut [])
+        .expect_err("Model does not pipeline")
+        .to_string();
+    assert!(
+        e.contains("pipeline_stages 2") && e.contains("shardc compile --pipeline-stages 2"),
+        "{e}"
+    );
+}
+
+#[test]
 fn a_mismatch_between_data_and_context_is_an_error_naming_both() {
     // Four ranks' context on a single device.
     let data = regression(32, SourceOptions::default())

@@ -194,6 +194,19 @@ impl Model {
                 self.name, ctx.device_num, self.size
             )));
         }
+        // Pipelines run through `shardc compile` + `shardc run` (docs/pipeline.md); Model
+        // trains one graph per rank and does not split stages yet: say so rather than train
+        // something else than asked.
+        if ctx.pipeline.stages > 1 || ctx.pipeline.micro_size > 1 {
+            return Err(TrainError::Mismatch(format!(
+                "Model({}): pipeline_stages {} with micro_size {} is not supported by Model yet: compile the network with `shardc compile --pipeline-stages {} --micro-size {}` and run it with `shardc run` or `shardc launch` (docs/pipeline.md)",
+                self.name,
+                ctx.pipeline.stages,
+                ctx.pipeline.micro_size,
+                ctx.pipeline.stages,
+                ctx.pipeline.micro_size
+            )));
+        }
         if parallel && self.comm.is_none() {
             return Err(TrainError::Mismatch(format!(
                 "Model({}): {} over {} devices needs the cluster's communicator: call communication::init() and Model::with_communication",
