@@ -264,3 +264,24 @@ fn a_killed_hccl_worker_ends_the_job_naming_its_rank() {
     cli_common::killed_worker_ends_the_job(launcher, &log, 4, "collectives through HCCL");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_pipelined_artifact_runs_on_npus_staged_through_the_host() {
+    let dir = tmp("ascend-cli", "pipeline");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (one, pipe) = cli_common::compile_pipelined_transformer(&dir);
+    let o = run_ascend(&pipe, "3", &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    // HCCL's blocking sends cannot run 1F1B's order: the host communicator carries them.
+    assert!(
+        text(&o).contains("collectives staged through the host communicator"),
+        "{}",
+        text(&o)
+    );
+    same_losses(
+        &cpu_losses(&one, "3"),
+        &losses(&text(&o)),
+        "2 pipeline stages x 2 data parallel on NPUs",
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

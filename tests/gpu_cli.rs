@@ -284,3 +284,29 @@ fn in_process_ranks_on_the_emulated_gpu_save_and_resume_with_the_uninterrupted_l
         8,
     );
 }
+
+#[test]
+fn a_pipelined_artifact_runs_on_the_emulated_gpu_staged_through_the_host() {
+    if !emulator_available() {
+        return;
+    }
+    let dir = tmp("gpu-cli", "pipeline");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (one, pipe) = cli_common::compile_pipelined_transformer(&dir);
+    let reference = run_emulated(&one, "3", &[]);
+    assert!(reference.status.success(), "{}", text(&reference));
+    let o = run_emulated(&pipe, "3", &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    // NCCL's blocking sends cannot run 1F1B's order: the host communicator carries them.
+    assert!(
+        text(&o).contains("collectives staged through the host communicator"),
+        "{}",
+        text(&o)
+    );
+    same_losses(
+        &losses(&text(&reference)),
+        &losses(&text(&o)),
+        "2 pipeline stages x 2 data parallel on the emulated GPU",
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -29,6 +29,57 @@ pub fn compile_quickstart(art: &Path, extra: &[&str]) {
     assert!(c.status.success(), "{}", text(&c));
 }
 
+/// The 2-layer transformer (`shardc gen transformer`, 8 sequences of 8 tokens) compiled in
+/// `dir` for one device (`one`) and as 2 pipeline stages × 2-way data parallel on 4 devices,
+/// 4 micro-batches (`pipe`): the artifacts' paths.
+pub fn compile_pipelined_transformer(dir: &Path) -> (PathBuf, PathBuf) {
+    let exe = env!("CARGO_BIN_EXE_shardc");
+    let model = dir.join("transformer.ir");
+    let (one, pipe) = (dir.join("one"), dir.join("pipe"));
+    let m = model.to_str().expect("a UTF-8 path");
+    for args in [
+        vec![
+            "gen",
+            "transformer",
+            "--layers",
+            "2",
+            "--hidden",
+            "32",
+            "--heads",
+            "2",
+            "--seq",
+            "8",
+            "--batch",
+            "8",
+            "-o",
+            m,
+        ],
+        vec!["compile", m, "-o", one.to_str().expect("a UTF-8 path")],
+        vec![
+            "compile",
+            m,
+            "-o",
+            pipe.to_str().expect("a UTF-8 path"),
+            "--device-num",
+            "4",
+            "--parallel-mode",
+            "semi_auto_parallel",
+            "--gradients-mean",
+            "--pipeline-stages",
+            "2",
+            "--micro-size",
+            "4",
+        ],
+    ] {
+        let o = Command::new(exe)
+            .args(&args)
+            .output()
+            .expect("the shardc binary runs");
+        assert!(o.status.success(), "{args:?}: {}", text(&o));
+    }
+    (one, pipe)
+}
+
 /// A process's stdout then stderr.
 pub fn text(o: &Output) -> String {
     format!(

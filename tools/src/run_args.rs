@@ -7,7 +7,7 @@ use shardc_runtime::DeviceTarget;
 use std::path::PathBuf;
 
 /// Arguments of `shardc run`.
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 pub struct RunArgs {
     /// The artifact directory written by `shardc compile`.
     pub artifact: PathBuf,
