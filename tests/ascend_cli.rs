@@ -269,7 +269,7 @@ fn a_killed_hccl_worker_ends_the_job_naming_its_rank() {
 fn a_pipelined_artifact_runs_on_npus_staged_through_the_host() {
     let dir = tmp("ascend-cli", "pipeline");
     std::fs::create_dir_all(&dir).unwrap();
-    let (one, pipe) = cli_common::compile_pipelined_transformer(&dir);
+    let (one, pipe) = cli_common::compile_pipelined_transformer(&dir, &[]);
     let o = run_ascend(&pipe, "3", &[]);
     assert!(o.status.success(), "{}", text(&o));
     // HCCL's blocking sends cannot run 1F1B's order: the host communicator carries them.

@@ -14,6 +14,8 @@ fn the_mpi_tests_need_the_mpi_feature() {
 
 #[cfg(feature = "mpi")]
 mod ascend_common;
+#[cfg(feature = "mpi")]
+mod cli_common;
 
 #[cfg(feature = "mpi")]
 mod with_mpi {
@@ -144,50 +146,17 @@ mod with_mpi {
         }
         let dir = tmp("pipeline");
         std::fs::create_dir_all(&dir).unwrap();
-        let model = dir.join("t.ir");
-        let run = |args: &[&str]| {
-            let o = Command::new(exe()).args(args).output().unwrap();
-            assert!(o.status.success(), "{args:?}: {}", text(&o));
-            String::from_utf8_lossy(&o.stdout).into_owned()
-        };
-        let m = model.to_str().unwrap();
-        run(&[
-            "gen",
-            "transformer",
-            "--layers",
-            "2",
-            "--hidden",
-            "32",
-            "--heads",
-            "2",
-            "--seq",
-            "8",
-            "--batch",
-            "8",
-            "-o",
-            m,
-        ]);
-        let one = dir.join("one");
-        run(&["compile", m, "-o", one.to_str().unwrap()]);
-        let reference = loss_lines(&run(&["run", one.to_str().unwrap(), "--steps", "3"]));
+        let (one, pipe) = super::cli_common::compile_pipelined_transformer(
+            &dir,
+            &["--enable-parallel-optimizer"],
+        );
+        let reference = loss_lines(&super::cli_common::shardc_ok(&[
+            "run",
+            one.to_str().unwrap(),
+            "--steps",
+            "3",
+        ]));
         assert_eq!(reference.len(), 3);
-        let pipe = dir.join("pipe");
-        run(&[
-            "compile",
-            m,
-            "-o",
-            pipe.to_str().unwrap(),
-            "--device-num",
-            "4",
-            "--parallel-mode",
-            "semi_auto_parallel",
-            "--gradients-mean",
-            "--pipeline-stages",
-            "2",
-            "--micro-size",
-            "4",
-            "--enable-parallel-optimizer",
-        ]);
         let o = mpirun(
             4,
             &[

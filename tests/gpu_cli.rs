@@ -292,7 +292,7 @@ fn a_pipelined_artifact_runs_on_the_emulated_gpu_staged_through_the_host() {
     }
     let dir = tmp("gpu-cli", "pipeline");
     std::fs::create_dir_all(&dir).unwrap();
-    let (one, pipe) = cli_common::compile_pipelined_transformer(&dir);
+    let (one, pipe) = cli_common::compile_pipelined_transformer(&dir, &[]);
     let reference = run_emulated(&one, "3", &[]);
     assert!(reference.status.success(), "{}", text(&reference));
     let o = run_emulated(&pipe, "3", &[]);

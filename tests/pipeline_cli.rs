@@ -7,9 +7,9 @@
 
 mod cli_common;
 
-use cli_common::{free_port, losses, same_losses, text, tmp};
+use cli_common::{free_port, gen_transformer, losses, same_losses, text, tmp, PIPELINE};
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -45,31 +45,6 @@ fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
 }
 
-/// The 2-layer transformer as text IR, small enough for 2 cores: 8 sequences of 8 tokens.
-fn transformer(dir: &Path) -> PathBuf {
-    let model = dir.join("transformer.ir");
-    ok(
-        shardc(&[
-            "gen",
-            "transformer",
-            "--layers",
-            "2",
-            "--hidden",
-            "32",
-            "--heads",
-            "2",
-            "--seq",
-            "8",
-            "--batch",
-            "8",
-            "-o",
-            model.to_str().unwrap(),
-        ]),
-        "gen transformer",
-    );
-    model
-}
-
 /// `shardc compile MODEL -o ART ARGS...` with Adam (the optimizer whose sharded state shows).
 fn compile(model: &Path, art: &Path, args: &[&str]) {
     let mut all = vec![
@@ -93,20 +68,6 @@ fn one_device(dir: &Path, model: &Path, steps: &str) -> Vec<f64> {
         "one device",
     ))
 }
-
-/// The flags of 2 stages × 2-way data parallel on 4 devices, 4 micro-batches (1F1B unless
-/// [`SCHEDULE`] is replaced).
-const PIPELINE: &[&str] = &[
-    "--device-num",
-    "4",
-    "--parallel-mode",
-    "semi_auto_parallel",
-    "--gradients-mean",
-    "--pipeline-stages",
-    "2",
-    "--micro-size",
-    "4",
-];
 
 /// 1F1B, named.
 const SCHEDULE: &[&str] = &["--pipeline-scheduler", "1f1b"];
@@ -173,7 +134,7 @@ fn check_stages(log: &Path, reference: &[f64], what: &str) {
 fn two_stages_by_two_data_parallel_print_the_single_device_losses() {
     let dir = tmp("pipeline", "1f1b");
     std::fs::create_dir_all(&dir).unwrap();
-    let model = transformer(&dir);
+    let model = gen_transformer(&dir);
     let reference = one_device(&dir, &model, "4");
     assert_eq!(reference.len(), 4);
 
@@ -262,7 +223,7 @@ fn two_stages_by_two_data_parallel_print_the_single_device_losses() {
 fn gpipe_and_optimizer_sharding_print_the_single_device_losses() {
     let dir = tmp("pipeline", "zero");
     std::fs::create_dir_all(&dir).unwrap();
-    let model = transformer(&dir);
+    let model = gen_transformer(&dir);
     let reference = one_device(&dir, &model, "3");
     for (tag, extra) in [
         ("gpipe", vec!["--pipeline-scheduler", "gpipe"]),
@@ -284,7 +245,7 @@ fn gpipe_and_optimizer_sharding_print_the_single_device_losses() {
 fn a_killed_worker_of_a_stage_ends_the_job_naming_it() {
     let dir = tmp("pipeline", "kill");
     std::fs::create_dir_all(&dir).unwrap();
-    let model = transformer(&dir);
+    let model = gen_transformer(&dir);
     let art = dir.join("pipe");
     compile(&model, &art, PIPELINE);
     let log = dir.join("log");

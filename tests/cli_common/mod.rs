@@ -29,54 +29,63 @@ pub fn compile_quickstart(art: &Path, extra: &[&str]) {
     assert!(c.status.success(), "{}", text(&c));
 }
 
-/// The 2-layer transformer (`shardc gen transformer`, 8 sequences of 8 tokens) compiled in
-/// `dir` for one device (`one`) and as 2 pipeline stages × 2-way data parallel on 4 devices,
-/// 4 micro-batches (`pipe`): the artifacts' paths.
-pub fn compile_pipelined_transformer(dir: &Path) -> (PathBuf, PathBuf) {
-    let exe = env!("CARGO_BIN_EXE_shardc");
+/// `shardc ARGS...`, which must succeed: its stdout.
+pub fn shardc_ok(args: &[&str]) -> String {
+    let o = Command::new(env!("CARGO_BIN_EXE_shardc"))
+        .args(args)
+        .output()
+        .expect("the shardc binary runs");
+    assert!(o.status.success(), "{args:?}: {}", text(&o));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// The 2-layer transformer as text IR in `dir` (`shardc gen transformer`), small enough for
+/// 2 cores: 8 sequences of 8 tokens, hidden 32, 2 heads.
+pub fn gen_transformer(dir: &Path) -> PathBuf {
     let model = dir.join("transformer.ir");
-    let (one, pipe) = (dir.join("one"), dir.join("pipe"));
+    shardc_ok(&[
+        "gen",
+        "transformer",
+        "--layers",
+        "2",
+        "--hidden",
+        "32",
+        "--heads",
+        "2",
+        "--seq",
+        "8",
+        "--batch",
+        "8",
+        "-o",
+        model.to_str().expect("a UTF-8 path"),
+    ]);
+    model
+}
+
+/// The flags of 2 pipeline stages × 2-way data parallel on 4 devices, 4 micro-batches.
+pub const PIPELINE: &[&str] = &[
+    "--device-num",
+    "4",
+    "--parallel-mode",
+    "semi_auto_parallel",
+    "--gradients-mean",
+    "--pipeline-stages",
+    "2",
+    "--micro-size",
+    "4",
+];
+
+/// [`gen_transformer`] compiled in `dir` for one device (`one`) and with [`PIPELINE`] and
+/// `extra` (`pipe`): the artifacts' paths.
+pub fn compile_pipelined_transformer(dir: &Path, extra: &[&str]) -> (PathBuf, PathBuf) {
+    let model = gen_transformer(dir);
     let m = model.to_str().expect("a UTF-8 path");
-    for args in [
-        vec![
-            "gen",
-            "transformer",
-            "--layers",
-            "2",
-            "--hidden",
-            "32",
-            "--heads",
-            "2",
-            "--seq",
-            "8",
-            "--batch",
-            "8",
-            "-o",
-            m,
-        ],
-        vec!["compile", m, "-o", one.to_str().expect("a UTF-8 path")],
-        vec![
-            "compile",
-            m,
-            "-o",
-            pipe.to_str().expect("a UTF-8 path"),
-            "--device-num",
-            "4",
-            "--parallel-mode",
-            "semi_auto_parallel",
-            "--gradients-mean",
-            "--pipeline-stages",
-            "2",
-            "--micro-size",
-            "4",
-        ],
-    ] {
-        let o = Command::new(exe)
-            .args(&args)
-            .output()
-            .expect("the shardc binary runs");
-        assert!(o.status.success(), "{args:?}: {}", text(&o));
-    }
+    let (one, pipe) = (dir.join("one"), dir.join("pipe"));
+    shardc_ok(&["compile", m, "-o", one.to_str().expect("a UTF-8 path")]);
+    let mut args = vec!["compile", m, "-o", pipe.to_str().expect("a UTF-8 path")];
+    args.extend_from_slice(PIPELINE);
+    args.extend_from_slice(extra);
+    shardc_ok(&args);
     (one, pipe)
 }
 
