@@ -92,6 +92,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         collective_overhead_us: Some(overhead * 1e6),
         intra_host: intra,
         inter_host: preset.inter_host,
+        inter_host_per_device: preset.inter_host_per_device,
         point_to_point: Some(p2p),
     };
     d.validate()?;

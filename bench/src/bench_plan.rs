@@ -101,6 +101,16 @@ pub fn assumptions(d: &DeviceDescription, p2p: &PointToPoint) -> Vec<String> {
             d.collective_overhead_us.unwrap_or(0.0),
         ),
         format!(
+            "collectives over hosts: hierarchical, as NCCL's rings over every NIC and HCCL's two-level algorithm run \
+             them: within each host on the intra-host link, then across the hosts {} (AllReduce: ring or pipelined \
+             tree, whichever is faster), then within each host again",
+            if d.inter_host_per_device {
+                "with every member on its own inter-host link at once, each moving 1/k of the buffer (a NIC per device)"
+            } else {
+                "over the host's one inter-host link"
+            }
+        ),
+        format!(
             "point-to-point: intra-host {:.0} GB/s {:.1} us, inter-host {:.0} GB/s {:.1} us, {:.0} us per transfer; \
              each device sends its block of the boundary activation (forward) and of its gradient (backward), not overlapped",
             p2p.intra_host.bandwidth / 1e9,

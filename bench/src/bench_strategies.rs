@@ -748,6 +748,7 @@ impl HostFigures {
             memory_bytes: 64.0 * (1u64 << 30) as f64,
             intra_host: self.link,
             inter_host: self.link,
+            inter_host_per_device: false,
             collective_overhead: self.overhead,
         }
     }
@@ -1507,6 +1508,7 @@ mod tests {
                 latency: 1e-6,
                 algorithm: LinkAlgorithm::Ring,
             },
+            inter_host_per_device: false,
             collective_overhead: 3e-6,
         };
         for (model, ranks) in [(2, 4), (1, 8)] {

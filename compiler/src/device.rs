@@ -76,6 +76,12 @@ pub struct DeviceDescription {
     pub intra_host: Link,
     /// Between hosts.
     pub inter_host: Link,
+    /// Whether every device of a host has its own `inter_host` link (a NIC per GPU or NPU, as
+    /// DGX and Atlas 800 hosts have): a collective over several hosts then moves its share
+    /// across them on every member's link at once. `false` (the default): the host's devices
+    /// share one link.
+    #[serde(default)]
+    pub inter_host_per_device: bool,
     /// Point-to-point transfers (Send / Receive between pipeline stages) within a host, as
     /// `shardc bench calibrate` measures them (`[point_to_point]`: bandwidth and latency of one
     /// message); when absent, the stage planner prices them on `intra_host`. Between hosts
@@ -151,6 +157,7 @@ impl DeviceDescription {
                     latency_us: 50.0,
                     algorithm: LinkAlgorithm::Ring,
                 },
+                inter_host_per_device: false,
                 point_to_point: None,
             },
             "8xh100" => DeviceDescription {
@@ -171,6 +178,7 @@ impl DeviceDescription {
                     latency_us: 6.0,
                     algorithm: LinkAlgorithm::Ring,
                 },
+                inter_host_per_device: true,
                 point_to_point: None,
             },
             "ascend910" => DeviceDescription {
@@ -191,6 +199,7 @@ impl DeviceDescription {
                     latency_us: 10.0,
                     algorithm: LinkAlgorithm::Ring,
                 },
+                inter_host_per_device: true,
                 point_to_point: None,
             },
             other => return Err(DeviceError::UnknownPreset(other.to_string())),
@@ -233,7 +242,9 @@ impl DeviceDescription {
              # f32 FLOP/s of one device in elementwise ops (vector units)\n\
              vector_flops = {:e}\n\
              # microseconds every collective costs besides its messages\n\
-             collective_overhead_us = {:?}\n\n\
+             collective_overhead_us = {:?}\n\
+             # whether every device has its own link to the other hosts (a NIC per GPU)\n\
+             inter_host_per_device = {}\n\n\
              # between devices of one host: bandwidth in 1e9 bytes/s, latency in microseconds\n\
              # algorithm: \"ring\" (a member moves (p - 1)/p of the buffer) or \"shared_memory\" (the whole buffer)\n\
              [intra_host]\n\
@@ -252,6 +263,7 @@ impl DeviceDescription {
             self.memory_bandwidth(),
             self.vector_flops.unwrap_or(self.flops),
             self.collective_overhead_us.unwrap_or(0.0),
+            self.inter_host_per_device,
             self.intra_host.bandwidth_gbs,
             self.intra_host.latency_us,
             self.intra_host.algorithm.name(),
@@ -377,6 +389,7 @@ impl DeviceDescription {
             memory_bytes: self.memory_bytes as f64,
             intra_host: link(&self.intra_host),
             inter_host: link(&self.inter_host),
+            inter_host_per_device: self.inter_host_per_device,
             collective_overhead: self.collective_overhead_us.unwrap_or(0.0) * 1e-6,
         }
     }
@@ -409,16 +422,15 @@ impl DeviceDescription {
         o
     }
 
-    /// Seconds of an AllReduce of `bytes` per member over `group`, on the link that joins it.
+    /// Seconds of an AllReduce of `bytes` per member over `group`: on the intra-host link within
+    /// a host, hierarchically over hosts ([`Machine::group_all_reduce_seconds`]).
     pub fn all_reduce_seconds(&self, bytes: f64, group: &[usize]) -> f64 {
-        let m = self.machine();
-        Machine::all_reduce_seconds(m.link_of(group), bytes, group.len())
+        self.machine().group_all_reduce_seconds(group, bytes)
     }
 
     /// Seconds of an AllGather (or ReduceScatter) whose full result is `bytes`.
     pub fn all_gather_seconds(&self, bytes: f64, group: &[usize]) -> f64 {
-        let m = self.machine();
-        Machine::all_gather_seconds(m.link_of(group), bytes, group.len())
+        self.machine().group_all_gather_seconds(group, bytes)
     }
 }
 

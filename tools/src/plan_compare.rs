@@ -80,13 +80,11 @@ fn local_bytes(l: &TensorLayout, elem: usize) -> f64 {
 /// `kind` moving `buffer` bytes (the result for an AllGather, the input otherwise) over it.
 fn priced(m: &Machine, primes: &[usize], axes: &[usize], all_reduce: bool, buffer: f64) -> f64 {
     let (ranks, _) = group(primes, axes, 0);
-    let link = m.link_of(&ranks);
-    let p = ranks.len();
     m.collective_overhead
         + if all_reduce {
-            Machine::all_reduce_seconds(link, buffer, p)
+            m.group_all_reduce_seconds(&ranks, buffer)
         } else {
-            Machine::all_gather_seconds(link, buffer, p)
+            m.group_all_gather_seconds(&ranks, buffer)
         }
 }
 

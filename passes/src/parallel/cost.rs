@@ -16,7 +16,10 @@
 //!   the copy of its result (read out of the source, written packed: one element operation
 //!   and two memory passes per element; `shardc bench strategies` ranked the MLP's
 //!   candidates at 0.97-0.99 with it against 0.86-0.98 without, on the same measurements);
-//!   a group whose members are on several hosts runs at the inter-host link's figures. The
+//!   a group whose members are on several hosts runs hierarchically, as NCCL and HCCL run
+//!   it: within each host on the intra-host link, and across the hosts with every member on
+//!   its own inter-host link at once, each moving its share of the buffer
+//!   ([`Machine::group_all_reduce_seconds`]). The
 //!   steps are those [`super::redistribute::plan`] would insert, each collective with the
 //!   machine's fixed `collective_overhead` on top.
 //! - **Memory** per device: every weight's slice, its optimizer state and its gradient
@@ -28,7 +31,7 @@ use super::simplify::simplify;
 use shardc_ir::{DType, TensorLayout};
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// How the collectives of a link class move data (`algorithm = "ring"` or
 /// `"shared_memory"` in a device description).
@@ -97,6 +100,10 @@ pub struct Machine {
     pub intra_host: LinkCost,
     /// Between hosts.
     pub inter_host: LinkCost,
+    /// Whether every device has its own inter-host link (a NIC per GPU or NPU): a
+    /// collective over hosts then moves `1 / k` of its buffer across them on each of a host's
+    /// `k` members' links at once; otherwise the host's members share one link.
+    pub inter_host_per_device: bool,
     /// Seconds every collective costs besides its messages (launch, the members' arrival
     /// and wake-up).
     pub collective_overhead: f64,
@@ -122,6 +129,7 @@ impl Default for Machine {
                 latency: 50.0e-6,
                 algorithm: LinkAlgorithm::Ring,
             },
+            inter_host_per_device: false,
             collective_overhead: 50.0e-6,
         }
     }
@@ -135,6 +143,96 @@ impl Machine {
             Some(&f) if ranks.iter().any(|&r| host(r) != host(f)) => &self.inter_host,
             _ => &self.intra_host,
         }
+    }
+
+    /// How the group `ranks` sits on hosts: `(members per host, hosts)` when every host it
+    /// touches holds the same number of its members (as every group of a device matrix does),
+    /// `None` otherwise.
+    pub fn hosts_of(&self, ranks: &[usize]) -> Option<(usize, usize)> {
+        let h = self.devices_per_host.max(1);
+        let mut per_host: Vec<(usize, usize)> = Vec::new();
+        for &r in ranks {
+            match per_host.iter_mut().find(|(host, _)| *host == r / h) {
+                Some((_, n)) => *n += 1,
+                None => per_host.push((r / h, 1)),
+            }
+        }
+        let k = per_host.first()?.1;
+        per_host
+            .iter()
+            .all(|&(_, n)| n == k)
+            .then_some((k, per_host.len()))
+    }
+
+    /// Seconds of an AllReduce of a `bytes` buffer over the group `ranks` (without the fixed
+    /// [`Machine::collective_overhead`]). Within a host: a ring on the intra-host link
+    /// ([`Machine::all_reduce_seconds`]). Over `H` hosts with `k` members each, hierarchically,
+    /// as NCCL's rings over every NIC and HCCL's two-level algorithm run it: a ReduceScatter
+    /// within each host (`k` members, intra-host link), then `k` AllReduces of `bytes / k`
+    /// across the hosts in parallel (the cheaper of a ring, `2 (H − 1)` steps, and a
+    /// pipelined tree, `2 ⌈log2 H⌉` steps moving the buffer twice), each on its member's own
+    /// inter-host link with [`Machine::inter_host_per_device`], else all `k` sharing the
+    /// host's one link (as one AllReduce of `bytes`), then an AllGather within each host. A
+    /// group whose hosts hold different numbers of its members runs as one ring at the
+    /// inter-host link's figures.
+    pub fn group_all_reduce_seconds(&self, ranks: &[usize], bytes: f64) -> f64 {
+        let p = ranks.len();
+        if p <= 1 {
+            return 0.0;
+        }
+        match self.hosts_of(ranks) {
+            Some((_, 1)) => Machine::all_reduce_seconds(&self.intra_host, bytes, p),
+            Some((k, hosts)) => {
+                let within = 2.0 * Machine::all_gather_seconds(&self.intra_host, bytes, k);
+                within + self.across_hosts_all_reduce(self.across_share(bytes, k), hosts)
+            }
+            None => Machine::all_reduce_seconds(&self.inter_host, bytes, p),
+        }
+    }
+
+    /// Seconds of an AllGather whose full result is `bytes` (also a ReduceScatter of a
+    /// `bytes` buffer, and an AllToAll of one) over the group `ranks`, without the fixed
+    /// overhead. Over `H` hosts with `k` members each: `k` rings of `bytes / k` across the
+    /// hosts in parallel (on every member's own inter-host link, or sharing the host's one),
+    /// then an AllGather of `bytes` within each host; otherwise as
+    /// [`Machine::group_all_reduce_seconds`] says.
+    pub fn group_all_gather_seconds(&self, ranks: &[usize], bytes: f64) -> f64 {
+        let p = ranks.len();
+        if p <= 1 {
+            return 0.0;
+        }
+        match self.hosts_of(ranks) {
+            Some((_, 1)) => Machine::all_gather_seconds(&self.intra_host, bytes, p),
+            Some((k, hosts)) => {
+                Machine::all_gather_seconds(&self.intra_host, bytes, k)
+                    + Machine::all_gather_seconds(
+                        &self.inter_host,
+                        self.across_share(bytes, k),
+                        hosts,
+                    )
+            }
+            None => Machine::all_gather_seconds(&self.inter_host, bytes, p),
+        }
+    }
+
+    /// The bytes of a `bytes` buffer that one inter-host link moves when `k` members of
+    /// each host take part: `bytes / k` on each member's own link, `bytes` on a shared one.
+    fn across_share(&self, bytes: f64, k: usize) -> f64 {
+        if self.inter_host_per_device {
+            bytes / k.max(1) as f64
+        } else {
+            bytes
+        }
+    }
+
+    /// One member's AllReduce of `bytes` across `hosts` hosts on its inter-host link: the
+    /// cheaper of a ring and a pipelined (double binary) tree, as NCCL picks per size.
+    fn across_hosts_all_reduce(&self, bytes: f64, hosts: usize) -> f64 {
+        let link = &self.inter_host;
+        let ring = Machine::all_reduce_seconds(link, bytes, hosts);
+        let depth = (hosts as f64).log2().ceil();
+        let tree = 2.0 * depth * link.latency + 2.0 * bytes / link.bandwidth;
+        ring.min(tree)
     }
 
     /// Seconds of an AllReduce of a `bytes` buffer over `p` members on `link`:
@@ -188,12 +286,46 @@ pub struct CommCost {
     /// Keyed by a hash of (from, to, element bytes): no clones on the hot path; a collision
     /// could only misprice a candidate, never change what a chosen strategy computes.
     /// Sharded by the key's top bits, so that the searchers' threads seldom wait on each
-    /// other.
-    memo: [Mutex<HashMap<u64, f64, BuildHasherDefault<MemoKey>>>; MEMO_SHARDS],
+    /// other. Shared by every calculator of the same machine in the process
+    /// ([`shared_memo`]): the stage planner's dozens of profiles, and a completion's
+    /// baselines, price the same pairs of layouts again and again.
+    memo: Arc<Memo>,
 }
+
+/// The memo of one machine: seconds by key, in [`MEMO_SHARDS`] locked parts.
+type Memo = [Mutex<HashMap<u64, f64, BuildHasherDefault<MemoKey>>>; MEMO_SHARDS];
 
 /// How many locks the memo is split into.
 const MEMO_SHARDS: usize = 16;
+
+/// Entries one part of a memo keeps before it starts over (so a memo stays under about 2
+/// million entries, some 50 MB).
+const MEMO_SHARD_ENTRIES: usize = 1 << 17;
+
+/// Machines whose memos the process keeps (the least recently asked for goes first).
+const SHARED_MEMOS: usize = 4;
+
+/// The memo of calculators for `machine` (with AllToAll or not): the one the process already
+/// keeps for it, else a new one, kept.
+fn shared_memo(machine: &Machine, enable_alltoall: bool) -> Arc<Memo> {
+    type Registry = Mutex<Vec<(String, Arc<Memo>)>>;
+    static REGISTRY: std::sync::OnceLock<Registry> = std::sync::OnceLock::new();
+    // `Debug` writes every figure in the shortest form that reads back exactly.
+    let key = format!("{machine:?} alltoall={enable_alltoall}");
+    let mut reg = REGISTRY
+        .get_or_init(|| Mutex::new(Vec::new()))
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let memo = match reg.iter().position(|(k, _)| *k == key) {
+        Some(i) => reg.remove(i).1,
+        None => Arc::new(std::array::from_fn(|_| Mutex::new(HashMap::default()))),
+    };
+    reg.push((key, Arc::clone(&memo)));
+    if reg.len() > SHARED_MEMOS {
+        reg.remove(0);
+    }
+    memo
+}
 
 /// The seed of the memo's key hash (fixed, so that a compile prices alike on every run).
 const MEMO_SEED: u64 = 0x5348_4152_4443_0001;
@@ -222,7 +354,7 @@ impl CommCost {
         CommCost {
             machine,
             enable_alltoall,
-            memo: std::array::from_fn(|_| Mutex::new(HashMap::default())),
+            memo: shared_memo(&machine, enable_alltoall),
         }
     }
 
@@ -263,10 +395,11 @@ impl CommCost {
             return s;
         }
         let s = self.plan_seconds(from, to, elem_bytes, exact);
-        shard
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key, s);
+        let mut part = shard.lock().unwrap_or_else(|e| e.into_inner());
+        if part.len() >= MEMO_SHARD_ENTRIES {
+            part.clear();
+        }
+        part.insert(key, s);
         s
     }
 
@@ -308,13 +441,12 @@ impl CommCost {
             };
             let primes = &p.spaces[space];
             let (ranks, _) = group(primes, axes, 0);
-            let link = self.machine.link_of(&ranks);
-            let n = ranks.len();
-            total += self.machine.collective_overhead;
+            let m = &self.machine;
+            total += m.collective_overhead;
             total += match step {
-                Step::AllReduce { .. } => Machine::all_reduce_seconds(link, bytes(&before), n),
-                Step::AllGather { .. } => Machine::all_gather_seconds(link, bytes(after), n),
-                _ => Machine::all_gather_seconds(link, bytes(&before), n),
+                Step::AllReduce { .. } => m.group_all_reduce_seconds(&ranks, bytes(&before)),
+                Step::AllGather { .. } => m.group_all_gather_seconds(&ranks, bytes(after)),
+                _ => m.group_all_gather_seconds(&ranks, bytes(&before)),
             };
             before = after.clone();
         }
@@ -373,15 +505,17 @@ mod tests {
                 latency: 1e-5,
                 algorithm: LinkAlgorithm::Ring,
             },
+            inter_host_per_device: true,
             collective_overhead: 0.0,
         };
         let c = CommCost::new(m, false);
         // A 1024x1024 f32 value split on rows over 8 devices, gathered whole: the group spans
-        // two hosts, so the inter-host link prices it.
+        // two hosts of 4, so it runs hierarchically: each member's ring of a quarter across
+        // the 2 hosts on its inter-host link, then the whole within each host.
         let split = layout(&[8], &[0, -1], &[1024, 1024], &[]);
         let whole = layout(&[8], &[-1, -1], &[1024, 1024], &[]);
         let full = 1024.0 * 1024.0 * 4.0;
-        let want = 7.0 * 1e-5 + 7.0 / 8.0 * full / 1e9;
+        let want = (1e-5 + 0.5 * (full / 4.0) / 1e9) + (3.0 * 1e-6 + 0.75 * full / 1e10);
         let got = c.seconds(&split, &whole, 4);
         assert!((got - want).abs() < 1e-12, "{got} vs {want}");
         // Slicing costs the copy of the slice: 1024 x 128 elements, one operation each at
@@ -423,6 +557,65 @@ mod tests {
         // One member: nothing to do on either.
         assert_eq!(Machine::all_reduce_seconds(&shm, b, 1), 0.0);
         assert_eq!(Machine::all_gather_seconds(&ring, b, 1), 0.0);
+    }
+
+    #[test]
+    fn a_group_over_hosts_runs_within_each_host_then_across_on_every_members_link() {
+        let m = Machine {
+            devices_per_host: 8,
+            intra_host: LinkCost {
+                bandwidth: 360e9,
+                latency: 3e-6,
+                algorithm: LinkAlgorithm::Ring,
+            },
+            inter_host: LinkCost {
+                bandwidth: 45e9,
+                latency: 6e-6,
+                algorithm: LinkAlgorithm::Ring,
+            },
+            inter_host_per_device: true,
+            ..Machine::default()
+        };
+        let b = 1e9;
+        // Within one host: the intra-host ring.
+        let host: Vec<usize> = (8..16).collect();
+        let want = Machine::all_reduce_seconds(&m.intra_host, b, 8);
+        assert_eq!(m.group_all_reduce_seconds(&host, b), want);
+        // 4 hosts, all 8 members each: ReduceScatter and AllGather within, a ring of b / 8
+        // across (4 hosts: the ring's 6 steps beat nothing the tree saves at this size).
+        let all: Vec<usize> = (0..32).collect();
+        let within = 2.0 * (7.0 * 3e-6 + 7.0 / 8.0 * b / 360e9);
+        let across = 2.0 * 3.0 * 6e-6 + 2.0 * 0.75 * (b / 8.0) / 45e9;
+        let got = m.group_all_reduce_seconds(&all, b);
+        assert!((got - (within + across)).abs() < 1e-12, "{got}");
+        // Far cheaper than one ring over 32 members at one inter-host link's bandwidth.
+        assert!(got < 0.3 * Machine::all_reduce_seconds(&m.inter_host, b, 32));
+        // One member per host on 64 hosts, a small buffer: the tree's 2·6 steps, not the
+        // ring's 126.
+        let spread: Vec<usize> = (0..64).map(|h| 8 * h).collect();
+        let small = 1e3;
+        let tree = 2.0 * 6.0 * 6e-6 + 2.0 * small / 45e9;
+        assert!((m.group_all_reduce_seconds(&spread, small) - tree).abs() < 1e-15);
+        // AllGather over 2 hosts × 8: a ring of b / 8 across, then b within.
+        let two: Vec<usize> = (0..16).collect();
+        let want = (7.0 * 3e-6 + 7.0 / 8.0 * b / 360e9) + (6e-6 + 0.5 * (b / 8.0) / 45e9);
+        assert!((m.group_all_gather_seconds(&two, b) - want).abs() < 1e-12);
+        // Hosts holding different numbers of members: one ring at the inter-host figures.
+        let uneven = [0, 1, 2, 8];
+        assert_eq!(m.hosts_of(&uneven), None);
+        assert_eq!(
+            m.group_all_reduce_seconds(&uneven, b),
+            Machine::all_reduce_seconds(&m.inter_host, b, 4)
+        );
+        assert_eq!(m.group_all_reduce_seconds(&[5], b), 0.0);
+        // Members sharing their host's one link: across the hosts, the whole buffer.
+        let shared = Machine {
+            inter_host_per_device: false,
+            ..m
+        };
+        let want = (7.0 * 3e-6 + 7.0 / 8.0 * b / 360e9) + (6e-6 + 0.5 * b / 45e9);
+        assert!((shared.group_all_gather_seconds(&two, b) - want).abs() < 1e-12);
+        assert!(shared.group_all_reduce_seconds(&all, b) > got);
     }
 
     #[test]

@@ -25,6 +25,7 @@
 //! synchronisation is also split into its bandwidth part and its collectives' fixed part, so
 //! that the pipeline prices it fused into buckets, as `grad_fusion` emits it.
 
+use super::super::completion::Weighing;
 use super::super::dataset::data_input_layouts;
 use super::super::roles::is_generated;
 use super::super::rules::OpSharding;
@@ -400,7 +401,9 @@ fn annotated_choice(
         },
         ..opts.clone()
     };
-    let a = super::super::strategy::assign(g, &completing)?;
+    // The plan only: what `strategy::assign` adds for `shardc explain` (every candidate of
+    // every op weighed) took half of a Megatron profile's time and changes no choice.
+    let a = super::super::completion::assign_by_propagation(g, &completing, Weighing::PlanOnly)?;
     p.ops
         .iter()
         .map(|id| {
