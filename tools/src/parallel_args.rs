@@ -112,6 +112,12 @@ pub struct ParallelArgs {
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub optimizer_weight_shard_size: Option<i64>,
 
+    /// In auto_parallel, let the stage planner choose the pipeline stages and the layer split,
+    /// micro-batches, optimizer sharding and recompute under --max-device-memory
+    /// (auto_pipeline; Alpa's stage_option="auto"); the bare flag means true [default: false].
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub auto_pipeline: Option<bool>,
+
     /// Keep accumulated gradients split too
     /// (parallel_optimizer_config.gradient_accumulation_shard) [default: true].
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
@@ -196,6 +202,7 @@ impl ParallelArgs {
                 .pipeline_scheduler
                 .as_deref()
                 .and_then(shardc_passes::pipeline::Scheduler::from_name),
+            auto_pipeline: self.auto_pipeline,
         }
     }
 
