@@ -311,3 +311,130 @@ fn mark(g: &mut Graph, model: &GraphLayers, stage_of_layer: &[usize], recompute:
     }
     marked
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::optim::Momentum;
+    use crate::parallel_context::ParallelMode;
+    use crate::transformer::{transformer, TransformerConfig};
+
+    fn forward() -> Graph {
+        transformer(&TransformerConfig::new(4, 32, 2, 8, 8)).unwrap()
+    }
+
+    fn context(limit: Option<u64>) -> ParallelContext {
+        ParallelContext {
+            parallel_mode: ParallelMode::AutoParallel,
+            device_num: 4,
+            auto_pipeline: true,
+            max_device_memory: limit,
+            ..ParallelContext::default()
+        }
+    }
+
+    fn optimizer() -> Optimizer {
+        Momentum::new(0.01, 0.9).to_spec()
+    }
+
+    /// The least memory any one-stage plan needs (the planner's `NothingFits` at 1 byte).
+    fn one_stage_need(device: &DeviceDescription) -> f64 {
+        let model = GraphLayers::of(&forward(), optimizer()).unwrap().unwrap();
+        let mut opts = device.plan_options(4, model.samples);
+        opts.memory_limit = 1.0;
+        opts.max_stages = Some(1);
+        opts.search_mode = PassSearchMode::ShardingPropagation;
+        match stage_plan::plan(&model, &opts) {
+            Err(PlanError::NothingFits { need, .. }) => need,
+            other => panic!("1 byte: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn under_a_limit_one_stage_cannot_hold_the_plan_has_stages_and_marks_them() {
+        let device = DeviceDescription::preset("cpu").unwrap();
+        let need = one_stage_need(&device);
+        let limit = (need * 0.99) as u64;
+        eprintln!("one stage needs {need} bytes; limit {limit}");
+        let AutoPipeline::Planned(p) =
+            plan_pipeline(&forward(), &context(Some(limit)), &device, optimizer()).unwrap()
+        else {
+            panic!("the transformer has layers")
+        };
+        let plan = &p.report.auto;
+        assert!(plan.stages.len() > 1, "{}", plan.summary());
+        assert!(plan.peak_memory() <= limit as f64);
+        assert_eq!(p.pipeline.stages, plan.stages.len());
+        assert_eq!(p.pipeline.micro_size, plan.shape.micro_batches);
+        assert_eq!(p.parallel_optimizer.is_some(), plan.shape.zero);
+        // Every node has its stage: a layer's its stage's, the loss the last.
+        let model = GraphLayers::of(&forward(), optimizer()).unwrap().unwrap();
+        for (i, n) in p.graph.nodes.iter().enumerate() {
+            let s = n.attrs.get(STAGE_ATTR).and_then(Attr::as_int).unwrap() as usize;
+            if let Some(l) = model.layer[i] {
+                assert!(plan.stages[s].layers.contains(&l), "{}", n.instance);
+            }
+        }
+        let loss = p.graph.node_by_instance("reduce_mean").unwrap();
+        assert_eq!(
+            p.graph.node(loss).attrs.get(STAGE_ATTR),
+            Some(&Attr::Int(plan.stages.len() as i64 - 1))
+        );
+        assert!(p.summary().starts_with(&format!(
+            "auto pipeline: stages={} split={}",
+            plan.stages.len(),
+            plan.split()
+        )));
+        assert_eq!(p.to_json()["stages"], plan.stages.len());
+    }
+
+    #[test]
+    fn nothing_fits_reaches_the_user_with_its_numbers() {
+        let device = DeviceDescription::preset("cpu").unwrap();
+        let e = plan_pipeline(&forward(), &context(Some(1024)), &device, optimizer())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("auto_pipeline: no pipeline plan fits 0.00 GiB per device: the least any plan needs is"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn recomputed_layers_are_marked_but_their_outputs() {
+        let model = GraphLayers::of(&forward(), optimizer()).unwrap().unwrap();
+        let mut g = model.forward.clone();
+        let marked = mark(&mut g, &model, &[0, 0, 1, 1], &[false, true, false, false]);
+        let rec = |inst: &str| {
+            g.node(g.node_by_instance(inst).unwrap())
+                .attrs
+                .get(RECOMPUTE_ATTR)
+                .cloned()
+        };
+        assert_eq!(rec("layer1_attn_q_matmul"), Some(Attr::Bool(true)));
+        assert_eq!(rec("layer1_ffn_layernorm_output"), None, "the layer's output");
+        assert_eq!(rec("layer0_attn_q_matmul"), None);
+        assert_eq!(marked, crate::transformer::NODES_PER_LAYER - 1);
+        let stage = |inst: &str| {
+            g.node(g.node_by_instance(inst).unwrap())
+                .attrs
+                .get(STAGE_ATTR)
+                .cloned()
+        };
+        assert_eq!(stage("layer1_ffn_gelu"), Some(Attr::Int(0)));
+        assert_eq!(stage("layer2_attn_q_matmul"), Some(Attr::Int(1)));
+        assert_eq!(stage("reduce_mean"), Some(Attr::Int(1)));
+    }
+
+    #[test]
+    fn a_model_without_layers_is_plain_auto_parallel() {
+        let g = transformer(&TransformerConfig::new(1, 32, 2, 8, 8)).unwrap();
+        let device = DeviceDescription::preset("cpu").unwrap();
+        match plan_pipeline(&g, &context(None), &device, optimizer()).unwrap() {
+            AutoPipeline::NotLayered(line) => {
+                assert!(line.contains("compiled as plain auto_parallel"), "{line}")
+            }
+            AutoPipeline::Planned(p) => panic!("planned {}", p.summary()),
+        }
+    }
+}

@@ -546,3 +546,136 @@ impl LayeredModel for GraphLayers {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::optim::Adam;
+    use crate::transformer::{transformer, TransformerConfig};
+    use crate::transformer_layers::TransformerLayers;
+
+    fn cfg(layers: usize, batch: usize) -> TransformerConfig {
+        TransformerConfig::new(layers, 32, 2, 8, batch)
+    }
+
+    fn model(layers: usize) -> GraphLayers {
+        let g = transformer(&cfg(layers, 8)).unwrap();
+        GraphLayers::of(&g, Adam::new(1e-4).to_spec())
+            .unwrap()
+            .expect("the transformer has layers")
+    }
+
+    /// Op, instance, scope and output shape of every node; name and shape of every parameter.
+    fn outline(g: &Graph) -> (Vec<String>, Vec<String>) {
+        let nodes = g
+            .nodes
+            .iter()
+            .map(|n| format!("{} {} {} {:?}", n.op, n.instance, n.scope, n.ty))
+            .collect();
+        let params = g
+            .params
+            .iter()
+            .map(|p| format!("{} {:?}", p.name, p.ty.shape))
+            .collect();
+        (nodes, params)
+    }
+
+    #[test]
+    fn the_transformers_layers_are_found_from_the_scopes() {
+        let m = model(4);
+        assert_eq!(
+            m.cell,
+            RepeatedCell {
+                prefix: "layer".into(),
+                cell: "TransformerEncoderLayer".into(),
+                count: 4
+            }
+        );
+        // 8 sequences of 8 tokens: the rows are 64, the samples 8 (the attention's reshape).
+        assert_eq!((m.rows, m.samples), (64, 8));
+        let per_layer: Vec<usize> = (0..4).map(|i| m.nodes_of(i).len()).collect();
+        assert_eq!(per_layer, vec![crate::transformer::NODES_PER_LAYER; 4]);
+        // The loss head is outside the layers.
+        let loss = m.forward.node_by_instance("reduce_mean").unwrap();
+        assert_eq!(m.layer[loss.index()], None);
+        let q = m.forward.node_by_instance("layer2_attn_q_matmul").unwrap();
+        assert_eq!(m.layer_of(m.forward.node(q)), Some(2));
+        assert_eq!(m.role(m.forward.node(q)), "layer_attn_q_matmul");
+        assert_eq!(
+            m.layer_of(&Node {
+                scope: "Gradients/Default/x/layer3-TransformerEncoderLayer".into(),
+                ..Node::new(shardc_ir::OpKind::Add, vec![])
+            }),
+            Some(3)
+        );
+    }
+
+    #[test]
+    fn a_graph_without_repeated_layers_has_none() {
+        let mut g = transformer(&cfg(1, 8)).unwrap();
+        assert!(GraphLayers::of(&g, Adam::new(1e-4).to_spec()).unwrap().is_none());
+        for n in &mut g.nodes {
+            n.scope = "Default/network-WithLossCell".into();
+        }
+        assert!(find_repeated_cell(&g).is_none());
+    }
+
+    #[test]
+    fn cut_and_rebatched_graphs_are_the_builders_at_that_size() {
+        let m = model(4);
+        for (layers, mb) in [(1, 8), (2, 4), (3, 2), (2, 1), (4, 8)] {
+            let ours = m.forward_at(layers, mb).unwrap();
+            let mut built = transformer(&cfg(layers, mb)).unwrap();
+            infer::infer_graph(&mut built).unwrap();
+            assert_eq!(
+                outline(&ours),
+                outline(&built),
+                "{layers} layers at {mb} samples"
+            );
+            // The training graphs: the same node count and shapes as the planner's own
+            // transformer model.
+            let reference = TransformerLayers { cfg: cfg(4, 8) };
+            let a = m.layer_graph(layers, mb, None).unwrap().unwrap();
+            let b = reference.layer_graph(layers, mb, None).unwrap().unwrap();
+            assert_eq!(a.nodes.len(), b.nodes.len(), "{layers} layers at {mb}");
+            let shapes = |g: &Graph| g.nodes.iter().map(|n| n.ty.clone()).collect::<Vec<_>>();
+            assert_eq!(shapes(&a), shapes(&b), "{layers} layers at {mb}");
+        }
+        let e = m.forward_at(2, 3).unwrap_err().to_string();
+        assert!(e.contains("3 samples do not divide the global batch of 8"), "{e}");
+        let e = m.forward_at(5, 8).unwrap_err().to_string();
+        assert!(e.contains("the model has 4 layers"), "{e}");
+    }
+
+    #[test]
+    fn megatron_annotations_apply_where_they_divide() {
+        let m = model(4);
+        let reference = TransformerLayers { cfg: cfg(4, 8) };
+        let a = m.layer_graph(3, 4, Some((2, 2))).unwrap().expect("tp 2 divides 2 heads");
+        let b = reference.layer_graph(3, 4, Some((2, 2))).unwrap().unwrap();
+        assert_eq!(a.nodes.len(), b.nodes.len());
+        let q = a.node_by_instance("layer2_attn_q_matmul").unwrap();
+        assert_eq!(
+            a.node(q).in_strategy,
+            Some(shardc_ir::Strategy(vec![vec![2, 1], vec![1, 2]]))
+        );
+        // 4 does not divide 2 heads; 3 replicas do not divide 4 samples.
+        assert!(m.layer_graph(3, 4, Some((4, 1))).unwrap().is_none());
+        assert!(m.layer_graph(3, 4, Some((1, 3))).unwrap().is_none());
+    }
+
+    #[test]
+    fn layers_that_differ_are_an_error_naming_them() {
+        let mut g = transformer(&cfg(3, 8)).unwrap();
+        let at = g.node_by_instance("layer1_ffn_gelu").unwrap();
+        g.nodes[at.index()].op = shardc_ir::OpKind::ReLU;
+        let e = GraphLayers::of(&g, Adam::new(1e-4).to_spec())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("layers 1 and 2 of `layer*-TransformerEncoderLayer` differ")
+                && e.contains("`layer1_ffn_gelu` (ReLU)"),
+            "{e}"
+        );
+    }
+}
