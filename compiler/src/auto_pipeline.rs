@@ -39,11 +39,24 @@ pub enum AutoPipelineError {
     #[error("auto_pipeline: {0}")]
     Layers(#[from] GraphLayersError),
     /// The stage planner found no plan (nothing fits the memory limit, nothing to profile).
-    #[error("auto_pipeline: {0}")]
+    #[error("auto_pipeline: {0}{bytes}", bytes = in_bytes(.0))]
     Plan(#[from] PlanError),
     /// No micro-batch count keeps whole samples in every micro-batch.
     #[error("auto_pipeline: {0}")]
     NoMicroBatches(String),
+}
+
+/// The planner's memory figures in bytes, for a [`PlanError::NothingFits`] (its message
+/// rounds to GiB): `; in bytes: max_device_memory 276480, the least any plan needs 157312`.
+fn in_bytes(e: &PlanError) -> String {
+    match e {
+        PlanError::NothingFits { limit, need, .. } => format!(
+            "; in bytes: max_device_memory {}, the least any plan needs {}",
+            limit.round(),
+            need.round()
+        ),
+        _ => String::new(),
+    }
 }
 
 /// What `auto_pipeline` decided.
@@ -398,6 +411,13 @@ mod tests {
             e.starts_with("auto_pipeline: no pipeline plan fits 0.00 GiB per device: the least any plan needs is"),
             "{e}"
         );
+        let need: f64 = e
+            .rsplit("the least any plan needs ")
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no byte figure: {e}"));
+        assert!(e.contains("in bytes: max_device_memory 1024,"), "{e}");
+        assert!(need > 1024.0, "{e}");
     }
 
     #[test]
