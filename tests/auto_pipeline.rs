@@ -79,7 +79,10 @@ fn the_planners_pipeline_is_compiled_and_trains_to_the_single_device_losses() {
         .lines()
         .find(|l| l.starts_with("auto pipeline: stages="))
         .unwrap_or_else(|| panic!("no summary line: {out}"));
-    assert!(line.contains("predicted step=") && line.contains("bubble="), "{line}");
+    assert!(
+        line.contains("predicted step=") && line.contains("bubble="),
+        "{line}"
+    );
 
     let manifest: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(art.join("manifest.json")).expect("manifest"),
@@ -102,16 +105,26 @@ fn the_planners_pipeline_is_compiled_and_trains_to_the_single_device_losses() {
         4
     );
     assert!(line.contains(&format!("stages={stages} ")), "{line}");
-    assert!(line.contains(&format!("micro_size={} ", auto["micro_size"])), "{line}");
+    assert!(
+        line.contains(&format!("micro_size={} ", auto["micro_size"])),
+        "{line}"
+    );
     assert!(auto["peak_memory_bytes"].as_f64().expect("peak") <= (270 << 10) as f64);
-    assert_eq!(auto["memory_limit_bytes"].as_f64(), Some((270 << 10) as f64));
+    assert_eq!(
+        auto["memory_limit_bytes"].as_f64(),
+        Some((270 << 10) as f64)
+    );
     // Recompute where the plan says so: the compile's recompute line reports the replays.
     let recomputes = auto["recompute"]
         .as_array()
         .expect("recompute")
         .iter()
         .any(|v| v.as_bool() == Some(true));
-    assert_eq!(out.contains("nodes replayed in the backward pass"), recomputes, "{out}");
+    assert_eq!(
+        out.contains("nodes replayed in the backward pass"),
+        recomputes,
+        "{out}"
+    );
 
     let log = dir.join("log");
     let port = free_port().to_string();
@@ -143,13 +156,20 @@ fn the_planners_pipeline_is_compiled_and_trains_to_the_single_device_losses() {
         (0..4).map(rank_out).collect::<String>()
     );
     let last = 3;
-    same_losses(&losses(&rank_out(last)), &reference, "the last stage's rank");
+    same_losses(
+        &losses(&rank_out(last)),
+        &reference,
+        "the last stage's rank",
+    );
     assert!(
         rank_out(last).contains(&format!("pipeline stage {} of {stages}", stages - 1)),
         "{}",
         rank_out(last)
     );
-    assert!(losses(&rank_out(0)).is_empty(), "the first stage prints no loss");
+    assert!(
+        losses(&rank_out(0)).is_empty(),
+        "the first stage prints no loss"
+    );
 }
 
 fn compile_err(model: &Path, out: &Path, extra: &[&str]) -> String {
@@ -168,7 +188,13 @@ fn auto_pipeline_errors_name_the_keys_and_values() {
     let e = compile_err(
         &model,
         &out,
-        &["--parallel-mode", "semi_auto_parallel", "--auto-pipeline", "--device-num", "4"],
+        &[
+            "--parallel-mode",
+            "semi_auto_parallel",
+            "--auto-pipeline",
+            "--device-num",
+            "4",
+        ],
     );
     assert!(
         e.contains("invalid auto_pipeline `true`: needs parallel_mode `auto_parallel`, not `semi_auto_parallel`"),
@@ -184,7 +210,10 @@ fn auto_pipeline_errors_name_the_keys_and_values() {
     let mut with_zero = AUTO.to_vec();
     with_zero.push("--enable-parallel-optimizer");
     let e = compile_err(&model, &out, &with_zero);
-    assert!(e.contains("enable_parallel_optimizer must be left false"), "{e}");
+    assert!(
+        e.contains("enable_parallel_optimizer must be left false"),
+        "{e}"
+    );
     let mut tiny = AUTO.to_vec();
     tiny.extend_from_slice(&["--max-device-memory", "16KB"]);
     let e = compile_err(&model, &out, &tiny);
@@ -205,7 +234,10 @@ fn a_model_of_one_layer_compiles_as_plain_auto_parallel_and_says_so() {
     let o = shardc(&args);
     assert!(o.status.success(), "{}", text(&o));
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("compiled as plain auto_parallel, no pipeline"), "{err}");
+    assert!(
+        err.contains("compiled as plain auto_parallel, no pipeline"),
+        "{err}"
+    );
     let manifest = std::fs::read_to_string(art.join("manifest.json")).expect("manifest");
     assert!(!manifest.contains("auto_pipeline"), "{manifest}");
 }

@@ -172,11 +172,11 @@ fn batch_blocks(ctx: &ParallelContext, d: usize) -> usize {
     match &ctx.dataset_strategy {
         DatasetStrategy::DataParallel => d,
         DatasetStrategy::FullBatch => 1,
-        DatasetStrategy::Explicit(s) => s
-            .0
-            .first()
-            .and_then(|dims| dims.first())
-            .map_or(1, |&b| usize::try_from(b).unwrap_or(1).max(1)),
+        DatasetStrategy::Explicit(s) => {
+            s.0.first()
+                .and_then(|dims| dims.first())
+                .map_or(1, |&b| usize::try_from(b).unwrap_or(1).max(1))
+        }
     }
 }
 
@@ -247,7 +247,11 @@ pub fn plan_pipeline(
         })
         .collect();
     let recompute_layer: Vec<bool> = (0..model.cell.count)
-        .map(|l| plan.stages.iter().any(|s| s.recompute && s.layers.contains(&l)))
+        .map(|l| {
+            plan.stages
+                .iter()
+                .any(|s| s.recompute && s.layers.contains(&l))
+        })
         .collect();
     let mut graph = model.forward.clone();
     let recomputed_nodes = mark(&mut graph, &model, &stage_of_layer, &recompute_layer);
@@ -315,8 +319,8 @@ fn mark(g: &mut Graph, model: &GraphLayers, stage_of_layer: &[usize], recompute:
             continue;
         }
         // A layer's output (read outside the layer) is the checkpoint the replay starts from.
-        let is_output = outputs.contains(&i)
-            || users[i].iter().any(|u| model.layer[u.index()] != Some(l));
+        let is_output =
+            outputs.contains(&i) || users[i].iter().any(|u| model.layer[u.index()] != Some(l));
         if !is_output {
             g.nodes[i].attrs.set(RECOMPUTE_ATTR, Attr::Bool(true));
             marked += 1;
@@ -432,7 +436,11 @@ mod tests {
                 .cloned()
         };
         assert_eq!(rec("layer1_attn_q_matmul"), Some(Attr::Bool(true)));
-        assert_eq!(rec("layer1_ffn_layernorm_output"), None, "the layer's output");
+        assert_eq!(
+            rec("layer1_ffn_layernorm_output"),
+            None,
+            "the layer's output"
+        );
         assert_eq!(rec("layer0_attn_q_matmul"), None);
         assert_eq!(marked, crate::transformer::NODES_PER_LAYER - 1);
         let stage = |inst: &str| {

@@ -121,9 +121,8 @@ fn replace_index(s: &str, prefix: &str, from: usize, to: Option<usize>) -> Optio
     let mut start = 0;
     while let Some(at) = s[start..].find(&pat).map(|a| a + start) {
         let end = at + pat.len();
-        let boundary_before = at == 0
-            || !s[..at].ends_with(|c: char| c.is_ascii_digit())
-            || prefix.is_empty();
+        let boundary_before =
+            at == 0 || !s[..at].ends_with(|c: char| c.is_ascii_digit()) || prefix.is_empty();
         if !s[end..].starts_with(|c: char| c.is_ascii_digit()) && boundary_before {
             let with = match to {
                 Some(t) => format!("{prefix}{t}"),
@@ -200,7 +199,10 @@ impl GraphLayers {
     /// The layers of `forward` (typed here), or `Ok(None)` when it has no repeated cell of
     /// two layers or more. Errors: types that cannot be inferred, layers that are not
     /// structurally identical, no data input.
-    pub fn of(forward: &Graph, optimizer: Optimizer) -> Result<Option<GraphLayers>, GraphLayersError> {
+    pub fn of(
+        forward: &Graph,
+        optimizer: Optimizer,
+    ) -> Result<Option<GraphLayers>, GraphLayersError> {
         let mut forward = forward.clone();
         infer::infer_graph(&mut forward).map_err(|e| GraphLayersError::Infer(e.to_string()))?;
         let Some(cell) = find_repeated_cell(&forward) else {
@@ -278,12 +280,17 @@ impl GraphLayers {
         let pos_b: HashMap<usize, usize> = nb.iter().enumerate().map(|(k, &i)| (i, k)).collect();
         for (&ia, &ib) in na.iter().zip(&nb) {
             let (x, y) = (&g.nodes[ia], &g.nodes[ib]);
-            let what = format!("`{}` ({}) and `{}` ({})", x.instance, x.op, y.instance, y.op);
+            let what = format!(
+                "`{}` ({}) and `{}` ({})",
+                x.instance, x.op, y.instance, y.op
+            );
             if x.op != y.op || self.role_in(x, a) != self.role_in(y, b) {
                 return Err(differ(format!("{what} are not the same op")));
             }
             if x.ty != y.ty || x.attrs != y.attrs || x.inputs.len() != y.inputs.len() {
-                return Err(differ(format!("{what} differ in type, attributes or operands")));
+                return Err(differ(format!(
+                    "{what} differ in type, attributes or operands"
+                )));
             }
             for (ox, oy) in x.inputs.iter().zip(&y.inputs) {
                 let same = match (ox, oy) {
@@ -299,7 +306,8 @@ impl GraphLayers {
                         pp.ty == pq.ty && pp.is_weight() == pq.is_weight()
                     }
                     (Operand::Const(c), Operand::Const(d)) => c == d,
-                    (Operand::Node(_), Operand::Param(q)) | (Operand::Param(q), Operand::Node(_)) => {
+                    (Operand::Node(_), Operand::Param(q))
+                    | (Operand::Param(q), Operand::Node(_)) => {
                         // The first layer reads a data input where the others read the layer
                         // before.
                         !g.params[q.index()].is_weight()
@@ -425,8 +433,9 @@ impl GraphLayers {
         for mut c in nodes {
             for o in &mut c.inputs {
                 if let Operand::Param(p) = o {
-                    *p = param_map[p.index()]
-                        .ok_or_else(|| fail(format!("parameter `{}` not kept", g.params[p.index()].name)))?;
+                    *p = param_map[p.index()].ok_or_else(|| {
+                        fail(format!("parameter `{}` not kept", g.params[p.index()].name))
+                    })?;
                 }
             }
             out.push_node(c);
@@ -437,7 +446,9 @@ impl GraphLayers {
             .map(|o| match o {
                 Operand::Node(p) => node_map[p.index()]
                     .map(|at| Operand::Node(shardc_ir::NodeId(at as u32)))
-                    .ok_or_else(|| fail(format!("output `{}` is cut", g.nodes[p.index()].instance))),
+                    .ok_or_else(|| {
+                        fail(format!("output `{}` is cut", g.nodes[p.index()].instance))
+                    }),
                 Operand::Param(p) => param_map[p.index()]
                     .map(Operand::Param)
                     .ok_or_else(|| fail(format!("output `{}` is cut", g.params[p.index()].name))),
@@ -473,7 +484,13 @@ impl GraphLayers {
     /// Megatron-LM's strategies on `g`'s first `layers` layers for a `tp × dp` mesh; `false`
     /// when they do not apply (an instance they name is missing, `tp` does not divide the
     /// heads or the FFN width, `dp` the micro-batch).
-    fn annotate_megatron(g: &mut Graph, layers: usize, tp: usize, dp: usize, micro_batch: usize) -> bool {
+    fn annotate_megatron(
+        g: &mut Graph,
+        layers: usize,
+        tp: usize,
+        dp: usize,
+        micro_batch: usize,
+    ) -> bool {
         let dim = |g: &Graph, inst: &str, d: usize| {
             g.node_by_instance(inst)
                 .and_then(|id| match &g.node(id).ty {
@@ -517,7 +534,9 @@ impl LayeredModel for GraphLayers {
         micro_batch: usize,
         tensor_parallel: Option<(usize, usize)>,
     ) -> Result<Option<Graph>, String> {
-        let mut forward = self.forward_at(layers, micro_batch).map_err(|e| e.to_string())?;
+        let mut forward = self
+            .forward_at(layers, micro_batch)
+            .map_err(|e| e.to_string())?;
         if let Some((tp, dp)) = tensor_parallel {
             if !Self::annotate_megatron(&mut forward, layers, tp, dp, micro_batch) {
                 return Ok(None);
@@ -613,7 +632,9 @@ mod tests {
     #[test]
     fn a_graph_without_repeated_layers_has_none() {
         let mut g = transformer(&cfg(1, 8)).unwrap();
-        assert!(GraphLayers::of(&g, Adam::new(1e-4).to_spec()).unwrap().is_none());
+        assert!(GraphLayers::of(&g, Adam::new(1e-4).to_spec())
+            .unwrap()
+            .is_none());
         for n in &mut g.nodes {
             n.scope = "Default/network-WithLossCell".into();
         }
@@ -642,7 +663,10 @@ mod tests {
             assert_eq!(shapes(&a), shapes(&b), "{layers} layers at {mb}");
         }
         let e = m.forward_at(2, 3).unwrap_err().to_string();
-        assert!(e.contains("3 samples do not divide the global batch of 8"), "{e}");
+        assert!(
+            e.contains("3 samples do not divide the global batch of 8"),
+            "{e}"
+        );
         let e = m.forward_at(5, 8).unwrap_err().to_string();
         assert!(e.contains("the model has 4 layers"), "{e}");
     }
@@ -651,7 +675,10 @@ mod tests {
     fn megatron_annotations_apply_where_they_divide() {
         let m = model(4);
         let reference = TransformerLayers { cfg: cfg(4, 8) };
-        let a = m.layer_graph(3, 4, Some((2, 2))).unwrap().expect("tp 2 divides 2 heads");
+        let a = m
+            .layer_graph(3, 4, Some((2, 2)))
+            .unwrap()
+            .expect("tp 2 divides 2 heads");
         let b = reference.layer_graph(3, 4, Some((2, 2))).unwrap().unwrap();
         assert_eq!(a.nodes.len(), b.nodes.len());
         let q = a.node_by_instance("layer2_attn_q_matmul").unwrap();

@@ -381,6 +381,28 @@ mod tests {
     }
 
     #[test]
+    fn auto_pipeline_flag_sets_the_key_and_is_validated() {
+        let ctx = context(&[
+            "--parallel-mode",
+            "auto_parallel",
+            "--device-num",
+            "4",
+            "--auto-pipeline",
+        ]);
+        assert!(ctx.auto_pipeline);
+        let err = parse(&["--device-num", "4", "--auto-pipeline"])
+            .expect("flags parse")
+            .to_context()
+            .expect_err("semi_auto_parallel by default");
+        assert!(
+            err.to_string().starts_with(
+                "invalid auto_pipeline `true`: needs parallel_mode `auto_parallel`, not `semi_auto_parallel`"
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn merged_values_are_validated() {
         let err = parse(&["--device-num", "2", "--global-rank", "2"])
             .expect("flags parse")
@@ -477,6 +499,7 @@ mod tests {
             "--strategy-ckpt-only-trainable-params",
             "--comm-fusion",
             "--max-device-memory",
+            "--auto-pipeline",
         ] {
             assert!(help.contains(flag), "{flag} missing from help:\n{help}");
         }

@@ -400,7 +400,9 @@ pub fn one_micro_batch(g: &Graph, pieces: usize) -> Result<Graph, PipelineError>
             }
             continue;
         }
-        if micro.is_some_and(|m| m != 0) || (micro.is_none() && n.instance.starts_with("micro_loss_")) {
+        if micro.is_some_and(|m| m != 0)
+            || (micro.is_none() && n.instance.starts_with("micro_loss_"))
+        {
             continue;
         }
         let mut c = n.clone();
@@ -427,18 +429,25 @@ pub fn one_micro_batch(g: &Graph, pieces: usize) -> Result<Graph, PipelineError>
         .nodes
         .iter()
         .find(|n| n.instance == "micro_loss_sum_1")
-        .ok_or_else(|| err(g.name.clone(), "the micro-batches' loss sum not found".into()))?;
+        .ok_or_else(|| {
+            err(
+                g.name.clone(),
+                "the micro-batches' loss sum not found".into(),
+            )
+        })?;
     let first = match sum.inputs.first() {
         Some(Operand::Node(id)) => now[id.index()].clone(),
         _ => None,
     }
     .ok_or_else(|| err(g.name.clone(), "micro-batch 0's loss was not kept".into()))?;
     out.outputs = std::iter::once(Ok(first))
-        .chain(split.outputs.iter().skip(1).map(|o| match o {
-            Operand::Node(id) => now[id.index()]
-                .clone()
-                .ok_or_else(|| err(node_name(&split, id.index()), "output not kept".into())),
-            other => Ok(other.clone()),
+        .chain(split.outputs.iter().skip(1).map(|o| {
+            match o {
+                Operand::Node(id) => now[id.index()]
+                    .clone()
+                    .ok_or_else(|| err(node_name(&split, id.index()), "output not kept".into())),
+                other => Ok(other.clone()),
+            }
         }))
         .collect::<Result<_, _>>()?;
     crate::infer::infer_graph(&mut out)
