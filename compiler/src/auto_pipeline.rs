@@ -162,6 +162,7 @@ impl PlannedPipeline {
             "layers": self.layers,
             "global_batch_samples": self.samples,
             "planned_again": self.replanned,
+            "planner_notes": self.report.notes,
         })
     }
 }

@@ -17,7 +17,8 @@
 //! at the same place (the output of layer `k-2`, or the embedding's for `k = 1`), and is
 //! renamed layer `k-1` (scope segment, instance names, weight names), so that the cut graph is
 //! the model built with `k` layers. The layers must be structurally identical (the same ops,
-//! roles, shapes and wiring); otherwise cutting is an error naming the first difference.
+//! shapes, attributes but random seeds and pipeline / recompute marks, and wiring);
+//! otherwise finding them is an error naming the first difference.
 //!
 //! **Rebatching.** The global batch is counted in samples: the smallest leading size of a
 //! layer's batch-major `Reshape` that divides the data inputs' rows (the transformer's
@@ -72,6 +73,26 @@ pub enum GraphLayersError {
     /// The forward graph's types cannot be inferred.
     #[error("infer_types: {0}")]
     Infer(String),
+}
+
+/// Attributes that may differ between identical layers: random seeds (a Dropout's
+/// `seed0` / `seed1`), and the pipeline's and recompute's marks.
+const PER_LAYER_ATTRS: &[&str] = &[
+    "seed",
+    "seed0",
+    "seed1",
+    "seed2",
+    "pipeline_stage",
+    "micro_batch",
+    "recompute",
+];
+
+/// A node's attributes but [`PER_LAYER_ATTRS`].
+fn structural(attrs: &shardc_ir::Attrs) -> Vec<(&str, &shardc_ir::Attr)> {
+    attrs
+        .iter()
+        .filter(|(k, _)| !PER_LAYER_ATTRS.contains(k))
+        .collect()
 }
 
 /// A repeated cell: scope segments `<prefix><i>-<cell>` for `i` in `0..count`.
@@ -263,7 +284,8 @@ impl GraphLayers {
         replace_index(&n.instance, &self.cell.prefix, i, None).unwrap_or_else(|| n.instance.clone())
     }
 
-    /// Checks that layers `a` and `b` have the same ops, roles, shapes and internal wiring.
+    /// Checks that layers `a` and `b` have the same ops, shapes, attributes (but
+    /// [`PER_LAYER_ATTRS`]) and wiring, node by node in order.
     fn same_structure(&self, a: usize, b: usize) -> Result<(), GraphLayersError> {
         let g = &self.forward;
         let (na, nb) = (self.nodes_of(a), self.nodes_of(b));
@@ -284,10 +306,13 @@ impl GraphLayers {
                 "`{}` ({}) and `{}` ({})",
                 x.instance, x.op, y.instance, y.op
             );
-            if x.op != y.op || self.role_in(x, a) != self.role_in(y, b) {
+            if x.op != y.op {
                 return Err(differ(format!("{what} are not the same op")));
             }
-            if x.ty != y.ty || x.attrs != y.attrs || x.inputs.len() != y.inputs.len() {
+            if x.ty != y.ty
+                || structural(&x.attrs) != structural(&y.attrs)
+                || x.inputs.len() != y.inputs.len()
+            {
                 return Err(differ(format!(
                     "{what} differ in type, attributes or operands"
                 )));
@@ -693,6 +718,17 @@ mod tests {
 
     #[test]
     fn layers_that_differ_are_an_error_naming_them() {
+        // Random seeds and pipeline marks may differ between identical layers.
+        let mut g = transformer(&cfg(3, 8)).unwrap();
+        for (inst, seed) in [("layer0_ffn_gelu", 1), ("layer2_ffn_gelu", 7)] {
+            let at = g.node_by_instance(inst).unwrap();
+            let attrs = &mut g.nodes[at.index()].attrs;
+            attrs.set("seed0", shardc_ir::Attr::Int(seed));
+            attrs.set("pipeline_stage", shardc_ir::Attr::Int(seed));
+        }
+        assert!(GraphLayers::of(&g, Adam::new(1e-4).to_spec())
+            .unwrap()
+            .is_some());
         let mut g = transformer(&cfg(3, 8)).unwrap();
         let at = g.node_by_instance("layer1_ffn_gelu").unwrap();
         g.nodes[at.index()].op = shardc_ir::OpKind::ReLU;
