@@ -38,9 +38,11 @@
 
 #![warn(missing_docs)]
 
+pub mod auto_pipeline;
 pub mod builder;
 pub mod device;
 pub mod generated;
+pub mod graph_layers;
 pub mod init;
 pub mod loss;
 pub mod model;

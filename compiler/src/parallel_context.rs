@@ -14,6 +14,8 @@
 //! enable_alltoall = false
 //! max_device_memory = "16GB"
 //! enable_parallel_optimizer = false
+//! auto_pipeline = false                 # auto_parallel only: the stage planner chooses stages,
+//!                                       # micro_size, optimizer sharding and recompute
 //!
 //! [strategy_ckpt_config]
 //! save_file = "strategy.ckpt"
@@ -686,6 +688,11 @@ pub struct ParallelContext {
     pub enable_parallel_optimizer: bool,
     /// Its settings (`parallel_optimizer_config`).
     pub parallel_optimizer_config: ParallelOptimizerConfig,
+    /// `auto_pipeline` (Alpa's `stage_option="auto"`; default false): in `auto_parallel`, the
+    /// stage planner chooses the pipeline stages and the layer split, the micro-batches,
+    /// optimizer sharding and recompute (`crate::auto_pipeline`). Excludes an explicit
+    /// `pipeline_stages` / `micro_size` other than 1 and `enable_parallel_optimizer`.
+    pub auto_pipeline: bool,
 }
 
 /// MindSpore's `parallel_optimizer_config`.
@@ -727,6 +734,7 @@ impl Default for ParallelContext {
             enable_parallel_optimizer: false,
             parallel_optimizer_config: ParallelOptimizerConfig::default(),
             pipeline: PipelineOptions::default(),
+            auto_pipeline: false,
         }
     }
 }
@@ -748,6 +756,7 @@ pub const TOP_LEVEL_KEYS: &[&str] = &[
     "pipeline_stages",
     "micro_size",
     "pipeline_config",
+    "auto_pipeline",
 ];
 const PARALLEL_OPTIMIZER_KEYS: &[&str] = &[
     "gradient_accumulation_shard",
@@ -770,7 +779,8 @@ impl ParallelContext {
     /// dataset strategy has at least one input and only positive splits, the fusion size is
     /// positive, fusion indices strictly increase, the memory limit is positive; the pipeline
     /// options as [`PipelineOptions::validate`] (several stages need a parallel mode, divide
-    /// `device_num`, and `micro_size >= pipeline_stages`).
+    /// `device_num`, and `micro_size >= pipeline_stages`); `auto_pipeline` only in
+    /// `auto_parallel`, without an explicit pipeline or `enable_parallel_optimizer`.
     pub fn validate(&self) -> Result<(), ParallelContextError> {
         if self.device_num == 0 {
             return Err(ParallelContextError::invalid(
@@ -824,6 +834,9 @@ impl ParallelContext {
                 ),
             ));
         }
+        if self.auto_pipeline {
+            self.validate_auto_pipeline()?;
+        }
         let devices = self.is_parallel().then_some(self.device_num);
         self.pipeline.validate(devices).map_err(|e| {
             let key = if e.reason.starts_with("micro_size") {
@@ -833,6 +846,47 @@ impl ParallelContext {
             };
             ParallelContextError::invalid(key.0, key.1, e.reason)
         })?;
+        Ok(())
+    }
+
+    /// `auto_pipeline = true` needs `parallel_mode = "auto_parallel"` and leaves the
+    /// pipeline and optimizer sharding to the planner: an explicit `pipeline_stages` or
+    /// `micro_size` other than 1, or `enable_parallel_optimizer`, is an error naming both keys.
+    fn validate_auto_pipeline(&self) -> Result<(), ParallelContextError> {
+        if self.parallel_mode != ParallelMode::AutoParallel {
+            return Err(ParallelContextError::invalid(
+                "auto_pipeline",
+                true,
+                format!(
+                    "needs parallel_mode `auto_parallel`, not `{}` (the stage planner chooses \
+                     the pipeline only in auto_parallel)",
+                    self.parallel_mode
+                ),
+            ));
+        }
+        for (key, value) in [
+            ("pipeline_stages", self.pipeline.stages),
+            ("micro_size", self.pipeline.micro_size),
+        ] {
+            if value != 1 {
+                return Err(ParallelContextError::invalid(
+                    "auto_pipeline",
+                    true,
+                    format!(
+                        "the stage planner chooses {key}, so {key} must be left at 1, not \
+                         {value}"
+                    ),
+                ));
+            }
+        }
+        if self.enable_parallel_optimizer {
+            return Err(ParallelContextError::invalid(
+                "auto_pipeline",
+                true,
+                "the stage planner chooses optimizer sharding, so enable_parallel_optimizer \
+                 must be left false, not true",
+            ));
+        }
         Ok(())
     }
 
@@ -885,6 +939,9 @@ impl ParallelContext {
             "enable_parallel_optimizer",
             self.enable_parallel_optimizer.to_string(),
         );
+        if self.auto_pipeline {
+            line("auto_pipeline", "true".into());
+        }
         if self.pipeline != PipelineOptions::default() {
             line("pipeline_stages", int(self.pipeline.stages));
             line("micro_size", int(self.pipeline.micro_size));
@@ -977,6 +1034,8 @@ pub struct ParallelSettings {
     pub micro_size: Option<usize>,
     /// `pipeline_config.pipeline_scheduler`.
     pub pipeline_scheduler: Option<Scheduler>,
+    /// `auto_pipeline`.
+    pub auto_pipeline: Option<bool>,
 }
 
 impl ParallelSettings {
@@ -1064,6 +1123,7 @@ impl ParallelSettings {
                 }
                 "pipeline_stages" => s.pipeline_stages = Some(usize_of(key, value)?),
                 "micro_size" => s.micro_size = Some(usize_of(key, value)?),
+                "auto_pipeline" => s.auto_pipeline = Some(bool_of(key, value)?),
                 "pipeline_config" => {
                     if let Some(v) =
                         table_of(key, value, PIPELINE_CONFIG_KEYS)?.get("pipeline_scheduler")
@@ -1118,6 +1178,7 @@ impl ParallelSettings {
             pipeline_stages: over.pipeline_stages.or(self.pipeline_stages),
             micro_size: over.micro_size.or(self.micro_size),
             pipeline_scheduler: over.pipeline_scheduler.or(self.pipeline_scheduler),
+            auto_pipeline: over.auto_pipeline.or(self.auto_pipeline),
         }
     }
 
@@ -1161,6 +1222,7 @@ impl ParallelSettings {
                 micro_size: self.micro_size.unwrap_or(d.pipeline.micro_size),
                 scheduler: self.pipeline_scheduler.unwrap_or(d.pipeline.scheduler),
             },
+            auto_pipeline: self.auto_pipeline.unwrap_or(d.auto_pipeline),
         }
     }
 }

@@ -376,14 +376,14 @@ fn key_errors_name_the_key() {
              parallel_mode, search_mode, device_num, global_rank, gradients_mean, \
              dataset_strategy, enable_alltoall, max_device_memory, strategy_ckpt_config, \
              comm_fusion, enable_parallel_optimizer, parallel_optimizer_config, pipeline_stages, \
-             micro_size, pipeline_config",
+             micro_size, pipeline_config, auto_pipeline",
         ),
         (
             "full_batch = true",
             "line 1: unknown key `full_batch`; valid keys: parallel_mode, search_mode, \
              device_num, global_rank, gradients_mean, dataset_strategy, enable_alltoall, \
              max_device_memory, strategy_ckpt_config, comm_fusion, enable_parallel_optimizer, \
-             parallel_optimizer_config, pipeline_stages, micro_size, pipeline_config",
+             parallel_optimizer_config, pipeline_stages, micro_size, pipeline_config, auto_pipeline",
         ),
         (
             "[strategy_ckpt_config]\nsave_file = \"a\"\nsvae_file = \"b\"",
@@ -686,4 +686,48 @@ fn pipeline_options_read_from_toml_and_checked() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("expected 1f1b or gpipe"), "{e}");
+}
+
+#[test]
+fn auto_pipeline_reads_from_toml_and_excludes_an_explicit_pipeline() {
+    let ctx = ParallelContext::from_toml_str(
+        "parallel_mode = \"auto_parallel\"\ndevice_num = 4\nauto_pipeline = true\nmax_device_memory = \"1GB\"\n",
+    )
+    .unwrap();
+    assert!(ctx.auto_pipeline);
+    assert_eq!(
+        ParallelContext::from_toml_str(&ctx.to_toml_string()).unwrap(),
+        ctx
+    );
+    assert!(!ParallelContext::default().auto_pipeline);
+    let cases: &[(&str, &str)] = &[
+        (
+            "parallel_mode = \"semi_auto_parallel\"\ndevice_num = 4\nauto_pipeline = true\n",
+            "line 3: invalid auto_pipeline `true`: needs parallel_mode `auto_parallel`, not \
+             `semi_auto_parallel`",
+        ),
+        (
+            "parallel_mode = \"auto_parallel\"\ndevice_num = 4\nauto_pipeline = true\npipeline_stages = 2\nmicro_size = 2\n",
+            "invalid auto_pipeline `true`: the stage planner chooses pipeline_stages, so \
+             pipeline_stages must be left at 1, not 2",
+        ),
+        (
+            "parallel_mode = \"auto_parallel\"\ndevice_num = 4\nauto_pipeline = true\nmicro_size = 4\n",
+            "the stage planner chooses micro_size, so micro_size must be left at 1, not 4",
+        ),
+        (
+            "parallel_mode = \"auto_parallel\"\ndevice_num = 4\nauto_pipeline = true\nenable_parallel_optimizer = true\n",
+            "enable_parallel_optimizer must be left false, not true",
+        ),
+        (
+            "auto_pipeline = 1\n",
+            "key `auto_pipeline`: expected",
+        ),
+    ];
+    for (text, needle) in cases {
+        let e = ParallelContext::from_toml_str(text)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(needle), "{text}: {e}");
+    }
 }

@@ -207,6 +207,12 @@ impl Model {
                 ctx.pipeline.micro_size
             )));
         }
+        if ctx.auto_pipeline {
+            return Err(TrainError::Mismatch(format!(
+                "Model({}): auto_pipeline is not supported by Model yet: compile the network with `shardc compile --parallel-mode auto_parallel --auto-pipeline` and run it with `shardc run` or `shardc launch` (docs/planning.md)",
+                self.name
+            )));
+        }
         if parallel && self.comm.is_none() {
             return Err(TrainError::Mismatch(format!(
                 "Model({}): {} over {} devices needs the cluster's communicator: call communication::init() and Model::with_communication",

@@ -6,6 +6,7 @@ use crate::training::{after_step, distributed_data, print_loss};
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use shardc_backend_cpu::CpuBackend;
+use shardc_compiler::auto_pipeline;
 use shardc_compiler::pipeline::{self, CompileOptions};
 use shardc_ir::artifact::{self, Artifact, IoEntry, Manifest};
 use shardc_ir::spmd::SpmdProgram;
@@ -140,7 +141,9 @@ pub fn compile(a: &CompileArgs) -> Result<()> {
     let graph = load_model(&a.model)?;
     let opt = optimizer_of(&a.optimizer);
     let ctx = a.parallel.to_context()?;
-    let popts = a.parallel.options(&ctx)?;
+    let mut popts = a.parallel.options(&ctx)?;
+    let (graph, pipeline_options, auto_pipeline) =
+        choose_pipeline(graph, &ctx, &a.parallel, popts.as_mut(), opt)?;
     let device_num = popts.as_ref().map_or(1, |p| p.device_num);
     let inspect = match &a.ranks {
         Some(spec) => parse_ranks(spec, device_num)?,
@@ -156,17 +159,20 @@ pub fn compile(a: &CompileArgs) -> Result<()> {
         grad_fusion: Some(pipeline::grad_fusion_of(&ctx.comm_fusion)),
         materialize: pipeline::Materialize::Ranks(inspect.clone()),
         verify: a.verify || pipeline::verify_by_default(),
-        pipeline: ctx.pipeline,
+        pipeline: pipeline_options,
     };
     let plain = graph.clone();
     let compiled = pipeline::compile(graph, &opts)?;
     let g = compiled.graph;
     let recompute_line = recompute_summary(plain, &g, opt)?;
     let mut extra = serde_json::Map::new();
+    if let Some(planned) = &auto_pipeline {
+        extra.insert("auto_pipeline".into(), planned.to_json());
+    }
     let mut optimizer_line = None;
     let (program, graphs, mode) = match compiled.parallel {
         Some(p) => {
-            if ctx.enable_parallel_optimizer {
+            if p.options.parallel_optimizer.is_some() {
                 optimizer_line = Some(parallel_optimizer_summary(&p));
             }
             let layouts: serde_json::Map<String, serde_json::Value> = p
@@ -244,6 +250,44 @@ pub fn compile(a: &CompileArgs) -> Result<()> {
         println!("{line}");
     }
     Ok(())
+}
+
+/// The forward graph and pipeline options to compile: the context's, or with `auto_pipeline`
+/// the stage planner's plan applied (stage and recompute marks on the graph, the stage and
+/// micro-batch counts, optimizer sharding in `popts`), its summary printed. A model without
+/// repeated layers compiles as plain auto_parallel, and says so.
+fn choose_pipeline(
+    graph: Graph,
+    ctx: &shardc_compiler::parallel_context::ParallelContext,
+    args: &ParallelArgs,
+    popts: Option<&mut shardc_passes::parallel::ParallelOptions>,
+    opt: Optimizer,
+) -> Result<(
+    Graph,
+    shardc_passes::pipeline::PipelineOptions,
+    Option<Box<auto_pipeline::PlannedPipeline>>,
+)> {
+    if !ctx.auto_pipeline {
+        return Ok((graph, ctx.pipeline, None));
+    }
+    let Some(popts) = popts else {
+        bail!(
+            "auto_pipeline needs auto_parallel on several devices, but device_num is {}",
+            ctx.device_num
+        );
+    };
+    let device = args.device_description()?;
+    match auto_pipeline::plan_pipeline(&graph, ctx, &device, opt)? {
+        auto_pipeline::AutoPipeline::NotLayered(line) => {
+            eprintln!("{line}");
+            Ok((graph, ctx.pipeline, None))
+        }
+        auto_pipeline::AutoPipeline::Planned(planned) => {
+            println!("{}", planned.summary());
+            popts.parallel_optimizer = planned.parallel_optimizer;
+            Ok((planned.graph.clone(), planned.pipeline, Some(planned)))
+        }
+    }
 }
 
 /// `recompute: N nodes replayed in the backward pass; ...`: the liveness memory plan of the

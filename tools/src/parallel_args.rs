@@ -112,6 +112,12 @@ pub struct ParallelArgs {
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub optimizer_weight_shard_size: Option<i64>,
 
+    /// In auto_parallel, let the stage planner choose the pipeline stages and the layer split,
+    /// micro-batches, optimizer sharding and recompute under --max-device-memory
+    /// (auto_pipeline; Alpa's stage_option="auto"); the bare flag means true [default: false].
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub auto_pipeline: Option<bool>,
+
     /// Keep accumulated gradients split too
     /// (parallel_optimizer_config.gradient_accumulation_shard) [default: true].
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
@@ -196,6 +202,7 @@ impl ParallelArgs {
                 .pipeline_scheduler
                 .as_deref()
                 .and_then(shardc_passes::pipeline::Scheduler::from_name),
+            auto_pipeline: self.auto_pipeline,
         }
     }
 
@@ -374,6 +381,28 @@ mod tests {
     }
 
     #[test]
+    fn auto_pipeline_flag_sets_the_key_and_is_validated() {
+        let ctx = context(&[
+            "--parallel-mode",
+            "auto_parallel",
+            "--device-num",
+            "4",
+            "--auto-pipeline",
+        ]);
+        assert!(ctx.auto_pipeline);
+        let err = parse(&["--device-num", "4", "--auto-pipeline"])
+            .expect("flags parse")
+            .to_context()
+            .expect_err("semi_auto_parallel by default");
+        assert!(
+            err.to_string().starts_with(
+                "invalid auto_pipeline `true`: needs parallel_mode `auto_parallel`, not `semi_auto_parallel`"
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn merged_values_are_validated() {
         let err = parse(&["--device-num", "2", "--global-rank", "2"])
             .expect("flags parse")
@@ -470,6 +499,7 @@ mod tests {
             "--strategy-ckpt-only-trainable-params",
             "--comm-fusion",
             "--max-device-memory",
+            "--auto-pipeline",
         ] {
             assert!(help.contains(flag), "{flag} missing from help:\n{help}");
         }

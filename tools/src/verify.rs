@@ -58,6 +58,11 @@ pub fn verify(a: &VerifyArgs) -> Result<bool> {
         }
     }
     let ctx = pargs.to_context()?;
+    if ctx.auto_pipeline {
+        bail!(
+            "shardc verify does not apply auto_pipeline: compile with `shardc compile --auto-pipeline` and compare its losses under `shardc launch` (docs/planning.md)"
+        );
+    }
     let Some(popts) = pargs.options(&ctx)? else {
         bail!(
             "nothing to verify: parallel_mode {} on {} device(s) compiles for one device (give --device-num N and a parallel mode)",

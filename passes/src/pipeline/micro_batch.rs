@@ -352,6 +352,109 @@ pub fn micro_batch(
     Ok(out)
 }
 
+/// The forward of one of `pieces` micro-batches of `g` (typed) as a standalone graph: `g`
+/// rebatched to `1 / pieces` of its batch. It is [`micro_batch`]'s micro-batch 0 (the first
+/// contiguous chunk of every data input, one data-parallel block) with its slices replaced by
+/// the data inputs themselves, now `[B / pieces, ...]`: the same batch-major `Reshape`s
+/// divided, the same instance names without the `_micro0` suffix, no `micro_batch`
+/// attribute, the loss of that micro-batch as the first output. `pieces` 1 returns `g`.
+/// Errors as [`micro_batch`] (a batch not divisible by `pieces`, a loss that is no mean or
+/// sum over the batch).
+pub fn one_micro_batch(g: &Graph, pieces: usize) -> Result<Graph, PipelineError> {
+    if pieces <= 1 {
+        return Ok(g.clone());
+    }
+    let split = micro_batch(g, pieces, &[])?;
+    let is_input = |p: &ParamId| matches!(split.params[p.index()].kind, ParamKind::Input);
+    let mut out = Graph::new(g.name.clone());
+    out.params = g.params.clone();
+    for prm in &mut out.params {
+        if matches!(prm.kind, ParamKind::Input) {
+            if let Some(b) = prm.ty.shape.first_mut() {
+                *b /= pieces;
+            }
+        }
+    }
+    // What each node of `split` is in `out`: a data input (the micro-batch's reshape, slice
+    // and narrowing of it), a kept node, or nothing (another micro-batch, the loss sum).
+    let mut now: Vec<Option<Operand>> = vec![None; split.nodes.len()];
+    let suffix = "_micro0";
+    for (i, n) in split.nodes.iter().enumerate() {
+        let micro = n.attrs.get(MICRO_ATTR).and_then(Attr::as_int);
+        let reads_input = n.inputs.iter().find_map(|o| match o {
+            Operand::Param(p) if is_input(p) => Some(o.clone()),
+            _ => None,
+        });
+        let slicing = n.instance.starts_with("micro_reshape_")
+            || n.instance.starts_with("micro_slice_")
+            || n.instance.starts_with("micro_input_");
+        if slicing {
+            // The chain reshape -> slice -> narrowing of one data input.
+            now[i] = match (reads_input, n.inputs.first()) {
+                (Some(p), _) => Some(p),
+                (None, Some(Operand::Node(id))) => now[id.index()].clone(),
+                _ => None,
+            };
+            if micro.is_some_and(|m| m != 0) {
+                now[i] = None;
+            }
+            continue;
+        }
+        if micro.is_some_and(|m| m != 0)
+            || (micro.is_none() && n.instance.starts_with("micro_loss_"))
+        {
+            continue;
+        }
+        let mut c = n.clone();
+        for o in &mut c.inputs {
+            if let Operand::Node(id) = o {
+                *o = now[id.index()].clone().ok_or_else(|| {
+                    err(
+                        node_name(&split, i),
+                        "reads a node of another micro-batch".into(),
+                    )
+                })?;
+            }
+        }
+        if micro.is_some() {
+            c.attrs.remove(MICRO_ATTR);
+            if let Some(base) = c.instance.strip_suffix(suffix) {
+                c.instance = base.to_string();
+            }
+        }
+        now[i] = Some(Operand::Node(out.push_node(c)));
+    }
+    // Micro-batch 0's loss is the first term of the micro-batches' sum.
+    let sum = split
+        .nodes
+        .iter()
+        .find(|n| n.instance == "micro_loss_sum_1")
+        .ok_or_else(|| {
+            err(
+                g.name.clone(),
+                "the micro-batches' loss sum not found".into(),
+            )
+        })?;
+    let first = match sum.inputs.first() {
+        Some(Operand::Node(id)) => now[id.index()].clone(),
+        _ => None,
+    }
+    .ok_or_else(|| err(g.name.clone(), "micro-batch 0's loss was not kept".into()))?;
+    out.outputs = std::iter::once(Ok(first))
+        .chain(split.outputs.iter().skip(1).map(|o| {
+            match o {
+                Operand::Node(id) => now[id.index()]
+                    .clone()
+                    .ok_or_else(|| err(node_name(&split, id.index()), "output not kept".into())),
+                other => Ok(other.clone()),
+            }
+        }))
+        .collect::<Result<_, _>>()?;
+    crate::infer::infer_graph(&mut out)
+        .map_err(|e| err(g.name.clone(), format!("rebatched to 1/{pieces}: {e}")))?;
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -385,6 +488,27 @@ mod tests {
             panic!("no loss")
         };
         assert_eq!(m.nodes[l.index()].instance, "micro_loss_mean");
+    }
+
+    #[test]
+    fn one_micro_batch_is_the_graph_at_a_smaller_batch() {
+        let g = crate::pipeline::stages::tests::mlp();
+        let one = one_micro_batch(&g, 4).unwrap();
+        crate::verify::verify(&one).unwrap();
+        assert_eq!(one.nodes.len(), g.nodes.len());
+        for (a, b) in g.nodes.iter().zip(&one.nodes) {
+            assert_eq!((a.op, &a.instance), (b.op, &b.instance));
+            assert_eq!(b.attrs.get(MICRO_ATTR), None);
+            let (Type::Tensor(ta), Type::Tensor(tb)) = (&a.ty, &b.ty) else {
+                continue;
+            };
+            if ta.shape.first() == Some(&16) {
+                assert_eq!(tb.shape[0], 4, "{}", b.instance);
+            }
+        }
+        assert_eq!(one.params[0].ty.shape[0] * 4, g.params[0].ty.shape[0]);
+        let e = one_micro_batch(&g, 3).unwrap_err().to_string();
+        assert!(e.contains("micro_size 3"), "{e}");
     }
 
     #[test]
