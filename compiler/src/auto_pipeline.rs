@@ -14,8 +14,10 @@
 //!   layer's outputs (the values read outside the layer: `docs/recompute.md`'s rule that a
 //!   cell's output is the checkpoint the replay starts from).
 //!
-//! Each stage's intra-op plan is then searched by `auto_parallel` on the stage's mesh, as for
-//! any pipeline. The micro-batch count keeps whole samples in every micro-batch of every
+//! A stage whose chosen intra-op plan is Megatron-LM's gets its layers annotated with that
+//! split (`layer{i}_attn_q_matmul`, ..., [`crate::transformer_layers::megatron_annotations`]),
+//! which `auto_parallel` keeps; the rest of each stage's intra-op plan is then searched by
+//! `auto_parallel` on the stage's mesh, as for any pipeline. The micro-batch count keeps whole samples in every micro-batch of every
 //! data-parallel block (`samples % (blocks · M) == 0`): a plan that breaks it is planned again
 //! without that count.
 
@@ -24,7 +26,7 @@ use crate::graph_layers::{GraphLayers, GraphLayersError};
 use crate::parallel_context::{DatasetStrategy, ParallelContext, SearchMode};
 use shardc_ir::{Attr, Graph, Operand};
 use shardc_passes::autodiff::Optimizer;
-use shardc_passes::parallel::search::stage_plan::{self, PlanError, PlanReport};
+use shardc_passes::parallel::search::stage_plan::{self, PipelinePlan, PlanError, PlanReport};
 use shardc_passes::parallel::{ParallelOptimizer, SearchMode as PassSearchMode};
 use shardc_passes::pipeline::{PipelineOptions, Scheduler, STAGE_ATTR};
 use thiserror::Error;
@@ -87,6 +89,8 @@ pub struct PlannedPipeline {
     pub samples: usize,
     /// Forward nodes marked `recompute: true`.
     pub recomputed_nodes: usize,
+    /// Layers annotated with Megatron-LM's split (their stage's chosen plan).
+    pub megatron_layers: usize,
     /// Micro-batch counts the planner chose that split samples, planned again without.
     pub replanned: Vec<String>,
 }
@@ -142,6 +146,7 @@ impl PlannedPipeline {
             "zero": plan.shape.zero,
             "recompute": plan.stages.iter().map(|s| s.recompute).collect::<Vec<_>>(),
             "recomputed_nodes": self.recomputed_nodes,
+            "megatron_layers": self.megatron_layers,
             "stage_plans": plan.stages.iter().map(|s| serde_json::json!({
                 "layers": [s.layers.start, s.layers.end],
                 "plan": s.plan,
@@ -256,6 +261,7 @@ pub fn plan_pipeline(
         .collect();
     let mut graph = model.forward.clone();
     let recomputed_nodes = mark(&mut graph, &model, &stage_of_layer, &recompute_layer);
+    let megatron_layers = annotate_megatron_stages(&mut graph, plan, n, model.samples);
     Ok(AutoPipeline::Planned(Box::new(PlannedPipeline {
         pipeline: PipelineOptions {
             stages: plan.stages.len(),
@@ -267,10 +273,29 @@ pub fn plan_pipeline(
         layers: model.cell.count,
         samples: model.samples,
         recomputed_nodes,
+        megatron_layers,
         replanned,
         graph,
         report,
     })))
+}
+
+/// Annotates the layers of every stage whose plan is Megatron-LM's with its tensor-parallel
+/// split on the stage's `tp × dp` mesh (`n / S` devices), so that the stage's search keeps
+/// the plan the planner priced (annotations stay fixed in `auto_parallel`); returns how
+/// many layers it annotated. A stage's searched plan is searched again on its mesh.
+fn annotate_megatron_stages(g: &mut Graph, plan: &PipelinePlan, n: usize, samples: usize) -> usize {
+    let d = n / plan.stages.len().max(1);
+    let micro_batch = samples / plan.shape.micro_batches.max(1);
+    plan.stages
+        .iter()
+        .filter_map(|st| {
+            let tp = st.megatron_tp?;
+            let dp = d / tp.max(1);
+            GraphLayers::annotate_megatron(g, st.layers.clone(), tp, dp, micro_batch)
+                .then_some(st.layers.len())
+        })
+        .sum()
 }
 
 /// Marks every node of `g` (the model's typed forward) with its stage, and the recomputed
@@ -336,6 +361,7 @@ mod tests {
     use crate::optim::Momentum;
     use crate::parallel_context::ParallelMode;
     use crate::transformer::{transformer, TransformerConfig};
+    use crate::transformer_layers::megatron_annotations;
 
     fn forward() -> Graph {
         transformer(&TransformerConfig::new(4, 32, 2, 8, 8)).unwrap()
@@ -365,6 +391,79 @@ mod tests {
         match stage_plan::plan(&model, &opts) {
             Err(PlanError::NothingFits { need, .. }) => need,
             other => panic!("1 byte: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_stage_whose_plan_is_megatrons_compiles_with_megatrons_split() {
+        // The best 3D plan on 8 devices with tp = 2 only: every stage's plan is Megatron's.
+        let model = GraphLayers::of(&forward(), optimizer()).unwrap().unwrap();
+        let device = DeviceDescription::preset("cpu").unwrap();
+        let mut opts = device.plan_options(8, model.samples);
+        opts.tensor_parallel = vec![2];
+        opts.micro_batches = vec![2];
+        opts.max_stages = Some(2);
+        opts.search_mode = PassSearchMode::ShardingPropagation;
+        let report = stage_plan::plan(&model, &opts).unwrap();
+        let plan = report.megatron.expect("a 3D plan at tp 2");
+        assert!(
+            plan.stages.iter().all(|s| s.megatron_tp == Some(2)),
+            "{plan}"
+        );
+        let stages = plan.stages.len();
+        let stage_of_layer: Vec<usize> = (0..4)
+            .map(|l| {
+                plan.stages
+                    .iter()
+                    .position(|s| s.layers.contains(&l))
+                    .unwrap()
+            })
+            .collect();
+        let mut graph = model.forward.clone();
+        mark(&mut graph, &model, &stage_of_layer, &[false; 4]);
+        assert_eq!(
+            annotate_megatron_stages(&mut graph, &plan, 8, model.samples),
+            4
+        );
+        let dp = 8 / stages / 2;
+        let want = megatron_annotations(3, 2, dp);
+        for (name, s) in &want {
+            let id = graph.node_by_instance(name).unwrap();
+            assert_eq!(graph.node(id).in_strategy.as_ref(), Some(s), "{name}");
+        }
+        // The one compile keeps them: the stage's search leaves annotated ops as they are.
+        let ctx = ParallelContext {
+            parallel_mode: ParallelMode::AutoParallel,
+            device_num: 8,
+            ..ParallelContext::default()
+        };
+        let compiled = crate::pipeline::compile(
+            graph,
+            &crate::pipeline::CompileOptions {
+                optimizer: Some(optimizer()),
+                parallel: crate::pipeline::parallel_options(&ctx).unwrap(),
+                pipeline: PipelineOptions {
+                    stages,
+                    micro_size: 2,
+                    scheduler: Scheduler::OneFOneB,
+                },
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let p = compiled.parallel.unwrap();
+        let (name, s) = &want[0];
+        let kept = p
+            .begin
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.instance.starts_with(name.as_str()))
+            .map(|(i, _)| p.assignment.decisions[i].as_ref().unwrap())
+            .collect::<Vec<_>>();
+        assert!(!kept.is_empty(), "no {name} in the compiled graph");
+        for d in kept {
+            assert_eq!(&d.sharding.strategy, s, "{name}");
         }
     }
 

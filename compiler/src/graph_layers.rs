@@ -506,12 +506,12 @@ impl GraphLayers {
         })
     }
 
-    /// Megatron-LM's strategies on `g`'s first `layers` layers for a `tp × dp` mesh; `false`
+    /// Megatron-LM's strategies on `g`'s layers `layers` for a `tp × dp` mesh; `false`
     /// when they do not apply (an instance they name is missing, `tp` does not divide the
-    /// heads or the FFN width, `dp` the micro-batch).
-    fn annotate_megatron(
+    /// heads or the FFN width, `dp` the micro-batch), and then `g` is left as it was.
+    pub fn annotate_megatron(
         g: &mut Graph,
-        layers: usize,
+        layers: std::ops::Range<usize>,
         tp: usize,
         dp: usize,
         micro_batch: usize,
@@ -533,7 +533,7 @@ impl GraphLayers {
             return false;
         }
         let mut marks = Vec::new();
-        for i in 0..layers {
+        for i in layers {
             for (name, s) in megatron_annotations(i, tp, dp) {
                 let Some(id) = g.node_by_instance(&name) else {
                     return false;
@@ -563,7 +563,7 @@ impl LayeredModel for GraphLayers {
             .forward_at(layers, micro_batch)
             .map_err(|e| e.to_string())?;
         if let Some((tp, dp)) = tensor_parallel {
-            if !Self::annotate_megatron(&mut forward, layers, tp, dp, micro_batch) {
+            if !Self::annotate_megatron(&mut forward, 0..layers, tp, dp, micro_batch) {
                 return Ok(None);
             }
         }

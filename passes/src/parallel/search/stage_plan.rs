@@ -296,6 +296,9 @@ pub struct StagePlan {
     pub layers: Range<usize>,
     /// Its intra-op plan's name.
     pub plan: String,
+    /// Megatron-LM's tensor-parallel degree, when its plan is Megatron's (the compiler then
+    /// annotates the stage's layers with it).
+    pub megatron_tp: Option<usize>,
     /// Tensor-parallel × data-parallel degrees of its plan.
     pub mesh: (usize, usize),
     /// Recompute.
@@ -425,6 +428,7 @@ pub fn evaluate(
         stages.push(StagePlan {
             layers: spec.layers.clone(),
             plan: p.name.clone(),
+            megatron_tp: p.megatron_tp,
             mesh: (p.profile.tp, p.profile.dp),
             recompute: spec.recompute,
             figures: f,
