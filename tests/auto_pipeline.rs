@@ -126,35 +126,7 @@ fn the_planners_pipeline_is_compiled_and_trains_to_the_single_device_losses() {
         "{out}"
     );
 
-    let log = dir.join("log");
-    let port = free_port().to_string();
-    let o = shardc(&[
-        "launch",
-        "--worker-num",
-        "4",
-        "--local-worker-num",
-        "4",
-        "--master-port",
-        &port,
-        "--log-dir",
-        s(&log),
-        "--join",
-        "--",
-        "shardc",
-        "run",
-        s(&art),
-        "--steps",
-        "3",
-    ]);
-    let rank_out = |r: usize| {
-        std::fs::read_to_string(log.join(format!("1/rank.{r}/stdout"))).unwrap_or_default()
-    };
-    assert!(
-        o.status.success(),
-        "{}{}",
-        text(&o),
-        (0..4).map(rank_out).collect::<String>()
-    );
+    let rank_out = launch(&art, &dir.join("log"));
     let last = 3;
     same_losses(
         &losses(&rank_out(last)),
@@ -170,6 +142,78 @@ fn the_planners_pipeline_is_compiled_and_trains_to_the_single_device_losses() {
         losses(&rank_out(0)).is_empty(),
         "the first stage prints no loss"
     );
+}
+
+/// Runs `art` for 3 steps on 4 workers under `shardc launch` (logs in `log`), which must
+/// succeed: each rank's stdout.
+fn launch(art: &Path, log: &Path) -> impl Fn(usize) -> String {
+    let port = free_port().to_string();
+    let o = shardc(&[
+        "launch",
+        "--worker-num",
+        "4",
+        "--local-worker-num",
+        "4",
+        "--master-port",
+        &port,
+        "--log-dir",
+        s(log),
+        "--join",
+        "--",
+        "shardc",
+        "run",
+        s(art),
+        "--steps",
+        "3",
+    ]);
+    let log = log.to_path_buf();
+    let rank_out = move |r: usize| {
+        std::fs::read_to_string(log.join(format!("1/rank.{r}/stdout"))).unwrap_or_default()
+    };
+    assert!(
+        o.status.success(),
+        "{}{}",
+        text(&o),
+        (0..4).map(&rank_out).collect::<String>()
+    );
+    rank_out
+}
+
+#[test]
+fn without_a_limit_the_plan_shards_the_optimizer_as_priced_and_trains_to_the_same_losses() {
+    let dir = tmp("auto-pipeline", "zero");
+    let model = gen(&dir, 4);
+    let one = dir.join("one");
+    shardc_ok(&["compile", s(&model), "-o", s(&one)]);
+    let reference = losses(&shardc_ok(&["run", s(&one), "--steps", "3"]));
+    let art = dir.join("auto");
+    let mut args = vec!["compile", s(&model), "-o", s(&art)];
+    args.extend_from_slice(AUTO);
+    let out = shardc_ok(&args);
+    let manifest: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(art.join("manifest.json")).expect("manifest"),
+    )
+    .expect("manifest JSON");
+    let auto = &manifest["extra"]["auto_pipeline"];
+    assert_eq!(
+        auto["zero"], true,
+        "the cpu preset's plan shards the state: {auto}"
+    );
+    // Every weight the planner priced as split is split: none is under a threshold.
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("parallel optimizer: "))
+        .unwrap_or_else(|| panic!("no parallel optimizer line: {out}"));
+    let split: usize = line["parallel optimizer: ".len()..]
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    assert!(split > 0, "{line}");
+    let stages = auto["stages"].as_u64().expect("stages") as usize;
+    let rank_out = launch(&art, &dir.join("log"));
+    same_losses(&losses(&rank_out(3)), &reference, "the last stage's rank");
+    assert!(rank_out(3).contains(&format!("pipeline stage {} of {stages}", stages - 1)));
 }
 
 fn compile_err(model: &Path, out: &Path, extra: &[&str]) -> String {

@@ -9,7 +9,10 @@
 //!   only parameters the smallest among its readers' (the embedding joins layer 0, the head
 //!   the last layer);
 //! - `PipelineOptions { stages: S, micro_size: M, scheduler }` (the context's scheduler);
-//! - `ParallelOptimizer::DEFAULT` when the plan shards the optimizer state;
+//! - when the plan shards the optimizer state, the parallel optimizer with no size threshold
+//!   ([`ZERO_AS_PLANNED`]): the planner priced every weight's state split over its replicas,
+//!   so every weight with a dimension its group divides is split, not only those of 64 KB or
+//!   more (MindSpore's default threshold);
 //! - `recompute: true` on the nodes of the layers of every stage the plan recomputes, but each
 //!   layer's outputs (the values read outside the layer: `docs/recompute.md`'s rule that a
 //!   cell's output is the checkpoint the replay starts from).
@@ -268,7 +271,7 @@ pub fn plan_pipeline(
             micro_size: plan.shape.micro_batches,
             scheduler: ctx.pipeline.scheduler,
         },
-        parallel_optimizer: plan.shape.zero.then_some(ParallelOptimizer::DEFAULT),
+        parallel_optimizer: plan.shape.zero.then_some(ZERO_AS_PLANNED),
         cell: model.cell.name(),
         layers: model.cell.count,
         samples: model.samples,
@@ -279,6 +282,13 @@ pub fn plan_pipeline(
         report,
     })))
 }
+
+/// The parallel optimizer as the stage planner prices ZeRO-1: every weight's optimizer state
+/// split over its replicas, whatever its size (MindSpore's defaults otherwise).
+pub const ZERO_AS_PLANNED: ParallelOptimizer = ParallelOptimizer {
+    threshold_kb: 0,
+    ..ParallelOptimizer::DEFAULT
+};
 
 /// Annotates the layers of every stage whose plan is Megatron-LM's with its tensor-parallel
 /// split on the stage's `tp × dp` mesh (`n / S` devices), so that the stage's search keeps
