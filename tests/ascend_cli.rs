@@ -266,15 +266,18 @@ fn a_killed_hccl_worker_ends_the_job_naming_its_rank() {
 }
 
 #[test]
-fn a_pipelined_artifact_runs_on_npus_staged_through_the_host() {
+fn a_pipelined_artifact_runs_on_npus_with_hccl_pairing_sends_and_receives() {
     let dir = tmp("ascend-cli", "pipeline");
     std::fs::create_dir_all(&dir).unwrap();
     let (one, pipe) = cli_common::compile_pipelined_transformer(&dir, &[]);
     let o = run_ascend(&pipe, "3", &[]);
     assert!(o.status.success(), "{}", text(&o));
-    // HCCL's blocking sends cannot run 1F1B's order: the host communicator carries them.
+    // HCCL's sends wait for their receiver: each stage's send goes out beside its next
+    // receive as one group (pipeline_split puts them side by side), so 1F1B runs on HCCL
+    // itself, not staged through the host.
     assert!(
-        text(&o).contains("collectives staged through the host communicator"),
+        text(&o).contains("collectives through HCCL")
+            && !text(&o).contains("staged through the host"),
         "{}",
         text(&o)
     );

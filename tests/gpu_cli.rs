@@ -286,7 +286,7 @@ fn in_process_ranks_on_the_emulated_gpu_save_and_resume_with_the_uninterrupted_l
 }
 
 #[test]
-fn a_pipelined_artifact_runs_on_the_emulated_gpu_staged_through_the_host() {
+fn a_pipelined_artifact_runs_on_the_emulated_gpu_with_nccl_pairing_sends_and_receives() {
     if !emulator_available() {
         return;
     }
@@ -297,9 +297,12 @@ fn a_pipelined_artifact_runs_on_the_emulated_gpu_staged_through_the_host() {
     assert!(reference.status.success(), "{}", text(&reference));
     let o = run_emulated(&pipe, "3", &[]);
     assert!(o.status.success(), "{}", text(&o));
-    // NCCL's blocking sends cannot run 1F1B's order: the host communicator carries them.
+    // NCCL's sends wait for their receiver: each stage's send goes out beside its next
+    // receive as one group (pipeline_split puts them side by side), so 1F1B runs on NCCL
+    // itself, not staged through the host.
     assert!(
-        text(&o).contains("collectives staged through the host communicator"),
+        text(&o).contains("collectives through NCCL")
+            && !text(&o).contains("staged through the host"),
         "{}",
         text(&o)
     );
@@ -307,6 +310,68 @@ fn a_pipelined_artifact_runs_on_the_emulated_gpu_staged_through_the_host() {
         &losses(&text(&reference)),
         &losses(&text(&o)),
         "2 pipeline stages x 2 data parallel on the emulated GPU",
+    );
+    // GPipe: every forward's send before the first receive; the last goes out with it.
+    let gpipe_dir = dir.join("gpipe");
+    std::fs::create_dir_all(&gpipe_dir).unwrap();
+    let (_, gpipe) =
+        cli_common::compile_pipelined_transformer(&gpipe_dir, &["--pipeline-scheduler", "gpipe"]);
+    // One step: every step issues the same transfers (point-to-point steps are not replayed).
+    let o = run_emulated(&gpipe, "1", &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    same_losses(
+        &losses(&text(&reference))[..1],
+        &losses(&text(&o)),
+        "2 pipeline stages x 2 data parallel, GPipe, on the emulated GPU",
+    );
+    // 3 stages: the middle one sends and receives both ways.
+    let t3 = gpipe_dir.join("t3.ir");
+    let (one3, p3) = (gpipe_dir.join("one3"), gpipe_dir.join("p3"));
+    let path = |p: &Path| p.to_str().unwrap().to_string();
+    cli_common::shardc_ok(&[
+        "gen",
+        "transformer",
+        "--layers",
+        "3",
+        "--hidden",
+        "32",
+        "--heads",
+        "2",
+        "--seq",
+        "8",
+        "--batch",
+        "8",
+        "-o",
+        &path(&t3),
+    ]);
+    cli_common::shardc_ok(&["compile", &path(&t3), "-o", &path(&one3)]);
+    cli_common::shardc_ok(&[
+        "compile",
+        &path(&t3),
+        "-o",
+        &path(&p3),
+        "--parallel-mode",
+        "semi_auto_parallel",
+        "--device-num",
+        "3",
+        "--pipeline-stages",
+        "3",
+        "--micro-size",
+        "4",
+        "--gradients-mean",
+    ]);
+    let want = losses(&cli_common::shardc_ok(&[
+        "run",
+        &path(&one3),
+        "--steps",
+        "1",
+    ]));
+    let o = run_emulated(&p3, "1", &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    same_losses(
+        &want,
+        &losses(&text(&o)),
+        "3 pipeline stages, 1F1B, on the emulated GPU",
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -279,7 +279,6 @@ pub fn run_rank(a: &RunArgs, role: ClusterRole) -> Result<()> {
 }
 
 fn train_rank(a: &RunArgs, art: Artifact, joined: &Joined) -> Result<()> {
-    let a = &*crate::training::device_comm_for(a, &art);
     if a.device.target().is_ascend() {
         return crate::ascend::train_rank(a, art, joined.comm.clone(), joined.local_rank());
     }

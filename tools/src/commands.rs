@@ -384,10 +384,10 @@ pub fn run(a: &RunArgs) -> Result<()> {
     }
     let art = Artifact::read(&a.artifact)?;
     if a.device.target().is_gpu() {
-        return crate::gpu::run(&crate::training::device_comm_for(a, &art), art);
+        return crate::gpu::run(a, art);
     }
     if a.device.target().is_ascend() {
-        return crate::ascend::run(&crate::training::device_comm_for(a, &art), art);
+        return crate::ascend::run(a, art);
     }
     if art.device_num() > 1 {
         return run_ranks_in_process(a, art);

@@ -107,32 +107,6 @@ pub struct PipelineInfo {
     pub scheduler: String,
 }
 
-/// `a` as it runs `art` on a GPU or an NPU: a pipeline's stages exchange activations and
-/// gradients with Send / Receive in 1F1B order, which NCCL's and HCCL's point-to-point calls
-/// cannot run (a send holds its stream until the peer's receive, and each stage receives
-/// only after it has sent), so a pipelined artifact's collectives are staged through the
-/// cluster's host communicator, whose sends do not wait. Any other artifact: `a` unchanged.
-pub fn device_comm_for<'a>(a: &'a RunArgs, art: &Artifact) -> std::borrow::Cow<'a, RunArgs> {
-    use crate::run_args::{GpuComm, NpuComm};
-    let device_library = (a.device.target().is_gpu() && a.device.gpu_comm == GpuComm::Nccl)
-        || (a.device.target().is_ascend() && a.device.npu_comm == NpuComm::Hccl);
-    match PipelineInfo::of(art) {
-        Some(p) if device_library => {
-            eprintln!(
-                "{} pipeline stages: Send / Receive between stages in {} order, which {} cannot run; collectives staged through the host communicator",
-                p.stages,
-                p.scheduler,
-                if a.device.target().is_gpu() { "NCCL's blocking point-to-point" } else { "HCCL's blocking point-to-point" }
-            );
-            let mut staged = a.clone();
-            staged.device.gpu_comm = GpuComm::Host;
-            staged.device.npu_comm = NpuComm::Host;
-            std::borrow::Cow::Owned(staged)
-        }
-        _ => std::borrow::Cow::Borrowed(a),
-    }
-}
-
 impl PipelineInfo {
     /// The artifact's pipeline, if it has more than one stage.
     pub fn of(art: &Artifact) -> Option<PipelineInfo> {

@@ -20,6 +20,9 @@
 //!   GPipe; the backward phase is the scope `Gradients...`), a node without `micro_batch` the
 //!   largest slot of its operands; ties keep the original order. Program order stays a
 //!   schedule, and as `Send` never blocks and `Receive` does, the 1F1B order does not deadlock.
+//!   A `Send` whose next transfer is a `Receive` then goes just before it
+//!   ([`send_beside_next_receive`]), so that a communicator whose sends do block until
+//!   received (NCCL, HCCL) issues the two as one group and does not deadlock either.
 //!
 //! A `OnesLike` (the gradient seed) reads only its operand's type: it is rewired to the start
 //! of the chain of same-typed first operands (the first micro-batch's loss rather than the
@@ -608,7 +611,7 @@ pub fn pipeline_split(
                 Item::Receive(..) => {}
             }
         }
-        let order = priority_order(&items, &deps)?;
+        let order = send_beside_next_receive(priority_order(&items, &deps)?, &items);
         // Emit.
         let mut g = Graph::new(t.name.clone());
         let mut param_map: Vec<Option<ParamId>> = vec![None; t.params.len()];
@@ -808,6 +811,41 @@ pub fn pipeline_split(
     })
 }
 
+/// `order` with every `Send` whose next transfer is a `Receive` moved down to just before
+/// that `Receive`, so that the two are adjacent. Nothing reads a `Send`'s result, and no
+/// transfer lies between its two places, so the order stays a schedule that waits on nothing
+/// new. A device communicator whose sends wait for their receiver (NCCL, HCCL) issues adjacent
+/// transfers as one group (`runtime::executor::schedule::Schedule::p2p_runs`): 1F1B's "send
+/// the activation, receive the gradient" on one stage then pairs with "send the gradient,
+/// receive the next activation" on the next, as Megatron-LM's batched send / receive pairs
+/// them, where issued one by one each stage's send would wait for the other's.
+fn send_beside_next_receive(order: Vec<usize>, items: &[(Item, Key)]) -> Vec<usize> {
+    let transfers: Vec<usize> = order
+        .iter()
+        .copied()
+        .filter(|&k| !matches!(items[k].0, Item::Node(_)))
+        .collect();
+    // Receive item -> the Send that goes just before it.
+    let mut before: HashMap<usize, usize> = HashMap::new();
+    for w in transfers.windows(2) {
+        if let (Item::Send(..), Item::Receive(..)) = (&items[w[0]].0, &items[w[1]].0) {
+            before.insert(w[1], w[0]);
+        }
+    }
+    let moved: HashSet<usize> = before.values().copied().collect();
+    let mut out = Vec::with_capacity(order.len());
+    for k in order {
+        if moved.contains(&k) {
+            continue;
+        }
+        if let Some(&send) = before.get(&k) {
+            out.push(send);
+        }
+        out.push(k);
+    }
+    out
+}
+
 /// A topological order of `items` (each after its `deps`), the ready item with the smallest
 /// key first.
 fn priority_order(items: &[(Item, Key)], deps: &[Vec<usize>]) -> Result<Vec<usize>, PipelineError> {
@@ -867,6 +905,38 @@ mod tests {
         assert_eq!(
             sequence(Scheduler::OneFOneB, 0, 4, 2),
             vec![f(0), f(1), b(0), b(1)]
+        );
+    }
+
+    #[test]
+    fn a_send_whose_next_transfer_is_a_receive_goes_just_before_it() {
+        // Stage 0 of 1F1B: send a0, compute, send a1, compute, receive g0, send a2, receive g1.
+        let k = (0, 0, 0);
+        let items = vec![
+            (Item::Node(0), k),
+            (Item::Send(0, 1), k),
+            (Item::Node(1), k),
+            (Item::Send(1, 1), k),
+            (Item::Node(2), k),
+            (Item::Receive(9, 1), k),
+            (Item::Node(3), k),
+            (Item::Send(3, 1), k),
+            (Item::Receive(8, 1), k),
+            (Item::Node(4), k),
+        ];
+        let order = send_beside_next_receive((0..items.len()).collect(), &items);
+        // a0 is followed by another send and stays; a1 moves past node 2 to the receive.
+        assert_eq!(order, vec![0, 1, 2, 4, 3, 5, 6, 7, 8, 9]);
+        // A receive first, or sends with no receive after them, stay where they are.
+        let tail = vec![
+            (Item::Receive(9, 1), k),
+            (Item::Node(0), k),
+            (Item::Send(0, 1), k),
+            (Item::Node(1), k),
+        ];
+        assert_eq!(
+            send_beside_next_receive(vec![0, 1, 2, 3], &tail),
+            vec![0, 1, 2, 3]
         );
     }
 
