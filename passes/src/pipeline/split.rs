@@ -21,7 +21,7 @@
 //!   largest slot of its operands; ties keep the original order. Program order stays a
 //!   schedule, and as `Send` never blocks and `Receive` does, the 1F1B order does not deadlock.
 //!   A `Send` whose next transfer is a `Receive` then goes just before it
-//!   ([`send_beside_next_receive`]), so that a communicator whose sends do block until
+//!   (`send_beside_next_receive`), so that a communicator whose sends do block until
 //!   received (NCCL, HCCL) issues the two as one group and does not deadlock either.
 //!
 //! A `OnesLike` (the gradient seed) reads only its operand's type: it is rewired to the start
