@@ -9,8 +9,10 @@
 
 mod cli_common;
 
-use cli_common::{free_port, losses, same_losses, shardc_ok, text, tmp};
-use std::path::{Path, PathBuf};
+use cli_common::{
+    gen_transformer_layers, launch_four, losses, rank_stdout, same_losses, shardc_ok, text, tmp,
+};
+use std::path::Path;
 use std::process::{Command, Output};
 
 fn shardc(args: &[&str]) -> Output {
@@ -22,30 +24,6 @@ fn shardc(args: &[&str]) -> Output {
 
 fn s(p: &Path) -> &str {
     p.to_str().expect("a UTF-8 path")
-}
-
-/// A transformer of `layers` layers in `dir`: 8 sequences of 8 tokens, hidden 32, 2 heads.
-fn gen(dir: &Path, layers: usize) -> PathBuf {
-    std::fs::create_dir_all(dir).expect("test dir");
-    let model = dir.join(format!("transformer{layers}.ir"));
-    let l = layers.to_string();
-    shardc_ok(&[
-        "gen",
-        "transformer",
-        "--layers",
-        &l,
-        "--hidden",
-        "32",
-        "--heads",
-        "2",
-        "--seq",
-        "8",
-        "--batch",
-        "8",
-        "-o",
-        s(&model),
-    ]);
-    model
 }
 
 /// The flags of auto_parallel with auto_pipeline on 4 devices.
@@ -64,7 +42,7 @@ const LIMIT: &str = "270KB";
 #[test]
 fn the_planners_pipeline_is_compiled_and_trains_to_the_single_device_losses() {
     let dir = tmp("auto-pipeline", "train");
-    let model = gen(&dir, 4);
+    let model = gen_transformer_layers(&dir, 4);
     let one = dir.join("one");
     shardc_ok(&["compile", s(&model), "-o", s(&one)]);
     let reference = losses(&shardc_ok(&["run", s(&one), "--steps", "3"]));
@@ -147,29 +125,9 @@ fn the_planners_pipeline_is_compiled_and_trains_to_the_single_device_losses() {
 /// Runs `art` for 3 steps on 4 workers under `shardc launch` (logs in `log`), which must
 /// succeed: each rank's stdout.
 fn launch(art: &Path, log: &Path) -> impl Fn(usize) -> String {
-    let port = free_port().to_string();
-    let o = shardc(&[
-        "launch",
-        "--worker-num",
-        "4",
-        "--local-worker-num",
-        "4",
-        "--master-port",
-        &port,
-        "--log-dir",
-        s(log),
-        "--join",
-        "--",
-        "shardc",
-        "run",
-        s(art),
-        "--steps",
-        "3",
-    ]);
+    let o = launch_four(log, art, &["--steps", "3"]);
     let log = log.to_path_buf();
-    let rank_out = move |r: usize| {
-        std::fs::read_to_string(log.join(format!("1/rank.{r}/stdout"))).unwrap_or_default()
-    };
+    let rank_out = move |r: usize| rank_stdout(&log, r);
     assert!(
         o.status.success(),
         "{}{}",
@@ -182,7 +140,7 @@ fn launch(art: &Path, log: &Path) -> impl Fn(usize) -> String {
 #[test]
 fn without_a_limit_the_plan_shards_the_optimizer_as_priced_and_trains_to_the_same_losses() {
     let dir = tmp("auto-pipeline", "zero");
-    let model = gen(&dir, 4);
+    let model = gen_transformer_layers(&dir, 4);
     let one = dir.join("one");
     shardc_ok(&["compile", s(&model), "-o", s(&one)]);
     let reference = losses(&shardc_ok(&["run", s(&one), "--steps", "3"]));
@@ -227,7 +185,7 @@ fn compile_err(model: &Path, out: &Path, extra: &[&str]) -> String {
 #[test]
 fn auto_pipeline_errors_name_the_keys_and_values() {
     let dir = tmp("auto-pipeline", "errors");
-    let model = gen(&dir, 2);
+    let model = gen_transformer_layers(&dir, 2);
     let out = dir.join("out");
     let e = compile_err(
         &model,
@@ -271,7 +229,7 @@ fn auto_pipeline_errors_name_the_keys_and_values() {
 #[test]
 fn a_model_of_one_layer_compiles_as_plain_auto_parallel_and_says_so() {
     let dir = tmp("auto-pipeline", "one-layer");
-    let model = gen(&dir, 1);
+    let model = gen_transformer_layers(&dir, 1);
     let art = dir.join("art");
     let mut args = vec!["compile", s(&model), "-o", s(&art)];
     args.extend_from_slice(AUTO);

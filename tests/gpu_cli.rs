@@ -325,25 +325,9 @@ fn a_pipelined_artifact_runs_on_the_emulated_gpu_with_nccl_pairing_sends_and_rec
         "2 pipeline stages x 2 data parallel, GPipe, on the emulated GPU",
     );
     // 3 stages: the middle one sends and receives both ways.
-    let t3 = gpipe_dir.join("t3.ir");
+    let t3 = cli_common::gen_transformer_layers(&gpipe_dir, 3);
     let (one3, p3) = (gpipe_dir.join("one3"), gpipe_dir.join("p3"));
     let path = |p: &Path| p.to_str().unwrap().to_string();
-    cli_common::shardc_ok(&[
-        "gen",
-        "transformer",
-        "--layers",
-        "3",
-        "--hidden",
-        "32",
-        "--heads",
-        "2",
-        "--seq",
-        "8",
-        "--batch",
-        "8",
-        "-o",
-        &path(&t3),
-    ]);
     cli_common::shardc_ok(&["compile", &path(&t3), "-o", &path(&one3)]);
     cli_common::shardc_ok(&[
         "compile",

@@ -7,7 +7,10 @@
 
 mod cli_common;
 
-use cli_common::{free_port, gen_transformer, losses, same_losses, text, tmp, PIPELINE};
+use cli_common::{
+    free_port, gen_transformer, launch_four as launch, losses, rank_stdout, same_losses, text, tmp,
+    PIPELINE,
+};
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -71,33 +74,6 @@ fn one_device(dir: &Path, model: &Path, steps: &str) -> Vec<f64> {
 
 /// 1F1B, named.
 const SCHEDULE: &[&str] = &["--pipeline-scheduler", "1f1b"];
-
-/// `shardc launch` of 4 workers running `shardc run ART ARGS...`, joined.
-fn launch(log: &Path, art: &Path, args: &[&str]) -> Output {
-    let port = free_port().to_string();
-    let mut all = vec![
-        "launch",
-        "--worker-num",
-        "4",
-        "--local-worker-num",
-        "4",
-        "--master-port",
-        &port,
-        "--log-dir",
-        log.to_str().unwrap(),
-        "--join",
-        "--",
-        "shardc",
-        "run",
-        art.to_str().unwrap(),
-    ];
-    all.extend_from_slice(args);
-    shardc(&all)
-}
-
-fn rank_stdout(log: &Path, r: usize) -> String {
-    read(&log.join(format!("1/rank.{r}/stdout")))
-}
 
 fn logs(log: &Path) -> String {
     (0..4)

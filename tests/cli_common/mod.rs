@@ -39,15 +39,21 @@ pub fn shardc_ok(args: &[&str]) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
-/// The 2-layer transformer as text IR in `dir` (`shardc gen transformer`), small enough for
-/// 2 cores: 8 sequences of 8 tokens, hidden 32, 2 heads.
+/// The 2-layer transformer as text IR in `dir` ([`gen_transformer_layers`]).
 pub fn gen_transformer(dir: &Path) -> PathBuf {
-    let model = dir.join("transformer.ir");
+    gen_transformer_layers(dir, 2)
+}
+
+/// A transformer of `layers` layers as text IR in `dir` (made if missing; `shardc gen
+/// transformer`), small enough for 2 cores: 8 sequences of 8 tokens, hidden 32, 2 heads.
+pub fn gen_transformer_layers(dir: &Path, layers: usize) -> PathBuf {
+    std::fs::create_dir_all(dir).expect("the test folder");
+    let model = dir.join(format!("transformer{layers}.ir"));
     shardc_ok(&[
         "gen",
         "transformer",
         "--layers",
-        "2",
+        &layers.to_string(),
         "--hidden",
         "32",
         "--heads",
@@ -60,6 +66,38 @@ pub fn gen_transformer(dir: &Path) -> PathBuf {
         model.to_str().expect("a UTF-8 path"),
     ]);
     model
+}
+
+/// `shardc launch` of 4 local workers running `shardc run ART ARGS...` with logs in `log`,
+/// joined: its output.
+pub fn launch_four(log: &Path, art: &Path, args: &[&str]) -> Output {
+    let port = free_port().to_string();
+    let mut all = vec![
+        "launch",
+        "--worker-num",
+        "4",
+        "--local-worker-num",
+        "4",
+        "--master-port",
+        &port,
+        "--log-dir",
+        log.to_str().expect("a UTF-8 path"),
+        "--join",
+        "--",
+        "shardc",
+        "run",
+        art.to_str().expect("a UTF-8 path"),
+    ];
+    all.extend_from_slice(args);
+    Command::new(env!("CARGO_BIN_EXE_shardc"))
+        .args(&all)
+        .output()
+        .expect("the shardc binary runs")
+}
+
+/// Rank `r`'s stdout in the log folder of a launch (empty while there is none).
+pub fn rank_stdout(log: &Path, r: usize) -> String {
+    std::fs::read_to_string(log.join(format!("1/rank.{r}/stdout"))).unwrap_or_default()
 }
 
 /// The flags of 2 pipeline stages × 2-way data parallel on 4 devices, 4 micro-batches.
