@@ -31,7 +31,7 @@ use shardc_ir::{Attr, Graph, Operand};
 use shardc_passes::autodiff::Optimizer;
 use shardc_passes::parallel::search::stage_plan::{self, PipelinePlan, PlanError, PlanReport};
 use shardc_passes::parallel::{ParallelOptimizer, SearchMode as PassSearchMode};
-use shardc_passes::pipeline::{PipelineOptions, Scheduler, STAGE_ATTR};
+use shardc_passes::pipeline::{PipelineOptions, STAGE_ATTR};
 use thiserror::Error;
 
 /// The node attribute of a recomputed forward node (`docs/recompute.md`).
@@ -209,10 +209,7 @@ pub fn plan_pipeline(
     if let Some(limit) = ctx.max_device_memory {
         opts.memory_limit = limit as f64;
     }
-    opts.scheduler = match ctx.pipeline.scheduler {
-        Scheduler::OneFOneB => stage_plan::Scheduler::OneFOneB,
-        Scheduler::GPipe => stage_plan::Scheduler::GPipe,
-    };
+    opts.scheduler = ctx.pipeline.scheduler;
     opts.search_mode = match ctx.search_mode {
         SearchMode::ShardingPropagation => PassSearchMode::ShardingPropagation,
         SearchMode::RecursiveProgramming => PassSearchMode::RecursiveProgramming,
@@ -372,6 +369,7 @@ mod tests {
     use crate::parallel_context::ParallelMode;
     use crate::transformer::{transformer, TransformerConfig};
     use crate::transformer_layers::megatron_annotations;
+    use shardc_passes::pipeline::Scheduler;
 
     fn forward() -> Graph {
         transformer(&TransformerConfig::new(4, 32, 2, 8, 8)).unwrap()

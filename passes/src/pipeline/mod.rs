@@ -50,6 +50,15 @@ impl Scheduler {
         }
     }
 
+    /// Micro-batches whose activations stage `s` of `stages` keeps at once, of
+    /// `micro_batches`: `S − s` with 1F1B (at least 1, at most `M`), all `M` with GPipe.
+    pub fn in_flight(self, s: usize, stages: usize, micro_batches: usize) -> usize {
+        match self {
+            Scheduler::OneFOneB => (stages - s.min(stages)).clamp(1, micro_batches.max(1)),
+            Scheduler::GPipe => micro_batches.max(1),
+        }
+    }
+
     /// The scheduler of a name (`1f1b`, `gpipe`), if it is one.
     pub fn from_name(name: &str) -> Option<Scheduler> {
         match name {

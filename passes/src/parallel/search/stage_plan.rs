@@ -65,32 +65,9 @@ use std::collections::HashMap;
 use std::fmt;
 use std::ops::Range;
 
-/// The pipeline schedule (MindSpore's `pipeline_scheduler`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Scheduler {
-    /// One forward, one backward: stage `s` keeps `S − s` micro-batches in flight.
-    OneFOneB,
-    /// Every forward, then every backward: each stage keeps all `M` in flight.
-    GPipe,
-}
-
-impl Scheduler {
-    /// Its name in `pipeline_config`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Scheduler::OneFOneB => "1f1b",
-            Scheduler::GPipe => "gpipe",
-        }
-    }
-
-    /// Micro-batches whose activations stage `s` of `stages` keeps at once.
-    pub fn in_flight(self, s: usize, stages: usize, micro_batches: usize) -> usize {
-        match self {
-            Scheduler::OneFOneB => (stages - s.min(stages)).clamp(1, micro_batches.max(1)),
-            Scheduler::GPipe => micro_batches.max(1),
-        }
-    }
-}
+/// The pipeline schedule: the pipeline pass's own ([`crate::pipeline::Scheduler`]), so that
+/// a plan's schedule is the one compiled.
+pub use crate::pipeline::Scheduler;
 
 /// The links point-to-point transfers between stages take.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -765,6 +742,16 @@ pub fn grid_admits(n: usize, s: usize, m: usize, b: usize, max_tp: usize) -> boo
     m >= s && (b / m.max(1)) * max_tp >= d
 }
 
+/// The largest of the Megatron-LM tensor-parallel degrees tried (at least 1).
+fn largest_tensor_parallel(opts: &PlanOptions) -> usize {
+    opts.tensor_parallel
+        .iter()
+        .copied()
+        .max()
+        .unwrap_or(1)
+        .max(1)
+}
+
 /// The intra-op plans at one (stage devices, micro-batch) point.
 type Plans = Vec<IntraPlan>;
 
@@ -786,13 +773,7 @@ pub fn plan(model: &dyn LayeredModel, opts: &PlanOptions) -> Result<PlanReport, 
         .collect();
     let ms = micro_batch_counts(opts);
     let h = opts.machine.devices_per_host.max(1);
-    let max_tp = opts
-        .tensor_parallel
-        .iter()
-        .copied()
-        .max()
-        .unwrap_or(1)
-        .max(1);
+    let max_tp = largest_tensor_parallel(opts);
     // Every (stage devices, micro-batch) point, and what to profile there.
     let mut points: Vec<(usize, usize)> = Vec::new();
     for &s in &stage_counts {
@@ -941,6 +922,8 @@ pub fn megatron_3d(
     shape_of: &dyn Fn(usize, usize, bool) -> PipelineShape,
 ) -> Option<PipelinePlan> {
     let (n, b) = (opts.devices, opts.global_batch);
+    let max_tp = largest_tensor_parallel(opts);
+    let counts = micro_batch_counts(opts);
     let mut best: Option<PipelinePlan> = None;
     for &tp in &opts.tensor_parallel {
         for pp in divisors(layers) {
@@ -949,14 +932,7 @@ pub fn megatron_3d(
             }
             let dp = n / (tp * pp);
             let per = layers / pp;
-            let max_tp = opts
-                .tensor_parallel
-                .iter()
-                .copied()
-                .max()
-                .unwrap_or(1)
-                .max(1);
-            for m in micro_batch_counts(opts) {
+            for &m in &counts {
                 if (b / m) % dp != 0 || !grid_admits(n, pp, m, b, max_tp) {
                     continue;
                 }
