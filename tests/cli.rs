@@ -133,26 +133,35 @@ fn bench_calibrate_writes_a_device_description_the_cost_model_reads() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[test]
-fn bench_plan_quick_prints_the_auto_and_3d_plans_and_weak_scaling() {
-    let out = shardc(&["bench", "plan", "--quick"]);
-    let text = String::from_utf8_lossy(&out.stdout);
+/// Asserts that `out` succeeded and its stdout holds every line of `wants`: the stdout.
+fn succeeds_printing(out: &std::process::Output, wants: &[&str]) -> String {
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
         "{text}{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    for want in [
-        "plan: cost model assumptions",
-        "plan model=tiny",
-        "  auto: stages=",
-        "  3d:   stages=",
-        "ratio auto/3d throughput=",
-        "MFU=",
-        "plan weak scaling at 16 devices",
-    ] {
+    for want in wants {
         assert!(text.contains(want), "no {want:?} in:\n{text}");
     }
+    text
+}
+
+#[test]
+fn bench_plan_quick_prints_the_auto_and_3d_plans_and_weak_scaling() {
+    let out = shardc(&["bench", "plan", "--quick"]);
+    let text = succeeds_printing(
+        &out,
+        &[
+            "plan: cost model assumptions",
+            "plan model=tiny",
+            "  auto: stages=",
+            "  3d:   stages=",
+            "ratio auto/3d throughput=",
+            "MFU=",
+            "plan weak scaling at 16 devices",
+        ],
+    );
     // Auto is never predicted slower than 3D under the same model.
     assert!(text.contains("(goal >= 1: met)"), "{text}");
 }
@@ -168,21 +177,16 @@ fn explain_plan_pipeline_shows_the_stages_their_memory_and_the_bubble() {
         "--batch",
         "8",
     ]);
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
+    succeeds_printing(
+        &out,
+        &[
+            "pipeline plan of the transformer layers=4",
+            "stage 0: layers 0..",
+            "memory=",
+            "predicted bubble",
+            "best Megatron-LM 3D plan",
+        ],
     );
-    for want in [
-        "pipeline plan of the transformer layers=4",
-        "stage 0: layers 0..",
-        "memory=",
-        "predicted bubble",
-        "best Megatron-LM 3D plan",
-    ] {
-        assert!(text.contains(want), "no {want:?} in:\n{text}");
-    }
     // A hopeless memory limit is an error naming what any plan needs.
     let out = shardc(&[
         "explain",

@@ -10,6 +10,8 @@
 
 mod device_common;
 mod gpu_common;
+// `gpu_common::nccl_ranks` annotates its models with the invariant suites' `annotate`.
+mod invariant_common;
 
 use device_common::small_resnet18;
 use gpu_common::{close, compare_on_with, kernel_test_device, momentum, train};

@@ -8,6 +8,8 @@
 
 mod device_common;
 mod gpu_common;
+// `gpu_common::nccl_ranks` annotates its models with the invariant suites' `annotate`.
+mod invariant_common;
 
 use gpu_common::{compare_on, kernel_test_device, momentum, train};
 use shardc::compiler::transformer::{transformer, TransformerConfig};

@@ -9,6 +9,8 @@
 
 mod device_common;
 mod gpu_common;
+// `gpu_common::nccl_ranks` annotates its models with the invariant suites' `annotate`.
+mod invariant_common;
 
 use gpu_common::nccl_ranks::{
     nccl_ranks_train_as_the_cpu_ranks, on_nccl_ranks, one_rank_buckets_train_as_the_cpu, OpenRank,

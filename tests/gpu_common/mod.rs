@@ -5,7 +5,8 @@
 
 pub mod nccl_ranks;
 
-// Every test that uses this module also declares `mod device_common;`.
+// Every test that uses this module also declares `mod device_common;` and
+// `mod invariant_common;`.
 #[allow(unused_imports)]
 pub use crate::device_common::{close, momentum, train};
 

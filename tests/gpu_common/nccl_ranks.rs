@@ -3,7 +3,7 @@
 //! and `tests/cuda_gpu.rs` on a machine with several GPUs).
 
 use super::*;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use shardc::compiler::optim::Momentum;
 use shardc::compiler::pipeline::{compile, CompileOptions};
@@ -11,7 +11,6 @@ use shardc::compiler::transformer::{transformer, TransformerConfig};
 use shardc::compiler::zoo;
 use shardc::cuda::nccl::NcclComm;
 use shardc::ir::{OpKind, TensorLayout};
-use shardc::passes::parallel::rules::{candidates, dims_of, strategy_from_loops};
 use shardc::passes::parallel::{DatasetLayout, Mode, ParallelOptions};
 use shardc::runtime::data::synthetic::SyntheticData;
 use shardc::runtime::{Communicator, InProcessWorld};
@@ -50,23 +49,6 @@ pub fn on_nccl_ranks<T: Send>(
             .map(|h| h.join().unwrap_or_else(|_| Err("a rank panicked".into())))
             .collect()
     })
-}
-
-/// Annotates some forward ops of `g` with random valid strategies for `device_num` devices.
-pub fn annotate(rng: &mut ChaCha8Rng, g: &mut Graph, device_num: usize) {
-    for i in 0..g.nodes.len() {
-        let node = &g.nodes[i];
-        if matches!(node.op, OpKind::TupleGetItem | OpKind::Assign) || !rng.random_bool(0.6) {
-            continue;
-        }
-        let Ok(dims) = dims_of(g, node) else { continue };
-        let cands = candidates(g, node, &dims, device_num, 4);
-        if cands.is_empty() {
-            continue;
-        }
-        let splits = cands[rng.random_range(0..cands.len())].clone();
-        g.nodes[i].in_strategy = Some(strategy_from_loops(g, node, &dims, &splits));
-    }
 }
 
 /// The collectives of a rank graph, as "AllGather axis 1", "AllReduce fused" (a gradient
@@ -237,7 +219,7 @@ pub fn nccl_ranks_train_as_the_cpu_ranks(
             3 => zoo::lenet(8).expect("lenet"),
             _ => zoo::mlp(8, &[12, 16, 16, 4]).expect("mlp"),
         };
-        annotate(&mut rng, &mut g, device_num);
+        crate::invariant_common::annotate(&mut rng, &mut g, device_num, 0.6);
         let (found, s) = train_both(g, device_num, Mode::SemiAutoParallel, seed == 1, open);
         // Rearranged collectives (other axes, AlltoAll) work in the executor's scratch
         // memory: the steps replay too.
