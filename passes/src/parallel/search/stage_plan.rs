@@ -479,37 +479,30 @@ pub fn stage_dp(shape: &PipelineShape, plans: &[IntraPlan]) -> Option<PipelinePl
                 if s + 1 == st && end != l {
                     continue;
                 }
-                for plan in 0..plans.len() {
-                    for recompute in [false, true] {
-                        let spec = StageSpec {
-                            layers: start..end,
-                            plan,
-                            recompute,
-                        };
-                        let f = stage_figures(shape, plans, s, &spec);
-                        if f.memory > shape.memory_limit {
-                            continue;
-                        }
-                        if s == 0 {
-                            fronts[0][end].push(Entry {
-                                slowest: f.seconds,
-                                sync: f.sync,
-                                prev: None,
-                                spec,
-                            });
-                        } else {
-                            let adds: Vec<Entry> = fronts[s - 1][start]
-                                .iter()
-                                .enumerate()
-                                .map(|(i, e)| Entry {
-                                    slowest: e.slowest.max(f.seconds),
-                                    sync: e.sync.max(f.sync),
-                                    prev: Some((start, i)),
-                                    spec: spec.clone(),
-                                })
-                                .collect();
-                            fronts[s][end].extend(adds);
-                        }
+                for spec in stage_choices(start..end, plans.len()) {
+                    let f = stage_figures(shape, plans, s, &spec);
+                    if f.memory > shape.memory_limit {
+                        continue;
+                    }
+                    if s == 0 {
+                        fronts[0][end].push(Entry {
+                            slowest: f.seconds,
+                            sync: f.sync,
+                            prev: None,
+                            spec,
+                        });
+                    } else {
+                        let adds: Vec<Entry> = fronts[s - 1][start]
+                            .iter()
+                            .enumerate()
+                            .map(|(i, e)| Entry {
+                                slowest: e.slowest.max(f.seconds),
+                                sync: e.sync.max(f.sync),
+                                prev: Some((start, i)),
+                                spec: spec.clone(),
+                            })
+                            .collect();
+                        fronts[s][end].extend(adds);
                     }
                 }
             }
@@ -542,6 +535,18 @@ pub fn stage_dp(shape: &PipelineShape, plans: &[IntraPlan]) -> Option<PipelinePl
     evaluate(shape, plans, &specs)
 }
 
+/// A stage's choices for `layers`: each of `plans` intra-op plans, recompute off and on.
+fn stage_choices(layers: Range<usize>, plans: usize) -> impl Iterator<Item = StageSpec> {
+    (0..plans).flat_map(move |plan| {
+        let layers = layers.clone();
+        [false, true].map(move |recompute| StageSpec {
+            layers: layers.clone(),
+            plan,
+            recompute,
+        })
+    })
+}
+
 /// Every split, plan and recompute choice tried (for tests on small problems): the fastest
 /// that fits.
 pub fn brute_force(shape: &PipelineShape, plans: &[IntraPlan]) -> Option<PipelinePlan> {
@@ -564,16 +569,10 @@ pub fn brute_force(shape: &PipelineShape, plans: &[IntraPlan]) -> Option<Pipelin
             return;
         }
         for end in start + 1..=l {
-            for plan in 0..plans.len() {
-                for recompute in [false, true] {
-                    specs.push(StageSpec {
-                        layers: start..end,
-                        plan,
-                        recompute,
-                    });
-                    go(shape, plans, specs, best);
-                    specs.pop();
-                }
+            for spec in stage_choices(start..end, plans.len()) {
+                specs.push(spec);
+                go(shape, plans, specs, best);
+                specs.pop();
             }
         }
     }
@@ -605,17 +604,10 @@ pub fn least_memory(shape: &PipelineShape, plans: &[IntraPlan]) -> f64 {
                 .take(last_end + 1)
                 .skip(start + 1)
             {
-                for plan in 0..plans.len() {
-                    for recompute in [false, true] {
-                        let spec = StageSpec {
-                            layers: start..end,
-                            plan,
-                            recompute,
-                        };
-                        let m = stage_figures(shape, plans, s, &spec).memory.max(before);
-                        if m < *slot {
-                            *slot = m;
-                        }
+                for spec in stage_choices(start..end, plans.len()) {
+                    let m = stage_figures(shape, plans, s, &spec).memory.max(before);
+                    if m < *slot {
+                        *slot = m;
                     }
                 }
             }
