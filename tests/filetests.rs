@@ -27,8 +27,8 @@
 //!   pipeline to `step_parallel_begin` on the training step (Momentum lr 0.2, momentum 0.1):
 //!   every op's strategy and its source, the `step_parallel_begin` dump (MODE:
 //!   `data_parallel`, `semi_auto_parallel`, `auto_parallel`; dataset: `data_parallel`,
-//!   `full_batch`; `parallel_optimizer_threshold=KB` and `optimizer_weight_shard_size=N` turn
-//!   the parallel optimizer on; `search=` one of `sharding_propagation`, `recursive_programming`,
+//!   `full_batch`; `parallel_optimizer_threshold=KB`, `optimizer_weight_shard_size=N` and
+//!   `gradient_accumulation_shard=BOOL` turn the parallel optimizer on; `search=` one of `sharding_propagation`, `recursive_programming`,
 //!   `dynamic_programming`, `ilp`, with `device=PRESET` and `max_device_memory=BYTES` for the
 //!   cost model);
 //! - `partition device_num=N mode=MODE rank=R [...]`: the pipeline to `step_parallel_end`,
@@ -37,7 +37,7 @@
 //!   with its micro-batches;
 //! - `pipeline_split device_num=N mode=MODE stages=S micro_size=M [scheduler=gpipe] rank=R
 //!   [...]`: the pipeline to `pipeline_split`, rank R's stage graph (its `pipeline_split`
-//!   dump).
+//!   dump; with `stages=1` the program with its gradient accumulation reduced once).
 //!
 //! Two commands run one pass on a hand-written input, as Cranelift's filetests do:
 //! - `autodiff`: `passes::autodiff::gradients`, the gradient graph of the loss w.r.t. every
@@ -264,6 +264,10 @@ fn run_parallel(what: &str, words: &[&str], g: Graph) -> Result<String, String> 
             "parallel_optimizer_threshold" => {
                 let po = opts.parallel_optimizer.get_or_insert_default();
                 po.threshold_kb = v.parse().map_err(|_| format!("bad {w}"))?;
+            }
+            "gradient_accumulation_shard" => {
+                let po = opts.parallel_optimizer.get_or_insert_default();
+                po.gradient_accumulation_shard = v == "true";
             }
             "optimizer_weight_shard_size" => {
                 let po = opts.parallel_optimizer.get_or_insert_default();

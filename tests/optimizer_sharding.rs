@@ -19,6 +19,7 @@ use shardc::passes::autodiff::Optimizer;
 use shardc::passes::parallel::{
     DatasetLayout, Mode, ParallelOptimizer, ParallelOptions, SearchOptions,
 };
+use shardc::passes::pipeline::PipelineOptions;
 use shardc_tools::in_process::run_ranks;
 
 mod invariant_common;
@@ -108,10 +109,31 @@ fn check(
     tolerance: f64,
     unchecked: &[&str],
 ) -> Result<Seen, String> {
+    let one_stage = PipelineOptions::default();
+    check_against(
+        what,
+        model,
+        (par, one_stage, opt),
+        opt,
+        tolerance,
+        unchecked,
+    )
+}
+
+/// [`check`] with the ranks compiled with `pipeline` and `opt`, the single device with
+/// `single_opt`.
+fn check_against(
+    what: &str,
+    model: &Graph,
+    (par, pipeline, opt): (ParallelOptions, PipelineOptions, Optimizer),
+    single_opt: Optimizer,
+    tolerance: f64,
+    unchecked: &[&str],
+) -> Result<Seen, String> {
     let single = compile(
         model.clone(),
         &CompileOptions {
-            optimizer: Some(opt),
+            optimizer: Some(single_opt),
             ..Default::default()
         },
     )
@@ -122,6 +144,7 @@ fn check(
         &CompileOptions {
             optimizer: Some(opt),
             parallel: Some(par),
+            pipeline,
             ..Default::default()
         },
     )
@@ -256,6 +279,91 @@ fn optimizer_sharded_transformer_equals_one_device_data_parallel_and_mixed() {
                 ),
                 Ok(_) => {}
                 Err(e) => failures.push(e),
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Gradient accumulation over 4 micro-batches on 4 data-parallel devices, every weight
+/// split: with `gradient_accumulation_shard` each micro-batch's gradient is reduce-scattered
+/// and only the shard accumulated (4 ReduceScatters per weight); without it the whole
+/// gradients are summed first and reduce-scattered once (1 per weight). Never an AllReduce
+/// of a gradient; both equal one device.
+#[test]
+fn micro_batched_gradients_are_reduce_scattered_per_micro_batch_or_once() {
+    let model = mlp(32, None).expect("mlp");
+    let micro = PipelineOptions {
+        micro_size: 4,
+        ..Default::default()
+    };
+    let mut failures = Vec::new();
+    for (accumulate_shards, per_weight) in [(true, 4), (false, 1)] {
+        let what = format!("mlp, 4 micro-batches, gradient_accumulation_shard {accumulate_shards}");
+        let po = ParallelOptimizer {
+            gradient_accumulation_shard: accumulate_shards,
+            ..zero1(None)
+        };
+        let par = options(Mode::DataParallel, 4, Some(po));
+        match check_against(
+            &what,
+            &model,
+            (par, micro, momentum()),
+            momentum(),
+            1e-9,
+            &[],
+        ) {
+            // Three weights: w0, b0, w1.
+            Ok(seen) if seen.reduce_scatters != 3 * per_weight || seen.mirror_all_reduces > 0 => {
+                failures.push(format!(
+                    "{what}: {} gradient reduce-scatters (want {}), {} gradient all-reduces",
+                    seen.reduce_scatters,
+                    3 * per_weight,
+                    seen.mirror_all_reduces
+                ))
+            }
+            Ok(_) => {}
+            Err(e) => failures.push(e),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// `gradients_mean = false` sums the replicas' gradients (MindSpore's convention: each
+/// replica's gradient is of its own local-mean loss), so with Momentum 4 data-parallel ranks
+/// step as one device with 4 times the learning rate, with or without micro-batches and
+/// optimizer sharding: the micro-batches' accumulated gradient is scaled like the plain one.
+#[test]
+fn summed_gradients_are_scaled_alike_with_micro_batches() {
+    let model = mlp(32, None).expect("mlp");
+    let mut failures = Vec::new();
+    for micro_size in [1, 4] {
+        for po in [None, Some(zero1(None))] {
+            let what = format!(
+                "mlp, gradients_mean false, {micro_size} micro-batch(es), optimizer sharding {}",
+                po.is_some()
+            );
+            let par = ParallelOptions {
+                gradients_mean: false,
+                ..options(Mode::DataParallel, 4, po)
+            };
+            let pipeline = PipelineOptions {
+                micro_size,
+                ..Default::default()
+            };
+            let scaled = Momentum::new(0.4, 0.9).to_spec();
+            // The moments hold 4 times the single device's (its velocity is of the unscaled
+            // gradient); the weights and losses agree.
+            let moments = ["moments.w0", "moments.b0", "moments.w1"];
+            if let Err(e) = check_against(
+                &what,
+                &model,
+                (par, pipeline, momentum()),
+                scaled,
+                1e-9,
+                &moments,
+            ) {
+                failures.push(e);
             }
         }
     }

@@ -1,9 +1,9 @@
 //! The one invariant for pipelines, as a property: a pipelined (and optionally
 //! optimizer-sharded) training step computes what one device computes on the global batch.
 //! Over random models (MLPs of 2 to 4 layers, residual MLPs, a small transformer) × stage
-//! counts (2, 3, 4) × micro-batch counts (the stages up to 8) × both schedules (1F1B, GPipe)
+//! counts (1, 2, 3, 4) × micro-batch counts (the stages up to 8, at least 2) × both schedules (1F1B, GPipe)
 //! × random intra-op strategies on 1, 2 or 4 devices per stage × optimizer sharding on or
-//! off, the ranks run together (a thread each, the in-process communicator, Send and Receive
+//! off (the gradient accumulation reduce-scattered per micro-batch or once), the ranks run together (a thread each, the in-process communicator, Send and Receive
 //! between stages) for 2 steps: the last stage's ranks return the single device's losses,
 //! and the weights gathered from the ranks that hold them (each stage its own) are the
 //! single device's.
@@ -41,6 +41,9 @@ struct Case {
     mesh: usize,
     scheduler: Scheduler,
     zero: bool,
+    /// With `zero`: `gradient_accumulation_shard` (each micro-batch's gradient
+    /// reduce-scattered and only the shard accumulated) or the accumulation reduced once.
+    accumulate_shards: bool,
 }
 
 /// An MLP of `layers` Dense layers (f64), the layer `i`'s ops marked with its stage
@@ -133,15 +136,27 @@ fn stage_by_layer_scope(g: &mut Graph, layers: usize, stages: usize) {
 /// The case of `seed`: its model (marked with stages) and what was drawn.
 fn case_of(seed: u64) -> Result<(String, Graph, Case, f64), String> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let stages = *pick(&mut rng, &[2usize, 3, 4]);
-    let mesh = *pick(&mut rng, &[1usize, 2, 4]);
-    let micro = *pick(&mut rng, &[stages, stages * 2].map(|m| m.min(8)));
+    // One stage: gradient accumulation over micro-batches alone.
+    let stages = *pick(&mut rng, &[1usize, 2, 3, 4]);
+    let mesh = *pick(
+        &mut rng,
+        if stages == 1 {
+            &[2usize, 4][..]
+        } else {
+            &[1, 2, 4]
+        },
+    );
+    let micro = *pick(
+        &mut rng,
+        &[stages, stages * 2].map(|m| if stages == 1 { m * 2 } else { m.min(8) }),
+    );
     let scheduler = if rng.random_bool(0.5) {
         Scheduler::OneFOneB
     } else {
         Scheduler::GPipe
     };
     let zero = mesh > 1 && rng.random_bool(0.3);
+    let accumulate_shards = zero && rng.random_bool(0.5);
     let case = Case {
         seed,
         stages,
@@ -149,6 +164,7 @@ fn case_of(seed: u64) -> Result<(String, Graph, Case, f64), String> {
         mesh,
         scheduler,
         zero,
+        accumulate_shards,
     };
     // The batch: every data-parallel rank's micro-batches whole.
     let batch = mesh * micro * 2;
@@ -226,6 +242,7 @@ fn run_case(seed: u64) -> Result<(), String> {
                 // however small.
                 parallel_optimizer: case.zero.then_some(ParallelOptimizer {
                     threshold_kb: 0,
+                    gradient_accumulation_shard: case.accumulate_shards,
                     ..ParallelOptimizer::DEFAULT
                 }),
             }),
@@ -284,10 +301,11 @@ fn pipelined_steps_equal_the_single_device_on_random_models_stages_and_strategie
     };
     let mut failures = Vec::new();
     let mut drawn = std::collections::BTreeMap::new();
-    let mut sharded = 0usize;
+    let (mut sharded, mut accumulated_shards) = (0usize, 0usize);
     for seed in seeds {
         if let Ok((_, _, c, _)) = case_of(seed) {
             sharded += c.zero as usize;
+            accumulated_shards += c.accumulate_shards as usize;
             *drawn
                 .entry((c.stages, c.micro, c.mesh, format!("{:?}", c.scheduler)))
                 .or_insert(0usize) += 1;
@@ -297,10 +315,14 @@ fn pipelined_steps_equal_the_single_device_on_random_models_stages_and_strategie
         }
     }
     eprintln!(
-        "cases (stages, micro-batches, mesh, schedule): {drawn:?}; with optimizer sharding: {sharded}"
+        "cases (stages, micro-batches, mesh, schedule): {drawn:?}; with optimizer sharding: {sharded} ({accumulated_shards} accumulating the shards)"
     );
     if only.is_none() {
         assert!(sharded >= 5, "only {sharded} cases shard the optimizer");
+        assert!(
+            accumulated_shards >= 2 && sharded - accumulated_shards >= 2,
+            "{accumulated_shards} of {sharded} optimizer-sharded cases accumulate the shards: both ways must be drawn"
+        );
         assert!(
             drawn.len() >= 20,
             "only {} kinds of case drawn",

@@ -12,7 +12,8 @@
 //! - when the plan shards the optimizer state, the parallel optimizer with no size threshold
 //!   ([`ZERO_AS_PLANNED`]): the planner priced every weight's state split over its replicas,
 //!   so every weight with a dimension its group divides is split, not only those of 64 KB or
-//!   more (MindSpore's default threshold);
+//!   more (MindSpore's default threshold), and the gradient reduce-scattered once per step
+//!   (`gradient_accumulation_shard = false`: ZeRO-1, not ZeRO-2);
 //! - `recompute: true` on the nodes of the layers of every stage the plan recomputes, but each
 //!   layer's outputs (the values read outside the layer: `docs/recompute.md`'s rule that a
 //!   cell's output is the checkpoint the replay starts from).
@@ -281,9 +282,12 @@ pub fn plan_pipeline(
 }
 
 /// The parallel optimizer as the stage planner prices ZeRO-1: every weight's optimizer state
-/// split over its replicas, whatever its size (MindSpore's defaults otherwise).
+/// split over its replicas, whatever its size, and a micro-batched gradient accumulated
+/// whole and reduce-scattered once per step (`gradient_accumulation_shard = false`: one
+/// ReduceScatter per weight, as the planner counts; MindSpore's defaults otherwise).
 pub const ZERO_AS_PLANNED: ParallelOptimizer = ParallelOptimizer {
     threshold_kb: 0,
+    gradient_accumulation_shard: false,
     ..ParallelOptimizer::DEFAULT
 };
 

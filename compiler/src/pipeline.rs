@@ -9,7 +9,7 @@
 //! | 04    | `sync_bn`             | training-mode BatchNorm as SyncBatchNorm pairs (`passes::parallel::sync_bn`) |
 //! | 05    | `step_parallel_begin` | a strategy for every op (the loaded strategy file's, else the mode's), a layout for every parameter (`passes::parallel::strategy`; with `enable_parallel_optimizer`, weights and optimizer state split over their data-parallel group, `passes::parallel::optimizer_shard`); writes the strategy file |
 //! | 06    | `step_parallel_end`   | the program every rank runs, once (SPMD): rank 0's graph with sliced shapes and inserted communication, and what differs per rank (`passes::parallel::partition::program`) |
-//! | 07    | `pipeline_split`      | the program lifted from one stage's mesh to every device and split into one program per stage, `Send` / `Receive` between them, each stage's nodes in the scheduler's order (`passes::pipeline::split`; only with `stages > 1`) |
+//! | 07    | `pipeline_split`      | the program lifted from one stage's mesh to every device and split into one program per stage, `Send` / `Receive` between them, each stage's nodes in the scheduler's order (`passes::pipeline::split`; only with `stages > 1`); before that, with `micro_size > 1`, the micro-batches' gradient terms summed and reduced once (`passes::pipeline::accumulate`; this alone on one stage) |
 //! | 08    | `grad_fusion`         | gradient AllReduces moved to just after their gradients and grouped into `fusion: k` buckets by [`CompileOptions::grad_fusion`] (`passes::grad_fusion::fuse_program`, per stage when pipelined) |
 //! | 09    | `execute`             | each asked rank's graph, materialized from the program ([`CompileOptions::materialize`]): its stage's graph when pipelined |
 //!
@@ -367,7 +367,7 @@ const PASSES: &[Pass] = &[
     },
     Pass {
         name: "pipeline_split",
-        enabled: |o| is_parallel(o) && o.pipeline.stages > 1,
+        enabled: |o| is_parallel(o) && (o.pipeline.stages > 1 || o.pipeline.micro_size > 1),
         dump: Dump::PerRankNamed,
         run: run_pipeline_split,
     },
@@ -563,14 +563,24 @@ fn batch_splits(g: &Graph, opts: &CompileOptions) -> Vec<usize> {
         .collect()
 }
 
-/// The program lifted to every device and split into its stages, each stage's nodes in the
-/// scheduler's order (`passes::pipeline::split`).
+/// The micro-batches' gradient accumulation reduced once, and with stages the program lifted
+/// to every device and split into its stages, each stage's nodes in the scheduler's order
+/// (`passes::pipeline::split`).
 fn run_pipeline_split(s: &mut CompileState, opts: &CompileOptions) -> Result<(), CompileError> {
     let unfused = s.unfused.take().ok_or(CompileError::Order {
         pass: "pipeline_split",
         needs: "step_parallel_end",
     })?;
-    s.unfused = Some(pipe::split::pipeline_split(unfused, &opts.pipeline)?);
+    let accumulate_shards = opts
+        .parallel
+        .as_ref()
+        .and_then(|p| p.parallel_optimizer.as_ref())
+        .is_some_and(|po| po.gradient_accumulation_shard);
+    s.unfused = Some(pipe::split::pipeline_split(
+        unfused,
+        &opts.pipeline,
+        accumulate_shards,
+    )?);
     Ok(())
 }
 

@@ -23,7 +23,7 @@ pub use super::assignment::OptimizerShard;
 
 use super::assignment::{Assignment, Decision, Source};
 use super::propagation::follow_weight;
-use super::roles::updated_weight;
+use super::roles::{gradient_accumulation, updated_weight};
 use super::{ParallelError, ParallelOptimizer, ParallelOptions};
 use shardc_ir::{Graph, OpClass, Operand, TensorLayout};
 
@@ -182,6 +182,29 @@ pub fn apply(g: &Graph, a: &mut Assignment, opts: &ParallelOptions) -> Result<()
             devices,
             before,
         });
+    }
+    // The gradient's accumulation (the micro-batches' terms summed) takes the shard's layout
+    // too: each term, partial over the group, is reduce-scattered into it (MindSpore's
+    // `gradient_accumulation_shard`); the pipeline pass sums the raw terms first and
+    // reduce-scatters once when that option is off.
+    let users = g.users();
+    for (i, node) in g.nodes.iter().enumerate() {
+        if node.op.class() != OpClass::Optimizer {
+            continue;
+        }
+        let Some((w, Some(layout))) = updated_weight(g, node).map(|w| (w, &changed[w])) else {
+            continue;
+        };
+        for add in gradient_accumulation(g, &users, i) {
+            a.decisions[add] = Some(Decision {
+                sharding: follow_weight(g, &g.nodes[add], layout),
+                source: Source::FollowsWeight(format!(
+                    "{} (its gradient accumulated as split by the parallel optimizer)",
+                    g.params[w].name
+                )),
+                candidates: Vec::new(),
+            });
+        }
     }
     // Every other update or Assign of a split parameter follows its new layout.
     for (i, node) in g.nodes.iter().enumerate() {

@@ -14,6 +14,7 @@
 
 use super::assignment::{Assignment, Decision};
 use super::redistribute::{group, placement, plan, Placement, Plan, Step};
+use super::roles::gradient_accumulation;
 use super::simplify::simplify;
 use super::{ParallelError, ParallelOptions};
 use crate::infer;
@@ -217,18 +218,30 @@ pub fn edges(g: &Graph, a: &Assignment, opts: &ParallelOptions) -> Edges {
             .map(|p| a.optimizer_shard_of(p).is_some())
             .collect(),
     };
+    // Per node: the weight whose gradient it reduces into, when its partial operands are a
+    // weight's gradient terms (an optimizer update, and the Adds that accumulate its
+    // gradient over micro-batches or several reads): those completions are the weight's
+    // mirrors.
+    let mut mirror_target: Vec<Option<String>> = vec![None; g.nodes.len()];
+    let users = g.users();
+    for (i, node) in g.nodes.iter().enumerate() {
+        if node.op.class() != OpClass::Optimizer {
+            continue;
+        }
+        let Some(Operand::Param(p)) = node.inputs.first() else {
+            continue;
+        };
+        let name = g.param(*p).name.clone();
+        for add in gradient_accumulation(g, &users, i) {
+            mirror_target[add] = Some(name.clone());
+        }
+        mirror_target[i] = Some(name);
+    }
     for (i, node) in g.nodes.iter().enumerate() {
         let Some(d) = a.decisions[i].as_ref() else {
             continue;
         };
-        let mirror_of = if node.op.class() == OpClass::Optimizer {
-            match node.inputs.first() {
-                Some(Operand::Param(p)) => Some(g.param(*p).name.clone()),
-                _ => None,
-            }
-        } else {
-            None
-        };
+        let mirror_of = mirror_target[i].clone();
         let mut ins = Vec::with_capacity(node.inputs.len());
         for (j, o) in node.inputs.iter().enumerate() {
             let need = match (a.operand_layout(g, o), d.sharding.inputs[j].clone()) {

@@ -3,7 +3,7 @@
 //! takes the weight's layout ([`like_weight`]). Propagation, the search problem and the tools
 //! that compare plans all ask these questions the same way.
 
-use shardc_ir::{Graph, Node, OpClass, OpKind, Operand, ReduceOp, TensorLayout};
+use shardc_ir::{Graph, Node, NodeId, OpClass, OpKind, Operand, ReduceOp, TensorLayout};
 
 /// Whether `node` was made by autodiff or the optimizer (not written by the user). A forward
 /// node the `recompute` pass replayed in the backward (`duplicated: true`) counts as the
@@ -26,6 +26,53 @@ pub fn updated_weight(g: &Graph, node: &Node) -> Option<usize> {
         Some(Operand::Param(p)) if g.param(*p).is_weight() => Some(p.index()),
         _ => None,
     }
+}
+
+/// The `Add`s that sum the terms of the gradient an optimizer update (node `update`) reads:
+/// autodiff's accumulation of a weight read more than once, as every micro-batch's clone of
+/// a layer reads it (`Add(Add(g0, g1), g2)`). Root first. An `Add` belongs when it was
+/// generated, its operands and result have the weight's shape, and its only reader is the
+/// update or another `Add` of the tree; empty when the gradient is a single term. `users` is
+/// [`Graph::users`] of `g`.
+pub fn gradient_accumulation(g: &Graph, users: &[Vec<NodeId>], update: usize) -> Vec<usize> {
+    let node = &g.nodes[update];
+    let Some(w) = updated_weight(g, node) else {
+        return Vec::new();
+    };
+    let shape = &g.params[w].ty.shape;
+    let has_shape = |o: &Operand| g.operand_tensor_type(o).is_some_and(|t| &t.shape == shape);
+    // The gradient: the update's one node operand of the weight's shape.
+    let mut roots = node
+        .inputs
+        .iter()
+        .skip(1)
+        .filter(|o| matches!(o, Operand::Node(_)) && has_shape(o));
+    let (Some(Operand::Node(root)), None) = (roots.next(), roots.next()) else {
+        return Vec::new();
+    };
+    let mut tree = Vec::new();
+    let mut stack = vec![(root.index(), update)];
+    while let Some((x, reader)) = stack.pop() {
+        let n = &g.nodes[x];
+        let sums = n.op == OpKind::Add
+            && is_generated(n)
+            && n.inputs.len() == 2
+            && n.inputs.iter().all(has_shape)
+            && n.ty.tensors().first().is_some_and(|t| &t.shape == shape)
+            && users[x].len() == 1
+            && users[x][0].index() == reader
+            && !g.outputs.contains(&Operand::Node(NodeId(x as u32)));
+        if !sums || tree.contains(&x) {
+            continue;
+        }
+        tree.push(x);
+        for o in &n.inputs {
+            if let Operand::Node(y) = o {
+                stack.push((y.index(), x));
+            }
+        }
+    }
+    tree
 }
 
 /// The layout an operand of `shape` of a weight's update takes when the weight is laid out as

@@ -13,10 +13,13 @@
 //!   every device (the stage axis major in every device matrix) and split into one program per
 //!   stage, `Send` / `Receive` between them, each stage's nodes ordered by the scheduler
 //!   (1F1B or GPipe).
+//! - [`accumulate`]: the micro-batches' reduced gradient terms summed first and reduced once
+//!   (or, with `gradient_accumulation_shard`, reduce-scattered each and their shards summed).
 //!
 //! The attributes are MindSpore's: `pipeline_stage` and `micro_batch` on nodes, `dest_rank`,
 //! `src_rank`, `sr_tag` on `Send` / `Receive`. See `docs/pipeline.md`.
 
+pub mod accumulate;
 pub mod micro_batch;
 pub mod split;
 pub mod stages;

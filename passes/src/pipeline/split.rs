@@ -13,8 +13,9 @@
 //!   `shape`, `dtype`), the peer `rank ± |b - a| · device_num / S` ([`Patch::Peer`]), the tag
 //!   unique per value and reader stage (and so per micro-batch).
 //! - **Reduce once**: the micro-batches' gradient terms, each reduced by the partition, are
-//!   summed first and reduced once (`reduce_once`: `Add(R(a), R(b))` → `R(Add(a, b))` for
-//!   two identical sum collectives read only by that `Add`).
+//!   summed first and reduced once ([`super::accumulate::reduce_once`]: `Add(R(a), R(b))` →
+//!   `R(Add(a, b))`; with `gradient_accumulation_shard` the ReduceScatters into the parallel
+//!   optimizer's shards stay per micro-batch). This alone is done on one stage.
 //! - **Schedule**: each stage's nodes in a priority topological order: a node's slot is the
 //!   position of its (phase, micro-batch) in its stage's sequence ([`sequence`]: 1F1B or
 //!   GPipe; the backward phase is the scope `Gradients...`), a node without `micro_batch` the
@@ -28,6 +29,7 @@
 //! of the chain of same-typed first operands (the first micro-batch's loss rather than the
 //! global batch's), so the last stage's first backward does not wait for every forward.
 
+use super::accumulate::reduce_once;
 use super::{int_attr, PipelineError, PipelineOptions, Scheduler, MICRO_ATTR, STAGE_ATTR};
 use shardc_ir::spmd::{Patch, SpmdProgram, StageProgram};
 use shardc_ir::{
@@ -251,135 +253,6 @@ fn rewire_seeds(t: &mut Graph) {
 /// An item's order key: (slot, original index, 0 for a Receive / 1 for a node / 2 for a Send).
 type Key = (usize, usize, usize);
 
-/// Whether node `i` is a sum-reduction collective of one operand (`AllReduce` or
-/// `ReduceScatter` with `op: sum`).
-fn summed_collective(t: &Graph, i: usize) -> bool {
-    let n = &t.nodes[i];
-    matches!(n.op, OpKind::AllReduce | OpKind::ReduceScatter)
-        && n.attrs.get("op").and_then(Attr::as_str).unwrap_or("sum") == "sum"
-        && n.inputs.len() == 1
-}
-
-/// Gradient accumulation reduced once: `Add(R(a), R(b))`, where both `R` are the same sum
-/// collective (same op, attributes and group on every rank) read by that `Add` only, becomes
-/// `R(Add(a, b))` (the sum of the reductions is the reduction of the sum). The micro-batches'
-/// weight gradients are partial sums the partition reduced one by one; after this, a chain of
-/// accumulations reduces once.
-fn reduce_once(mut t: Graph, mut patches: Vec<Patch>) -> (Graph, Vec<Patch>) {
-    loop {
-        let groups: HashMap<usize, (Vec<usize>, Vec<usize>)> = patches
-            .iter()
-            .filter_map(|p| match p {
-                Patch::Group { node, primes, axes } => {
-                    Some((*node as usize, (primes.clone(), axes.clone())))
-                }
-                _ => None,
-            })
-            .collect();
-        let users = t.users();
-        let only_reader = |x: usize, i: usize| {
-            users[x].len() == 1
-                && users[x][0].index() == i
-                && !t.outputs.contains(&Operand::Node(NodeId(x as u32)))
-        };
-        let found = t.nodes.iter().enumerate().find_map(|(i, n)| {
-            let (Some(Operand::Node(a)), Some(Operand::Node(b))) =
-                (n.inputs.first(), n.inputs.get(1))
-            else {
-                return None;
-            };
-            let (a, b) = (a.index(), b.index());
-            let (na, nb) = (&t.nodes[a], &t.nodes[b]);
-            (n.op == OpKind::Add
-                && n.inputs.len() == 2
-                && a != b
-                && summed_collective(&t, a)
-                && summed_collective(&t, b)
-                && na.op == nb.op
-                && na.attrs == nb.attrs
-                && groups.contains_key(&a)
-                && groups.get(&a) == groups.get(&b)
-                && na.ty == nb.ty
-                && only_reader(a, i)
-                && only_reader(b, i))
-            .then_some((i, a, b))
-        });
-        let Some((i, a, b)) = found else {
-            return (t, patches);
-        };
-        // The Add sums the raw terms; a copy of `a`'s collective reduces the sum.
-        let raw_ty = t.nodes[a].inputs.first().and_then(|o| match o {
-            Operand::Node(x) => Some(t.nodes[x.index()].ty.clone()),
-            _ => None,
-        });
-        let Some(raw_ty) = raw_ty else {
-            return (t, patches);
-        };
-        let mut reduce = t.nodes[a].clone();
-        reduce.inputs = vec![Operand::Node(NodeId(i as u32))];
-        reduce.ty = t.nodes[i].ty.clone();
-        match t.nodes[i].attrs.get(MICRO_ATTR) {
-            Some(m) => reduce.attrs.set(MICRO_ATTR, m.clone()),
-            None => {
-                reduce.attrs.remove(MICRO_ATTR);
-            }
-        }
-        reduce.comments.push(
-            "gradient accumulation: the micro-batches' terms are summed first and reduced once"
-                .into(),
-        );
-        let add_inputs = vec![t.nodes[a].inputs[0].clone(), t.nodes[b].inputs[0].clone()];
-        t.nodes[i].inputs = add_inputs;
-        t.nodes[i].ty = raw_ty;
-        // The new order: without `a` and `b`, the reduction right after the Add.
-        let n = t.nodes.len();
-        let mut table = vec![u32::MAX; n];
-        let mut order: Vec<Node> = Vec::with_capacity(n - 1);
-        let old = std::mem::take(&mut t.nodes);
-        let mut reduce_index = 0;
-        for (k, node) in old.into_iter().enumerate() {
-            if k == a || k == b {
-                continue;
-            }
-            table[k] = order.len() as u32;
-            order.push(node);
-            if k == i {
-                reduce_index = order.len() as u32;
-                order.push(reduce.clone());
-            }
-        }
-        for node in &mut order {
-            for o in &mut node.inputs {
-                if let Operand::Node(x) = o {
-                    // The Add's readers read the reduction (the Add itself is read only by it).
-                    x.0 = if x.index() == i {
-                        reduce_index
-                    } else {
-                        table[x.index()]
-                    };
-                }
-            }
-        }
-        // The reduction reads the Add.
-        order[reduce_index as usize].inputs = vec![Operand::Node(NodeId(table[i]))];
-        for o in &mut t.outputs {
-            if let Operand::Node(x) = o {
-                x.0 = if x.index() == i {
-                    reduce_index
-                } else {
-                    table[x.index()]
-                };
-            }
-        }
-        t.nodes = order;
-        table[a] = reduce_index;
-        patches.retain(|p| p.node() != Some(b as u32));
-        for p in &mut patches {
-            p.renumber(&table);
-        }
-    }
-}
-
 /// What a stage runs, before ordering.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Item {
@@ -451,12 +324,23 @@ fn shared_state_replicas(t: &Graph, stage: &[usize], stages: usize) -> Vec<HashS
 
 /// Splits `program` (partitioned over `device_num / S` devices) into its pipeline stages;
 /// see the module documentation.
+///
+/// `accumulate_shards` is the parallel optimizer's `gradient_accumulation_shard`: keep each
+/// micro-batch's gradient ReduceScatter and accumulate only the shard
+/// ([`super::accumulate::reduce_once`]). On one stage with micro-batches only the accumulation is
+/// reduced once.
 pub fn pipeline_split(
-    program: SpmdProgram,
+    mut program: SpmdProgram,
     opts: &PipelineOptions,
+    accumulate_shards: bool,
 ) -> Result<SpmdProgram, PipelineError> {
     let stages = opts.stages;
     if stages <= 1 {
+        if opts.micro_size > 1 {
+            let (t, patches) = reduce_once(program.template, program.patches, accumulate_shards);
+            program.template = t;
+            program.patches = patches;
+        }
         return Ok(program);
     }
     let per = program.device_num;
@@ -466,7 +350,7 @@ pub fn pipeline_split(
         .iter()
         .map(|p| lift_patch(p, stages))
         .collect();
-    let (mut t, patches) = reduce_once(program.template, patches);
+    let (mut t, patches) = reduce_once(program.template, patches, accumulate_shards);
     rewire_seeds(&mut t);
     let stage = node_stages(&t, stages)?;
     let replicas = shared_state_replicas(&t, &stage, stages);
