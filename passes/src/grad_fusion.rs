@@ -1,6 +1,7 @@
 //! Gradient fusion: moves every gradient AllReduce (the `mirror_grad_*` ones the partitioner
 //! inserts) to just after its gradient is produced, and groups them into buckets, MindSpore's
-//! `comm_fusion={"allreduce": {...}}`.
+//! `comm_fusion={"allreduce": {...}}`; and prefetches the parallel optimizer's weight
+//! gathers (`parallel_optimizer_allgather_*`), MindSpore's `comm_fusion={"allgather": ...}`.
 //!
 //! The partitioner places a weight's gradient AllReduce just before the weight's optimizer
 //! update, after the whole backward pass, so nothing could overlap it. This pass:
@@ -28,6 +29,14 @@
 //! 3. Writes the bucket id into each member's `fusion` attribute (`fusion: k`, k > 0; 0 = not
 //!    fused), numbered from 1 in the order buckets open, and a comment saying which bucket and
 //!    why.
+//!
+//! 4. **Prefetches** the weight gathers ([`is_weight_gather`]: AllGathers along axis 0 of a
+//!    parameter, which the parallel optimizer's split weights need before their readers):
+//!    they move to the start of the step, in their order, and are bucketed (`fusion: k`
+//!    after the gradient buckets' ids) by the cell of their first reader, up to the mode's
+//!    size. The runtime launches every bucket as the step starts and waits for one only at
+//!    its first reader, so a cell's weights arrive while the cells before it compute
+//!    (FSDP's prefetch; MindSpore's parallel optimizer fuses its AllGathers likewise).
 //!
 //! The pass is deterministic and depends only on the graph's structure and types, so every
 //! rank of a data-parallel job gets the same buckets in the same order.
@@ -132,6 +141,18 @@ pub struct Bucket {
     pub bytes: usize,
 }
 
+/// The prefix of the parallel optimizer's weight gathers the partitioner inserts.
+pub const GATHER_PREFIX: &str = "parallel_optimizer_allgather_";
+
+/// Whether `node` is a weight gather this pass prefetches: the parallel optimizer's
+/// AllGather of a parameter along axis 0.
+pub fn is_weight_gather(node: &Node) -> bool {
+    node.op == OpKind::AllGather
+        && node.instance.starts_with(GATHER_PREFIX)
+        && matches!(node.inputs.as_slice(), [Operand::Param(_)])
+        && node.attrs.get("axis").and_then(Attr::as_int).unwrap_or(0) == 0
+}
+
 /// Whether `g`'s node is a gradient AllReduce this pass fuses.
 pub fn is_gradient_all_reduce(node: &shardc_ir::Node) -> bool {
     node.op == OpKind::AllReduce && node.instance.starts_with(MIRROR_PREFIX)
@@ -145,9 +166,13 @@ pub fn fuse(g: &Graph, mode: &GradFusion) -> Result<(Graph, Vec<Bucket>), GradFu
 /// As [`fuse`], on a graph it may take apart (no node is copied).
 pub fn fuse_owned(g: Graph, mode: &GradFusion) -> Result<(Graph, Vec<Bucket>), GradFusionError> {
     mode.validate()?;
+    let (g, _) = prefetch(g);
     let (out, _) = hoist(g);
-    let buckets = bucket(&out, mode, &|_| None)?;
-    Ok((mark(out, &buckets, mode), buckets))
+    let mut buckets = bucket(&out, mode, &|_| None)?;
+    let gathers = gather_buckets(&out, mode, &|_| None, buckets.len() as i64 + 1)?;
+    let out = mark_gathers(mark(out, &buckets, mode), &gathers, mode);
+    buckets.extend(gathers);
+    Ok((out, buckets))
 }
 
 /// The pass on the program every rank runs ([`SpmdProgram`]): its template is fused, the
@@ -185,8 +210,9 @@ fn fuse_one(
     mut patches: Vec<Patch>,
     mode: &GradFusion,
 ) -> Result<(SpmdProgram, Vec<Bucket>), GradFusionError> {
-    let (out, new_index) = hoist(template);
-    if let Some(new_index) = &new_index {
+    let (g, prefetched) = prefetch(template);
+    let (out, hoisted) = hoist(g);
+    for new_index in [prefetched, hoisted].iter().flatten() {
         for patch in &mut patches {
             patch.renumber(new_index);
         }
@@ -197,16 +223,126 @@ fn fuse_one(
             spec.insert(*node as usize, format!("{primes:?}/{axes:?}"));
         }
     }
-    let buckets = bucket(&out, mode, &|i| spec.get(&i).cloned())?;
+    let group_of = |i: usize| spec.get(&i).cloned();
+    let mut buckets = bucket(&out, mode, &group_of)?;
+    let gathers = gather_buckets(&out, mode, &group_of, buckets.len() as i64 + 1)?;
+    let template = mark_gathers(mark(out, &buckets, mode), &gathers, mode);
+    buckets.extend(gathers);
     Ok((
         SpmdProgram {
             device_num,
-            template: mark(out, &buckets, mode),
+            template,
             patches,
             stages: Vec::new(),
         },
         buckets,
     ))
+}
+
+/// Moves every weight gather ([`is_weight_gather`]) to the start of `g`, in their order:
+/// each reads only its parameter, so it can run as the step begins, and its bucket's
+/// AllGather overlaps the compute before its first reader; with the new index of every old
+/// node, when any moved.
+fn prefetch(g: Graph) -> (Graph, Option<Vec<u32>>) {
+    let gathers: Vec<usize> = (0..g.nodes.len())
+        .filter(|&i| is_weight_gather(&g.nodes[i]))
+        .collect();
+    if gathers.iter().enumerate().all(|(k, &i)| k == i) {
+        return (g, None);
+    }
+    let mut order = gathers.clone();
+    order.extend((0..g.nodes.len()).filter(|i| gathers.binary_search(i).is_err()));
+    let (g, new_index) = reordered(g, &order);
+    (g, Some(new_index))
+}
+
+/// Groups the weight gathers at the start of `g` ([`prefetch`]) into buckets, ids from
+/// `next_id`: consecutive gathers over the same group and dtype whose first readers are in
+/// the same cell (scope) share one, up to the mode's size (`auto`: 64 MB of gathered
+/// weights; `index`: within one segment of the parameter list; no `comm_fusion`: one per
+/// gather). A cell's weights then arrive together, and the next cells' while it computes.
+fn gather_buckets(
+    g: &Graph,
+    mode: &GradFusion,
+    group_of: &dyn Fn(usize) -> Option<String>,
+    next_id: i64,
+) -> Result<Vec<Bucket>, GradFusionError> {
+    let users = g.users();
+    let limit = match mode {
+        GradFusion::SizeMb(mb) => mb * MB,
+        _ => GradFusion::AUTO_BUCKET_MB * MB,
+    };
+    let mut done: Vec<Bucket> = Vec::new();
+    let mut open: Option<(String, Bucket)> = None;
+    for (i, node) in g.nodes.iter().enumerate() {
+        if !is_weight_gather(node) {
+            break;
+        }
+        let ty = node.ty.as_tensor().ok_or_else(|| GradFusionError::Node {
+            instance: node.instance.clone(),
+            reason: "its result is not a tensor".into(),
+        })?;
+        let group = group_of(i).unwrap_or_else(|| {
+            node.attrs
+                .get("rank_list")
+                .map_or_else(|| "world".to_string(), |a| a.to_string())
+        });
+        let reader_scope = users[i]
+            .iter()
+            .map(|u| u.index())
+            .min()
+            .map_or("", |u| g.nodes[u].scope.as_str());
+        let segment = match mode {
+            GradFusion::Index(ix) => weight_index(g, &node.instance)
+                .map_or(usize::MAX - i, |w| ix.iter().filter(|&&s| s <= w).count()),
+            _ => 0,
+        };
+        let key = format!("{group}|{}|{reader_scope}|{segment}", ty.dtype);
+        let bytes = ty.size_bytes();
+        let joins = open.as_ref().is_some_and(|(k, b)| {
+            *k == key && !matches!(mode, GradFusion::Each) && (b.bytes + bytes) as f64 <= limit
+        });
+        if !joins {
+            if let Some((_, b)) = open.take() {
+                done.push(b);
+            }
+            let id = next_id + done.len() as i64;
+            open = Some((
+                key,
+                Bucket {
+                    id,
+                    members: Vec::new(),
+                    bytes: 0,
+                },
+            ));
+        }
+        if let Some((_, b)) = open.as_mut() {
+            b.members.push(NodeId(i as u32));
+            b.bytes += bytes;
+        }
+    }
+    done.extend(open.map(|(_, b)| b));
+    Ok(done)
+}
+
+/// Writes each gather bucket's id into its members (`fusion: k`) with a comment.
+fn mark_gathers(mut out: Graph, buckets: &[Bucket], mode: &GradFusion) -> Graph {
+    let how = mode.describe();
+    for b in buckets {
+        for (k, m) in b.members.iter().enumerate() {
+            let node = &mut out.nodes[m.index()];
+            node.attrs.set("fusion", Attr::Int(b.id));
+            node.comments.push(format!(
+                "parameter prefetch: gathered as the step starts, bucket {} member {} of {} \
+                 ({} bytes gathered in the bucket; {how})",
+                b.id,
+                k + 1,
+                b.members.len(),
+                b.bytes
+            ));
+        }
+    }
+    out
 }
 
 /// Writes each bucket's id into its members (`fusion: k`) with a comment.
@@ -327,6 +463,14 @@ fn hoist(g: Graph) -> (Graph, Option<Vec<u32>>) {
     let left: Vec<usize> = (0..n).filter(|&i| hoisted[i] && !s.placed[i]).collect();
     let mut order = s.order;
     order.extend(left);
+    let (graph, new_index) = reordered(g, &order);
+    (graph, Some(new_index))
+}
+
+/// `g` with its nodes in `order` (old indices, each once), operands and outputs renumbered;
+/// with the new index of every old node.
+fn reordered(g: Graph, order: &[usize]) -> (Graph, Vec<u32>) {
+    let n = g.nodes.len();
     let mut new_index = vec![0u32; n];
     for (new, &old) in order.iter().enumerate() {
         new_index[old] = new as u32;
@@ -359,13 +503,16 @@ fn hoist(g: Graph) -> (Graph, Option<Vec<u32>>) {
         nodes,
         outputs: outputs.iter().map(remap).collect(),
     };
-    (graph, Some(new_index))
+    (graph, new_index)
 }
 
 /// The trainable-parameter index of the weight whose gradient `instance` reduces
-/// (`mirror_grad_<weight>_AllReduce<c>`), the longest matching name winning.
+/// (`mirror_grad_<weight>_AllReduce<c>`) or that it gathers
+/// (`parallel_optimizer_allgather_<weight>_AllGather<c>`), the longest matching name winning.
 fn weight_index(g: &Graph, instance: &str) -> Option<usize> {
-    let rest = instance.strip_prefix(MIRROR_PREFIX)?;
+    let rest = instance
+        .strip_prefix(MIRROR_PREFIX)
+        .or_else(|| instance.strip_prefix(GATHER_PREFIX))?;
     g.params
         .iter()
         .filter(|p| p.requires_grad())
@@ -558,6 +705,64 @@ mod tests {
                 _ => -1,
             })
             .collect()
+    }
+
+    /// Weight gathers of `w0`, `w1` (axis 0) and `w2` (axis 1), each read by a Mul in scope
+    /// `cell<k>` placed after the gradients: the axis-0 ones move to the start, in one bucket
+    /// per reading cell after the gradient buckets; the axis-1 one stays where it was.
+    #[test]
+    fn weight_gathers_move_to_the_start_and_bucket_by_reading_cell() {
+        let mut g = graph(2, false);
+        let whole = TensorType::new(DType::Float32, vec![8]);
+        for (k, (axis, cell)) in [(0, "cell0"), (0, "cell0"), (1, "cell1")]
+            .into_iter()
+            .enumerate()
+        {
+            let w = g.add_param(Param {
+                name: format!("w{k}"),
+                ty: TensorType::new(DType::Float32, vec![4]),
+                kind: ParamKind::Weight {
+                    requires_grad: true,
+                    init: shardc_ir::Init::Zeros,
+                },
+            });
+            let mut a = Node::new(OpKind::AllGather, vec![Operand::Param(w)]);
+            a.ty = Type::Tensor(whole.clone());
+            a.instance = format!("{GATHER_PREFIX}w{k}_AllGather{k}");
+            a.attrs.set("axis", Attr::Int(axis));
+            let a = g.push_node(a);
+            let mut r = Node::new(OpKind::Neg, vec![Operand::Node(a)]);
+            r.ty = Type::Tensor(whole.clone());
+            r.instance = format!("reader{k}");
+            r.scope = cell.into();
+            let r = g.push_node(r);
+            g.outputs.push(Operand::Node(r));
+        }
+        let (out, buckets) = fuse(&g, &GradFusion::Auto).unwrap();
+        let at = |name: &str| out.nodes.iter().position(|n| n.instance.starts_with(name));
+        let fusion = |i: usize| out.nodes[i].attrs.get("fusion").and_then(Attr::as_int);
+        let (w0, w1, w2) = (
+            at(&format!("{GATHER_PREFIX}w0")).unwrap(),
+            at(&format!("{GATHER_PREFIX}w1")).unwrap(),
+            at(&format!("{GATHER_PREFIX}w2")).unwrap(),
+        );
+        assert_eq!((w0, w1), (0, 1), "the axis-0 gathers lead the step");
+        assert!(w2 > at("reader1").unwrap(), "the axis-1 gather stays put");
+        // The gradients share bucket 1; both gathers of cell0 bucket 2.
+        assert_eq!(ids(&out), [1, 1]);
+        assert_eq!(
+            (fusion(w0), fusion(w1), fusion(w2)),
+            (Some(2), Some(2), None)
+        );
+        assert_eq!(buckets.len(), 2);
+        // Every operand still comes before its reader.
+        for (i, n) in out.nodes.iter().enumerate() {
+            for o in &n.inputs {
+                if let Operand::Node(x) = o {
+                    assert!(x.index() < i, "{}", n.instance);
+                }
+            }
+        }
     }
 
     #[test]

@@ -23,7 +23,10 @@
 //! ordinary communication node is submitted and waited for right away. The AllReduces of a
 //! gradient bucket (`fusion: k`, k > 0, written by `passes::grad_fusion`) are packed, as their
 //! inputs appear, into one flat buffer per bucket; when the last member is packed, ONE
-//! AllReduce of the flat buffer is submitted and compute goes on. The first node that reads a
+//! AllReduce of the flat buffer is submitted and compute goes on. A parameter-gather bucket
+//! (the parallel optimizer's weight AllGathers, which `grad_fusion` puts at the start of the
+//! step) is packed and launched the same way and runs ONE AllGather
+//! ([`schedule::BucketCollective`]). The first node that reads a
 //! member's result waits for that bucket (and only then) and unpacks the member. A bucket that
 //! the last step found with little to hide behind (less than `INLINE_BUCKET_BELOW` of
 //! compute between its launch and its first reader, or of its own time) runs on the main
@@ -59,7 +62,7 @@ pub use comm_call::{comm_call, run_comm, CommCall, CommFailure};
 use comm_thread::{CommThread, Job, Reply};
 use device::ExecDevice;
 use run::{run_nodes, LoopState};
-use schedule::{bind_feeds, BucketSpec, MemberSpec, NodeStep, Schedule};
+use schedule::{bind_feeds, BucketCollective, BucketSpec, MemberSpec, NodeStep, Schedule};
 
 /// Where an operand's tensor comes from at run time.
 #[derive(Clone, Copy, Debug)]
@@ -105,9 +108,11 @@ enum Step {
 struct BucketRt {
     /// The `fusion` id.
     id: i64,
-    /// Its group and reduction.
+    /// Its group, collective and reduction, and one rank's elements.
     group: Arc<[usize]>,
+    collective: BucketCollective,
     op: ReduceOp,
+    per_rank: usize,
     /// The flat buffer; `None` while the communication thread has it.
     flat: Option<Tensor>,
     /// The ticket of the bucket's AllReduce while it is in flight.
@@ -612,7 +617,9 @@ impl Executor {
             .map(|b| BucketRt {
                 id: b.id,
                 group: b.group.clone(),
+                collective: b.collective,
                 op: b.op,
+                per_rank: b.per_rank,
                 flat: Some(Tensor {
                     shape: vec![b.elements],
                     data: Data::zeros(b.dtype, b.elements),
@@ -1126,8 +1133,10 @@ impl ExecDevice for HostStep<'_, '_> {
             pool,
             feed_index,
             buckets,
+            schedule,
             ..
         } = &mut *self.ex;
+        let at = schedule.buckets[member.bucket].pack_offset(member);
         let bk = &mut buckets[member.bucket];
         let input = match &steps[i] {
             Step::Pack { input } => Some(*input),
@@ -1141,7 +1150,7 @@ impl ExecDevice for HostStep<'_, '_> {
             return Err(self.graph_error(i, reason));
         };
         let packed = match input.and_then(|s| fetch(s, pool, weights, feeds, feed_index)) {
-            Some(t) if t.len() == member.len => pack_into(flat, member.offset, t),
+            Some(t) if t.len() == member.len => flat.copy_elements(at, t, 0, member.len),
             _ => false,
         };
         if !packed {
@@ -1172,7 +1181,9 @@ impl ExecDevice for HostStep<'_, '_> {
         let flat = bk.flat.take().unwrap_or_else(empty_tensor);
         let job = Job::Bucket {
             group: bk.group.clone(),
+            collective: bk.collective,
             op: bk.op,
+            per_rank: bk.per_rank,
             flat,
         };
         let job = if bk.better_inline() {
@@ -1229,8 +1240,10 @@ impl ExecDevice for HostStep<'_, '_> {
             stats,
             buckets,
             member_out,
+            schedule,
             ..
         } = &mut *self.ex;
+        let copies = schedule.buckets[mem.bucket].unpack_copies(mem);
         let bk = &buckets[mem.bucket];
         let err = |reason: String| RuntimeError::Graph {
             graph: self.graph.name.clone(),
@@ -1249,7 +1262,10 @@ impl ExecDevice for HostStep<'_, '_> {
         if shape_buffer(dst, &mem.ty) {
             stats.buffer_allocations += 1;
         }
-        if !unpack_from(dst, flat, mem.offset) {
+        if !copies
+            .into_iter()
+            .all(|(from, to, len)| dst.copy_elements(to, flat, from, len))
+        {
             return Err(err(format!(
                 "gradient bucket fusion {} does not hold this member's {} elements",
                 bk.id, mem.len
@@ -1340,53 +1356,6 @@ fn finish_bucket(
             location: node_text(graph, node),
             reason,
         }),
-    }
-}
-
-/// Copies `src`'s elements into `flat[offset..]` (same dtype). False when they do not fit.
-fn pack_into(flat: &mut Tensor, offset: usize, src: &Tensor) -> bool {
-    fn put<T: Copy>(d: &mut [T], offset: usize, s: &[T]) -> bool {
-        match d.get_mut(offset..offset + s.len()) {
-            Some(dst) => {
-                dst.copy_from_slice(s);
-                true
-            }
-            None => false,
-        }
-    }
-    match (&mut flat.data, &src.data) {
-        (Data::F32(d), Data::F32(s)) => put(d, offset, s),
-        (Data::F64(d), Data::F64(s)) => put(d, offset, s),
-        (Data::F16(d), Data::F16(s)) => put(d, offset, s),
-        (Data::BF16(d), Data::BF16(s)) => put(d, offset, s),
-        (Data::I32(d), Data::I32(s)) => put(d, offset, s),
-        (Data::I64(d), Data::I64(s)) => put(d, offset, s),
-        (Data::Bool(d), Data::Bool(s)) => put(d, offset, s),
-        _ => false,
-    }
-}
-
-/// Copies `flat[offset..offset + dst.len()]` into `dst` (same dtype). False when it does not
-/// fit.
-fn unpack_from(dst: &mut Tensor, flat: &Tensor, offset: usize) -> bool {
-    fn get<T: Copy>(d: &mut [T], offset: usize, s: &[T]) -> bool {
-        match s.get(offset..offset + d.len()) {
-            Some(src) => {
-                d.copy_from_slice(src);
-                true
-            }
-            None => false,
-        }
-    }
-    match (&mut dst.data, &flat.data) {
-        (Data::F32(d), Data::F32(s)) => get(d, offset, s),
-        (Data::F64(d), Data::F64(s)) => get(d, offset, s),
-        (Data::F16(d), Data::F16(s)) => get(d, offset, s),
-        (Data::BF16(d), Data::BF16(s)) => get(d, offset, s),
-        (Data::I32(d), Data::I32(s)) => get(d, offset, s),
-        (Data::I64(d), Data::I64(s)) => get(d, offset, s),
-        (Data::Bool(d), Data::Bool(s)) => get(d, offset, s),
-        _ => false,
     }
 }
 

@@ -183,6 +183,31 @@ impl Tensor {
         ok
     }
 
+    /// Copies `len` elements of `src` from element `from` into this tensor's storage at
+    /// element `at` (same dtype; the shape is kept). Returns false when the dtypes differ or
+    /// a range does not fit.
+    pub fn copy_elements(&mut self, at: usize, src: &Tensor, from: usize, len: usize) -> bool {
+        fn put<T: Copy>(d: &mut [T], at: usize, s: &[T], from: usize, len: usize) -> bool {
+            match (d.get_mut(at..at + len), s.get(from..from + len)) {
+                (Some(d), Some(s)) => {
+                    d.copy_from_slice(s);
+                    true
+                }
+                _ => false,
+            }
+        }
+        match (&mut self.data, &src.data) {
+            (Data::F32(d), Data::F32(s)) => put(d, at, s, from, len),
+            (Data::F64(d), Data::F64(s)) => put(d, at, s, from, len),
+            (Data::F16(d), Data::F16(s)) => put(d, at, s, from, len),
+            (Data::BF16(d), Data::BF16(s)) => put(d, at, s, from, len),
+            (Data::I32(d), Data::I32(s)) => put(d, at, s, from, len),
+            (Data::I64(d), Data::I64(s)) => put(d, at, s, from, len),
+            (Data::Bool(d), Data::Bool(s)) => put(d, at, s, from, len),
+            _ => false,
+        }
+    }
+
     /// A zero tensor of the given type.
     pub fn zeros(ty: &TensorType) -> Tensor {
         Tensor {

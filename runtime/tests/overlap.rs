@@ -524,16 +524,91 @@ fn malformed_buckets_are_rejected_at_creation() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("attribute `fusion`") && e.contains("one"), "{e}");
-    let mut b = Builder::new("Gathered");
-    let x = b.input("x", DType::Float64, &[4]);
-    let a = b.op(
-        OpKind::AllGather,
-        vec![x],
-        Attrs::new().with("fusion", Attr::Int(1)),
-        Type::Tensor(TensorType::new(DType::Float64, vec![4])),
+    // Neither a ReduceScatter nor an AllGather along another axis than 0 can be fused.
+    for (op, attrs) in [
+        (
+            OpKind::ReduceScatter,
+            Attrs::new().with("op", Attr::Str("sum".into())),
+        ),
+        (OpKind::AllGather, Attrs::new().with("axis", Attr::Int(1))),
+    ] {
+        let mut b = Builder::new("Fused");
+        let x = b.input("x", DType::Float64, &[4, 2]);
+        let a = b.op(
+            op,
+            vec![x],
+            attrs.with("fusion", Attr::Int(1)),
+            Type::Tensor(TensorType::new(DType::Float64, vec![4, 2])),
+        );
+        let e = Executor::with_communicator(b.finish(vec![a]), Arc::new(TestBackend), comm())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("only AllReduce nodes and AllGather nodes along axis 0 can be fused"),
+            "{op}: {e}"
+        );
+    }
+}
+
+/// `w1 = x * 2` ([2, 3] per rank) and `w2 = x` gathered along axis 0 over every rank, in one
+/// bucket or each on its own; `out = w1 + w2` gathered, of shape [2n, 3].
+fn gather_graph(n: usize, fusion: bool) -> Graph {
+    let mut b = Builder::new("Gathers");
+    let x = b.input("x", DType::Float64, &[2, 3]);
+    let w1 = b.same(
+        OpKind::Mul,
+        vec![x.clone(), Operand::Const(Const::Float(2.0))],
     );
-    let e = Executor::with_communicator(b.finish(vec![a]), Arc::new(TestBackend), comm())
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("only AllReduce nodes can be fused"), "{e}");
+    let whole = Type::Tensor(TensorType::new(DType::Float64, vec![2 * n, 3]));
+    let attrs = Attrs::new()
+        .with("axis", Attr::Int(0))
+        .with("fusion", Attr::Int(i64::from(fusion)));
+    let g1 = b.op(OpKind::AllGather, vec![w1], attrs.clone(), whole.clone());
+    let g2 = b.op(OpKind::AllGather, vec![x], attrs, whole);
+    let out = b.same(OpKind::Add, vec![g1, g2]);
+    b.finish(vec![out])
+}
+
+/// A parameter-gather bucket (the parallel optimizer's weights, `fusion: k` on AllGathers
+/// along axis 0) gives every member exactly what gathering it alone gives, on 3 ranks, with
+/// ONE AllGather per bucket on the communication thread.
+#[test]
+fn a_gather_bucket_gives_what_gathering_each_member_gives() {
+    let n = 3;
+    let run_gathers = |fusion: bool| -> Vec<(Vec<f64>, usize)> {
+        let comms = InProcessWorld::with_timeout(n, Duration::from_secs(20));
+        std::thread::scope(|s| {
+            let hs: Vec<_> = comms
+                .into_iter()
+                .map(|c| {
+                    s.spawn(move || {
+                        let r = c.rank();
+                        let x: Vec<f64> = (0..6).map(|i| (r * 10 + i) as f64).collect();
+                        let x = Tensor::from_f64(vec![2, 3], x).unwrap();
+                        let mut exec = Executor::with_communicator(
+                            gather_graph(n, fusion),
+                            Arc::new(TestBackend),
+                            c,
+                        )
+                        .unwrap();
+                        let out = exec.step(&[("x", x)]).unwrap();
+                        (out[0].to_f64_vec(), exec.stats().gradient_comm.buckets)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    };
+    let fused = run_gathers(true);
+    let alone = run_gathers(false);
+    // Rank r's block is x_r * 2 + x_r = 3 x_r, in rank order.
+    let want: Vec<f64> = (0..n)
+        .flat_map(|r| (0..6).map(move |i| 3.0 * (r * 10 + i) as f64))
+        .collect();
+    for r in 0..n {
+        assert_eq!(fused[r].0, want, "rank {r}, one bucket");
+        assert_eq!(alone[r].0, want, "rank {r}, one by one");
+        assert_eq!(fused[r].1, 1, "rank {r}: one bucket");
+        assert_eq!(alone[r].1, 0, "rank {r}: no bucket unfused");
+    }
 }

@@ -11,7 +11,7 @@ use shardc::compiler::transformer::{transformer, TransformerConfig};
 use shardc::compiler::zoo;
 use shardc::cuda::nccl::NcclComm;
 use shardc::ir::{OpKind, TensorLayout};
-use shardc::passes::parallel::{DatasetLayout, Mode, ParallelOptions};
+use shardc::passes::parallel::{DatasetLayout, Mode, ParallelOptimizer, ParallelOptions};
 use shardc::runtime::data::synthetic::SyntheticData;
 use shardc::runtime::{Communicator, InProcessWorld};
 use shardc::runtime::{Executor, Tensor};
@@ -87,6 +87,16 @@ pub fn train_both(
     alltoall: bool,
     open: OpenRank<'_>,
 ) -> (BTreeSet<String>, String) {
+    train_both_with(annotated, device_num, (mode, alltoall, None), open)
+}
+
+/// [`train_both`] with the parallel optimizer `zero` (`None`: off).
+pub fn train_both_with(
+    annotated: Graph,
+    device_num: usize,
+    (mode, alltoall, zero): (Mode, bool, Option<ParallelOptimizer>),
+    open: OpenRank<'_>,
+) -> (BTreeSet<String>, String) {
     let opt = Momentum::new(0.05, 0.9).to_spec();
     let par = compile(
         annotated,
@@ -99,7 +109,7 @@ pub fn train_both(
                 gradients_mean: true,
                 enable_alltoall: alltoall,
                 search: Default::default(),
-                parallel_optimizer: None,
+                parallel_optimizer: zero,
             }),
             ..Default::default()
         },
@@ -205,6 +215,27 @@ pub fn nccl_ranks_train_as_the_cpu_ranks(
     assert!(
         found.contains("AllReduce fused"),
         "no gradient bucket: {found:?}"
+    );
+    assert!(
+        s.contains(&format!("{} of {STEPS} steps ran as one replay", STEPS - 1)),
+        "{s}"
+    );
+    seen.extend(found);
+    // The parallel optimizer: every weight split, its gathers bucketed on the communication
+    // stream at the step's start, its gradients reduce-scattered.
+    let zero = ParallelOptimizer {
+        threshold_kb: 0,
+        ..ParallelOptimizer::DEFAULT
+    };
+    let (found, s) = train_both_with(
+        zoo::mlp(8, &[12, 16, 16, 4]).expect("mlp"),
+        device_num,
+        (Mode::DataParallel, false, Some(zero)),
+        open,
+    );
+    assert!(
+        found.contains("AllGather axis 0 fused") && found.contains("ReduceScatter axis 0"),
+        "no parameter-gather bucket or gradient reduce-scatter: {found:?}"
     );
     assert!(
         s.contains(&format!("{} of {STEPS} steps ran as one replay", STEPS - 1)),

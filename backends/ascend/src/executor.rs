@@ -30,7 +30,7 @@ use shardc_ir::{Graph, Operand, ParamKind, TensorType, Type};
 use shardc_runtime::executor::device::{CommBuffers, DeviceComm, ExecDevice, Transfer};
 use shardc_runtime::executor::run::{run_nodes, LoopState};
 use shardc_runtime::executor::schedule::{
-    bind_feeds, launched_together, BucketSpec, MemberSpec, Schedule,
+    bind_feeds, launched_together, BucketCollective, BucketSpec, MemberSpec, Schedule,
 };
 use shardc_runtime::executor::CommCall;
 use shardc_runtime::init::init_tensor;
@@ -726,8 +726,9 @@ impl AscendExecutor {
                 })
             }
         };
+        let at = self.schedule.buckets[m.bucket].pack_offset(m);
         self.dev.copy(
-            self.buckets[m.bucket].flat + (m.offset * elem) as u64,
+            self.buckets[m.bucket].flat + (at * elem) as u64,
             src,
             m.len * elem,
         )
@@ -768,13 +769,18 @@ impl AscendExecutor {
 
     /// Copies member `m`'s reduced gradient from its bucket into its result buffer.
     fn unpack(&mut self, m: &MemberSpec) -> AscendResult<()> {
-        let elem = self.schedule.buckets[m.bucket].dtype.size_bytes();
+        let spec = &self.schedule.buckets[m.bucket];
+        let elem = spec.dtype.size_bytes();
         let dst = self.value_ptr(m.node, 0)?;
-        self.dev.copy(
-            dst,
-            self.buckets[m.bucket].flat + (m.offset * elem) as u64,
-            m.len * elem,
-        )
+        let flat = self.buckets[m.bucket].flat;
+        for (from, to, len) in spec.unpack_copies(m) {
+            self.dev.copy(
+                dst + (to * elem) as u64,
+                flat + (from * elem) as u64,
+                len * elem,
+            )?;
+        }
+        Ok(())
     }
 
     fn profile_label(&self, graph: &Graph, i: usize) -> Option<String> {
@@ -822,14 +828,28 @@ impl CommBuffers<HcclComm> for AscendBuffers<'_> {
         })?;
         self.dev.record(packed, self.dev.stream())?;
         self.dev.wait(self.dev.comm_stream(), packed)?;
-        hccl.all_reduce_on(
-            self.dev.comm_stream(),
-            &bk.group,
-            bk.op,
-            flat,
-            bk.elements,
-            bk.dtype,
-        )
+        match bk.collective {
+            BucketCollective::AllReduce => hccl.all_reduce_on(
+                self.dev.comm_stream(),
+                &bk.group,
+                bk.op,
+                flat,
+                bk.elements,
+                bk.dtype,
+            ),
+            BucketCollective::AllGather { .. } => {
+                let (own, count) = bk.send_region();
+                let send = flat + (own * bk.dtype.size_bytes()) as u64;
+                hccl.all_gather_on(
+                    self.dev.comm_stream(),
+                    &bk.group,
+                    send,
+                    flat,
+                    count,
+                    bk.dtype,
+                )
+            }
+        }
     }
 
     fn native_transfers(

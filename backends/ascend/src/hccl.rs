@@ -397,6 +397,36 @@ impl HcclComm {
         })
     }
 
+    /// `HcclAllGather` of `count` elements at `send` from every member of `group` into `recv`
+    /// (members × `count`, in group order) on `stream` (a parameter-gather bucket, on the
+    /// communication stream).
+    pub fn all_gather_on(
+        &self,
+        stream: Stream,
+        group: &[usize],
+        send: DevPtr,
+        recv: DevPtr,
+        count: usize,
+        dtype: DType,
+    ) -> AscendResult<()> {
+        let c = self.comm_for(group)?;
+        // SAFETY: `send` holds `count` elements of `dtype` on this device and `recv`
+        // `group.len() * count`; the two do not overlap.
+        let code = unsafe {
+            (self.api.HcclAllGather)(
+                send as *mut c_void,
+                recv as *mut c_void,
+                count as u64,
+                hccl_dtype(dtype),
+                c,
+                stream.raw(),
+            )
+        };
+        self.check("HcclAllGather", code, || {
+            format!("a parameter-gather bucket on group {group:?}")
+        })
+    }
+
     /// Runs a resolved collective on device memory: `input` (absent for Receive) into `out` of
     /// type `out_ty`, ordered on the compute stream after the work before it.
     pub fn run_on_device(

@@ -140,14 +140,16 @@ fn every_collective_runs_natively_as_on_the_cpu() {
 /// The per-rank graphs of a data-parallel MLP training step over 2 ranks (gradient buckets:
 /// fused AllReduces).
 fn data_parallel_graphs() -> Vec<Graph> {
-    data_parallel_graphs_on(2)
+    data_parallel_graphs_on(2, false)
 }
 
-/// The per-rank graphs of a data-parallel MLP training step over `n` ranks.
-fn data_parallel_graphs_on(n: usize) -> Vec<Graph> {
+/// The per-rank graphs of a data-parallel MLP training step over `n` ranks; with `zero`, the
+/// parallel optimizer splits every weight (parameter-gather buckets: fused AllGathers at the
+/// start of the step, and ReduceScatters of the gradients).
+fn data_parallel_graphs_on(n: usize, zero: bool) -> Vec<Graph> {
     use shardc_compiler::optim::Momentum;
     use shardc_compiler::pipeline::{compile, CompileOptions};
-    use shardc_passes::parallel::{DatasetLayout, Mode, ParallelOptions};
+    use shardc_passes::parallel::{DatasetLayout, Mode, ParallelOptimizer, ParallelOptions};
     let par = compile(
         shardc_compiler::zoo::mlp(8, &[12, 16, 16, 4]).expect("mlp"),
         &CompileOptions {
@@ -159,7 +161,10 @@ fn data_parallel_graphs_on(n: usize) -> Vec<Graph> {
                 gradients_mean: true,
                 enable_alltoall: false,
                 search: Default::default(),
-                parallel_optimizer: None,
+                parallel_optimizer: zero.then_some(ParallelOptimizer {
+                    threshold_kb: 0,
+                    ..ParallelOptimizer::DEFAULT
+                }),
             }),
             ..Default::default()
         },
@@ -173,19 +178,30 @@ fn data_parallel_graphs_on(n: usize) -> Vec<Graph> {
 #[test]
 fn data_parallel_ranks_reduce_their_gradient_buckets_through_hccl_as_the_cpu_ranks() {
     for n in [2, 8] {
-        data_parallel_ranks_train_as_the_cpu_ranks(n);
+        data_parallel_ranks_train_as_the_cpu_ranks(n, false);
     }
+    // The parallel optimizer: weight gathers bucketed on HCCL's stream at the step's start.
+    data_parallel_ranks_train_as_the_cpu_ranks(2, true);
 }
 
-fn data_parallel_ranks_train_as_the_cpu_ranks(n: usize) {
+fn data_parallel_ranks_train_as_the_cpu_ranks(n: usize, zero: bool) {
     use shardc_runtime::data::synthetic::SyntheticData;
-    let graphs = data_parallel_graphs_on(n);
-    let buckets = graphs[0]
-        .nodes
-        .iter()
-        .filter(|n| n.op == OpKind::AllReduce && n.attrs.int_or("fusion", 0) > 0)
-        .count();
-    assert!(buckets > 0, "no gradient bucket in the graph");
+    let graphs = data_parallel_graphs_on(n, zero);
+    let fused = |op: OpKind| {
+        graphs[0]
+            .nodes
+            .iter()
+            .filter(|n| n.op == op && n.attrs.int_or("fusion", 0) > 0)
+            .count()
+    };
+    if zero {
+        assert!(fused(OpKind::AllGather) > 0, "no parameter-gather bucket");
+    } else {
+        assert!(
+            fused(OpKind::AllReduce) > 0,
+            "no gradient bucket in the graph"
+        );
+    }
     let host = Arc::new(CpuBackend::with_threads(1));
     const STEPS: u64 = 3;
     let run_cpu = |rank: usize, comm: Arc<dyn Communicator>| {

@@ -31,7 +31,7 @@ use shardc_runtime::executor::device::{CommBuffers, DeviceComm, ExecDevice, Tran
 use shardc_runtime::executor::replay::{replay_blocker, Ran, Replay, Replayable};
 use shardc_runtime::executor::run::LoopState;
 use shardc_runtime::executor::schedule::{
-    bind_feeds, launched_together, BucketSpec, MemberSpec, Schedule,
+    bind_feeds, launched_together, BucketCollective, BucketSpec, MemberSpec, Schedule,
 };
 use shardc_runtime::executor::CommCall;
 use shardc_runtime::init::init_tensor;
@@ -1159,7 +1159,7 @@ impl GpuExecutor {
 
     /// Copies member `m`'s gradient into its bucket's flat buffer.
     fn pack(&mut self, graph: &Graph, m: &MemberSpec) -> CudaResult<()> {
-        let (node, b, offset, len) = (m.node, m.bucket, m.offset, m.len);
+        let (node, b, len) = (m.node, m.bucket, m.len);
         let elem = self.schedule.buckets[b].dtype.size_bytes();
         let src = match graph.nodes[node]
             .inputs
@@ -1176,11 +1176,9 @@ impl GpuExecutor {
                 })
             }
         };
-        self.device.copy(
-            self.buckets[b].flat + (offset * elem) as u64,
-            src,
-            len * elem,
-        )
+        let at = self.schedule.buckets[b].pack_offset(m);
+        self.device
+            .copy(self.buckets[b].flat + (at * elem) as u64, src, len * elem)
     }
 
     /// Launches bucket `b`'s AllReduce (every member packed): with NCCL on its stream after
@@ -1216,13 +1214,18 @@ impl GpuExecutor {
 
     /// Copies member `m`'s reduced gradient from its bucket into its result buffer.
     fn unpack(&mut self, m: &MemberSpec) -> CudaResult<()> {
-        let elem = self.schedule.buckets[m.bucket].dtype.size_bytes();
+        let spec = &self.schedule.buckets[m.bucket];
+        let elem = spec.dtype.size_bytes();
         let dst = self.value_ptr(m.node, 0)?;
-        self.device.copy(
-            dst,
-            self.buckets[m.bucket].flat + (m.offset * elem) as u64,
-            m.len * elem,
-        )
+        let flat = self.buckets[m.bucket].flat;
+        for (from, to, len) in spec.unpack_copies(m) {
+            self.device.copy(
+                dst + (to * elem) as u64,
+                flat + (from * elem) as u64,
+                len * elem,
+            )?;
+        }
+        Ok(())
     }
 
     /// Issues the sends and receives of run `r` ([`Schedule::p2p_runs`]) as one NCCL group.
@@ -1321,7 +1324,16 @@ impl CommBuffers<NcclComm> for CudaBuffers<'_> {
     }
 
     fn native_bucket(&mut self, nccl: &NcclComm, bk: &BucketSpec, flat: DevPtr) -> CudaResult<()> {
-        nccl.all_reduce_on_comm_stream(&bk.group, bk.op, flat, bk.elements, bk.dtype)
+        match bk.collective {
+            BucketCollective::AllReduce => {
+                nccl.all_reduce_on_comm_stream(&bk.group, bk.op, flat, bk.elements, bk.dtype)
+            }
+            BucketCollective::AllGather { .. } => {
+                let (own, count) = bk.send_region();
+                let send = flat + (own * bk.dtype.size_bytes()) as u64;
+                nccl.all_gather_on_comm_stream(&bk.group, send, flat, count, bk.dtype)
+            }
+        }
     }
 
     fn native_transfers(

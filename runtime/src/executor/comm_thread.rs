@@ -13,6 +13,9 @@
 //! way ([`CommThread::run_if_idle`]; the executor decides).
 
 use super::comm_call::{run_comm, CommCall, CommFailure};
+use super::schedule::BucketCollective;
+#[cfg(doc)]
+use super::schedule::BucketSpec;
 use crate::comm::Communicator;
 use crate::tensor::Tensor;
 use shardc_ir::{ReduceOp, TensorType};
@@ -32,10 +35,12 @@ pub(super) enum Job {
         dst: Tensor,
         ty: Arc<TensorType>,
     },
-    /// One gradient bucket: a single AllReduce over the packed members.
+    /// One bucket: a single collective over the packed members (see [`BucketSpec`]).
     Bucket {
         group: Arc<[usize]>,
+        collective: BucketCollective,
         op: ReduceOp,
+        per_rank: usize,
         flat: Tensor,
     },
 }
@@ -197,18 +202,54 @@ fn execute(comm: &dyn Communicator, job: Job) -> Reply {
         }
         Job::Bucket {
             group,
+            collective,
             op,
+            per_rank,
             mut flat,
         } => {
-            let result = comm
-                .all_reduce(&group, op, &mut flat)
-                .map_err(CommFailure::Comm);
+            let result = run_bucket(comm, &group, collective, op, per_rank, &mut flat);
             Reply {
                 input: None,
                 dst: flat,
                 result,
                 elapsed: t0.elapsed(),
             }
+        }
+    }
+}
+
+/// Runs a bucket's collective over its flat buffer (see [`BucketSpec`]): an AllReduce in
+/// place, or an AllGather of the rank's own blocks (the buffer's tail) into every rank's
+/// (its head).
+pub(super) fn run_bucket(
+    comm: &dyn Communicator,
+    group: &[usize],
+    collective: BucketCollective,
+    op: ReduceOp,
+    per_rank: usize,
+    flat: &mut Tensor,
+) -> Result<(), CommFailure> {
+    match collective {
+        BucketCollective::AllReduce => comm.all_reduce(group, op, flat).map_err(CommFailure::Comm),
+        BucketCollective::AllGather { ranks } => {
+            let mut own = Tensor::zeros(&TensorType::new(flat.dtype(), vec![per_rank]));
+            if !own.copy_elements(0, flat, ranks * per_rank, per_rank) {
+                return Err(CommFailure::Local(format!(
+                    "a gather bucket's buffer of {} elements has no own blocks of {per_rank} \
+                     after {ranks} ranks' blocks",
+                    flat.len()
+                )));
+            }
+            let gathered = comm.all_gather(group, 0, &own).map_err(CommFailure::Comm)?;
+            if gathered.len() != ranks * per_rank
+                || !flat.copy_elements(0, &gathered, 0, gathered.len())
+            {
+                return Err(CommFailure::Local(format!(
+                    "the bucket's AllGather returned {} elements, not {ranks} x {per_rank}",
+                    gathered.len()
+                )));
+            }
+            Ok(())
         }
     }
 }

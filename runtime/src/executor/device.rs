@@ -251,7 +251,8 @@ impl<N: crate::Communicator + 'static> DeviceComm<N> {
         dev.upload(out.0, &result)
     }
 
-    /// Launches `bucket`'s AllReduce over its flat buffer `flat`: natively on the
+    /// Launches `bucket`'s collective over its flat buffer `flat` ([`BucketSpec`]: an
+    /// AllReduce in place, or an AllGather of its tail into its head): natively on the
     /// communication stream after the compute stream's packs
     /// ([`CommBuffers::native_bucket`]; `Ok(true)`: in flight, the device records its
     /// event), or staged through the host at once (`Ok(false)`). Failures as in
@@ -274,8 +275,15 @@ impl<N: crate::Communicator + 'static> DeviceComm<N> {
         };
         let ty = TensorType::new(bucket.dtype, vec![bucket.elements]);
         let mut t = dev.download(flat, &ty)?;
-        comm.all_reduce(&bucket.group, bucket.op, &mut t)
-            .map_err(|e| fail(e.to_string()))?;
+        super::comm_thread::run_bucket(
+            comm.as_ref(),
+            &bucket.group,
+            bucket.collective,
+            bucket.op,
+            bucket.per_rank,
+            &mut t,
+        )
+        .map_err(|e| fail(e.to_string()))?;
         dev.upload(flat, &t)?;
         Ok(false)
     }
@@ -325,8 +333,10 @@ pub struct Transfer<B> {
 ///   `HcclAllGather`, `HcclReduceScatter`, `HcclAlltoAll`, `HcclBroadcast`, `HcclSend` /
 ///   `HcclRecv`) from the operand's buffer into the result's, ordered in the compute stream
 ///   (finished, in stream order, before the next node).
-/// - [`CommBuffers::native_bucket`]: the bucket's AllReduce in place on its flat buffer, on
-///   the communication stream after the compute stream's packs (the device records the
+/// - [`CommBuffers::native_bucket`]: the bucket's collective on its flat buffer
+///   ([`BucketSpec::collective`]: an AllReduce in place, or an AllGather from the buffer's
+///   [`BucketSpec::send_region`] into its head), on the communication stream after the
+///   compute stream's packs (the device records the
 ///   bucket's event when [`DeviceComm::launch_bucket`] returns `Ok(true)`).
 /// - [`CommBuffers::native_transfers`]: a run of sends and receives as one group
 ///   (`HcclGroupStart` / `HcclGroupEnd`, or HCCL's batched send/receive).
@@ -350,8 +360,8 @@ pub trait CommBuffers<N> {
         out: (Self::Buffer, &TensorType),
     ) -> Result<(), Self::Error>;
 
-    /// Launches `bucket`'s AllReduce in place on `flat` on the communication stream, after
-    /// the compute stream's work so far.
+    /// Launches `bucket`'s collective on `flat` ([`BucketSpec::collective`]) on the
+    /// communication stream, after the compute stream's work so far.
     fn native_bucket(
         &mut self,
         comm: &N,

@@ -5,11 +5,12 @@
 //! [`Schedule::new`] checks what the run loop relies on (operands refer to earlier nodes or
 //! existing parameters, only `TupleGetItem` reads a tuple, `Assign` writes a weight with a
 //! value of its type, outputs exist, a communicator for every communication node), reads
-//! every communication node's attributes once ([`comm_call`]), and plans the gradient
-//! buckets: the AllReduces with `fusion: k` (k > 0, written by `passes::grad_fusion`) of one
-//! bucket are packed, in program order, into one flat buffer of the bucket's dtype, and the
-//! bucket's last member launches ONE AllReduce of it; a node that reads a member's result
-//! waits for that bucket first (and a reader before the last member is an error).
+//! every communication node's attributes once ([`comm_call`]), and plans the buckets: the
+//! AllReduces (gradients) or AllGathers along axis 0 (the parallel optimizer's weights) with
+//! `fusion: k` (k > 0, written by `passes::grad_fusion`) of one bucket are packed, in
+//! program order, into one flat buffer of the bucket's dtype, and the bucket's last member
+//! launches ONE AllReduce or AllGather of it ([`BucketSpec`]); a node that reads a member's
+//! result waits for that bucket first (and a reader before the last member is an error).
 //!
 //! Every executor (the CPU [`super::Executor`], the CUDA backend's) runs this schedule; what
 //! differs between devices (where a buffer lives, how a kernel is launched, how a bucket's
@@ -47,37 +48,91 @@ pub enum NodeStep {
     },
 }
 
-/// A gradient bucket (`fusion: id`): one AllReduce over its members, packed.
+/// The one collective a bucket runs over its flat buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BucketCollective {
+    /// A gradient bucket: an in-place AllReduce of the packed members
+    /// ([`BucketSpec::op`]).
+    AllReduce,
+    /// A parameter-gather bucket (the parallel optimizer's weight AllGathers along axis 0):
+    /// the flat buffer holds every rank's blocks in group order (`ranks` ×
+    /// [`BucketSpec::per_rank`] elements) followed by this rank's own, which the members pack
+    /// ([`BucketSpec::send_region`]); one AllGather fills the first part from the second.
+    AllGather {
+        /// The group's size.
+        ranks: usize,
+    },
+}
+
+/// A bucket (`fusion: id`): one collective over its members, packed into one flat buffer.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BucketSpec {
     /// The `fusion` id.
     pub id: i64,
     /// The sorted global ranks of its group.
     pub group: Arc<[usize]>,
-    /// Its reduction.
+    /// Its collective.
+    pub collective: BucketCollective,
+    /// Its reduction (an AllReduce bucket's; `sum` for a gather).
     pub op: ReduceOp,
     /// The members' dtype.
     pub dtype: DType,
     /// The node of its last member (which launches it).
     pub last: usize,
-    /// The flat buffer's elements (the members' total).
+    /// The members' operands' total elements (one rank's contribution).
+    pub per_rank: usize,
+    /// The flat buffer's elements: [`BucketSpec::per_rank`] for an AllReduce, `(ranks + 1)`
+    /// times it for an AllGather.
     pub elements: usize,
     /// Its members (indices into [`Schedule::members`]), in program order.
     pub members: Vec<usize>,
 }
 
-/// One AllReduce of a gradient bucket.
+impl BucketSpec {
+    /// Where member `m`'s operand is packed in the flat buffer.
+    pub fn pack_offset(&self, m: &MemberSpec) -> usize {
+        match self.collective {
+            BucketCollective::AllReduce => m.offset,
+            BucketCollective::AllGather { ranks } => ranks * self.per_rank + m.offset,
+        }
+    }
+
+    /// The copies `(from, to, len)`, in elements, that make member `m`'s result from the
+    /// flat buffer once the collective ran: its reduced elements, or every rank's block of
+    /// it, concatenated along axis 0 in group order.
+    pub fn unpack_copies(&self, m: &MemberSpec) -> Vec<(usize, usize, usize)> {
+        match self.collective {
+            BucketCollective::AllReduce => vec![(m.offset, 0, m.len)],
+            BucketCollective::AllGather { ranks } => (0..ranks)
+                .map(|r| (r * self.per_rank + m.offset, r * m.len, m.len))
+                .collect(),
+        }
+    }
+
+    /// An AllGather bucket's own blocks `(offset, len)`: what it sends.
+    pub fn send_region(&self) -> (usize, usize) {
+        match self.collective {
+            BucketCollective::AllReduce => (0, self.per_rank),
+            BucketCollective::AllGather { ranks } => (ranks * self.per_rank, self.per_rank),
+        }
+    }
+}
+
+/// One member of a bucket: an AllReduce of a gradient bucket, or an AllGather of a
+/// parameter-gather bucket.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MemberSpec {
     /// Its node.
     pub node: usize,
     /// Its bucket (an index into [`Schedule::buckets`]).
     pub bucket: usize,
-    /// Where its elements start in the flat buffer.
+    /// Where its operand's elements start among one rank's ([`BucketSpec::pack_offset`]
+    /// places them in the flat buffer).
     pub offset: usize,
-    /// How many elements it has.
+    /// How many elements its operand has.
     pub len: usize,
-    /// Its result type (its operand's).
+    /// Its result type (an AllReduce's operand's; an AllGather's, the group's size times
+    /// along axis 0).
     pub ty: TensorType,
 }
 
@@ -488,8 +543,9 @@ fn check(graph: &Graph, has_comm: bool) -> Result<(), RuntimeError> {
     Ok(())
 }
 
-/// Finds the gradient buckets (`fusion: k`, k > 0, on AllReduce nodes) and checks that each
-/// bucket's members agree on group, reduction and dtype.
+/// Finds the buckets (`fusion: k`, k > 0: gradient AllReduces, and the parallel
+/// optimizer's AllGathers along axis 0) and checks that each bucket's members agree on
+/// collective, group, reduction and dtype.
 fn plan_buckets(
     graph: &Graph,
     calls: &[Option<Arc<CommCall>>],
@@ -508,25 +564,45 @@ fn plan_buckets(
                 )))
             }
         };
-        let (Some(CommCall::AllReduce { group, op }), Some(ty)) =
-            (calls[i].as_deref(), node.ty.as_tensor())
-        else {
-            return Err(err(format!(
-                "attribute `fusion` {id}: only AllReduce nodes can be fused, this is {}",
+        let not_fusable = || {
+            err(format!(
+                "attribute `fusion` {id}: only AllReduce nodes and AllGather nodes along axis 0 \
+                 can be fused, this is {}",
                 node.op
-            )));
+            ))
+        };
+        let Some(ty) = node.ty.as_tensor() else {
+            return Err(not_fusable());
+        };
+        let (group, collective, op, len) = match calls[i].as_deref() {
+            Some(CommCall::AllReduce { group, op }) => {
+                (group, BucketCollective::AllReduce, *op, ty.num_elements())
+            }
+            Some(CommCall::AllGather { group, axis: 0 }) if !group.is_empty() => (
+                group,
+                BucketCollective::AllGather { ranks: group.len() },
+                ReduceOp::Sum,
+                ty.num_elements() / group.len(),
+            ),
+            _ => return Err(not_fusable()),
         };
         let b = match buckets.iter().position(|b| b.id == id) {
             Some(b) => {
                 let bk = &buckets[b];
-                if *bk.group != **group || bk.op != *op || bk.dtype != ty.dtype {
+                if *bk.group != **group
+                    || bk.collective != collective
+                    || bk.op != op
+                    || bk.dtype != ty.dtype
+                {
                     return Err(err(format!(
-                        "it is in gradient bucket fusion {id} with {}, but their groups, \
-                         reductions or dtypes differ ({} {} {} vs. {} {} {})",
+                        "it is in bucket fusion {id} with {}, but their collectives, groups, \
+                         reductions or dtypes differ ({:?} {} {} {} vs. {:?} {} {} {})",
                         node_text(graph, bk.last),
+                        bk.collective,
                         crate::comm::RankList(&bk.group),
                         bk.op.name(),
                         bk.dtype,
+                        collective,
                         crate::comm::RankList(group),
                         op.name(),
                         ty.dtype
@@ -538,25 +614,30 @@ fn plan_buckets(
                 buckets.push(BucketSpec {
                     id,
                     group: group.as_slice().into(),
-                    op: *op,
+                    collective,
+                    op,
                     dtype: ty.dtype,
                     last: i,
+                    per_rank: 0,
                     elements: 0,
                     members: Vec::new(),
                 });
                 buckets.len() - 1
             }
         };
-        let len = ty.num_elements();
         let bk = &mut buckets[b];
         members.push(MemberSpec {
             node: i,
             bucket: b,
-            offset: bk.elements,
+            offset: bk.per_rank,
             len,
             ty: ty.clone(),
         });
-        bk.elements += len;
+        bk.per_rank += len;
+        bk.elements = match collective {
+            BucketCollective::AllReduce => bk.per_rank,
+            BucketCollective::AllGather { ranks } => (ranks + 1) * bk.per_rank,
+        };
         bk.last = i;
         bk.members.push(members.len() - 1);
     }

@@ -333,6 +333,29 @@ impl NcclComm {
         self.library.issue(c, &call, Stream::Comm)
     }
 
+    /// An AllGather of `count` elements at `send` from every member of `group` into `recv`
+    /// (members × `count`, in group order) on the device's communication stream (a
+    /// parameter-gather bucket), after the kernels issued so far; the caller records an event
+    /// after it and orders the readers after that event.
+    pub fn all_gather_on_comm_stream(
+        &self,
+        group: &[usize],
+        send: DevPtr,
+        recv: DevPtr,
+        count: usize,
+        dtype: DType,
+    ) -> CudaResult<()> {
+        let c = self.comm_for(group)?;
+        self.device.comm_after_compute()?;
+        let call = NcclCall::AllGather {
+            send,
+            recv,
+            count,
+            dtype,
+        };
+        self.library.issue(c, &call, Stream::Comm)
+    }
+
     /// Runs a resolved collective on device memory: `input` (absent for Receive) into `out`
     /// of type `out_ty`, ordered on the device's stream after the kernels before it. The
     /// rearrangements around NCCL (axes other than 0, AllToAll) use temporary buffers,
