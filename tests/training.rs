@@ -648,3 +648,186 @@ fn init_with_a_backend_name_joins_and_an_unknown_name_is_refused() {
         "{e}"
     );
 }
+
+/// `Model` under `pipeline_stages = 2`, `micro_size = 2` on 4 ranks (2 stages × 2-way data
+/// parallel, the stage split automatic): each rank reads the shard of its data-parallel
+/// index within its stage, every rank reports the single device's losses (the last stage
+/// broadcasts them), and each stage's ranks hold its weights as the single device's.
+#[test]
+fn pipelined_model_on_4_ranks_equals_one_device() {
+    let (ranks, stages, local_batch, steps) = (4, 2, 4, 6usize);
+    let dp = ranks / stages;
+    let rows = dp * local_batch * steps;
+    let net = || MlpNetwork::new(&[32, 24, 24, 16]);
+    let opt = Momentum::new(0.2, 0.1);
+    let single_data = regression(rows, SourceOptions::default())
+        .batch(dp * local_batch, true)
+        .expect("batch");
+    let mut single = Model::new(net(), MSELoss::new(), &opt).with_threads(1);
+    let single_summary = single.train(1, &single_data, &mut []).expect("single");
+    let single_w = weights_of(&single);
+    let out = on_ranks(ranks, move |r, comm| -> Result<_, TrainError> {
+        let data = regression(rows, sharded(dp, r % dp)).batch(local_batch, true)?;
+        let mut ctx = ParallelContext {
+            parallel_mode: ParallelMode::SemiAutoParallel,
+            device_num: ranks,
+            gradients_mean: true,
+            ..ParallelContext::default()
+        };
+        ctx.pipeline.stages = stages;
+        ctx.pipeline.micro_size = 2;
+        let mut m = Model::new(net(), MSELoss::new(), &Momentum::new(0.2, 0.1))
+            .with_context(ctx)
+            .with_communication(&comm)
+            .with_threads(1);
+        let s = m.train(1, &data, &mut [])?;
+        Ok((s.losses, weights_of(&m), m.param_layouts().to_vec()))
+    });
+    let mut held: BTreeMap<String, usize> = BTreeMap::new();
+    for (r, res) in out.into_iter().enumerate() {
+        let (losses, w, layouts) = res.unwrap_or_else(|e| panic!("rank {r}: {e}"));
+        assert_eq!(losses.len(), single_summary.losses.len(), "rank {r}");
+        for (a, b) in losses.iter().zip(&single_summary.losses) {
+            assert!(
+                (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                "rank {r}: loss {a} vs {b}: {losses:?} vs {:?}",
+                single_summary.losses
+            );
+        }
+        // A stage's weights are whole on each of its ranks (data parallel within the stage).
+        for (name, t) in &w {
+            let Some(want) = single_w.get(name) else {
+                continue;
+            };
+            let (_, layout) = layouts.iter().find(|(n, _)| n == name).expect("layout");
+            assert_eq!(layout.slice_shape(), t.shape, "rank {r}: {name}");
+            let d = max_rel_diff(
+                &BTreeMap::from([(name.clone(), t.clone())]),
+                &BTreeMap::from([(name.clone(), want.clone())]),
+                std::slice::from_ref(name),
+            );
+            assert!(d <= 1e-5, "rank {r}: {name} differs from one device by {d}");
+            *held.entry(name.clone()).or_default() += 1;
+        }
+    }
+    // Every weight of the single device is held by the 2 ranks of its stage.
+    for name in single_w
+        .keys()
+        .filter(|n| !n.contains('.') || n.ends_with("weight"))
+    {
+        if name.starts_with("moments") {
+            continue;
+        }
+        assert_eq!(held.get(name), Some(&dp), "{name}: {held:?}");
+    }
+}
+
+/// A block of two Dense layers, repeated as `layer<i>` (the scopes the stage planner folds).
+struct Block;
+
+impl shardc::compiler::nn::Cell for Block {
+    fn class_name(&self) -> &str {
+        "Block"
+    }
+
+    fn construct(
+        &self,
+        b: &mut shardc::compiler::GraphBuilder,
+        x: shardc::compiler::Value,
+    ) -> Result<shardc::compiler::Value, shardc::compiler::BuildError> {
+        let d = shardc::compiler::nn::Dense::new(32, 32);
+        let h = shardc::compiler::nn::call_cell(b, "dense", &d, x)?;
+        b.relu(h)
+    }
+}
+
+/// Four `layer<i>` blocks then a Dense to 16.
+struct Layered;
+
+impl shardc::compiler::nn::Cell for Layered {
+    fn class_name(&self) -> &str {
+        "Layered"
+    }
+
+    fn construct(
+        &self,
+        b: &mut shardc::compiler::GraphBuilder,
+        mut x: shardc::compiler::Value,
+    ) -> Result<shardc::compiler::Value, shardc::compiler::BuildError> {
+        for i in 0..4 {
+            x = shardc::compiler::nn::call_cell(b, &format!("layer{i}"), &Block, x)?;
+        }
+        let head = shardc::compiler::nn::Dense::new(32, 16);
+        shardc::compiler::nn::call_cell(b, "head", &head, x)
+    }
+}
+
+/// `Model` with `auto_pipeline`: the stage planner's plan is applied (as `shardc compile
+/// --auto-pipeline`; under this memory bound it plans 2 stages of 2 layers × 2-way data
+/// parallel, 2 micro-batches, ZeRO-1) and every rank trains to the single device's losses;
+/// without `full_batch` it is an error that says why.
+#[test]
+fn auto_pipelined_model_equals_one_device() {
+    const MEMORY: u64 = 30_000;
+    let (ranks, batch, steps) = (4, 16, 3usize);
+    let rows = batch * steps;
+    let opt = Momentum::new(0.2, 0.1);
+    let single_data = regression(rows, SourceOptions::default())
+        .batch(batch, true)
+        .expect("batch");
+    let mut single = Model::new(Layered, MSELoss::new(), &opt).with_threads(1);
+    let single_summary = single.train(1, &single_data, &mut []).expect("single");
+    let context = move |full_batch: bool| {
+        let mut ctx = ParallelContext {
+            parallel_mode: ParallelMode::AutoParallel,
+            device_num: ranks,
+            gradients_mean: true,
+            auto_pipeline: true,
+            // Tight enough that one stage's weights, state and activations do not fit.
+            max_device_memory: Some(MEMORY),
+            ..ParallelContext::default()
+        };
+        if full_batch {
+            ctx.dataset_strategy = shardc::compiler::parallel_context::DatasetStrategy::FullBatch;
+        }
+        ctx
+    };
+    let out = on_ranks(ranks, move |_, comm| -> Result<_, TrainError> {
+        let data = regression(rows, SourceOptions::default()).batch(batch, true)?;
+        let mut m = Model::new(Layered, MSELoss::new(), &Momentum::new(0.2, 0.1))
+            .with_context(context(true))
+            .with_communication(&comm)
+            .with_threads(1);
+        Ok(m.train(1, &data, &mut [])?.losses)
+    });
+    for (r, res) in out.into_iter().enumerate() {
+        let losses = res.unwrap_or_else(|e| panic!("rank {r}: {e}"));
+        assert_eq!(losses.len(), steps, "rank {r}");
+        for (a, b) in losses.iter().zip(&single_summary.losses) {
+            assert!(
+                (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                "rank {r}: loss {a} vs {b}"
+            );
+        }
+    }
+    let errs = on_ranks(2, move |_, comm| -> String {
+        let data = regression(rows, SourceOptions::default())
+            .batch(batch, true)
+            .expect("batch");
+        let mut ctx = context(false);
+        ctx.device_num = 2;
+        let mut m = Model::new(Layered, MSELoss::new(), &Momentum::new(0.2, 0.1))
+            .with_context(ctx)
+            .with_communication(&comm)
+            .with_threads(1);
+        m.train(1, &data, &mut [])
+            .map(|_| String::new())
+            .unwrap_or_else(|e| e.to_string())
+    });
+    for e in errs {
+        assert!(
+            e.contains("auto_pipeline") && e.contains("full_batch"),
+            "{e}"
+        );
+    }
+}

@@ -6,7 +6,9 @@ use super::TrainError;
 use crate::communication::Communication;
 use shardc_backend_cpu::CpuBackend;
 use shardc_backend_cuda::executor::{gpu_executor, GpuChoice};
+use shardc_compiler::auto_pipeline::{self, AutoPipeline};
 use shardc_compiler::builder::GraphBuilder;
+use shardc_compiler::device::DeviceDescription;
 use shardc_compiler::loss::LossFn;
 use shardc_compiler::model::build_network_with;
 use shardc_compiler::nn::Cell;
@@ -68,9 +70,13 @@ pub struct Model {
 /// The compiled step this process runs.
 struct Compiled {
     exec: Box<dyn StepExecutor>,
-    /// Per data input: its name, and the block of a global batch this rank feeds when the
-    /// data set yields the global batch (full batch).
-    inputs: Vec<(String, Vec<Range<usize>>)>,
+    /// Per data input this rank's graph reads: the data set's column, its name, and the block
+    /// of a global batch this rank feeds when the data set yields the global batch (full
+    /// batch). A pipeline stage reads only its own inputs (the first the network's, the last
+    /// the label).
+    inputs: Vec<(usize, String, Vec<Range<usize>>)>,
+    /// In a pipeline, how every rank learns the loss only the last stage computes.
+    loss_share: Option<LossShare>,
     /// Per parameter of the logical graph: its layout (several ranks), for gathering.
     layouts: Vec<(String, TensorLayout)>,
     /// The strategy file of a parallel compilation (written beside checkpoints).
@@ -194,25 +200,6 @@ impl Model {
                 self.name, ctx.device_num, self.size
             )));
         }
-        // Pipelines run through `shardc compile` + `shardc run` (docs/pipeline.md); Model
-        // trains one graph per rank and does not split stages yet: say so rather than train
-        // something else than asked.
-        if ctx.pipeline.stages > 1 || ctx.pipeline.micro_size > 1 {
-            return Err(TrainError::Mismatch(format!(
-                "Model({}): pipeline_stages {} with micro_size {} is not supported by Model yet: compile the network with `shardc compile --pipeline-stages {} --micro-size {}` and run it with `shardc run` or `shardc launch` (docs/pipeline.md)",
-                self.name,
-                ctx.pipeline.stages,
-                ctx.pipeline.micro_size,
-                ctx.pipeline.stages,
-                ctx.pipeline.micro_size
-            )));
-        }
-        if ctx.auto_pipeline {
-            return Err(TrainError::Mismatch(format!(
-                "Model({}): auto_pipeline is not supported by Model yet: compile the network with `shardc compile --parallel-mode auto_parallel --auto-pipeline` and run it with `shardc run` or `shardc launch` (docs/planning.md)",
-                self.name
-            )));
-        }
         if parallel && self.comm.is_none() {
             return Err(TrainError::Mismatch(format!(
                 "Model({}): {} over {} devices needs the cluster's communicator: call communication::init() and Model::with_communication",
@@ -233,15 +220,50 @@ impl Model {
             .map(|((n, t), g)| (n.as_str(), t.dtype(), g.as_slice()))
             .collect();
         let builder = GraphBuilder::new(&self.name).with_seed(self.seed);
-        let forward = build_network_with(builder, self.net.as_ref(), self.loss.as_ref(), &inputs)?;
+        let mut forward =
+            build_network_with(builder, self.net.as_ref(), self.loss.as_ref(), &inputs)?;
+        let mut popts = if parallel {
+            pipeline::parallel_options(&ctx)?
+        } else {
+            None
+        };
+        // Pipeline stages and micro-batches: the context's, or the stage planner's
+        // (`auto_pipeline`, as `shardc compile --auto-pipeline` does).
+        let mut stages = ctx.pipeline;
+        if ctx.auto_pipeline {
+            if parallel && ctx.dataset_strategy != DatasetStrategy::FullBatch {
+                return Err(TrainError::Mismatch(format!(
+                    "Model({}): auto_pipeline chooses the stage count, and so how many ranks share a batch: set dataset_strategy to full_batch (every rank reads the global batch and feeds its block), or set pipeline_stages yourself",
+                    self.name
+                )));
+            }
+            let Some(p) = popts.as_mut() else {
+                return Err(TrainError::Mismatch(format!(
+                    "Model({}): auto_pipeline needs auto_parallel on several devices, but device_num is {}",
+                    self.name, ctx.device_num
+                )));
+            };
+            let device = DeviceDescription::preset("cpu")
+                .map_err(|e| TrainError::Mismatch(format!("Model({}): {e}", self.name)))?;
+            match auto_pipeline::plan_pipeline(&forward, &ctx, &device, self.optimizer)
+                .map_err(|e| TrainError::Mismatch(format!("Model({}): {e}", self.name)))?
+            {
+                AutoPipeline::NotLayered(line) => eprintln!("{line}"),
+                AutoPipeline::Planned(planned) => {
+                    if self.rank == 0 {
+                        println!("{}", planned.summary());
+                    }
+                    p.parallel_optimizer = planned.parallel_optimizer;
+                    stages = planned.pipeline;
+                    forward = planned.graph.clone();
+                }
+            }
+        }
         let opts = CompileOptions {
             optimizer: Some(self.optimizer),
             dump_dir: self.dump_dir.clone(),
-            parallel: if parallel {
-                pipeline::parallel_options(&ctx)?
-            } else {
-                None
-            },
+            parallel: popts,
+            pipeline: stages,
             load_strategy: ctx.strategy_ckpt_config.load_file.clone(),
             save_strategy: if self.rank == 0 {
                 ctx.strategy_ckpt_config.save_file.clone()
@@ -286,15 +308,30 @@ impl Model {
             None => (compiled.graph, Vec::new()),
         };
         // Which block of a global batch this rank feeds (used when the data set yields
-        // global batches).
+        // global batches), of the inputs its graph reads.
         let mut feed = Vec::new();
         for (i, name) in names.iter().enumerate() {
+            let read = graph
+                .params
+                .iter()
+                .any(|p| p.kind == ParamKind::Input && &p.name == name);
+            if !read {
+                continue;
+            }
             let block = match layouts.iter().find(|(n, _)| n == name) {
                 Some((_, l)) => l.block(self.rank),
                 None => global[i].iter().map(|&d| 0..d).collect(),
             };
-            feed.push((name.clone(), block));
+            feed.push((i, name.clone(), block));
         }
+        let loss_share = match (&self.comm, stages.stages > 1 && parallel) {
+            (Some(comm), true) => Some(LossShare {
+                comm: comm.clone(),
+                group: (0..ctx.device_num).collect(),
+                root: (stages.stages - 1) * (ctx.device_num / stages.stages),
+            }),
+            _ => None,
+        };
         let comm = match (&self.comm, parallel || self.size > 1) {
             (Some(c), true) => Some(c.clone()),
             _ => None,
@@ -344,6 +381,7 @@ impl Model {
         self.compiled = Some(Compiled {
             exec,
             inputs: feed,
+            loss_share,
             layouts,
             strategy,
         });
@@ -358,7 +396,7 @@ impl Model {
         let feeds = rank_feeds(&name, &c.inputs, &shapes, columns)?;
         let feeds: Vec<(&str, Tensor)> = feeds.iter().map(|(n, t)| (*n, t.clone())).collect();
         let outputs = c.exec.step(&feeds)?;
-        loss_of(&name, &outputs)
+        step_loss(&name, c.loss_share.as_ref(), &outputs)
     }
 
     /// What the callbacks are told: (epoch, epochs), (step in epoch, steps per epoch), the
@@ -430,6 +468,7 @@ impl Model {
                 exec,
                 inputs,
                 strategy,
+                loss_share,
                 ..
             } = c;
             let step_began = std::cell::Cell::new(Instant::now());
@@ -442,7 +481,7 @@ impl Model {
                 rank_feeds(&name, inputs, &shapes, batch?).map(Some)
             };
             let after_step = |_, outputs: Vec<Tensor>, e: &(dyn StepExecutor + 'static)| {
-                let loss = loss_of(&name, &outputs)?;
+                let loss = step_loss(&name, loss_share.as_ref(), &outputs)?;
                 step_in_epoch += 1;
                 summary.steps += 1;
                 summary.losses.push(loss);
@@ -502,7 +541,7 @@ impl Model {
 fn input_shapes(c: &Compiled) -> Vec<Vec<usize>> {
     c.inputs
         .iter()
-        .map(|(input, _)| {
+        .map(|(_, input, _)| {
             c.exec
                 .graph()
                 .params
@@ -514,16 +553,23 @@ fn input_shapes(c: &Compiled) -> Vec<Vec<usize>> {
         .collect()
 }
 
-/// This rank's feeds of a batch (one tensor per column): each column as it is when it has the
-/// rank's shape, else this rank's block of it (the data set yields the global batch).
+/// This rank's feeds of a batch (one tensor per column) for the inputs its graph reads: each
+/// column as it is when it has the rank's shape, else this rank's block of it (the data set
+/// yields the global batch).
 fn rank_feeds<'a>(
     model: &str,
-    inputs: &'a [(String, Vec<Range<usize>>)],
+    inputs: &'a [(usize, String, Vec<Range<usize>>)],
     shapes: &[Vec<usize>],
     columns: Vec<Tensor>,
 ) -> Result<Vec<(&'a str, Tensor)>, TrainError> {
-    let mut feeds = Vec::with_capacity(columns.len());
-    for (((input, block), want), t) in inputs.iter().zip(shapes).zip(columns) {
+    let mut columns: Vec<Option<Tensor>> = columns.into_iter().map(Some).collect();
+    let mut feeds = Vec::with_capacity(inputs.len());
+    for ((column, input, block), want) in inputs.iter().zip(shapes) {
+        let Some(t) = columns.get_mut(*column).and_then(Option::take) else {
+            return Err(TrainError::Mismatch(format!(
+                "Model({model}): the batch has no column {column} ({input})"
+            )));
+        };
         let t = if &t.shape == want {
             t
         } else {
@@ -541,6 +587,47 @@ fn rank_feeds<'a>(
         feeds.push((input.as_str(), t));
     }
     Ok(feeds)
+}
+
+/// How the ranks of a pipeline learn the step's loss, which only the last stage computes:
+/// its first rank broadcasts it to every rank after each step (so that every rank's
+/// callbacks and summary see the global batch's loss, as in data parallel).
+struct LossShare {
+    comm: Arc<dyn Communicator>,
+    /// Every rank.
+    group: Vec<usize>,
+    /// The last stage's first rank.
+    root: usize,
+}
+
+/// The loss of a step: its outputs' first (a scalar), or in a pipeline the last stage's,
+/// broadcast ([`LossShare`]).
+fn step_loss(
+    model: &str,
+    share: Option<&LossShare>,
+    outputs: &[Tensor],
+) -> Result<f64, TrainError> {
+    let Some(share) = share else {
+        return loss_of(model, outputs);
+    };
+    let mine = if share.comm.rank() == share.root {
+        loss_of(model, outputs)?
+    } else {
+        0.0
+    };
+    let mut t = Tensor::from_f64(vec![], vec![mine])
+        .ok_or_else(|| TrainError::Mismatch(format!("Model({model}): a scalar loss tensor")))?;
+    share
+        .comm
+        .broadcast(&share.group, share.root, &mut t)
+        .map_err(|e| {
+            TrainError::Cluster(format!(
+                "Model({model}): sharing the last pipeline stage's loss from rank {}: {e}",
+                share.root
+            ))
+        })?;
+    t.scalar_value()
+        .ok_or_else(|| TrainError::Mismatch(format!("Model({model}): the shared loss")))
 }
 
 /// The loss of a step's outputs (the first, a scalar).
@@ -566,8 +653,10 @@ fn global_shape(
         DatasetStrategy::FullBatch => Ok(local.to_vec()),
         DatasetStrategy::DataParallel => {
             let mut g = local.to_vec();
+            // In a pipeline each stage's ranks split the batch: a rank reads the shard of its
+            // data-parallel index within its stage (`rank % (device_num / stages)`).
             match g.first_mut() {
-                Some(b) => *b *= ctx.device_num,
+                Some(b) => *b *= ctx.device_num / ctx.pipeline.stages.max(1),
                 None => {
                     return Err(TrainError::Mismatch(format!(
                         "column {name} is a scalar per batch: data_parallel splits the batch dimension, so batch the data set"
