@@ -3,7 +3,8 @@
 //! Over random models (MLPs of 2 to 4 layers, residual MLPs, a small transformer) × stage
 //! counts (1, 2, 3, 4) × micro-batch counts (the stages up to 8, at least 2) × both schedules (1F1B, GPipe)
 //! × random intra-op strategies on 1, 2 or 4 devices per stage × optimizer sharding on or
-//! off (the gradient accumulation reduce-scattered per micro-batch or once), the ranks run together (a thread each, the in-process communicator, Send and Receive
+//! off (the gradient accumulation reduce-scattered per micro-batch or once) × recomputation
+//! of random forward nodes or none, the ranks run together (a thread each, the in-process communicator, Send and Receive
 //! between stages) for 2 steps: the last stage's ranks return the single device's losses,
 //! and the weights gathered from the ranks that hold them (each stage its own) are the
 //! single device's.
@@ -44,6 +45,8 @@ struct Case {
     /// With `zero`: `gradient_accumulation_shard` (each micro-batch's gradient
     /// reduce-scattered and only the shard accumulated) or the accumulation reduced once.
     accumulate_shards: bool,
+    /// Forward nodes marked `recompute: true`.
+    recomputed: usize,
 }
 
 /// An MLP of `layers` Dense layers (f64), the layer `i`'s ops marked with its stage
@@ -165,6 +168,7 @@ fn case_of(seed: u64) -> Result<(String, Graph, Case, f64), String> {
         scheduler,
         zero,
         accumulate_shards,
+        recomputed: 0,
     };
     // The batch: every data-parallel rank's micro-batches whole.
     let batch = mesh * micro * 2;
@@ -198,6 +202,19 @@ fn case_of(seed: u64) -> Result<(String, Graph, Case, f64), String> {
     } else {
         Vec::new()
     };
+    // Recomputation: in some cases, about half of the forward nodes (not the loss's) are
+    // replayed in the backward pass.
+    let mut case = case;
+    let recomputed = &mut case.recomputed;
+    if rng.random_bool(0.4) {
+        for n in &mut g.nodes {
+            let loss = n.scope.contains("_loss_fn");
+            if !loss && !n.op.is_communication() && rng.random_bool(0.5) {
+                n.attrs.set("recompute", Attr::Bool(true));
+                *recomputed += 1;
+            }
+        }
+    }
     Ok((
         format!(
             "seed {seed}: {what}, {case:?}, strategies [{}]",
@@ -301,11 +318,12 @@ fn pipelined_steps_equal_the_single_device_on_random_models_stages_and_strategie
     };
     let mut failures = Vec::new();
     let mut drawn = std::collections::BTreeMap::new();
-    let (mut sharded, mut accumulated_shards) = (0usize, 0usize);
+    let (mut sharded, mut accumulated_shards, mut recomputing) = (0usize, 0usize, 0usize);
     for seed in seeds {
         if let Ok((_, _, c, _)) = case_of(seed) {
             sharded += c.zero as usize;
             accumulated_shards += c.accumulate_shards as usize;
+            recomputing += usize::from(c.recomputed > 0);
             *drawn
                 .entry((c.stages, c.micro, c.mesh, format!("{:?}", c.scheduler)))
                 .or_insert(0usize) += 1;
@@ -315,10 +333,11 @@ fn pipelined_steps_equal_the_single_device_on_random_models_stages_and_strategie
         }
     }
     eprintln!(
-        "cases (stages, micro-batches, mesh, schedule): {drawn:?}; with optimizer sharding: {sharded} ({accumulated_shards} accumulating the shards)"
+        "cases (stages, micro-batches, mesh, schedule): {drawn:?}; with optimizer sharding: {sharded} ({accumulated_shards} accumulating the shards); recomputing: {recomputing}"
     );
     if only.is_none() {
         assert!(sharded >= 5, "only {sharded} cases shard the optimizer");
+        assert!(recomputing >= 10, "only {recomputing} cases recompute");
         assert!(
             accumulated_shards >= 2 && sharded - accumulated_shards >= 2,
             "{accumulated_shards} of {sharded} optimizer-sharded cases accumulate the shards: both ways must be drawn"
