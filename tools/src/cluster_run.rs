@@ -310,7 +310,7 @@ fn train_rank(a: &RunArgs, art: Artifact, joined: &Joined) -> Result<()> {
         joined.comm.clone(),
     )
     .with_context(|| format!("rank {rank}: preparing its graph"))?;
-    let per_epoch = a.steps_per_epoch.unwrap_or(a.data_pool as u64).max(1);
+    let per_epoch = data.per_epoch(a);
     // Checkpoints: every rank reads the shared directory and computes the same newest
     // complete step (it checks every rank's file of it), then loads its own file; a barrier
     // keeps any rank from saving (and pruning) before all have chosen.

@@ -2,7 +2,7 @@
 
 use crate::parallel_args::ParallelArgs;
 use crate::run_args::RunArgs;
-use crate::training::{after_step, distributed_data, print_loss};
+use crate::training::{after_step, distributed_data, print_loss, TrainData};
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use shardc_backend_cpu::CpuBackend;
@@ -12,7 +12,7 @@ use shardc_ir::artifact::{self, Artifact, IoEntry, Manifest};
 use shardc_ir::spmd::SpmdProgram;
 use shardc_ir::{text, Graph, ParamKind};
 use shardc_passes::autodiff::Optimizer;
-use shardc_runtime::data::{MnistData, SyntheticData};
+use shardc_runtime::data::MnistData;
 use shardc_runtime::executor::Executor;
 use shardc_runtime::train_steps;
 use shardc_runtime::Tensor;
@@ -424,7 +424,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
         None => 0,
     };
     enum Source {
-        Synthetic(SyntheticData),
+        Arrays(TrainData),
         Mnist(MnistData, usize),
     }
     let (source, pool) = match &a.mnist {
@@ -441,10 +441,11 @@ pub fn run(a: &RunArgs) -> Result<()> {
             let nb = data.num_batches(batch) as u64;
             (Source::Mnist(data, batch), nb)
         }
-        None => (
-            Source::Synthetic(SyntheticData::new(exec.graph(), a.seed, a.data_pool)?),
-            a.data_pool as u64,
-        ),
+        None => {
+            let data = TrainData::of(a, exec.graph())?;
+            let pool = data.per_epoch(a);
+            (Source::Arrays(data), pool)
+        }
     };
     let per_epoch = a.steps_per_epoch.unwrap_or(pool).max(1);
     let saver = crate::ckpt::Saver::new(&a.checkpoint, &art.manifest.model, per_epoch, 0, 1)?;
@@ -457,7 +458,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
         start..a.steps,
         |step| -> Result<Option<Vec<(&str, Tensor)>>> {
             Ok(Some(match &source {
-                Source::Synthetic(s) => s.feeds(step),
+                Source::Arrays(s) => s.feeds(step),
                 Source::Mnist(m, batch) => {
                     let (x, y) = m.batch(step as usize, *batch)?;
                     vec![(names[0], x), (names[1], y)]
@@ -493,7 +494,7 @@ pub fn print(a: &PrintArgs) -> Result<()> {
 /// (every rank computes the same global loss).
 fn run_ranks_in_process(a: &RunArgs, art: Artifact) -> Result<()> {
     if a.mnist.is_some() {
-        bail!("--mnist runs one device; a multi-rank artifact trains on synthetic data here");
+        bail!("--mnist runs one device; a multi-rank artifact trains on synthetic data or --data here");
     }
     let (data, inputs) = distributed_data(a, &art)?;
     let feeds = |step: u64| -> Vec<(String, Tensor)> {
@@ -502,7 +503,7 @@ fn run_ranks_in_process(a: &RunArgs, art: Artifact) -> Result<()> {
             .map(|(n, t)| (n.to_string(), t))
             .collect()
     };
-    let per_epoch = a.steps_per_epoch.unwrap_or(a.data_pool as u64).max(1);
+    let per_epoch = data.per_epoch(a);
     let n = art.device_num();
     // Every rank's graph, materialized from the program.
     let rank_graphs = art.rank_graphs()?;

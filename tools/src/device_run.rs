@@ -6,11 +6,10 @@
 
 use crate::run_args::RunArgs;
 use crate::training::{
-    after_step, distributed_data, print_loss, rank_block, rank_inputs, save_after,
+    after_step, distributed_data, print_loss, rank_block, rank_inputs, save_after, TrainData,
 };
 use anyhow::{anyhow, bail, Context, Result};
 use shardc_ir::artifact::Artifact;
-use shardc_runtime::data::synthetic::SyntheticData;
 use shardc_runtime::{Communicator, StepExecutor, Tensor};
 use std::sync::Arc;
 
@@ -23,20 +22,16 @@ pub trait DeviceExecutor: StepExecutor + Send {
     fn stats_summary(&self) -> String;
 }
 
-/// `--device-target GPU` / `Ascend` train on synthetic data here; `--mnist` runs on the CPU.
+/// `--device-target GPU` / `Ascend` train on synthetic data or `--data` here; `--mnist` runs on
+/// the CPU.
 pub fn synthetic_only(a: &RunArgs) -> Result<()> {
     if a.mnist.is_some() {
         bail!(
-            "--device-target {} trains on synthetic data here (--mnist runs on the CPU)",
+            "--device-target {} trains on synthetic data or --data here (--mnist runs on the CPU)",
             a.device.device_target
         );
     }
     Ok(())
-}
-
-/// The steps per epoch of the loss lines (`--steps-per-epoch`, else the data pool).
-fn per_epoch(a: &RunArgs) -> u64 {
-    a.steps_per_epoch.unwrap_or(a.data_pool as u64).max(1)
 }
 
 /// Loads rank `rank`'s file of the newest complete checkpoint step into `exec` (every rank
@@ -66,8 +61,8 @@ pub fn resume(
 /// loss, saving checkpoints, and with `--stats` the executor's report.
 pub fn train_one<E: DeviceExecutor>(a: &RunArgs, art: &Artifact, mut exec: E) -> Result<()> {
     let graph = exec.graph().clone();
-    let data = SyntheticData::new(&graph, a.seed, a.data_pool)?;
-    let per_epoch = per_epoch(a);
+    let data = TrainData::of(a, &graph)?;
+    let per_epoch = data.per_epoch(a);
     exec.set_profiling(a.stats);
     let start = resume(a, art, &mut exec, 0, 1)?;
     let saver = crate::ckpt::Saver::new(&a.checkpoint, &art.manifest.model, per_epoch, 0, 1)?;
@@ -108,7 +103,7 @@ pub fn train_in_process<E: DeviceExecutor>(
 ) -> Result<()> {
     let (data, inputs) = distributed_data(a, art)?;
     let n = art.device_num();
-    let per_epoch = per_epoch(a);
+    let per_epoch = data.per_epoch(a);
     let mut start = 0;
     for (rank, exec) in execs.iter_mut().enumerate() {
         // No profiling here: the ranks' marks would interleave on a shared device.
@@ -196,7 +191,7 @@ pub fn train_cluster_rank<E: DeviceExecutor>(
     if let Some(p) = crate::training::PipelineInfo::of(art) {
         println!("{}", p.stage_line(rank));
     }
-    let per_epoch = per_epoch(a);
+    let per_epoch = data.per_epoch(a);
     exec.set_profiling(a.stats);
     let start = resume(a, art, &mut exec, rank, size)?;
     if a.checkpoint.resume_from.is_some() {

@@ -14,7 +14,8 @@ pub struct RunArgs {
     /// Number of training steps.
     #[arg(long, default_value_t = 10)]
     pub steps: u64,
-    /// Steps per epoch (for the `epoch: E step: S` lines); default: the data pool size.
+    /// Steps per epoch (for the `epoch: E step: S` lines); default: the data pool size (with
+    /// `--data`, the file's batches).
     #[arg(long)]
     pub steps_per_epoch: Option<u64>,
     /// Seed of the synthetic data.
@@ -23,6 +24,12 @@ pub struct RunArgs {
     /// Number of distinct synthetic batches, cycled.
     #[arg(long, default_value_t = 8)]
     pub data_pool: usize,
+    /// Train on the arrays of this data file (`.npz`, `.npy` or `.safetensors`): one array per
+    /// model input, named after it, its first dimension the sample (NumPy's `np.savez(path,
+    /// x=..., label=...)`). The samples are cut into global batches in order (the last
+    /// partial one dropped) and cycled; each rank feeds its block, as with synthetic data.
+    #[arg(long, conflicts_with = "mnist")]
+    pub data: Option<PathBuf>,
     /// Train on MNIST idx files in this directory (`train-images-idx3-ubyte`,
     /// `train-labels-idx1-ubyte`) instead of synthetic data. The model's first input must be
     /// `(batch, 784)` Float32 and its second `(batch)` Int32.

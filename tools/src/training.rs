@@ -8,7 +8,8 @@ use crate::ckpt::Saver;
 use crate::run_args::RunArgs;
 use anyhow::{bail, Context, Result};
 use shardc_ir::artifact::Artifact;
-use shardc_ir::{ParamKind, TensorLayout};
+use shardc_ir::{Graph, ParamKind, TensorLayout};
+use shardc_runtime::data::numpy::{read_arrays, ArrayBatches};
 use shardc_runtime::data::SyntheticData;
 use shardc_runtime::{StepExecutor, Tensor};
 use std::time::Duration;
@@ -182,12 +183,53 @@ impl PipelineInfo {
     }
 }
 
-/// The synthetic data of a multi-rank artifact (global batches, from the manifest's global
-/// input shapes) and the data inputs' layouts (which block each rank is fed).
+/// The global batches a run trains on: seeded synthetic ones (`--seed`, `--data-pool`), or a
+/// data file's (`--data`).
+pub enum TrainData {
+    /// [`SyntheticData`].
+    Synthetic(SyntheticData),
+    /// A data file's arrays, batched ([`ArrayBatches`]).
+    File(ArrayBatches),
+}
+
+impl TrainData {
+    /// The data for `graph`'s inputs (their global shapes): `--data`'s file, else synthetic.
+    pub fn of(a: &RunArgs, graph: &Graph) -> Result<TrainData> {
+        Ok(match &a.data {
+            Some(path) => TrainData::File(ArrayBatches::new(
+                graph,
+                read_arrays(path)?,
+                &path.display().to_string(),
+            )?),
+            None => TrainData::Synthetic(SyntheticData::new(graph, a.seed, a.data_pool)?),
+        })
+    }
+
+    /// Step `step`'s global batch, by input name.
+    pub fn feeds(&self, step: u64) -> Vec<(&str, Tensor)> {
+        match self {
+            TrainData::Synthetic(s) => s.feeds(step),
+            TrainData::File(f) => f.feeds(step),
+        }
+    }
+
+    /// The steps of one pass over the data: `--steps-per-epoch`, else the synthetic pool's
+    /// batches or the file's.
+    pub fn per_epoch(&self, a: &RunArgs) -> u64 {
+        let pass = match self {
+            TrainData::Synthetic(_) => a.data_pool as u64,
+            TrainData::File(f) => f.len() as u64,
+        };
+        a.steps_per_epoch.unwrap_or(pass).max(1)
+    }
+}
+
+/// The data of a multi-rank artifact (global batches, from the manifest's global input
+/// shapes: [`TrainData`]) and the data inputs' layouts (which block each rank is fed).
 pub fn distributed_data(
     a: &RunArgs,
     art: &Artifact,
-) -> Result<(SyntheticData, Vec<(String, TensorLayout)>)> {
+) -> Result<(TrainData, Vec<(String, TensorLayout)>)> {
     let layouts: Vec<(String, TensorLayout)> = match art.manifest.extra.get("layouts") {
         Some(serde_json::Value::Object(m)) => m
             .iter()
@@ -208,7 +250,7 @@ pub fn distributed_data(
             }
         }
     }
-    let data = SyntheticData::new(&global, a.seed, a.data_pool)?;
+    let data = TrainData::of(a, &global)?;
     let inputs: Vec<(String, TensorLayout)> = layouts
         .iter()
         .filter(|(n, _)| art.manifest.inputs.iter().any(|e| &e.name == n))

@@ -1,6 +1,7 @@
 //! Data for training steps: MindSpore-style data-set pipelines (`Cifar10Dataset`,
-//! `MnistDataset`, `GeneratorDataset` with `map` / `shuffle` / `batch` / `repeat`), the raw
-//! MNIST idx reader, and seeded synthetic batches for any graph.
+//! `MnistDataset`, `GeneratorDataset`, `NumpySlicesDataset` with `map` / `shuffle` / `batch` /
+//! `repeat`), the raw MNIST idx reader, NumPy's `.npy` / `.npz` and safetensors arrays
+//! ([`numpy`]), and seeded synthetic batches for any graph.
 //!
 //! # Pipelines
 //!
@@ -82,6 +83,7 @@ pub mod dataset;
 mod file;
 pub mod generator;
 pub mod mnist;
+pub mod numpy;
 pub mod source;
 pub mod synthetic;
 pub mod transforms;
@@ -90,6 +92,7 @@ pub use cifar::{write_synthetic_cifar10, Cifar10Dataset, Cifar10Usage};
 pub use dataset::{Dataset, DatasetIter};
 pub use generator::GeneratorDataset;
 pub use mnist::{write_synthetic_mnist, MnistData, MnistDataset, MnistUsage};
+pub use numpy::NumpySlicesDataset;
 pub use source::SourceOptions;
 pub use synthetic::SyntheticData;
 pub use transforms::{vision, Transform};
