@@ -382,6 +382,23 @@ impl View for &RawView {
 // Writing and reading one file
 
 impl Checkpoint {
+    /// A single-device checkpoint of whole tensors of model `model` (sorted by name; step and
+    /// epoch 0): another framework's weights (MindSpore's `.ckpt`) in this format.
+    pub fn whole(model: &str, mut tensors: Vec<(String, Tensor)>) -> Checkpoint {
+        tensors.sort_by(|a, b| a.0.cmp(&b.0));
+        Checkpoint {
+            meta: CheckpointMeta {
+                model: model.to_string(),
+                rank: 0,
+                device_num: 1,
+                step: 0,
+                epoch: 0,
+                identity: identity_of_whole(model, &tensors),
+            },
+            tensors,
+        }
+    }
+
     /// The checkpoint of an executor's weights (every `Ref` parameter) after `step` completed
     /// steps, as rank `rank` of `device_num`. Errors: the weights could not be read back from
     /// the executor's device.

@@ -14,6 +14,7 @@ pub mod executor;
 pub mod init;
 pub mod launcher;
 pub mod memory;
+pub mod mindspore_ckpt;
 pub mod step;
 pub mod tensor;
 

@@ -1,5 +1,6 @@
 //! Checkpoints on the command line: the flags of `shardc run` (saving every K steps, keeping
-//! the newest M, resuming), and `shardc ckpt merge` / `shardc ckpt inspect`.
+//! the newest M, resuming), and `shardc ckpt merge` / `shardc ckpt inspect` / `shardc ckpt
+//! export` (to and from MindSpore's `.ckpt`).
 //!
 //! Layout of a checkpoint directory `DIR` (default `.`, as MindSpore's `./{rank_id}/`):
 //!
@@ -349,6 +350,20 @@ pub enum CkptCommand {
     Merge(MergeArgs),
     /// Print a checkpoint's metadata and its tensors' names, dtypes and shapes.
     Inspect(InspectArgs),
+    /// Write a whole-model checkpoint (a single device's, or `merge`'s) as MindSpore's
+    /// `.ckpt` (`mindspore.load_checkpoint` reads it), or a `.ckpt` as safetensors.
+    Export(ExportArgs),
+}
+
+/// Arguments of `shardc ckpt export`.
+#[derive(Args, Debug)]
+pub struct ExportArgs {
+    /// The checkpoint: shardc's `.safetensors` of one device or merged, or MindSpore's
+    /// `.ckpt`.
+    pub file: PathBuf,
+    /// Where to write it: `.ckpt` (MindSpore) or `.safetensors`.
+    #[arg(short, long)]
+    pub output: PathBuf,
 }
 
 /// Arguments of `shardc ckpt merge`.
@@ -380,7 +395,42 @@ pub fn ckpt(a: &CkptArgs) -> Result<()> {
     match &a.command {
         CkptCommand::Merge(m) => merge(m),
         CkptCommand::Inspect(i) => inspect(i),
+        CkptCommand::Export(e) => export(e),
     }
+}
+
+/// `shardc ckpt export`: the file's tensors, by name, rewritten in the output's format. A
+/// shardc checkpoint of one rank of several is refused (merge it first).
+fn export(a: &ExportArgs) -> Result<()> {
+    let tensors = match checkpoint::load(&a.file) {
+        Ok(cp) if cp.meta.device_num > 1 => bail!(
+            "{}: rank {} of a {}-rank checkpoint holds blocks, not the model: `shardc ckpt merge` the ranks first",
+            a.file.display(),
+            cp.meta.rank,
+            cp.meta.device_num
+        ),
+        Ok(cp) => cp.tensors,
+        // Not a shardc checkpoint: MindSpore's .ckpt or any safetensors file.
+        Err(_) => shardc_runtime::mindspore_ckpt::read_weights(&a.file)?,
+    };
+    match a.output.extension().and_then(|e| e.to_str()) {
+        Some("ckpt") => shardc_runtime::mindspore_ckpt::write(&a.output, &tensors)?,
+        Some("safetensors") => {
+            let cp = Checkpoint::whole(&a.file.display().to_string(), tensors.clone());
+            checkpoint::save(&a.output, &cp)?;
+        }
+        _ => bail!(
+            "{}: the output must be .ckpt (MindSpore) or .safetensors",
+            a.output.display()
+        ),
+    }
+    println!(
+        "exported {} tensor(s) of {} -> {}",
+        tensors.len(),
+        a.file.display(),
+        a.output.display()
+    );
+    Ok(())
 }
 
 fn layouts_of(sf: &StrategyFile) -> BTreeMap<String, TensorLayout> {

@@ -407,6 +407,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
         .map(|p| (p.name.clone(), p.ty.shape.clone()))
         .collect();
     let mut exec = Executor::new(graph, Arc::new(CpuBackend::with_threads(threads)))?;
+    crate::init_from::init_rank(a.init_from.as_deref(), &art, &mut exec, 0)?;
     // Resume: the weights, the optimizer state and the step count of the newest valid
     // checkpoint; steps continue from there (`--steps` counts the total).
     let start = match &a.checkpoint.resume_from {
@@ -538,7 +539,12 @@ fn run_ranks_in_process(a: &RunArgs, art: Artifact) -> Result<()> {
                 )
             })
             .collect();
+    let initial = crate::init_from::initial_weights(a.init_from.as_deref(), &art)?;
+    let layouts = crate::init_from::layouts_of(&art)?;
     let prepare = |rank: usize, exec: &mut Executor| -> Result<()> {
+        if let Some(w) = &initial {
+            w.apply(exec, &layouts, rank)?;
+        }
         let taken = loaded[rank]
             .lock()
             .map_err(|_| anyhow::anyhow!("rank {rank}: checkpoint lock poisoned"))?

@@ -35,7 +35,8 @@ pub fn synthetic_only(a: &RunArgs) -> Result<()> {
 }
 
 /// Loads rank `rank`'s file of the newest complete checkpoint step into `exec` (every rank
-/// reads the same directory and picks the same step); returns the step to continue from.
+/// reads the same directory and picks the same step), or its block of `--init-from`'s
+/// weights; returns the step to continue from.
 pub fn resume(
     a: &RunArgs,
     art: &Artifact,
@@ -44,6 +45,7 @@ pub fn resume(
     size: usize,
 ) -> Result<u64> {
     let Some(dir) = &a.checkpoint.resume_from else {
+        crate::init_from::init_rank(a.init_from.as_deref(), art, exec, rank)?;
         return Ok(0);
     };
     let ranks = crate::ckpt::RankWeights::Program(&art.program);

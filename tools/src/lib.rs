@@ -26,6 +26,7 @@ pub mod explain;
 pub mod gen_cmd;
 pub mod gpu;
 pub mod in_process;
+pub mod init_from;
 pub mod launch;
 pub mod parallel_args;
 pub mod plan_compare;

@@ -24,6 +24,12 @@ pub struct RunArgs {
     /// Number of distinct synthetic batches, cycled.
     #[arg(long, default_value_t = 8)]
     pub data_pool: usize,
+    /// Start from the weights of this checkpoint (MindSpore's `.ckpt`, or a whole-model
+    /// `.safetensors`), matched by parameter name: every trainable weight must be there with
+    /// its global shape, and every tensor of the file must be the model's (MindSpore's
+    /// `global_step`, `learning_rate`, ... aside); each rank takes its block.
+    #[arg(long, conflicts_with = "resume_from")]
+    pub init_from: Option<PathBuf>,
     /// Train on the arrays of this data file (`.npz`, `.npy` or `.safetensors`): one array per
     /// model input, named after it, its first dimension the sample (NumPy's `np.savez(path,
     /// x=..., label=...)`). The samples are cut into global batches in order (the last

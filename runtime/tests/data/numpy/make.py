@@ -1,7 +1,7 @@
 """Makes the NumPy fixtures of runtime/tests/numpy_fixtures.rs with NumPy itself.
 
-Run from this folder with a Python that has NumPy (the bench's venv does:
-`../../../../bench/.venv/bin/python make.py`). The versions it ran with are in VERSIONS.
+Run from this folder with a Python that has NumPy (the venv `shardc bench` sets up has it):
+`python make.py`. The versions it ran with are in VERSIONS.
 Every array is a formula of its indices, so the test checks each element.
 """
 import sys

@@ -1,0 +1,226 @@
+//! MindSpore's `.ckpt` checkpoints, with a fixture MindSpore 2.10 wrote itself
+//! (`tests/data/mindspore/make_ckpt.py`, versions in `VERSIONS`): the tutorial's network
+//! (narrowed to 64 -> 32 -> 32 -> 10) trained 3 steps with Momentum, saved with its optimizer
+//! state, then 3 more steps on the same batch (`losses.txt`).
+//!
+//! - The file reads as MindSpore's `load_checkpoint` lists it.
+//! - `shardc run --init-from tutorial.ckpt --data batch.npz` continues from it and prints
+//!   MindSpore's next losses (1e-6 relative), on one device and on 4 data-parallel ranks.
+//! - A checkpoint that does not fit the model is an error listing every fault.
+//! - The weights shardc saves after training go back to `.ckpt` and load as they were.
+
+use shardc::compiler::zoo;
+use shardc::ir::text::print_graph;
+use shardc::runtime::checkpoint;
+use shardc::runtime::mindspore_ckpt;
+use shardc::runtime::Tensor;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/mindspore")
+        .join(name)
+}
+
+fn shardc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_shardc"))
+        .args(args)
+        .output()
+        .expect("the shardc binary runs")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("a UTF-8 path")
+}
+
+fn losses(stdout: &str) -> Vec<f64> {
+    stdout
+        .lines()
+        .filter_map(|l| l.split(", loss is ").nth(1))
+        .map(|v| v.trim().parse::<f64>().expect("a loss value"))
+        .collect()
+}
+
+fn tmp(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("shardc-ms-ckpt-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("dir");
+    d
+}
+
+/// The tutorial network as text IR (batch 16), compiled as MindSpore trained it: Momentum
+/// 0.1 / 0.9, on `extra`'s devices.
+fn compile(dir: &Path, name: &str, extra: &[&str]) -> PathBuf {
+    let g = zoo::mlp(16, &[64, 32, 32, 10]).expect("the tutorial network");
+    let model = dir.join("network.ir");
+    std::fs::write(&model, print_graph(&g)).expect("model");
+    let art = dir.join(name);
+    let mut args = vec![
+        "compile",
+        s(&model),
+        "-o",
+        s(&art),
+        "--optimizer",
+        "momentum",
+        "--learning-rate",
+        "0.1",
+        "--momentum",
+        "0.9",
+    ];
+    args.extend_from_slice(extra);
+    let o = shardc(&args);
+    assert!(o.status.success(), "compile: {}", text(&o));
+    art
+}
+
+#[test]
+fn mindspores_checkpoint_reads_as_load_checkpoint_lists_it() {
+    let t = mindspore_ckpt::read(&fixture("tutorial.ckpt")).expect("reads");
+    let names: Vec<&str> = t.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names.len(), 15, "{names:?}");
+    let shape = |n: &str| t.iter().find(|(m, _)| m == n).expect(n).1.shape.clone();
+    assert_eq!(shape("dense_relu_sequential.0.weight"), [32, 64]);
+    assert_eq!(shape("moments.dense_relu_sequential.4.bias"), [10]);
+    assert_eq!(shape("global_step"), [1]);
+    assert!(shape("learning_rate").is_empty());
+    let step = &t.iter().find(|(n, _)| n == "global_step").expect("step").1;
+    assert_eq!(step, &Tensor::from_i32(vec![1], vec![3]).expect("t"));
+}
+
+#[test]
+fn a_run_from_mindspores_checkpoint_prints_mindspores_next_losses() {
+    let want: Vec<f64> = std::fs::read_to_string(fixture("losses.txt"))
+        .expect("losses.txt")
+        .lines()
+        .map(|l| l.trim().parse().expect("a loss"))
+        .collect();
+    let dir = tmp("losses");
+    let one = compile(&dir, "one", &[]);
+    let four = compile(
+        &dir,
+        "four",
+        &[
+            "--device-num",
+            "4",
+            "--parallel-mode",
+            "data_parallel",
+            "--gradients-mean",
+        ],
+    );
+    for art in [&one, &four] {
+        let o = shardc(&[
+            "run",
+            s(art),
+            "--steps",
+            "3",
+            "--threads",
+            "1",
+            "--init-from",
+            s(&fixture("tutorial.ckpt")),
+            "--data",
+            s(&fixture("batch.npz")),
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+        let got = losses(&String::from_utf8_lossy(&o.stdout));
+        eprintln!("{}: {got:?} (MindSpore: {want:?})", art.display());
+        assert_eq!(got.len(), want.len(), "{}", text(&o));
+        for (g, w) in got.iter().zip(&want) {
+            assert!(
+                (g - w).abs() <= 1e-6 * w.abs(),
+                "{}: {got:?} vs MindSpore's {want:?}",
+                art.display()
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_checkpoint_that_does_not_fit_is_an_error_listing_every_fault() {
+    let dir = tmp("faults");
+    let one = compile(&dir, "one", &[]);
+    let mut t = mindspore_ckpt::read(&fixture("tutorial.ckpt")).expect("reads");
+    // One weight missing, one of another shape, one unknown tensor.
+    t.retain(|(n, _)| n != "dense_relu_sequential.2.bias");
+    for (n, v) in &mut t {
+        if n == "dense_relu_sequential.4.weight" {
+            *v = Tensor::from_f32(vec![32, 10], vec![0.0; 320]).expect("t");
+        }
+    }
+    t.push((
+        "head.weight".into(),
+        Tensor::from_f32(vec![2], vec![1.0, 2.0]).expect("t"),
+    ));
+    let bad = dir.join("bad.ckpt");
+    mindspore_ckpt::write(&bad, &t).expect("writes");
+    let o = shardc(&["run", s(&one), "--steps", "1", "--init-from", s(&bad)]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    for want in [
+        "bad.ckpt",
+        "dense_relu_sequential.2.bias Float32 [32] is missing",
+        "dense_relu_sequential.4.weight is Float32 [32, 10] in the file but Float32 [10, 32] in the model",
+        "not parameters of the model: head.weight",
+    ] {
+        assert!(err.contains(want), "want {want:?} in {err}");
+    }
+    // A truncated file is an error naming it.
+    let bytes = std::fs::read(fixture("tutorial.ckpt")).expect("fixture");
+    let cut = dir.join("cut.ckpt");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).expect("cut");
+    let o = shardc(&["run", s(&one), "--steps", "1", "--init-from", s(&cut)]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("cut.ckpt") && err.contains("checkpoint.proto"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn shardcs_weights_go_back_to_a_mindspore_checkpoint() {
+    let dir = tmp("back");
+    let one = compile(&dir, "one", &[]);
+    let ck = dir.join("ck");
+    let o = shardc(&[
+        "run",
+        s(&one),
+        "--steps",
+        "2",
+        "--init-from",
+        s(&fixture("tutorial.ckpt")),
+        "--data",
+        s(&fixture("batch.npz")),
+        "--checkpoint-dir",
+        s(&ck),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let file = std::fs::read_dir(ck.join("0"))
+        .expect("rank 0's checkpoints")
+        .map(|e| e.expect("entry").path())
+        .find(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .expect("a checkpoint");
+    let saved = checkpoint::load(&file).expect("loads");
+    let back = dir.join("back.ckpt");
+    let o = shardc(&["ckpt", "export", s(&file), "-o", s(&back)]);
+    assert!(o.status.success(), "{}", text(&o));
+    let read = mindspore_ckpt::read(&back).expect("reads");
+    assert_eq!(read.len(), saved.tensors.len());
+    for ((a, x), (b, y)) in read.iter().zip(&saved.tensors) {
+        assert_eq!((a, x), (b, y));
+    }
+    // And the exported file starts a run as the MindSpore one did.
+    let o = shardc(&["run", s(&one), "--steps", "1", "--init-from", s(&back)]);
+    assert!(o.status.success(), "{}", text(&o));
+    let _ = std::fs::remove_dir_all(&dir);
+}
