@@ -6,7 +6,7 @@
 use clap::{Parser, Subcommand};
 use shardc_tools::{
     ckpt, closed_output, cluster_run, commands, data_cmd, device_cmd, explain, gen_cmd, gpu,
-    launch, run_args, verify, zoo_cmd,
+    launch, predict, run_args, verify, zoo_cmd,
 };
 
 /// shardc: an auto-parallel graph compiler and runtime.
@@ -38,6 +38,10 @@ enum Command {
     Run(run_args::RunArgs),
     /// Print a model file or an artifact as text IR.
     Print(commands::PrintArgs),
+    /// Run a model's forward graph on the samples of a data file (MindSpore's
+    /// `model.predict`), with its weights from a checkpoint, on one device or N ranks; write
+    /// the outputs as safetensors keyed by the model's output names.
+    Predict(predict::PredictArgs),
     /// Check the invariant on a model: compile it stand-alone and in parallel, train both on
     /// the same batches (all ranks in this process), print the largest relative differences
     /// of the losses and of the gathered weights; exit status 1 beyond the tolerance.
@@ -97,6 +101,7 @@ fn run() -> i32 {
         Command::Compile(a) => commands::compile(a),
         Command::Run(a) => commands::run(a),
         Command::Print(a) => commands::print(a),
+        Command::Predict(a) => predict::predict(a),
         Command::Explain(a) => explain::explain(a),
         Command::Verify(a) => match verify::verify(a) {
             Ok(true) => Ok(()),

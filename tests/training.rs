@@ -451,8 +451,9 @@ fn model_checkpoint_saves_every_k_steps_and_at_the_end_keeping_the_newest() {
     assert_eq!(cp.tensor("w").expect("w in file"), &w);
 }
 
+/// Pipeline stages on one device (no cluster) are an error that says what they need.
 #[test]
-fn model_refuses_pipeline_stages_naming_the_command_that_runs_them() {
+fn model_pipeline_stages_on_one_device_are_an_error_saying_what_they_need() {
     let data = regression(32, SourceOptions::default())
         .batch(8, true)
         .expect("batch");
@@ -466,10 +467,10 @@ fn model_refuses_pipeline_stages_naming_the_command_that_runs_them() {
         Model::new(QuickstartNet, MSELoss::new(), &Momentum::new(0.2, 0.1)).with_context(ctx);
     let e = m
         .train(1, &data, &mut [])
-        .expect_err("Model does not pipeline")
+        .expect_err("one device runs no pipeline")
         .to_string();
     assert!(
-        e.contains("pipeline_stages 2") && e.contains("shardc compile --pipeline-stages 2"),
+        e.contains("pipeline_stages 2") && e.contains("several devices"),
         "{e}"
     );
 }

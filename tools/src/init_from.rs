@@ -33,6 +33,18 @@ pub const BOOKKEEPING: &[&str] = &[
     "scale_sense",
 ];
 
+/// Names of an optimizer's state (MindSpore's and shardc's): a forward model
+/// (`shardc predict`) has none, and ignores them in a training checkpoint.
+pub const OPTIMIZER_STATE: &[&str] = &[
+    "moments.",
+    "moment1.",
+    "moment2.",
+    "accum.",
+    "stat.",
+    "beta1_power",
+    "beta2_power",
+];
+
 /// One parameter of the whole model: its global type and whether it is trained.
 #[derive(Clone, Debug)]
 pub struct ModelParam {
@@ -62,8 +74,9 @@ impl InitialWeights {
     }
 
     /// Checks the file against the whole model's parameters (see the module doc); the error
-    /// lists every missing, misshapen and unknown tensor.
-    pub fn check(&self, model: &[ModelParam]) -> Result<()> {
+    /// lists every missing, misshapen and unknown tensor. With `forward_only` (no optimizer)
+    /// the file's optimizer state ([`OPTIMIZER_STATE`]) is ignored too.
+    pub fn check(&self, model: &[ModelParam], forward_only: bool) -> Result<()> {
         let mut faults = Vec::new();
         for p in model {
             match self.tensors.get(&p.name) {
@@ -92,6 +105,7 @@ impl InitialWeights {
             .keys()
             .map(String::as_str)
             .filter(|n| !known.contains(n) && !BOOKKEEPING.contains(n))
+            .filter(|n| !(forward_only && OPTIMIZER_STATE.iter().any(|s| n.starts_with(s))))
             .collect();
         if !extra.is_empty() {
             faults.push(format!(
@@ -200,7 +214,7 @@ pub fn initial_weights(path: Option<&Path>, art: &Artifact) -> Result<Option<Ini
         return Ok(None);
     };
     let w = InitialWeights::read(path)?;
-    w.check(&model_params(art)?)?;
+    w.check(&model_params(art)?, false)?;
     Ok(Some(w))
 }
 

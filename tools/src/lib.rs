@@ -30,6 +30,7 @@ pub mod init_from;
 pub mod launch;
 pub mod parallel_args;
 pub mod plan_compare;
+pub mod predict;
 pub mod run_args;
 pub mod training;
 pub mod verify;

@@ -638,6 +638,7 @@ pub struct ArrayBatches {
     arrays: Vec<Tensor>,
     batch: usize,
     count: usize,
+    samples: usize,
 }
 
 impl ArrayBatches {
@@ -728,12 +729,23 @@ impl ArrayBatches {
             arrays: picked,
             batch,
             count,
+            samples: n,
         })
     }
 
     /// Full batches in one pass over the arrays.
     pub fn len(&self) -> usize {
         self.count
+    }
+
+    /// The samples of the file (those of the last partial batch included).
+    pub fn samples(&self) -> usize {
+        self.samples
+    }
+
+    /// The batch size (the inputs' dimension 0).
+    pub fn batch(&self) -> usize {
+        self.batch
     }
 
     /// Whether there is no batch (never: [`ArrayBatches::new`] refuses that).

@@ -1,0 +1,228 @@
+//! `shardc predict`: MindSpore's `model.predict` — the forward graph of a model run on the
+//! samples of a data file, with its weights from a checkpoint, its outputs written to a
+//! safetensors file keyed by the model's output names.
+//!
+//! The model is compiled without an optimizer (nothing is trained), on one device or, with
+//! the parallel flags, on N ranks with the same strategies as training, every rank a thread
+//! of this process (the outputs are replicated: rank 0's are written). The data file's
+//! samples are cut into batches of the model's batch size in order ([`ArrayBatches`]; the
+//! last partial batch is dropped, and said so). Each output is written with the batches
+//! concatenated along dimension 0 when its dimension 0 is the batch, else stacked on a new
+//! leading dimension of batches (a scalar loss becomes `[batches]`).
+
+use crate::commands::load_model;
+use crate::in_process::{run_ranks_with, RankHooks};
+use crate::init_from::{InitialWeights, ModelParam};
+use crate::parallel_args::ParallelArgs;
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use shardc_backend_cpu::CpuBackend;
+use shardc_compiler::pipeline::{self, CompileOptions};
+use shardc_ir::{Graph, Operand, ParamKind, TensorLayout, TensorType};
+use shardc_runtime::checkpoint::{self, Checkpoint};
+use shardc_runtime::data::numpy::{read_arrays, ArrayBatches};
+use shardc_runtime::{Executor, Tensor};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Arguments of `shardc predict`.
+#[derive(Args, Debug, Clone)]
+pub struct PredictArgs {
+    /// The model: a text IR file (its forward graph; a compiled artifact holds the training
+    /// step instead).
+    pub model: PathBuf,
+    /// The weights (MindSpore's `.ckpt` or a whole-model `.safetensors`); without it, the
+    /// model's initializers.
+    #[arg(long)]
+    pub init_from: Option<PathBuf>,
+    /// The samples: `.npz`, `.npy` or `.safetensors`, one array per model input, named after
+    /// it, the first dimension the sample.
+    #[arg(long)]
+    pub data: PathBuf,
+    /// Where to write the outputs (safetensors, keyed by the model's output names).
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// The parallel context: run on N ranks with its strategies.
+    #[command(flatten)]
+    pub parallel: ParallelArgs,
+}
+
+/// The names of `g`'s outputs: each output node's instance name (a parameter's name), else
+/// `output_K`; made unique with `_K`.
+pub fn output_names(g: &Graph) -> Vec<String> {
+    let mut names: Vec<String> = Vec::with_capacity(g.outputs.len());
+    for (k, o) in g.outputs.iter().enumerate() {
+        let base = match o {
+            Operand::Node(n) => g.nodes[n.index()].instance.clone(),
+            Operand::Param(p) => g.params[p.index()].name.clone(),
+            Operand::Const(_) => String::new(),
+        };
+        let base = if base.is_empty() {
+            format!("output_{k}")
+        } else {
+            base
+        };
+        let name = if names.contains(&base) {
+            format!("{base}_{k}")
+        } else {
+            base
+        };
+        names.push(name);
+    }
+    names
+}
+
+/// Joins each output's per-batch values: along dimension 0 when it is the batch `batch`,
+/// else stacked on a new leading dimension.
+fn join(per_batch: &[Vec<Tensor>], batch: usize) -> Result<Vec<Tensor>> {
+    let Some(first) = per_batch.first() else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::with_capacity(first.len());
+    for k in 0..first.len() {
+        let parts: Vec<&Tensor> = per_batch.iter().map(|b| &b[k]).collect();
+        let t0 = parts[0];
+        let along_batch = t0.shape.first() == Some(&batch);
+        let mut shape = t0.shape.clone();
+        if along_batch {
+            shape[0] = batch * parts.len();
+        } else {
+            shape.insert(0, parts.len());
+        }
+        let mut whole = Tensor::zeros(&TensorType::new(t0.dtype(), shape));
+        let per = t0.len();
+        for (i, p) in parts.iter().enumerate() {
+            if p.shape != t0.shape || !whole.copy_elements(i * per, p, 0, per) {
+                bail!(
+                    "output {k}: batch {i} has shape {:?}, batch 0 {:?}",
+                    p.shape,
+                    t0.shape
+                );
+            }
+        }
+        out.push(whole);
+    }
+    Ok(out)
+}
+
+/// `shardc predict`.
+pub fn predict(a: &PredictArgs) -> Result<()> {
+    let mut model = load_model(&a.model)?;
+    shardc_passes::infer::infer_graph(&mut model)?;
+    let ctx = a.parallel.to_context()?;
+    let popts = a.parallel.options(&ctx)?;
+    let n = popts.as_ref().map_or(1, |p| p.device_num);
+    let arrays = read_arrays(&a.data)?;
+    let data = ArrayBatches::new(&model, arrays, &a.data.display().to_string())?;
+    let batch = data.batch();
+    // The whole model's weights, for --init-from's check.
+    let params: Vec<ModelParam> = model
+        .params
+        .iter()
+        .filter(|p| matches!(p.kind, ParamKind::Weight { .. }))
+        .map(|p| ModelParam {
+            name: p.name.clone(),
+            ty: p.ty.clone(),
+            trainable: p.requires_grad(),
+        })
+        .collect();
+    let initial = match &a.init_from {
+        Some(path) => {
+            let w = InitialWeights::read(path)?;
+            w.check(&params, true)?;
+            Some(w)
+        }
+        None => None,
+    };
+    let names = output_names(&model);
+    let steps = data.len() as u64;
+    let feeds = |step: u64| -> Vec<(String, Tensor)> {
+        data.feeds(step)
+            .into_iter()
+            .map(|(n, t)| (n.to_string(), t))
+            .collect()
+    };
+    let per_batch: Vec<Vec<Tensor>> = match popts {
+        None => {
+            let compiled = pipeline::compile(model.clone(), &CompileOptions::default())?;
+            let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let mut exec =
+                Executor::new(compiled.graph, Arc::new(CpuBackend::with_threads(threads)))?;
+            if let Some(w) = &initial {
+                w.apply(&mut exec, &BTreeMap::new(), 0)?;
+            }
+            let mut outs = Vec::with_capacity(steps as usize);
+            for step in 0..steps {
+                let fed = feeds(step);
+                let refs: Vec<(&str, Tensor)> =
+                    fed.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+                outs.push(exec.step(&refs)?);
+            }
+            outs
+        }
+        Some(p) => {
+            let compiled = pipeline::compile(
+                model.clone(),
+                &CompileOptions {
+                    parallel: Some(p),
+                    ..Default::default()
+                },
+            )?;
+            let par = compiled
+                .parallel
+                .context("the parallel compilation produced no per-rank graphs")?;
+            let layouts: BTreeMap<String, TensorLayout> = par
+                .begin
+                .params
+                .iter()
+                .zip(&par.assignment.param_layouts)
+                .map(|(p, l)| (p.name.clone(), l.clone()))
+                .collect();
+            let inputs: Vec<(String, TensorLayout)> = par
+                .begin
+                .params
+                .iter()
+                .filter(|p| p.kind == ParamKind::Input)
+                .filter_map(|p| layouts.get(&p.name).map(|l| (p.name.clone(), l.clone())))
+                .collect();
+            let prepare = |rank: usize, exec: &mut Executor| -> Result<()> {
+                if let Some(w) = &initial {
+                    w.apply(exec, &layouts, rank)?;
+                }
+                Ok(())
+            };
+            let after_step = |_: usize, _: &Executor| Ok(());
+            let hooks = RankHooks {
+                prepare: &prepare,
+                after_step: &after_step,
+            };
+            let res = run_ranks_with(par.ranks, &inputs, &feeds, steps, 1, Some(&hooks))?;
+            res.outputs
+                .into_iter()
+                .next()
+                .context("rank 0 returned no outputs")?
+        }
+    };
+    let outputs = join(&per_batch, batch)?;
+    let named: Vec<(String, Tensor)> = names.into_iter().zip(outputs).collect();
+    let shapes: Vec<String> = named
+        .iter()
+        .map(|(n, t)| format!("{n} {:?}", t.shape))
+        .collect();
+    checkpoint::save(&a.output, &Checkpoint::whole(&model.name, named))?;
+    let used = data.len() * batch;
+    let dropped = data.samples() - used;
+    println!(
+        "predicted {used} sample(s) in {} batch(es) of {batch} on {n} device(s) -> {}: {}{}",
+        data.len(),
+        a.output.display(),
+        shapes.join(", "),
+        if dropped > 0 {
+            format!(" ({dropped} last sample(s) of the file dropped: not a whole batch)")
+        } else {
+            String::new()
+        }
+    );
+    Ok(())
+}
