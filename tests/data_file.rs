@@ -6,22 +6,12 @@
 
 mod cli_common;
 
-use cli_common::{compile_quickstart, losses, same_losses, text, tmp};
+use cli_common::{
+    compile_quickstart, losses, made_tmp, path_str as s, run_shardc as shardc, same_losses, text,
+};
 use shardc::runtime::data::numpy::write_npz;
 use shardc::runtime::Tensor;
 use std::path::Path;
-use std::process::{Command, Output};
-
-fn shardc(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_shardc"))
-        .args(args)
-        .output()
-        .expect("the shardc binary runs")
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("a UTF-8 path")
-}
 
 /// 48 samples (3 batches of the quickstart's 16): `x` (48, 32) and `label` (48, 16), a fixed
 /// function of the sample and column.
@@ -39,8 +29,7 @@ fn samples() -> (Tensor, Tensor) {
 
 #[test]
 fn a_data_file_trains_alike_on_one_device_and_four_ranks() {
-    let dir = tmp("data-file", "train");
-    std::fs::create_dir_all(&dir).expect("dir");
+    let dir = made_tmp("data-file", "train");
     let (x, label) = samples();
     let data = dir.join("d.npz");
     write_npz(&data, &[("x", &x), ("label", &label)]).expect("npz");
@@ -86,8 +75,7 @@ fn a_data_file_trains_alike_on_one_device_and_four_ranks() {
 
 #[test]
 fn a_data_file_that_does_not_fit_the_model_is_an_error_naming_the_array() {
-    let dir = tmp("data-file", "errors");
-    std::fs::create_dir_all(&dir).expect("dir");
+    let dir = made_tmp("data-file", "errors");
     let one = dir.join("one");
     compile_quickstart(&one, &[]);
     let (x, _) = samples();

@@ -9,52 +9,20 @@
 //! - A checkpoint that does not fit the model is an error listing every fault.
 //! - The weights shardc saves after training go back to `.ckpt` and load as they were.
 
+mod cli_common;
+
+use cli_common::{losses, made_tmp, path_str as s, run_shardc as shardc, text};
 use shardc::compiler::zoo;
 use shardc::ir::text::print_graph;
 use shardc::runtime::checkpoint;
 use shardc::runtime::mindspore_ckpt;
 use shardc::runtime::Tensor;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/data/mindspore")
         .join(name)
-}
-
-fn shardc(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_shardc"))
-        .args(args)
-        .output()
-        .expect("the shardc binary runs")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("a UTF-8 path")
-}
-
-fn losses(stdout: &str) -> Vec<f64> {
-    stdout
-        .lines()
-        .filter_map(|l| l.split(", loss is ").nth(1))
-        .map(|v| v.trim().parse::<f64>().expect("a loss value"))
-        .collect()
-}
-
-fn tmp(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("shardc-ms-ckpt-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("dir");
-    d
 }
 
 /// The tutorial network as text IR (batch 16), compiled as MindSpore trained it: Momentum
@@ -103,7 +71,7 @@ fn a_run_from_mindspores_checkpoint_prints_mindspores_next_losses() {
         .lines()
         .map(|l| l.trim().parse().expect("a loss"))
         .collect();
-    let dir = tmp("losses");
+    let dir = made_tmp("ms-ckpt", "losses");
     let one = compile(&dir, "one", &[]);
     let four = compile(
         &dir,
@@ -146,7 +114,7 @@ fn a_run_from_mindspores_checkpoint_prints_mindspores_next_losses() {
 
 #[test]
 fn a_checkpoint_that_does_not_fit_is_an_error_listing_every_fault() {
-    let dir = tmp("faults");
+    let dir = made_tmp("ms-ckpt", "faults");
     let one = compile(&dir, "one", &[]);
     let mut t = mindspore_ckpt::read(&fixture("tutorial.ckpt")).expect("reads");
     // One weight missing, one of another shape, one unknown tensor.
@@ -189,7 +157,7 @@ fn a_checkpoint_that_does_not_fit_is_an_error_listing_every_fault() {
 
 #[test]
 fn shardcs_weights_go_back_to_a_mindspore_checkpoint() {
-    let dir = tmp("back");
+    let dir = made_tmp("ms-ckpt", "back");
     let one = compile(&dir, "one", &[]);
     let ck = dir.join("ck");
     let o = shardc(&[

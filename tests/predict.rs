@@ -3,11 +3,13 @@
 //! parallel), equal the same network computed by hand; the tutorial network's loss from
 //! MindSpore's checkpoint is MindSpore's (`tests/data/mindspore`).
 
+mod cli_common;
+
+use cli_common::{made_tmp, path_str as s, run_shardc as shardc, text};
 use shardc::runtime::data::numpy::write_npz;
 use shardc::runtime::mindspore_ckpt::{read_weights, write};
 use shardc::runtime::Tensor;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
 
 const NET: &str = "\
 %para1_x : <Tensor[Float32], (16, 32)>
@@ -21,32 +23,6 @@ subgraph @Net(%para1_x, %para2_w, %para3_w2) {
   Return(%3)
 }
 ";
-
-fn shardc(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_shardc"))
-        .args(args)
-        .output()
-        .expect("the shardc binary runs")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("a UTF-8 path")
-}
-
-fn tmp(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("shardc-predict-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("dir");
-    d
-}
 
 fn values(n: usize, k: f32) -> Vec<f32> {
     (0..n).map(|i| (i as f32 * k).sin() * 0.5).collect()
@@ -73,7 +49,7 @@ fn by_hand(x: &[f32], w: &[f32], w2: &[f32], rows: usize) -> Vec<f32> {
 
 #[test]
 fn predictions_equal_the_network_by_hand_on_one_device_and_four_ranks() {
-    let dir = tmp("net");
+    let dir = made_tmp("predict", "net");
     let model = dir.join("net.ir");
     std::fs::write(&model, NET).expect("model");
     // 40 samples: 2 whole batches of 16, 8 dropped.
@@ -148,7 +124,7 @@ fn predictions_equal_the_network_by_hand_on_one_device_and_four_ranks() {
 
 #[test]
 fn the_tutorial_networks_loss_from_mindspores_checkpoint_is_mindspores() {
-    let dir = tmp("tutorial");
+    let dir = made_tmp("predict", "tutorial");
     let fixture = |n: &str| {
         Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/data/mindspore")
@@ -190,7 +166,7 @@ fn the_tutorial_networks_loss_from_mindspores_checkpoint_is_mindspores() {
 
 #[test]
 fn predict_names_what_is_missing() {
-    let dir = tmp("errors");
+    let dir = made_tmp("predict", "errors");
     let model = dir.join("net.ir");
     std::fs::write(&model, NET).expect("model");
     let data = dir.join("x.npz");

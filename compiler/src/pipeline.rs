@@ -149,6 +149,20 @@ pub struct ParallelCompiled {
     pub param_layouts: Vec<shardc_ir::TensorLayout>,
 }
 
+impl ParallelCompiled {
+    /// Every logical parameter's name and its layout over all ranks
+    /// ([`ParallelCompiled::param_layouts`]: lifted over the pipeline stages when pipelined),
+    /// in parameter order.
+    pub fn layouts_by_name(&self) -> Vec<(String, shardc_ir::TensorLayout)> {
+        self.begin
+            .params
+            .iter()
+            .zip(&self.param_layouts)
+            .map(|(p, l)| (p.name.clone(), l.clone()))
+            .collect()
+    }
+}
+
 /// One stage of the pipeline as it ran (what it made is in the [`CompileState`], or for
 /// [`compile`] in [`Compiled`]; [`compile_until`] gives the state after any pass).
 #[derive(Clone, Debug)]

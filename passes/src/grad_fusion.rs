@@ -170,7 +170,12 @@ pub fn fuse_owned(g: Graph, mode: &GradFusion) -> Result<(Graph, Vec<Bucket>), G
     let (out, _) = hoist(g);
     let mut buckets = bucket(&out, mode, &|_| None)?;
     let gathers = gather_buckets(&out, mode, &|_| None, buckets.len() as i64 + 1)?;
-    let out = mark_gathers(mark(out, &buckets, mode), &gathers, mode);
+    let out = mark(
+        mark(out, &buckets, mode, Members::Gradients),
+        &gathers,
+        mode,
+        Members::Gathers,
+    );
     buckets.extend(gathers);
     Ok((out, buckets))
 }
@@ -226,7 +231,12 @@ fn fuse_one(
     let group_of = |i: usize| spec.get(&i).cloned();
     let mut buckets = bucket(&out, mode, &group_of)?;
     let gathers = gather_buckets(&out, mode, &group_of, buckets.len() as i64 + 1)?;
-    let template = mark_gathers(mark(out, &buckets, mode), &gathers, mode);
+    let template = mark(
+        mark(out, &buckets, mode, Members::Gradients),
+        &gathers,
+        mode,
+        Members::Gathers,
+    );
     buckets.extend(gathers);
     Ok((
         SpmdProgram {
@@ -325,35 +335,30 @@ fn gather_buckets(
     Ok(done)
 }
 
-/// Writes each gather bucket's id into its members (`fusion: k`) with a comment.
-fn mark_gathers(mut out: Graph, buckets: &[Bucket], mode: &GradFusion) -> Graph {
-    let how = mode.describe();
-    for b in buckets {
-        for (k, m) in b.members.iter().enumerate() {
-            let node = &mut out.nodes[m.index()];
-            node.attrs.set("fusion", Attr::Int(b.id));
-            node.comments.push(format!(
-                "parameter prefetch: gathered as the step starts, bucket {} member {} of {} \
-                 ({} bytes gathered in the bucket; {how})",
-                b.id,
-                k + 1,
-                b.members.len(),
-                b.bytes
-            ));
-        }
-    }
-    out
+/// What a bucket's members are, for their comments.
+#[derive(Clone, Copy)]
+enum Members {
+    Gradients,
+    Gathers,
 }
 
-/// Writes each bucket's id into its members (`fusion: k`) with a comment.
-fn mark(mut out: Graph, buckets: &[Bucket], mode: &GradFusion) -> Graph {
+/// Writes each bucket's id into its members (`fusion: k`) with a comment saying which bucket
+/// and why.
+fn mark(mut out: Graph, buckets: &[Bucket], mode: &GradFusion, what: Members) -> Graph {
     let how = mode.describe();
+    let (kind, held) = match what {
+        Members::Gradients => ("gradient fusion:", "in the bucket"),
+        Members::Gathers => (
+            "parameter prefetch: gathered as the step starts,",
+            "gathered in the bucket",
+        ),
+    };
     for b in buckets {
         for (k, m) in b.members.iter().enumerate() {
             let node = &mut out.nodes[m.index()];
             node.attrs.set("fusion", Attr::Int(b.id));
             node.comments.push(format!(
-                "gradient fusion: bucket {} member {} of {} ({} bytes in the bucket; {how})",
+                "{kind} bucket {} member {} of {} ({} bytes {held}; {how})",
                 b.id,
                 k + 1,
                 b.members.len(),

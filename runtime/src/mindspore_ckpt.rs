@@ -26,7 +26,7 @@ use crate::checkpoint::{write_atomic, CheckpointError};
 use crate::tensor::{Data, Tensor};
 use half::{bf16, f16};
 use prost::Message;
-use shardc_ir::{DType, TensorType};
+
 use std::path::Path;
 
 /// `checkpoint.proto`'s `Checkpoint`.
@@ -66,19 +66,6 @@ fn corrupt(path: &Path, reason: impl Into<String>) -> CheckpointError {
     CheckpointError::Corrupt {
         path: path.to_path_buf(),
         reason: reason.into(),
-    }
-}
-
-/// MindSpore's name of a shardc element type.
-pub fn mindspore_type_name(d: DType) -> &'static str {
-    match d {
-        DType::Float32 => "Float32",
-        DType::Float64 => "Float64",
-        DType::Float16 => "Float16",
-        DType::BFloat16 => "BFloat16",
-        DType::Int32 => "Int32",
-        DType::Int64 => "Int64",
-        DType::Bool => "Bool",
     }
 }
 
@@ -224,7 +211,7 @@ pub fn encode(tensors: &[(String, Tensor)]) -> Vec<u8> {
             tag: name.clone(),
             tensor: TensorProto {
                 dims: t.shape.iter().map(|&d| d as i64).collect(),
-                tensor_type: mindspore_type_name(t.dtype()).to_string(),
+                tensor_type: t.dtype().name().to_string(),
                 tensor_content: t.to_le_bytes(),
             },
         })
@@ -237,6 +224,42 @@ pub fn write(path: &Path, tensors: &[(String, Tensor)]) -> Result<(), Checkpoint
     write_atomic(path, &encode(tensors))
 }
 
+/// The tensors of a safetensors file's bytes, sorted by name (narrow integers widened as in
+/// `.ckpt`); `Err` says what is wrong.
+pub fn safetensors_tensors(bytes: &[u8]) -> Result<Vec<(String, Tensor)>, String> {
+    let st = safetensors::SafeTensors::deserialize(bytes)
+        .map_err(|e| format!("not a safetensors file: {e}"))?;
+    let mut names: Vec<String> = st.names().into_iter().map(String::from).collect();
+    names.sort();
+    let mut out = Vec::with_capacity(names.len());
+    for name in names {
+        let v = st.tensor(&name).map_err(|e| format!("{name}: {e}"))?;
+        use safetensors::Dtype as D;
+        let ty = match v.dtype() {
+            D::F32 => "Float32",
+            D::F64 => "Float64",
+            D::F16 => "Float16",
+            D::BF16 => "BFloat16",
+            D::I32 => "Int32",
+            D::I64 => "Int64",
+            D::BOOL => "Bool",
+            D::I8 => "Int8",
+            D::U8 => "UInt8",
+            D::I16 => "Int16",
+            D::U16 => "UInt16",
+            D::U32 => "UInt32",
+            other => {
+                return Err(format!(
+                    "{name}: element type {other:?} is not one shardc reads"
+                ))
+            }
+        };
+        let t = tensor_of(ty, v.shape(), v.data()).map_err(|r| format!("{name}: {r}"))?;
+        out.push((name, t));
+    }
+    Ok(out)
+}
+
 /// The whole tensors of a weights file, by its extension: MindSpore's `.ckpt`, or
 /// `.safetensors` (a shardc checkpoint, merged or of one device, or any safetensors file).
 pub fn read_weights(path: &Path) -> Result<Vec<(String, Tensor)>, CheckpointError> {
@@ -247,52 +270,13 @@ pub fn read_weights(path: &Path) -> Result<Vec<(String, Tensor)>, CheckpointErro
                 path: path.to_path_buf(),
                 source,
             })?;
-            let st = safetensors::SafeTensors::deserialize(&bytes)
-                .map_err(|e| corrupt(path, format!("not a safetensors file: {e}")))?;
-            let mut names: Vec<String> = st.names().into_iter().map(String::from).collect();
-            names.sort();
-            let mut out = Vec::with_capacity(names.len());
-            for name in names {
-                let v = st
-                    .tensor(&name)
-                    .map_err(|e| corrupt(path, format!("{name}: {e}")))?;
-                use safetensors::Dtype as D;
-                let ty = match v.dtype() {
-                    D::F32 => "Float32",
-                    D::F64 => "Float64",
-                    D::F16 => "Float16",
-                    D::BF16 => "BFloat16",
-                    D::I32 => "Int32",
-                    D::I64 => "Int64",
-                    D::BOOL => "Bool",
-                    D::I8 => "Int8",
-                    D::U8 => "UInt8",
-                    D::I16 => "Int16",
-                    D::U16 => "UInt16",
-                    D::U32 => "UInt32",
-                    other => {
-                        return Err(corrupt(
-                            path,
-                            format!("{name}: element type {other:?} is not one shardc reads"),
-                        ))
-                    }
-                };
-                let t = tensor_of(ty, v.shape(), v.data())
-                    .map_err(|reason| corrupt(path, format!("{name}: {reason}")))?;
-                out.push((name, t));
-            }
-            Ok(out)
+            safetensors_tensors(&bytes).map_err(|reason| corrupt(path, reason))
         }
         _ => Err(corrupt(
             path,
             "a weights file must be MindSpore's .ckpt or .safetensors",
         )),
     }
-}
-
-/// A tensor type's shape as MindSpore prints it (for messages).
-pub fn shape_text(t: &TensorType) -> String {
-    format!("{} {:?}", mindspore_type_name(t.dtype), t.shape)
 }
 
 #[cfg(test)]

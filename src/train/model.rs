@@ -293,13 +293,9 @@ impl Model {
                     &ctx.parallel_mode.to_string(),
                     &ctx.search_mode.to_string(),
                 ));
-                let layouts = p
-                    .begin
-                    .params
-                    .iter()
-                    .zip(&p.assignment.param_layouts)
-                    .map(|(param, l)| (param.name.clone(), l.clone()))
-                    .collect();
+                // Lifted over the stages when pipelined: `block(global rank)` is this
+                // rank's.
+                let layouts = p.layouts_by_name();
                 let g = p.ranks.into_iter().next().ok_or_else(|| {
                     TrainError::Mismatch(format!("no graph for rank {}", self.rank))
                 })?;

@@ -29,6 +29,26 @@ pub fn compile_quickstart(art: &Path, extra: &[&str]) {
     assert!(c.status.success(), "{}", text(&c));
 }
 
+/// `shardc ARGS...`, as it ended.
+pub fn run_shardc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_shardc"))
+        .args(args)
+        .output()
+        .expect("the shardc binary runs")
+}
+
+/// A path as the `&str` an argument list takes.
+pub fn path_str(p: &Path) -> &str {
+    p.to_str().expect("a UTF-8 path")
+}
+
+/// A fresh temporary folder for test `tag` of suite `suite`, made.
+pub fn made_tmp(suite: &str, tag: &str) -> PathBuf {
+    let d = tmp(suite, tag);
+    std::fs::create_dir_all(&d).expect("the test folder");
+    d
+}
+
 /// `shardc ARGS...`, which must succeed: its stdout.
 pub fn shardc_ok(args: &[&str]) -> String {
     let o = Command::new(env!("CARGO_BIN_EXE_shardc"))

@@ -15,7 +15,7 @@
 use anyhow::{bail, Context, Result};
 use shardc_ir::artifact::Artifact;
 use shardc_ir::{ParamKind, TensorLayout, TensorType};
-use shardc_runtime::mindspore_ckpt::{mindspore_type_name, read_weights};
+use shardc_runtime::mindspore_ckpt::read_weights;
 use shardc_runtime::{StepExecutor, Tensor};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -90,7 +90,7 @@ impl InitialWeights {
                     faults.push(format!(
                         "{} is {} {:?} in the file but {} in the model",
                         p.name,
-                        mindspore_type_name(t.dtype()),
+                        t.dtype().name(),
                         t.shape,
                         type_text(&p.ty)
                     ))
@@ -165,7 +165,7 @@ impl InitialWeights {
 }
 
 fn type_text(t: &TensorType) -> String {
-    format!("{} {:?}", mindspore_type_name(t.dtype), t.shape)
+    format!("{} {:?}", t.dtype.name(), t.shape)
 }
 
 /// The parameters' global layouts of a multi-rank artifact (its manifest's `layouts`; empty

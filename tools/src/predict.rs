@@ -172,13 +172,8 @@ pub fn predict(a: &PredictArgs) -> Result<()> {
             let par = compiled
                 .parallel
                 .context("the parallel compilation produced no per-rank graphs")?;
-            let layouts: BTreeMap<String, TensorLayout> = par
-                .begin
-                .params
-                .iter()
-                .zip(&par.assignment.param_layouts)
-                .map(|(p, l)| (p.name.clone(), l.clone()))
-                .collect();
+            let layouts: BTreeMap<String, TensorLayout> =
+                par.layouts_by_name().into_iter().collect();
             let inputs: Vec<(String, TensorLayout)> = par
                 .begin
                 .params

@@ -117,13 +117,7 @@ pub fn verify(a: &VerifyArgs) -> Result<bool> {
     )?;
 
     // All ranks.
-    let layouts: Vec<(String, TensorLayout)> = par
-        .begin
-        .params
-        .iter()
-        .zip(&par.assignment.param_layouts)
-        .map(|(p, l)| (p.name.clone(), l.clone()))
-        .collect();
+    let layouts: Vec<(String, TensorLayout)> = par.layouts_by_name();
     let inputs: Vec<(String, TensorLayout)> = par
         .begin
         .params

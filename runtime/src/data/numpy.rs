@@ -433,52 +433,10 @@ pub fn write_npz(path: &Path, arrays: &[(&str, &Tensor)]) -> Result<(), DataErro
     Ok(())
 }
 
-/// Reads a safetensors file's tensors, by name (sorted).
+/// Reads a safetensors file's tensors, by name (sorted; narrow integers widened).
 pub fn read_safetensors(path: &Path) -> Result<Vec<(String, Tensor)>, DataError> {
-    let shown = path.display().to_string();
-    let bytes = read_file(path)?;
-    let st = safetensors::SafeTensors::deserialize(&bytes)
-        .map_err(|e| format_err(&shown, format!("not a safetensors file: {e}")))?;
-    let mut names: Vec<String> = st.names().into_iter().map(String::from).collect();
-    names.sort();
-    let mut out = Vec::with_capacity(names.len());
-    for name in names {
-        let view = st
-            .tensor(&name)
-            .map_err(|e| format_err(&shown, format!("{name}: {e}")))?;
-        use safetensors::Dtype as D;
-        let dtype = match view.dtype() {
-            D::F32 => DType::Float32,
-            D::F64 => DType::Float64,
-            D::F16 => DType::Float16,
-            D::BF16 => DType::BFloat16,
-            D::I32 => DType::Int32,
-            D::I64 => DType::Int64,
-            D::BOOL => DType::Bool,
-            other => {
-                return Err(format_err(
-                    &shown,
-                    format!("{name}: element type {other:?} is not one shardc reads"),
-                ))
-            }
-        };
-        let ty = TensorType::new(dtype, view.shape().to_vec());
-        if view.data().len() != ty.size_bytes() {
-            return Err(format_err(
-                &shown,
-                format!("{name}: {} bytes for {ty}", view.data().len()),
-            ));
-        }
-        let t = Tensor::from_le_bytes(&ty, view.data());
-        if dtype == DType::Bool && view.data().iter().any(|&b| b > 1) {
-            return Err(format_err(
-                &shown,
-                format!("{name}: a bool element is not 0 or 1"),
-            ));
-        }
-        out.push((name, t));
-    }
-    Ok(out)
+    crate::mindspore_ckpt::safetensors_tensors(&read_file(path)?)
+        .map_err(|reason| format_err(&path.display().to_string(), reason))
 }
 
 /// The named arrays of a data file, by its extension: `.npz` (every array), `.npy` (one
