@@ -223,6 +223,23 @@ impl GraphBuilder {
         }
     }
 
+    /// A builder that goes on from `graph` (its parameters and nodes kept, their instance
+    /// names taken): to wrap an imported forward network with a loss
+    /// ([`crate::model::with_loss`]).
+    pub fn from_graph(graph: Graph) -> Self {
+        let instances = graph.nodes.iter().map(|n| n.instance.clone()).collect();
+        GraphBuilder {
+            instances,
+            ..GraphBuilder::new(&graph.name)
+        }
+        .with_graph(graph)
+    }
+
+    fn with_graph(mut self, graph: Graph) -> Self {
+        self.graph = graph;
+        self
+    }
+
     /// Sets the seed from which every random initializer's and dropout's seed is derived
     /// (MindSpore's `set_seed`). Builder style: `GraphBuilder::new("Net").with_seed(7)`.
     pub fn with_seed(mut self, seed: u64) -> Self {

@@ -59,6 +59,99 @@ pub struct CompileArgs {
     /// The parallel context (MindSpore's `set_auto_parallel_context`).
     #[command(flatten)]
     pub parallel: ParallelArgs,
+    /// The loss of a forward network (its first output the logits), as MindSpore's
+    /// `WithLossCell`; a model that already returns a loss is used as it is.
+    #[command(flatten)]
+    pub loss: LossArgs,
+}
+
+/// A loss for a forward network (`--loss`, `--label-shape`, `--label-dtype`).
+#[derive(Args, Debug, Clone, Default)]
+pub struct LossArgs {
+    /// Wrap the model (a forward network) with this loss against a data input `label`.
+    #[arg(long, value_enum)]
+    pub loss: Option<LossKind>,
+    /// The label's shape, comma-separated (default: the logits' for `mse` and
+    /// `softmax_cross_entropy`, without the last dimension for
+    /// `sparse_softmax_cross_entropy`).
+    #[arg(long, value_delimiter = ',', requires = "loss")]
+    pub label_shape: Option<Vec<usize>>,
+    /// The label's element type (default: the logits' for `mse` and
+    /// `softmax_cross_entropy`, int32 for `sparse_softmax_cross_entropy`).
+    #[arg(long, value_enum, requires = "loss")]
+    pub label_dtype: Option<LabelDType>,
+}
+
+/// `--loss`: MindSpore's `MSELoss` and `SoftmaxCrossEntropyWithLogits` (mean).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LossKind {
+    /// `nn.MSELoss()`.
+    #[value(name = "mse")]
+    Mse,
+    /// `nn.SoftmaxCrossEntropyWithLogits(sparse=False, reduction="mean")`: one-hot or soft
+    /// labels.
+    #[value(name = "softmax_cross_entropy")]
+    SoftmaxCrossEntropy,
+    /// `nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")`: class indices.
+    #[value(name = "sparse_softmax_cross_entropy")]
+    SparseSoftmaxCrossEntropy,
+}
+
+/// `--label-dtype`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LabelDType {
+    /// Float32.
+    Float32,
+    /// Float64.
+    Float64,
+    /// Int32.
+    Int32,
+    /// Int64.
+    Int64,
+}
+
+impl LossArgs {
+    /// `graph` wrapped with `--loss` (as it is without the flag).
+    pub fn apply(&self, mut graph: Graph) -> Result<Graph> {
+        let Some(kind) = self.loss else {
+            return Ok(graph);
+        };
+        shardc_passes::infer::infer_graph(&mut graph)?;
+        let logits = graph
+            .outputs
+            .first()
+            .and_then(|o| graph.operand_tensor_type(o))
+            .cloned()
+            .context("--loss: the model has no tensor output to take a loss of")?;
+        let sparse = kind == LossKind::SparseSoftmaxCrossEntropy;
+        let shape = match (&self.label_shape, sparse) {
+            (Some(s), _) => s.clone(),
+            (None, true) => logits.shape[..logits.shape.len().saturating_sub(1)].to_vec(),
+            (None, false) => logits.shape.clone(),
+        };
+        let dtype = match (self.label_dtype, sparse) {
+            (Some(LabelDType::Float32), _) => shardc_ir::DType::Float32,
+            (Some(LabelDType::Float64), _) => shardc_ir::DType::Float64,
+            (Some(LabelDType::Int32), _) => shardc_ir::DType::Int32,
+            (Some(LabelDType::Int64), _) => shardc_ir::DType::Int64,
+            (None, true) => shardc_ir::DType::Int32,
+            (None, false) => logits.dtype,
+        };
+        let loss: Box<dyn shardc_compiler::loss::LossFn> = match kind {
+            LossKind::Mse => Box::new(shardc_compiler::loss::MSELoss::new()),
+            LossKind::SoftmaxCrossEntropy => Box::new(
+                shardc_compiler::loss::SoftmaxCrossEntropyWithLogits::new(false, "mean"),
+            ),
+            LossKind::SparseSoftmaxCrossEntropy => Box::new(
+                shardc_compiler::loss::SoftmaxCrossEntropyWithLogits::new(true, "mean"),
+            ),
+        };
+        Ok(shardc_compiler::model::with_loss(
+            graph,
+            loss.as_ref(),
+            ("label", dtype, &shape),
+        )?)
+    }
 }
 
 /// The optimizer of the training step.
@@ -138,7 +231,7 @@ fn io_entries(g: &Graph) -> Vec<IoEntry> {
 
 /// `shardc compile`.
 pub fn compile(a: &CompileArgs) -> Result<()> {
-    let graph = load_model(&a.model)?;
+    let graph = a.loss.apply(load_model(&a.model)?)?;
     let opt = optimizer_of(&a.optimizer);
     let ctx = a.parallel.to_context()?;
     let mut popts = a.parallel.options(&ctx)?;
