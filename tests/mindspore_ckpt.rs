@@ -5,7 +5,8 @@
 //!
 //! - The file reads as MindSpore's `load_checkpoint` lists it.
 //! - `shardc run --init-from tutorial.ckpt --data batch.npz` continues from it and prints
-//!   MindSpore's next losses (1e-6 relative), on one device and on 4 data-parallel ranks.
+//!   MindSpore's next losses (1e-6 relative), on one device and on 4 data-parallel ranks;
+//!   so does an artifact compiled with `--init-from`, run without it.
 //! - A checkpoint that does not fit the model is an error listing every fault.
 //! - The weights shardc saves after training go back to `.ckpt` and load as they were.
 
@@ -84,19 +85,43 @@ fn a_run_from_mindspores_checkpoint_prints_mindspores_next_losses() {
             "--gradients-mean",
         ],
     );
-    for art in [&one, &four] {
-        let o = shardc(&[
+    // `shardc compile --init-from` keeps the weights in the artifact instead.
+    let ckpt = fixture("tutorial.ckpt");
+    let batch = fixture("batch.npz");
+    let baked = compile(&dir, "baked", &["--init-from", s(&ckpt)]);
+    let baked4 = compile(
+        &dir,
+        "baked4",
+        &[
+            "--init-from",
+            s(&ckpt),
+            "--device-num",
+            "4",
+            "--parallel-mode",
+            "data_parallel",
+            "--gradients-mean",
+        ],
+    );
+    for (art, flag) in [
+        (&one, true),
+        (&four, true),
+        (&baked, false),
+        (&baked4, false),
+    ] {
+        let mut args = vec![
             "run",
             s(art),
             "--steps",
             "3",
             "--threads",
             "1",
-            "--init-from",
-            s(&fixture("tutorial.ckpt")),
             "--data",
-            s(&fixture("batch.npz")),
-        ]);
+            s(&batch),
+        ];
+        if flag {
+            args.extend(["--init-from", s(&ckpt)]);
+        }
+        let o = shardc(&args);
         assert!(o.status.success(), "{}", text(&o));
         let got = losses(&String::from_utf8_lossy(&o.stdout));
         eprintln!("{}: {got:?} (MindSpore: {want:?})", art.display());

@@ -63,6 +63,11 @@ pub struct CompileArgs {
     /// `WithLossCell`; a model that already returns a loss is used as it is.
     #[command(flatten)]
     pub loss: LossArgs,
+    /// Start from the weights of this checkpoint (MindSpore's `.ckpt`, or a whole-model
+    /// `.safetensors`): checked against the model now and kept in the artifact, so that
+    /// `shardc run` starts from them (its own `--init-from` or `--resume-from` wins).
+    #[arg(long)]
+    pub init_from: Option<PathBuf>,
 }
 
 /// A loss for a forward network (`--loss`, `--label-shape`, `--label-dtype`).
@@ -330,7 +335,18 @@ pub fn compile(a: &CompileArgs) -> Result<()> {
         extra,
     };
     let inspect: Vec<(usize, &Graph)> = graphs.iter().map(|(r, g)| (*r, g)).collect();
-    Artifact { manifest, program }.write(&a.output, &inspect)?;
+    let mut art = Artifact { manifest, program };
+    let initial = crate::init_from::initial_weights(a.init_from.as_deref(), &art)?;
+    if initial.is_some() {
+        art.manifest.extra.insert(
+            "initial_weights".into(),
+            crate::init_from::ARTIFACT_WEIGHTS.into(),
+        );
+    }
+    art.write(&a.output, &inspect)?;
+    if let Some(w) = &initial {
+        w.save(&a.output.join(crate::init_from::ARTIFACT_WEIGHTS), &g.name)?;
+    }
     println!(
         "compiled {} -> {} ({n} rank(s) from one program; {nodes} nodes in rank 0's training step)",
         a.model.display(),
@@ -500,7 +516,8 @@ pub fn run(a: &RunArgs) -> Result<()> {
         .map(|p| (p.name.clone(), p.ty.shape.clone()))
         .collect();
     let mut exec = Executor::new(graph, Arc::new(CpuBackend::with_threads(threads)))?;
-    crate::init_from::init_rank(a.init_from.as_deref(), &art, &mut exec, 0)?;
+    let init = crate::init_from::init_path(a.init_from.as_deref(), &a.artifact, &art);
+    crate::init_from::init_rank(init.as_deref(), &art, &mut exec, 0)?;
     // Resume: the weights, the optimizer state and the step count of the newest valid
     // checkpoint; steps continue from there (`--steps` counts the total).
     let start = match &a.checkpoint.resume_from {
@@ -632,7 +649,8 @@ fn run_ranks_in_process(a: &RunArgs, art: Artifact) -> Result<()> {
                 )
             })
             .collect();
-    let initial = crate::init_from::initial_weights(a.init_from.as_deref(), &art)?;
+    let init = crate::init_from::init_path(a.init_from.as_deref(), &a.artifact, &art);
+    let initial = crate::init_from::initial_weights(init.as_deref(), &art)?;
     let layouts = crate::init_from::layouts_of(&art)?;
     let prepare = |rank: usize, exec: &mut Executor| -> Result<()> {
         if let Some(w) = &initial {

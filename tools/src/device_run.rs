@@ -45,7 +45,8 @@ pub fn resume(
     size: usize,
 ) -> Result<u64> {
     let Some(dir) = &a.checkpoint.resume_from else {
-        crate::init_from::init_rank(a.init_from.as_deref(), art, exec, rank)?;
+        let init = crate::init_from::init_path(a.init_from.as_deref(), &a.artifact, art);
+        crate::init_from::init_rank(init.as_deref(), art, exec, rank)?;
         return Ok(0);
     };
     let ranks = crate::ckpt::RankWeights::Program(&art.program);

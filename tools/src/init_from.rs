@@ -207,6 +207,35 @@ pub fn model_params(art: &Artifact) -> Result<Vec<ModelParam>> {
     Ok(out)
 }
 
+/// The name, inside an artifact, of the weights `shardc compile --init-from` put there.
+pub const ARTIFACT_WEIGHTS: &str = "initial_weights.safetensors";
+
+/// The weights a run starts from: `--init-from`'s, else those `shardc compile --init-from`
+/// put in the artifact (`None`: the initializers).
+pub fn init_path(flag: Option<&Path>, art_dir: &Path, art: &Artifact) -> Option<PathBuf> {
+    flag.map(Path::to_path_buf).or_else(|| {
+        art.manifest
+            .extra
+            .get("initial_weights")
+            .and_then(|v| v.as_str())
+            .map(|name| art_dir.join(name))
+    })
+}
+
+impl InitialWeights {
+    /// Writes the weights as a whole-model safetensors file.
+    pub fn save(&self, path: &Path, model: &str) -> Result<()> {
+        let tensors: Vec<(String, Tensor)> = self
+            .tensors
+            .iter()
+            .map(|(n, t)| (n.clone(), t.clone()))
+            .collect();
+        let cp = shardc_runtime::checkpoint::Checkpoint::whole(model, tensors);
+        shardc_runtime::checkpoint::save(path, &cp)?;
+        Ok(())
+    }
+}
+
 /// `--init-from`'s weights, read and checked against the artifact's model (`None` without
 /// the flag).
 pub fn initial_weights(path: Option<&Path>, art: &Artifact) -> Result<Option<InitialWeights>> {
