@@ -217,3 +217,84 @@ fn shardcs_weights_go_back_to_a_mindspore_checkpoint() {
     assert!(o.status.success(), "{}", text(&o));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The Rust API, as MindSpore's: `load_checkpoint` + `load_param_into_net` into a built
+/// `Model` of the tutorial network, then `Model::train` on the numpy batch prints MindSpore's
+/// next losses; `save_checkpoint` writes a `.ckpt` that loads back to the trained weights.
+#[test]
+fn load_param_into_net_continues_mindspores_training_in_model() {
+    use shardc::compiler::loss::SoftmaxCrossEntropyWithLogits;
+    use shardc::compiler::optim::Momentum;
+    use shardc::compiler::zoo::MlpNetwork;
+    use shardc::runtime::data::{NumpySlicesDataset, SourceOptions};
+    use shardc::train::{load_checkpoint, load_param_into_net, save_checkpoint, Model};
+    let want: Vec<f64> = std::fs::read_to_string(fixture("losses.txt"))
+        .expect("losses.txt")
+        .lines()
+        .map(|l| l.trim().parse().expect("a loss"))
+        .collect();
+    let data = NumpySlicesDataset::from_file(
+        &fixture("batch.npz"),
+        Some(&["x", "label"]),
+        SourceOptions::default(),
+    )
+    .expect("data")
+    .batch(16, true)
+    .expect("batch");
+    let mut model = Model::new(
+        MlpNetwork::new(&[64, 32, 32, 10]),
+        SoftmaxCrossEntropyWithLogits::new(true, "mean"),
+        &Momentum::new(0.1, 0.9),
+    )
+    .with_threads(1);
+    // Not built yet: loading says so.
+    let params = load_checkpoint(&fixture("tutorial.ckpt")).expect("load_checkpoint");
+    let e = load_param_into_net(&mut model, &params, true).expect_err("not built");
+    assert!(e.to_string().contains("not built yet"), "{e}");
+    let first = data
+        .iter(0)
+        .expect("iter")
+        .next()
+        .expect("a batch")
+        .expect("batch");
+    model.build(&first, &data.column_names()).expect("build");
+    let (param_not_load, ckpt_not_load) =
+        load_param_into_net(&mut model, &params, true).expect("load_param_into_net");
+    assert!(param_not_load.is_empty(), "{param_not_load:?}");
+    assert_eq!(ckpt_not_load, ["global_step", "learning_rate", "momentum"]);
+    let got = model.train(3, &data, &mut []).expect("train").losses;
+    eprintln!("Model: {got:?} (MindSpore: {want:?})");
+    for (g, w) in got.iter().zip(&want) {
+        assert!(
+            (g - w).abs() <= 1e-6 * w.abs(),
+            "{got:?} vs MindSpore's {want:?}"
+        );
+    }
+    // A transposed weight is an error naming it.
+    let mut bad = params.clone();
+    bad.insert(
+        "dense_relu_sequential.4.weight".into(),
+        Tensor::from_f32(vec![32, 10], vec![0.0; 320]).expect("t"),
+    );
+    let e = load_param_into_net(&mut model, &bad, false).expect_err("wrong shape");
+    assert!(
+        e.to_string()
+            .contains("dense_relu_sequential.4.weight is Float32 [32, 10]"),
+        "{e}"
+    );
+    // save_checkpoint -> .ckpt -> the same weights.
+    let dir = made_tmp("ms-ckpt", "save");
+    let file = dir.join("trained.ckpt");
+    save_checkpoint(&model, &file).expect("save_checkpoint");
+    let back = load_checkpoint(&file).expect("reads back");
+    let now = model
+        .executor()
+        .expect("built")
+        .weight_values()
+        .expect("weights");
+    assert_eq!(back.len(), now.len());
+    for (n, t) in now {
+        assert_eq!(back.get(&n), Some(&t), "{n}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -11,17 +11,20 @@
 //!   with `gradients_mean`), then the optimizer.
 //!
 //! Callbacks ([`LossMonitor`], [`TimeMonitor`], [`ProgressBar`], [`ModelCheckpoint`]) see
-//! every step.
+//! every step. [`load_checkpoint`], [`load_param_into_net`] and [`save_checkpoint`] read and
+//! write MindSpore's `.ckpt` (and safetensors) for a built model.
 
 mod callbacks;
 mod grad;
 mod model;
+mod serialization;
 
 pub use callbacks::{
     Callback, CheckpointConfig, LossMonitor, ModelCheckpoint, ProgressBar, StepInfo, TimeMonitor,
 };
 pub use grad::{value_and_grad, DistributedGradReducer, GradFn, OptimizerCell};
 pub use model::{Model, TrainSummary};
+pub use serialization::{load_checkpoint, load_param_into_net, save_checkpoint};
 pub use shardc_runtime::DeviceTarget;
 
 use shardc_compiler::builder::BuildError;

@@ -171,6 +171,11 @@ impl Model {
         self.compiled.as_ref().map_or(&[], |c| c.layouts.as_slice())
     }
 
+    /// The graph's name (the network's class name unless [`Model::with_name`] set one).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     /// This process's rank and the rank count.
     pub fn rank(&self) -> (usize, usize) {
         (self.rank, self.size)
