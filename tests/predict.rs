@@ -1,7 +1,7 @@
 //! `shardc predict`: a forward network's outputs on the samples of a data file, with its
 //! weights from a checkpoint, on one device and on 4 ranks (data parallel and auto
-//! parallel), equal the same network computed by hand; the tutorial network's loss from
-//! MindSpore's checkpoint is MindSpore's (`tests/data/mindspore`).
+//! parallel), equal the same network computed by hand; the tutorial network's loss and
+//! forward output from MindSpore's checkpoint are MindSpore's (`tests/data/mindspore`).
 
 mod cli_common;
 
@@ -197,5 +197,55 @@ fn predict_names_what_is_missing() {
         "{}",
         text(&o)
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The tutorial network's forward output, as MindSpore computed it on the exported network
+/// (`tests/data/mindspore/make_mindir.py`: `tutorial_forward.npz`), is what `shardc predict`
+/// computes from `tutorial.ckpt` on the same input (1e-5 relative).
+#[test]
+fn predict_gives_mindspores_forward_output_for_its_weights() {
+    use shardc::compiler::nn::Cell;
+    use shardc::compiler::GraphBuilder;
+    let dir = made_tmp("predict", "forward");
+    let fixture = |n: &str| {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/data/mindspore")
+            .join(n)
+    };
+    // The network alone (no loss): x (16, 64) -> logits (16, 10).
+    let mut b = GraphBuilder::new("Network");
+    let x = b
+        .input("x", shardc::ir::DType::Float32, &[16, 64])
+        .expect("x");
+    let logits = shardc::compiler::zoo::MlpNetwork::new(&[64, 32, 32, 10])
+        .construct(&mut b, x)
+        .expect("network");
+    let g = b.finish(&[logits]).expect("graph");
+    let model = dir.join("network.ir");
+    std::fs::write(&model, shardc::ir::text::print_graph(&g)).expect("model");
+    let out = dir.join("logits.safetensors");
+    let o = shardc(&[
+        "predict",
+        s(&model),
+        "--init-from",
+        s(&fixture("tutorial.ckpt")),
+        "--data",
+        s(&fixture("tutorial_forward.npz")),
+        "-o",
+        s(&out),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let got = read_weights(&out).expect("outputs");
+    let want = shardc::runtime::data::numpy::read_npz(&fixture("tutorial_forward.npz"))
+        .expect("reference");
+    let want = &want.iter().find(|(n, _)| n == "logits").expect("logits").1;
+    assert_eq!(got[0].1.shape, want.shape);
+    for (a, b) in got[0].1.to_f64_vec().iter().zip(want.to_f64_vec()) {
+        assert!(
+            (a - b).abs() <= 1e-5 * b.abs().max(1e-3),
+            "{a} vs MindSpore's {b}"
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

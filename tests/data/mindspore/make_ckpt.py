@@ -41,24 +41,29 @@ class Network(nn.Cell):
         return self.dense_relu_sequential(self.flatten(x))
 
 
-rng = np.random.default_rng(3)
-x = rng.standard_normal((16, 64)).astype(np.float32)
-label = rng.integers(0, 10, size=(16,)).astype(np.int32)
-np.savez("batch.npz", x=x, label=label)
+def main():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((16, 64)).astype(np.float32)
+    label = rng.integers(0, 10, size=(16,)).astype(np.int32)
+    np.savez("batch.npz", x=x, label=label)
 
-net = Network()
-loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
-opt = nn.Momentum(net.trainable_params(), learning_rate=0.1, momentum=0.9)
-train = nn.TrainOneStepCell(nn.WithLossCell(net, loss_fn), opt)
-train.set_train()
+    net = Network()
+    loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    opt = nn.Momentum(net.trainable_params(), learning_rate=0.1, momentum=0.9)
+    train = nn.TrainOneStepCell(nn.WithLossCell(net, loss_fn), opt)
+    train.set_train()
 
-xs, ys = ms.Tensor(x), ms.Tensor(label)
-for _ in range(3):
-    train(xs, ys)
-ms.save_checkpoint(train, "tutorial.ckpt")
-losses = [float(train(xs, ys).asnumpy()) for _ in range(3)]
-with open("losses.txt", "w") as f:
-    f.write("".join(f"{l!r}\n" for l in losses))
-with open("VERSIONS", "w") as f:
-    f.write(f"python {sys.version.split()[0]}\nnumpy {np.__version__}\nmindspore {ms.__version__}\n")
-print(losses)
+    xs, ys = ms.Tensor(x), ms.Tensor(label)
+    for _ in range(3):
+        train(xs, ys)
+    ms.save_checkpoint(train, "tutorial.ckpt")
+    losses = [float(train(xs, ys).asnumpy()) for _ in range(3)]
+    with open("losses.txt", "w") as f:
+        f.write("".join(f"{l!r}\n" for l in losses))
+    with open("VERSIONS", "w") as f:
+        f.write(f"python {sys.version.split()[0]}\nnumpy {np.__version__}\nmindspore {ms.__version__}\n")
+    print(losses)
+
+
+if __name__ == "__main__":
+    main()
