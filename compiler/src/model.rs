@@ -48,6 +48,21 @@ pub fn build_network_with(
     b.push_scope(&format!("_backbone-{}", net.class_name()));
     let logits = net.construct(&mut b, x)?;
     b.pop_scope();
+    b.pop_scope();
+    b.pop_scope();
+    finish_with_loss(b, loss, logits, label)
+}
+
+/// `loss` of `logits` against `label` added under
+/// `Default/network-WithLossCell/_loss_fn-<Loss>`, the graph finished returning it.
+fn finish_with_loss(
+    mut b: GraphBuilder,
+    loss: &dyn LossFn,
+    logits: Value,
+    label: Value,
+) -> Result<Graph, BuildError> {
+    b.push_scope("Default");
+    b.push_scope("network-WithLossCell");
     b.push_scope(&format!("_loss_fn-{}", loss.class_name()));
     let l = loss.construct(&mut b, logits, label)?;
     b.pop_scope();
@@ -95,14 +110,7 @@ pub fn with_loss(
     }
     let mut b = GraphBuilder::from_graph(forward);
     let label = b.input(label_name, label_dtype, label_shape)?;
-    b.push_scope("Default");
-    b.push_scope("network-WithLossCell");
-    b.push_scope(&format!("_loss_fn-{}", loss.class_name()));
-    let l = loss.construct(&mut b, logits, label)?;
-    b.pop_scope();
-    b.pop_scope();
-    b.pop_scope();
-    b.finish(&[l])
+    finish_with_loss(b, loss, logits, label)
 }
 
 /// The training step of a forward graph (its first output is the loss): gradients of every

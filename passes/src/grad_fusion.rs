@@ -168,8 +168,18 @@ pub fn fuse_owned(g: Graph, mode: &GradFusion) -> Result<(Graph, Vec<Bucket>), G
     mode.validate()?;
     let (g, _) = prefetch(g);
     let (out, _) = hoist(g);
-    let mut buckets = bucket(&out, mode, &|_| None)?;
-    let gathers = gather_buckets(&out, mode, &|_| None, buckets.len() as i64 + 1)?;
+    bucket_and_mark(out, mode, &|_| None)
+}
+
+/// The gradient buckets, then the weight-gather buckets (ids after them), of `out` (already
+/// prefetched and hoisted), written into their members; `group_of` as in [`bucket`].
+fn bucket_and_mark(
+    out: Graph,
+    mode: &GradFusion,
+    group_of: &dyn Fn(usize) -> Option<String>,
+) -> Result<(Graph, Vec<Bucket>), GradFusionError> {
+    let mut buckets = bucket(&out, mode, group_of)?;
+    let gathers = gather_buckets(&out, mode, group_of, buckets.len() as i64 + 1)?;
     let out = mark(
         mark(out, &buckets, mode, Members::Gradients),
         &gathers,
@@ -228,16 +238,7 @@ fn fuse_one(
             spec.insert(*node as usize, format!("{primes:?}/{axes:?}"));
         }
     }
-    let group_of = |i: usize| spec.get(&i).cloned();
-    let mut buckets = bucket(&out, mode, &group_of)?;
-    let gathers = gather_buckets(&out, mode, &group_of, buckets.len() as i64 + 1)?;
-    let template = mark(
-        mark(out, &buckets, mode, Members::Gradients),
-        &gathers,
-        mode,
-        Members::Gathers,
-    );
-    buckets.extend(gathers);
+    let (template, buckets) = bucket_and_mark(out, mode, &|i| spec.get(&i).cloned())?;
     Ok((
         SpmdProgram {
             device_num,
