@@ -6,7 +6,7 @@
 use clap::{Parser, Subcommand};
 use shardc_tools::{
     ckpt, closed_output, cluster_run, commands, data_cmd, device_cmd, explain, gen_cmd, gpu,
-    launch, predict, run_args, verify, zoo_cmd,
+    import_cmd, launch, predict, run_args, verify, zoo_cmd,
 };
 
 /// shardc: an auto-parallel graph compiler and runtime.
@@ -42,6 +42,9 @@ enum Command {
     /// `model.predict`), with its weights from a checkpoint, on one device or N ranks; write
     /// the outputs as safetensors keyed by the model's output names.
     Predict(predict::PredictArgs),
+    /// Read a model written by MindSpore (`.mindir`) or exported to ONNX (`.onnx`): write its
+    /// forward graph as text IR and its weights as safetensors (for `--init-from`).
+    Import(import_cmd::ImportArgs),
     /// Check the invariant on a model: compile it stand-alone and in parallel, train both on
     /// the same batches (all ranks in this process), print the largest relative differences
     /// of the losses and of the gathered weights; exit status 1 beyond the tolerance.
@@ -102,6 +105,7 @@ fn run() -> i32 {
         Command::Run(a) => commands::run(a),
         Command::Print(a) => commands::print(a),
         Command::Predict(a) => predict::predict(a),
+        Command::Import(a) => import_cmd::import(a),
         Command::Explain(a) => explain::explain(a),
         Command::Verify(a) => match verify::verify(a) {
             Ok(true) => Ok(()),

@@ -25,6 +25,7 @@ pub mod device_run;
 pub mod explain;
 pub mod gen_cmd;
 pub mod gpu;
+pub mod import_cmd;
 pub mod in_process;
 pub mod init_from;
 pub mod launch;

@@ -5,7 +5,7 @@
   shape (16, 64) float32;
 - `tutorial_forward.npz`: that input (`x`, the `x` of `batch.npz`) and MindSpore's output
   of the exported network on it (`logits`), the reference an import must reproduce;
-- `mind_ir.fds`: the `FileDescriptorSet` of the `mind_ir.proto` this MindSpore version
+- `import/proto/mind_ir.fds`: the `FileDescriptorSet` of the `mind_ir.proto` this MindSpore version
   writes (from its own `mindspore/train/mind_ir_pb2.py`), so that `prost-build` compiles
   exactly that schema without `protoc`.
 
@@ -31,6 +31,6 @@ fds = descriptor_pb2.FileDescriptorSet()
 proto = descriptor_pb2.FileDescriptorProto()
 mind_ir_pb2.DESCRIPTOR.CopyToProto(proto)
 fds.file.append(proto)
-with open("mind_ir.fds", "wb") as f:
+with open("../../../import/proto/mind_ir.fds", "wb") as f:
     f.write(fds.SerializeToString())
 print(logits.shape)
