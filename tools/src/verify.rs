@@ -3,7 +3,7 @@
 //! each), and prints the largest relative difference of the loss at every step and of every
 //! weight (gathered from its slices) after the last step.
 
-use crate::commands::{load_model, OptimizerArgs};
+use crate::commands::{load_model, LossArgs, OptimizerArgs};
 use crate::in_process::{rel, run_ranks, tensor_rel};
 use crate::parallel_args::ParallelArgs;
 use anyhow::{bail, Context, Result};
@@ -38,6 +38,9 @@ pub struct VerifyArgs {
     /// The optimizer.
     #[command(flatten)]
     pub optimizer: OptimizerArgs,
+    /// The loss of a forward network (an imported model), as `shardc compile --loss`.
+    #[command(flatten)]
+    pub loss: LossArgs,
     /// The parallel context. `gradients_mean` defaults to true here (unless set): only then is
     /// a data-parallel gradient the single device's.
     #[command(flatten)]
@@ -46,7 +49,7 @@ pub struct VerifyArgs {
 
 /// `shardc verify`; returns whether every difference is within the tolerance.
 pub fn verify(a: &VerifyArgs) -> Result<bool> {
-    let model = load_model(&a.model)?;
+    let model = a.loss.apply(load_model(&a.model)?)?;
     let mut pargs = a.parallel.clone();
     if pargs.gradients_mean.is_none() {
         let from_file = match &pargs.config {

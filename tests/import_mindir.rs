@@ -1,0 +1,341 @@
+//! `shardc import` of MindSpore's MindIR, with fixtures MindSpore 2.10 exported itself
+//! (`tests/data/mindspore/make_mindir.py`, versions in `VERSIONS`):
+//!
+//! - every fixture imports, and `shardc predict` on the imported model and weights gives
+//!   MindSpore's own output on the exported input (1e-5 relative);
+//! - wrapped with a loss, each compiles for 8 devices in every parallel mode and search mode,
+//!   passes `shardc verify` and trains;
+//! - the imported tutorial network, started from the `.ckpt` MindSpore trained, prints
+//!   MindSpore's next losses (1e-6 relative);
+//! - names, scopes and `.shard()` strategies are kept;
+//! - unmapped primitives (every one listed) and damaged files are errors that say so.
+
+mod cli_common;
+
+use cli_common::{losses, made_tmp, path_str as s, run_shardc as shardc, text};
+use shardc::runtime::data::numpy::read_arrays;
+use shardc::runtime::Tensor;
+use std::path::{Path, PathBuf};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/mindspore")
+        .join(name)
+}
+
+/// Imports fixture `name.mindir` into `dir`: the model and its weights.
+fn import(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+    let model = dir.join(format!("{name}.ir"));
+    let weights = dir.join(format!("{name}.safetensors"));
+    let o = shardc(&[
+        "import",
+        s(&fixture(&format!("{name}.mindir"))),
+        "-o",
+        s(&model),
+        "--weights",
+        s(&weights),
+    ]);
+    assert!(o.status.success(), "import {name}: {}", text(&o));
+    (model, weights)
+}
+
+fn array(path: &Path, name: &str) -> Tensor {
+    read_arrays(path)
+        .expect("reads")
+        .into_iter()
+        .find(|(n, _)| n == name)
+        .unwrap_or_else(|| panic!("{} has no `{name}`", path.display()))
+        .1
+}
+
+/// Largest |a - b| over largest |b|.
+fn max_rel(a: &Tensor, b: &Tensor) -> f64 {
+    let a = a.to_f64_vec();
+    let b = b.to_f64_vec();
+    assert_eq!(a.len(), b.len());
+    let scale = b.iter().fold(0f64, |m, v| m.max(v.abs()));
+    let diff = a
+        .iter()
+        .zip(&b)
+        .fold(0f64, |m, (x, y)| m.max((x - y).abs()));
+    diff / scale
+}
+
+#[test]
+fn imported_models_predict_mindsporess_outputs() {
+    let dir = made_tmp("import-mindir", "predict");
+    for name in ["tutorial", "lenet", "block", "sharded"] {
+        let (model, weights) = import(&dir, name);
+        let forward = fixture(&format!("{name}_forward.npz"));
+        let out = dir.join(format!("{name}.out.safetensors"));
+        let o = shardc(&[
+            "predict",
+            s(&model),
+            "--init-from",
+            s(&weights),
+            "--data",
+            s(&forward),
+            "-o",
+            s(&out),
+        ]);
+        assert!(o.status.success(), "predict {name}: {}", text(&o));
+        // The one output, named after its node (`bias_add3`).
+        let outputs = read_arrays(&out).expect("reads");
+        assert_eq!(outputs.len(), 1, "{name}");
+        let got = outputs[0].1.clone();
+        let want = array(&forward, "logits");
+        assert_eq!(got.shape, want.shape, "{name}");
+        let rel = max_rel(&got, &want);
+        eprintln!("{name}: max relative difference to MindSpore {rel:.3e}");
+        assert!(rel <= 1e-5, "{name}: {rel}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The loss flags each fixture trains with (its output against a `label` input).
+fn loss_of(name: &str) -> Vec<&'static str> {
+    match name {
+        "block" => vec!["--loss", "mse"],
+        _ => vec!["--loss", "sparse_softmax_cross_entropy"],
+    }
+}
+
+#[test]
+fn imported_models_compile_for_8_devices_in_every_mode_and_verify() {
+    let dir = made_tmp("import-mindir", "modes");
+    let modes: [&[&str]; 6] = [
+        &["--parallel-mode", "data_parallel"],
+        &["--parallel-mode", "semi_auto_parallel"],
+        &[
+            "--parallel-mode",
+            "auto_parallel",
+            "--search-mode",
+            "sharding_propagation",
+        ],
+        &[
+            "--parallel-mode",
+            "auto_parallel",
+            "--search-mode",
+            "dynamic_programming",
+        ],
+        &[
+            "--parallel-mode",
+            "auto_parallel",
+            "--search-mode",
+            "recursive_programming",
+        ],
+        &["--parallel-mode", "auto_parallel", "--search-mode", "ilp"],
+    ];
+    for name in ["tutorial", "lenet", "block"] {
+        let (model, _) = import(&dir, name);
+        for mode in modes {
+            let art = dir.join(format!("{name}-art"));
+            let mut args = vec!["compile", s(&model), "-o", s(&art), "--device-num", "8"];
+            args.extend(loss_of(name));
+            args.extend_from_slice(mode);
+            let o = shardc(&args);
+            assert!(o.status.success(), "{name} {mode:?}: {}", text(&o));
+            assert!(art.join("manifest.json").exists(), "{name} {mode:?}");
+        }
+        // The invariant: 8 ranks of the default plan train as one device does.
+        let mut args = vec!["verify", s(&model), "--device-num", "8", "--steps", "2"];
+        args.extend(loss_of(name));
+        let o = shardc(&args);
+        assert!(o.status.success(), "verify {name}: {}", text(&o));
+        assert!(
+            String::from_utf8_lossy(&o.stdout).contains("PASS"),
+            "{}",
+            text(&o)
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn imported_tutorial_network_continues_mindspores_training() {
+    let want: Vec<f64> = std::fs::read_to_string(fixture("losses.txt"))
+        .expect("losses.txt")
+        .lines()
+        .map(|l| l.trim().parse().expect("a loss"))
+        .collect();
+    let dir = made_tmp("import-mindir", "continue");
+    let (model, _) = import(&dir, "tutorial");
+    for (name, parallel) in [
+        ("one", &[][..]),
+        (
+            "four",
+            &[
+                "--device-num",
+                "4",
+                "--parallel-mode",
+                "semi_auto_parallel",
+                "--gradients-mean",
+            ][..],
+        ),
+    ] {
+        let art = dir.join(name);
+        let mut args = vec![
+            "compile",
+            s(&model),
+            "-o",
+            s(&art),
+            "--loss",
+            "sparse_softmax_cross_entropy",
+            "--optimizer",
+            "momentum",
+            "--learning-rate",
+            "0.1",
+            "--momentum",
+            "0.9",
+        ];
+        args.extend_from_slice(parallel);
+        let o = shardc(&args);
+        assert!(o.status.success(), "compile {name}: {}", text(&o));
+        let o = shardc(&[
+            "run",
+            s(&art),
+            "--steps",
+            "3",
+            "--threads",
+            "1",
+            "--data",
+            s(&fixture("batch.npz")),
+            "--init-from",
+            s(&fixture("tutorial.ckpt")),
+        ]);
+        assert!(o.status.success(), "run {name}: {}", text(&o));
+        let got = losses(&String::from_utf8_lossy(&o.stdout));
+        eprintln!("{name}: {got:?} (MindSpore: {want:?})");
+        assert_eq!(got.len(), want.len(), "{}", text(&o));
+        for (g, w) in got.iter().zip(&want) {
+            assert!(
+                (g - w).abs() <= 1e-6 * w.abs(),
+                "{name}: {got:?} vs {want:?}"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn imported_models_train_from_their_weights() {
+    let dir = made_tmp("import-mindir", "train");
+    for name in ["lenet", "block"] {
+        let (model, weights) = import(&dir, name);
+        let art = dir.join(format!("{name}-art"));
+        let mut args = vec![
+            "compile",
+            s(&model),
+            "-o",
+            s(&art),
+            "--device-num",
+            "8",
+            "--parallel-mode",
+            "auto_parallel",
+        ];
+        args.extend(loss_of(name));
+        let o = shardc(&args);
+        assert!(o.status.success(), "compile {name}: {}", text(&o));
+        let o = shardc(&[
+            "run",
+            s(&art),
+            "--steps",
+            "3",
+            "--threads",
+            "1",
+            "--init-from",
+            s(&weights),
+        ]);
+        assert!(o.status.success(), "run {name}: {}", text(&o));
+        let got = losses(&String::from_utf8_lossy(&o.stdout));
+        assert_eq!(got.len(), 3, "{name}: {}", text(&o));
+        assert!(got.iter().all(|l| l.is_finite()), "{name}: {got:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn names_scopes_and_shard_strategies_are_kept() {
+    let dir = made_tmp("import-mindir", "names");
+    let (model, _) = import(&dir, "sharded");
+    let ir = std::fs::read_to_string(&model).expect("ir");
+    assert!(
+        ir.contains("{instance name: matmul} primitive_attrs: {transpose_a: false, transpose_b: false, in_strategy: ((2, 1), (1, 1))}"),
+        "{ir}"
+    );
+    assert!(
+        ir.contains("{instance name: relu} primitive_attrs: {in_strategy: ((2, 1))}"),
+        "{ir}"
+    );
+    let (model, _) = import(&dir, "lenet");
+    let ir = std::fs::read_to_string(&model).expect("ir");
+    for want in [
+        "%para2_conv1.weight : <Ref[Tensor(F32)], (6, 1, 5, 5)",
+        "# scope: (Default/conv2-Conv2d)",
+        "# scope: (Default/bn-BatchNorm2d)",
+        "%para6_bn.moving_mean : <Ref[Tensor(F32)], (16), ref_key=:bn.moving_mean>  :  has_default  init: zeros  requires_grad: false",
+    ] {
+        assert!(ir.contains(want), "`{want}` not in\n{ir}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn every_unmapped_primitive_is_listed_with_its_node_and_scope() {
+    let dir = made_tmp("import-mindir", "unmapped");
+    let o = shardc(&[
+        "import",
+        s(&fixture("unmapped.mindir")),
+        "-o",
+        s(&dir.join("m.ir")),
+    ]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("2 op(s) have no mapping to shardc"), "{err}");
+    assert!(
+        err.contains("Sin (node `CNode_") && err.contains("scope Default/Sin-op0"),
+        "{err}"
+    );
+    assert!(
+        err.contains("Erfinv (node `CNode_") && err.contains("scope Default/Erfinv-op0"),
+        "{err}"
+    );
+    assert!(!dir.join("m.ir").exists(), "nothing is written on an error");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_damaged_or_foreign_file_is_an_error_naming_it() {
+    let dir = made_tmp("import-mindir", "damaged");
+    let bytes = std::fs::read(fixture("tutorial.mindir")).expect("fixture");
+    let cut = dir.join("cut.mindir");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).expect("write");
+    let o = shardc(&["import", s(&cut), "-o", s(&dir.join("m.ir"))]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("cut.mindir: not a MindIR model:"), "{err}");
+
+    let foreign = dir.join("batch.mindir");
+    std::fs::copy(fixture("batch.npz"), &foreign).expect("copy");
+    let o = shardc(&["import", s(&foreign), "-o", s(&dir.join("m.ir"))]);
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("batch.mindir: not a MindIR model"),
+        "{}",
+        text(&o)
+    );
+
+    let o = shardc(&[
+        "import",
+        s(&fixture("batch.npz")),
+        "-o",
+        s(&dir.join("m.ir")),
+    ]);
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("unknown model format"),
+        "{}",
+        text(&o)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
