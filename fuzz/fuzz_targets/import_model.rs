@@ -1,0 +1,13 @@
+//! Fuzz target: the model importers never panic, whatever the bytes: MindSpore's MindIR
+//! (`mind_ir.proto`). A file either imports into a graph that passed shardc's verifier or is
+//! an `ImportError`.
+
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use shardc_import::mindir;
+use std::path::Path;
+
+fuzz_target!(|data: &[u8]| {
+    let _ = mindir::import(Path::new("fuzz.mindir"), data);
+});
