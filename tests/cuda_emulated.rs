@@ -67,6 +67,61 @@ fn silu_runs_on_the_device_as_on_the_cpu() {
     }
 }
 
+/// The exact GeLU, `x/2 * (1 + erf(x/sqrt(2)))`, as PyTorch exports `nn.GELU()`: Erf runs on
+/// the device (its kernel in `elementwise.cu`); its gradient is composed of Square, Exp and
+/// Mul.
+#[test]
+fn erf_runs_on_the_device_as_on_the_cpu() {
+    use shardc::compiler::builder::GraphBuilder;
+    use shardc::compiler::loss::{LossFn, SoftmaxCrossEntropyWithLogits};
+    use shardc::ir::{DType, Init};
+    let mut b = GraphBuilder::new("ExactGelu");
+    let x = b.input("x", DType::Float32, &[8, 12]).expect("x");
+    let label = b.input("label", DType::Int32, &[8]).expect("label");
+    let w = b
+        .weight(
+            "w",
+            DType::Float32,
+            &[12, 16],
+            Init::Normal {
+                sigma: 0.3,
+                mean: 0.0,
+                seed: 0,
+            },
+        )
+        .expect("w");
+    let w2 = b
+        .weight(
+            "w2",
+            DType::Float32,
+            &[16, 4],
+            Init::Normal {
+                sigma: 0.3,
+                mean: 0.0,
+                seed: 0,
+            },
+        )
+        .expect("w2");
+    let h = b.matmul(x, w).expect("matmul");
+    let scaled = b
+        .mul_scalar(h, std::f64::consts::FRAC_1_SQRT_2)
+        .expect("scale");
+    let e = b.erf(scaled).expect("erf");
+    let one_plus = b.add_scalar(e, 1.0).expect("add");
+    let half_x = b.mul_scalar(h, 0.5).expect("half");
+    let gelu = b.mul(half_x, one_plus).expect("gelu");
+    let logits = b.matmul(gelu, w2).expect("logits");
+    let loss = SoftmaxCrossEntropyWithLogits::new(true, "mean")
+        .construct(&mut b, logits, label)
+        .expect("loss");
+    let g = train(b.finish(&[loss]).expect("graph"), momentum());
+    assert!(g.nodes.iter().any(|n| n.op == shardc::ir::OpKind::Erf));
+    if let Some(s) = compare(g, 3, 1e-5) {
+        println!("{s}");
+        assert!(!s.contains("host: Erf"), "{s}");
+    }
+}
+
 #[test]
 fn quickstart_trains_as_on_the_cpu() {
     let g = train(zoo::quickstart(4).expect("quickstart"), momentum());

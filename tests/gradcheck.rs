@@ -431,7 +431,9 @@ fn binary_ops_with_a_constant() {
 #[test]
 fn unary_ops() {
     use OpKind::*;
-    for op in [Neg, Square, Sqrt, Exp, Log, ReLU, GeLU, Sigmoid, SiLU, Tanh] {
+    for op in [
+        Neg, Square, Sqrt, Exp, Log, ReLU, GeLU, Sigmoid, SiLU, Tanh, Erf,
+    ] {
         let mut n = Net::new(50);
         let x = if matches!(op, Sqrt | Log) {
             n.w_with("x", &[3, 4], |u| 1.0 + 0.8 * u)

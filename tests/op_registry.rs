@@ -61,7 +61,7 @@ fn expected_cost(op: OpKind) -> Option<f64> {
         | SoftmaxCrossEntropyWithLogits
         | SparseSoftmaxCrossEntropyWithLogits => Some(40.0),
         Exp | Log | Sigmoid | Tanh | Sqrt | SigmoidGrad | TanhGrad | LayerNorm | LayerNormGrad
-        | BatchNorm | BatchNormGrad | SiLU | SiLUGrad => Some(20.0),
+        | BatchNorm | BatchNormGrad | SiLU | SiLUGrad | Erf => Some(20.0),
         _ => Some(1.0),
     }
 }

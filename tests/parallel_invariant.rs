@@ -50,7 +50,7 @@ fn mlp(rng: &mut ChaCha8Rng, batch: usize) -> Result<Graph, BuildError> {
     for _ in 0..layers {
         dims.push(*pick(rng, &[8usize, 16, 32]));
     }
-    let act = rng.random_range(0..4);
+    let act = rng.random_range(0..5);
     let bias = rng.random_bool(0.5);
     let d = dims.clone();
     let net = FnCell::new("Mlp", move |b: &mut GraphBuilder, mut x: Value| {
@@ -66,7 +66,8 @@ fn mlp(rng: &mut ChaCha8Rng, batch: usize) -> Result<Graph, BuildError> {
                     0 => b.relu(x)?,
                     1 => b.gelu(x)?,
                     2 => b.tanh(x)?,
-                    _ => b.silu(x)?,
+                    3 => b.silu(x)?,
+                    _ => b.erf(x)?,
                 };
             }
         }

@@ -950,6 +950,11 @@ impl GraphBuilder {
         self.unary(OpKind::SiLU, x)
     }
 
+    /// `Erf(x)`: the error function.
+    pub fn erf(&mut self, x: Value) -> Result<Value, BuildError> {
+        self.unary(OpKind::Erf, x)
+    }
+
     /// `Sigmoid(x)`.
     pub fn sigmoid(&mut self, x: Value) -> Result<Value, BuildError> {
         self.unary(OpKind::Sigmoid, x)
@@ -1110,6 +1115,7 @@ mod tests {
         assert_eq!(instance_base(OpKind::GeLU), "gelu");
         assert_eq!(instance_base(OpKind::SiLU), "silu");
         assert_eq!(instance_base(OpKind::SiLUGrad), "silu_grad");
+        assert_eq!(instance_base(OpKind::Erf), "erf");
         assert_eq!(instance_base(OpKind::ReduceMean), "reduce_mean");
         assert_eq!(instance_base(OpKind::BiasAdd), "bias_add");
         assert_eq!(instance_base(OpKind::Conv2D), "conv2d");

@@ -352,6 +352,10 @@ primitive!(
     SiLU, SiLU
 );
 primitive!(
+    /// `Erf(x)`: the error function (MindSpore's `ops.Erf`).
+    Erf, Erf
+);
+primitive!(
     /// `Tanh(x)`.
     Tanh, Tanh
 );
@@ -363,7 +367,7 @@ primitive!(
     /// `OnesLike(x)`.
     OnesLike, OnesLike
 );
-unary_call!(Neg, Square, Sqrt, Exp, Log, ReLU, GeLU, Sigmoid, SiLU, Tanh, ZerosLike, OnesLike);
+unary_call!(Neg, Square, Sqrt, Exp, Log, ReLU, GeLU, Sigmoid, SiLU, Tanh, Erf, ZerosLike, OnesLike);
 
 primitive!(
     /// `Softmax(x)` along `axis` (-1).

@@ -658,7 +658,7 @@ impl NodeCx<'_, '_> {
                 self.emit(op, vec![a, b], Attrs::new())
             }
             "Neg" | "Square" | "Sqrt" | "Exp" | "Log" | "ReLU" | "GeLU" | "Sigmoid" | "Tanh"
-            | "SiLU" => {
+            | "SiLU" | "Erf" => {
                 let op = match prim {
                     "Neg" => K::Neg,
                     "Square" => K::Square,
@@ -669,6 +669,7 @@ impl NodeCx<'_, '_> {
                     "GeLU" => K::GeLU,
                     "Sigmoid" => K::Sigmoid,
                     "Tanh" => K::Tanh,
+                    "Erf" => K::Erf,
                     _ => K::SiLU,
                 };
                 if prim == "GeLU" && self.prim_str("approximate")?.is_some_and(|a| a != "tanh") {

@@ -2,8 +2,8 @@
 //! parameter, the value and the reason, and no input makes it panic (a proptest run over
 //! arbitrary bytes and over damaged copies of a real file MindSpore wrote).
 
-use prost::Message;
 use proptest::prelude::*;
+use prost::Message;
 use shardc_import::proto::mind_ir::{
     attribute_proto::AttributeType, tensor_proto::ExternalDataProto, ModelProto,
 };
@@ -79,7 +79,9 @@ fn a_wrongly_recorded_output_shape_is_an_error_naming_the_node() {
     shape.tensors[0].dims = vec![16, 33];
     let e = import(&m).expect_err("mismatch").to_string();
     assert!(
-        e.contains("(ReLU): the file records the output shape [16, 33], the mapped op gives [16, 32]"),
+        e.contains(
+            "(ReLU): the file records the output shape [16, 33], the mapped op gives [16, 32]"
+        ),
         "{e}"
     );
 }
@@ -143,7 +145,10 @@ fn a_model_without_a_graph_or_an_output_is_an_error() {
     let mut m = model("tutorial.mindir");
     m.graph = None;
     let e = import(&m).expect_err("no graph").to_string();
-    assert!(e.contains("doctored.mindir: not a MindIR model: the model has no graph"), "{e}");
+    assert!(
+        e.contains("doctored.mindir: not a MindIR model: the model has no graph"),
+        "{e}"
+    );
 
     let mut m = model("tutorial.mindir");
     m.graph.as_mut().expect("graph").output[0].name = Some("nowhere".into());

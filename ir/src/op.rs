@@ -287,6 +287,9 @@ ops! {
     SiLU => "SiLU", Elementwise;
     /// `SiLUGrad(dy, x)`: `dy * s * (1 + x * (1 - s))` with `s = sigmoid(x)`, SiLU's gradient.
     SiLUGrad => "SiLUGrad", Gradient;
+    /// `Erf(x)`: the error function `2/sqrt(pi) * integral_0^x exp(-t^2) dt` (MindSpore's
+    /// `ops.Erf`; the exact GeLU is `x/2 * (1 + erf(x/sqrt(2)))`).
+    Erf => "Erf", Elementwise;
 }
 
 impl OpKind {

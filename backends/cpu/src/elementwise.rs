@@ -263,6 +263,7 @@ pub(crate) fn unary<T: Real>(ctx: &Ctx<'_>, inputs: &[Arg<'_>], outputs: &mut [T
         OpKind::Sigmoid => map(ctx, x, out, sigmoid::<T>),
         OpKind::SiLU => map(ctx, x, out, silu::<T>),
         OpKind::Tanh => map(ctx, x, out, |v: T| v.tanh()),
+        OpKind::Erf => map(ctx, x, out, |v: T| v.erf()),
         op => Err(ctx.err(format!("{op} is not a unary op"))),
     }
 }

@@ -244,7 +244,7 @@ fn route(op: OpKind) -> Route {
         BiasAdd => Float(float!(elementwise::bias_add)),
         Add | Sub | Mul | RealDiv | ReluGrad | SigmoidGrad | TanhGrad | SqrtGrad | DropoutGrad
         | SiLUGrad => Float(float!(elementwise::binary)),
-        Neg | Square | Sqrt | Exp | Log | ReLU | GeLU | Sigmoid | Tanh | SiLU => {
+        Neg | Square | Sqrt | Exp | Log | ReLU | GeLU | Sigmoid | Tanh | SiLU | Erf => {
             Float(float!(elementwise::unary))
         }
         GeLUGrad => Float(float!(elementwise::gelu_grad_kernel)),

@@ -48,6 +48,8 @@ pub trait Real:
     /// rational function that vectorises (within 4.3e-7 of the exact value, libm's `tanhf`
     /// 1.0e-7; 15x faster without AVX), in f64 exact (the gradient checks' type).
     fn tanh_fast(self) -> Self;
+    /// The error function (libm's `erf` / `erff`, within an ulp or two).
+    fn erf(self) -> Self;
     /// Absolute value.
     fn abs(self) -> Self;
     /// Whether the value is NaN.
@@ -55,7 +57,7 @@ pub trait Real:
 }
 
 macro_rules! impl_real {
-    ($t:ty, $dtype:ident, $tanh_fast:path) => {
+    ($t:ty, $dtype:ident, $tanh_fast:path, $erf:path) => {
         impl Real for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
@@ -83,6 +85,10 @@ macro_rules! impl_real {
                 $tanh_fast(self)
             }
             #[inline(always)]
+            fn erf(self) -> Self {
+                $erf(self)
+            }
+            #[inline(always)]
             fn abs(self) -> Self {
                 <$t>::abs(self)
             }
@@ -94,8 +100,8 @@ macro_rules! impl_real {
     };
 }
 
-impl_real!(f32, Float32, tanh_rational);
-impl_real!(f64, Float64, f64::tanh);
+impl_real!(f32, Float32, tanh_rational, libm::erff);
+impl_real!(f64, Float64, f64::tanh, libm::erf);
 
 /// `tanh(x)` in f32 as an odd degree-13 over even degree-6 rational function of `x`
 /// clamped to ±7.998 (where tanh rounds to ±1 in f32), evaluated by Horner's rule: no

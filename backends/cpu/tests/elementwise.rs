@@ -57,6 +57,7 @@ fn unary_ops() {
         (OpKind::Sigmoid, &x, |v| 1.0 / (1.0 + (-v).exp())),
         (OpKind::SiLU, &x, |v| v / (1.0 + (-v).exp())),
         (OpKind::Tanh, &x, f64::tanh),
+        (OpKind::Erf, &x, erf_series),
     ];
     for (kind, input, f) in cases {
         let want: Vec<f64> = input.to_f64_vec().into_iter().map(f).collect();
@@ -73,6 +74,34 @@ fn unary_ops() {
         .t(t64(&[2], vec![-800.0, 800.0]))
         .out(DType::Float64, &[2]);
     assert_eq!(case.run()[0].to_f64_vec(), vec![-0.0, 800.0]);
+    // Erf at known values (Abramowitz and Stegun, table 7.1) and its limits.
+    let case = op(OpKind::Erf)
+        .t(t64(&[5], vec![0.0, 0.5, 1.0, -2.0, 30.0]))
+        .out(DType::Float64, &[5]);
+    check_tol(
+        &case,
+        &[vec![
+            0.0,
+            0.520_499_877_813_046_5,
+            0.842_700_792_949_714_9,
+            -0.995_322_265_018_952_7,
+            1.0,
+        ]],
+        1e-15,
+        1e-7,
+    );
+}
+
+/// `erf(x)` by its Maclaurin series `2/sqrt(pi) * sum (-1)^n x^(2n+1) / (n! (2n+1))`, summed
+/// until the terms vanish (|x| <= 3 here: the alternating terms stay well within f64).
+fn erf_series(x: f64) -> f64 {
+    let (mut term, mut sum, mut n) = (x, x, 0.0);
+    while term.abs() > 1e-17 * sum.abs().max(1e-300) {
+        n += 1.0;
+        term *= -x * x / n;
+        sum += term / (2.0 * n + 1.0);
+    }
+    std::f64::consts::FRAC_2_SQRT_PI * sum
 }
 
 #[test]

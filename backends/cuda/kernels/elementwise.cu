@@ -20,6 +20,7 @@ template <typename T> __device__ __forceinline__ T op_sigmoid(T x) {
     return e / ((T)1 + e);
 }
 template <typename T> __device__ __forceinline__ T op_silu(T x) { return x * op_sigmoid(x); }
+template <typename T> __device__ __forceinline__ T op_erf(T x) { return sh_erf(x); }
 template <typename T> __device__ __forceinline__ T gelu_grad(T x) {
     T t = sh_tanh((T)GELU_C * (x + (T)GELU_A * x * x * x));
     return (T)0.5 * ((T)1 + t) +
@@ -34,7 +35,7 @@ template <typename T> __device__ __forceinline__ T gelu_grad(T x) {
 #define UNARY_ALL(T, S)                                                                     \
     UNARY(T, S, neg) UNARY(T, S, square) UNARY(T, S, sqrt) UNARY(T, S, exp) UNARY(T, S, log) \
     UNARY(T, S, relu) UNARY(T, S, tanh) UNARY(T, S, gelu) UNARY(T, S, sigmoid)                 \
-    UNARY(T, S, silu)
+    UNARY(T, S, silu) UNARY(T, S, erf)
 FOR_FLOATS(UNARY_ALL)
 
 template <typename T> __device__ __forceinline__ T bin_add(T a, T b) { return a + b; }

@@ -106,6 +106,8 @@ __device__ __forceinline__ float sh_sqrt(float x) { return sqrtf(x); }
 __device__ __forceinline__ double sh_sqrt(double x) { return sqrt(x); }
 __device__ __forceinline__ float sh_tanh(float x) { return tanhf(x); }
 __device__ __forceinline__ double sh_tanh(double x) { return tanh(x); }
+__device__ __forceinline__ float sh_erf(float x) { return erff(x); }
+__device__ __forceinline__ double sh_erf(double x) { return erf(x); }
 
 // Defines kernel family K for both float types: K(float, f32) and K(double, f64), each
 // writing `extern "C" __global__ void name_f32(...)` with T the element type.

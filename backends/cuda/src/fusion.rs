@@ -71,6 +71,7 @@ fn unary_name(op: OpKind) -> Option<&'static str> {
         GeLU => "gelu",
         Sigmoid => "sigmoid",
         SiLU => "silu",
+        Erf => "erf",
         _ => return None,
     })
 }

@@ -1,5 +1,5 @@
 //! The elementwise ops' rules: binary arithmetic (broadcasting), `Equal`, `BiasAdd`, the
-//! unary activations (`SiLU` among them), `Cast` and `Dropout`. Their loops are the
+//! unary activations (`SiLU` among them), `Erf`, `Cast` and `Dropout`. Their loops are the
 //! (broadcast) result's dimensions; a size-1 broadcast dimension stays whole.
 
 use super::rule::{Cost, Dims, Gradient, GradientFn, OpRule, Operands, Window};
@@ -109,6 +109,9 @@ pub(super) static TANH: OpRule = unary_rule(Tanh, tanh_grad, TRANSCENDENTAL);
 
 /// `SiLU(x)`: `x * sigmoid(x)`; its gradient is the `SiLUGrad` kernel of x.
 pub(super) static SILU: OpRule = unary_rule(SiLU, silu_grad, TRANSCENDENTAL);
+
+/// `Erf(x)`: its gradient `2/sqrt(pi) * exp(-x^2) * dy` is composed of existing ops.
+pub(super) static ERF: OpRule = unary_rule(Erf, erf_grad, TRANSCENDENTAL);
 
 /// `Cast(x)` to `dst_type`.
 pub(super) static CAST: OpRule = OpRule {
@@ -296,6 +299,22 @@ fn tanh_grad(r: &mut Rule<'_>) -> Grads {
 
 fn silu_grad(r: &mut Rule<'_>) -> Grads {
     r.unary(|r, dy| r.emit(SiLUGrad, vec![dy, r.x(0)], Attrs::new(), ""))
+}
+
+/// `d erf(x) / dx = 2/sqrt(pi) * exp(-x^2)`.
+fn erf_grad(r: &mut Rule<'_>) -> Grads {
+    r.unary(|r, dy| {
+        let sq = r.emit(Square, vec![r.x(0)], Attrs::new(), "_sq")?;
+        let neg = r.emit(Mul, vec![sq, float(-1.0)], Attrs::new(), "_neg")?;
+        let e = r.emit(Exp, vec![neg], Attrs::new(), "_exp")?;
+        let d = r.emit(
+            Mul,
+            vec![e, float(std::f64::consts::FRAC_2_SQRT_PI)],
+            Attrs::new(),
+            "_deriv",
+        )?;
+        r.emit(Mul, vec![dy, d], Attrs::new(), "")
+    })
 }
 
 fn cast_grad(r: &mut Rule<'_>) -> Grads {

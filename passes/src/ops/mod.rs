@@ -62,6 +62,7 @@ pub fn rule(op: OpKind) -> &'static OpRule {
         Sigmoid => &elementwise::SIGMOID,
         Tanh => &elementwise::TANH,
         SiLU => &elementwise::SILU,
+        Erf => &elementwise::ERF,
         Cast => &elementwise::CAST,
         Equal => &elementwise::EQUAL,
         Dropout => &elementwise::DROPOUT,

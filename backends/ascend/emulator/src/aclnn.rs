@@ -673,6 +673,7 @@ aclnnSqrt, aclnnSqrtGetWorkspaceSize(self_: *const aclTensor, out: *mut aclTenso
 aclnnExp, aclnnExpGetWorkspaceSize(self_: *const aclTensor, out: *mut aclTensor) => { unary(api, self_, out, f64::exp) }
 aclnnLog, aclnnLogGetWorkspaceSize(self_: *const aclTensor, out: *mut aclTensor) => { unary(api, self_, out, f64::ln) }
 aclnnTanh, aclnnTanhGetWorkspaceSize(self_: *const aclTensor, out: *mut aclTensor) => { unary(api, self_, out, f64::tanh) }
+aclnnErf, aclnnErfGetWorkspaceSize(self_: *const aclTensor, out: *mut aclTensor) => { unary(api, self_, out, libm::erf) }
 aclnnTanhBackward, aclnnTanhBackwardGetWorkspaceSize(gradOutput: *const aclTensor, output: *const aclTensor, gradInput: *mut aclTensor) => {
     grad2(api, ["gradOutput", "output", "gradInput"], gradOutput, output, gradInput, |g, y| g * (1.0 - y * y))
 }

@@ -114,6 +114,8 @@ fn activations_and_their_gradients() {
     let one = dev(&[1., 0.], &[2]);
     run_op!(aclnnSilu, aclnnSiluGetWorkspaceSize(one.t, o.t));
     close(&o.f32(), &[0.731_058_6, 0.], 1e-6);
+    run_op!(aclnnErf, aclnnErfGetWorkspaceSize(one.t, o.t));
+    close(&o.f32(), &[0.842_700_8, 0.], 1e-6);
     run_op!(
         aclnnSiluBackward,
         aclnnSiluBackwardGetWorkspaceSize(g.t, one.t, o.t)

@@ -87,7 +87,9 @@ fn route(op: OpKind) -> Route {
         Add | Sub | Mul | RealDiv => Kernel(arithmetic),
         DropoutGrad => Kernel(arithmetic),
         ReluGrad | SigmoidGrad | TanhGrad | SqrtGrad | GeLUGrad | SiLUGrad => Kernel(gradient),
-        Neg | Square | Sqrt | Exp | Log | ReLU | GeLU | Sigmoid | Tanh | SiLU => Kernel(unary),
+        Neg | Square | Sqrt | Exp | Log | ReLU | GeLU | Sigmoid | Tanh | SiLU | Erf => {
+            Kernel(unary)
+        }
         BiasAdd => Kernel(bias_add),
         BiasAddGrad => Kernel(bias_add_grad),
         Cast => Kernel(cast),
@@ -393,6 +395,7 @@ fn unary(call: &OpCall<'_>) -> AscendResult<Lowered> {
         )?,
         Tanh => crate::aclnn!(&r, aclnnTanh, aclnnTanhGetWorkspaceSize(dx.ptr(), dy.ptr()))?,
         SiLU => crate::aclnn!(&r, aclnnSilu, aclnnSiluGetWorkspaceSize(dx.ptr(), dy.ptr()))?,
+        Erf => crate::aclnn!(&r, aclnnErf, aclnnErfGetWorkspaceSize(dx.ptr(), dy.ptr()))?,
         op => return Err(call.err(format!("{op} is not a unary elementwise op"))),
     }
     Ok(Lowered::Device)

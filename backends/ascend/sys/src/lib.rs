@@ -668,6 +668,9 @@ Math {
     op aclnnLog, aclnnLogGetWorkspaceSize(self_: *const aclTensor, out: *mut aclTensor);
     /// `aclnnTanh` (`math/tanh/op_api/aclnn_tanh.h`): `out = tanh(self)`.
     op aclnnTanh, aclnnTanhGetWorkspaceSize(self_: *const aclTensor, out: *mut aclTensor);
+    /// `aclnnErf` (`math/erf/op_api/aclnn_erf.h`, hicann/ops-math): `out = erf(self)`, the
+    /// error function.
+    op aclnnErf, aclnnErfGetWorkspaceSize(self_: *const aclTensor, out: *mut aclTensor);
     /// `aclnnTanhBackward` (`math/tanh_grad/op_api/aclnn_tanh_backward.h`): `gradInput =
     /// gradOutput · (1 - output²)` where `output = tanh(x)`.
     op aclnnTanhBackward, aclnnTanhBackwardGetWorkspaceSize(gradOutput: *const aclTensor, output: *const aclTensor, gradInput: *mut aclTensor);

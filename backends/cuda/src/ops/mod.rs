@@ -102,7 +102,9 @@ fn route(op: OpKind) -> Route {
         UnsortedSegmentSum => Kernel(movement::unsorted_segment_sum),
         Dropout => Kernel(movement::dropout),
         Equal => Kernel(movement::equal),
-        Neg | Square | Sqrt | Exp | Log | ReLU | GeLU | Sigmoid | Tanh | SiLU => Kernel(unary),
+        Neg | Square | Sqrt | Exp | Log | ReLU | GeLU | Sigmoid | Tanh | SiLU | Erf => {
+            Kernel(unary)
+        }
         BiasAdd => Kernel(bias_add),
         BiasAddGrad => Kernel(bias_add_grad),
         Cast => Kernel(cast),
@@ -312,6 +314,7 @@ fn unary(call: &OpCall<'_>) -> CudaResult<Lowered> {
         Sigmoid => "sigmoid",
         Tanh => "tanh",
         SiLU => "silu",
+        Erf => "erf",
         op => return Err(call.err(format!("{op} is not a unary elementwise op"))),
     };
     let n = ty.num_elements();
