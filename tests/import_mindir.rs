@@ -62,7 +62,7 @@ fn max_rel(a: &Tensor, b: &Tensor) -> f64 {
 }
 
 #[test]
-fn imported_models_predict_mindsporess_outputs() {
+fn imported_models_predict_mindspores_outputs() {
     let dir = made_tmp("import-mindir", "predict");
     for name in ["tutorial", "lenet", "block", "sharded"] {
         let (model, weights) = import(&dir, name);
@@ -334,6 +334,176 @@ fn a_damaged_or_foreign_file_is_an_error_naming_it() {
     assert!(!o.status.success());
     assert!(
         String::from_utf8_lossy(&o.stderr).contains("unknown model format"),
+        "{}",
+        text(&o)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_artifact_predicts_with_its_own_plan_and_weights() {
+    let dir = made_tmp("import-mindir", "predict-art");
+    let (model, weights) = import(&dir, "lenet");
+    let forward = fixture("lenet_forward.npz");
+    let want = array(&forward, "logits");
+    // 8 ranks, auto_parallel, the weights baked in: predict reads the forward graph, the
+    // parallel context, the plan and the weights from the artifact.
+    let art = dir.join("art8");
+    let o = shardc(&[
+        "compile",
+        s(&model),
+        "-o",
+        s(&art),
+        "--loss",
+        "sparse_softmax_cross_entropy",
+        "--device-num",
+        "8",
+        "--parallel-mode",
+        "auto_parallel",
+        "--init-from",
+        s(&weights),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    for file in ["forward.ir", "parallel.toml", "strategy.json"] {
+        assert!(art.join(file).exists(), "{file}");
+    }
+    let out = dir.join("out8.safetensors");
+    let o = shardc(&["predict", s(&art), "--data", s(&forward), "-o", s(&out)]);
+    assert!(o.status.success(), "{}", text(&o));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        stdout.contains("on 8 device(s) with the plan of") && stdout.contains("strategy.json"),
+        "{stdout}"
+    );
+    let got = read_arrays(&out).expect("outputs").remove(0).1;
+    assert!(max_rel(&got, &want) <= 1e-5);
+
+    // A pipeline's artifact predicts on one device, and says so.
+    let art = dir.join("pipeline");
+    let o = shardc(&[
+        "compile",
+        s(&model),
+        "-o",
+        s(&art),
+        "--loss",
+        "sparse_softmax_cross_entropy",
+        "--device-num",
+        "4",
+        "--pipeline-stages",
+        "2",
+        "--micro-size",
+        "2",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = dir.join("out-pipeline.safetensors");
+    let o = shardc(&[
+        "predict",
+        s(&art),
+        "--data",
+        s(&forward),
+        "--init-from",
+        s(&weights),
+        "-o",
+        s(&out),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr)
+            .contains("trains as a pipeline; its forward graph runs on one device"),
+        "{}",
+        text(&o)
+    );
+    let got = read_arrays(&out).expect("outputs").remove(0).1;
+    assert!(max_rel(&got, &want) <= 1e-5);
+
+    // An artifact without its forward graph says what to do.
+    let manifest = art.join("manifest.json");
+    let json = std::fs::read_to_string(&manifest).expect("manifest");
+    std::fs::write(
+        &manifest,
+        json.replace("\"forward_model\"", "\"was_forward_model\""),
+    )
+    .expect("write");
+    let o = shardc(&["predict", s(&art), "--data", s(&forward), "-o", s(&out)]);
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains(
+            "the artifact has no forward graph (compiled by an older shardc): recompile it"
+        ),
+        "{}",
+        text(&o)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_name_map_and_the_conventions_match_renamed_weights() {
+    use shardc::runtime::checkpoint::{self, Checkpoint};
+    let dir = made_tmp("import-mindir", "name-map");
+    let (model, weights) = import(&dir, "lenet");
+    let forward = fixture("lenet_forward.npz");
+    // The weights as a PyTorch state dict under a `backbone.` prefix would name them.
+    let pytorch = |n: &str| {
+        let n = n
+            .replace("bn.gamma", "bn.weight")
+            .replace("bn.beta", "bn.bias")
+            .replace("moving_mean", "running_mean")
+            .replace("moving_variance", "running_var");
+        format!("backbone.{n}")
+    };
+    let renamed: Vec<(String, Tensor)> = read_arrays(&weights)
+        .expect("weights")
+        .into_iter()
+        .map(|(n, t)| (pytorch(&n), t))
+        .collect();
+    let file = dir.join("torch.safetensors");
+    checkpoint::save(&file, &Checkpoint::whole("LeNet", renamed)).expect("save");
+    let map = dir.join("names.txt");
+    std::fs::write(
+        &map,
+        "# PyTorch's module tree had the net under `backbone`\nbackbone.* = *\n",
+    )
+    .expect("map");
+    let out = dir.join("out.safetensors");
+    let predict = |extra: &[&str]| {
+        let mut args = vec![
+            "predict",
+            s(&model),
+            "--data",
+            s(&forward),
+            "-o",
+            s(&out),
+            "--init-from",
+            s(&file),
+        ];
+        args.extend_from_slice(extra);
+        shardc(&args)
+    };
+    let o = predict(&["--name-map", s(&map)]);
+    assert!(o.status.success(), "{}", text(&o));
+    let got = read_arrays(&out).expect("outputs").remove(0).1;
+    assert!(max_rel(&got, &array(&forward, "logits")) <= 1e-5);
+
+    // Without the map, every missing weight and every foreign tensor is listed.
+    let o = predict(&[]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("the model's weight conv1.weight Float32 [6, 1, 5, 5] is missing"),
+        "{err}"
+    );
+    assert!(
+        err.contains("10 tensor(s) of the file are not parameters of the model: backbone.bn.bias"),
+        "{err}"
+    );
+
+    // A rule that matches nothing is named.
+    std::fs::write(&map, "backbone.* = *\nhead.* = fc.*\n").expect("map");
+    let o = predict(&["--name-map", s(&map)]);
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr)
+            .contains("name map line 2: `head.* = fc.*` matches no tensor of the checkpoint"),
         "{}",
         text(&o)
     );

@@ -15,6 +15,7 @@ pub mod init;
 pub mod launcher;
 pub mod memory;
 pub mod mindspore_ckpt;
+pub mod name_map;
 pub mod step;
 pub mod tensor;
 

@@ -7,11 +7,14 @@
 //! [`load_param_into_net`] returns the model's parameters the dictionary did not have and
 //! the dictionary's entries the model has no parameter for; with `strict_load` a missing
 //! trainable weight, and always a tensor of another shape or element type, is an error
-//! naming it.
+//! naming it. Names are matched as they are, then through PyTorch's and MindSpore's
+//! conventions where unambiguous ([`shardc_runtime::name_map`]: a file's `bn.weight` loads
+//! a model's `bn.gamma`).
 
 use super::model::Model;
 use super::TrainError;
 use shardc_runtime::mindspore_ckpt;
+use shardc_runtime::name_map::NameMap;
 use shardc_runtime::Tensor;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -49,14 +52,26 @@ pub fn load_param_into_net(
         .filter(|p| matches!(p.kind, shardc_ir::ParamKind::Weight { .. }))
         .map(|p| (p.name.clone(), p.ty.clone(), p.requires_grad()))
         .collect();
+    // The frameworks' conventions (`bn.weight` for `bn.gamma`, ...), where unambiguous.
+    let file: std::collections::BTreeSet<String> = params.keys().cloned().collect();
+    let model_names: std::collections::BTreeSet<String> =
+        weights.iter().map(|(n, _, _)| n.clone()).collect();
+    let found = NameMap::default()
+        .resolve(&file, &model_names)
+        .map_err(|faults| {
+            TrainError::Mismatch(format!("load_param_into_net: {}", faults.join("; ")))
+        })?;
     let mut not_loaded = Vec::new();
     let mut faults = Vec::new();
     for (pname, ty, trainable) in &weights {
-        let Some(whole) = params.get(pname) else {
+        let Some(pname_in_file) = found.get(pname) else {
             if strict_load && *trainable {
                 faults.push(format!("{pname} is missing"));
             }
             not_loaded.push(pname.clone());
+            continue;
+        };
+        let Some(whole) = params.get(pname_in_file) else {
             continue;
         };
         let global = layouts
@@ -85,8 +100,7 @@ pub fn load_param_into_net(
             faults.join("; ")
         )));
     }
-    let known: std::collections::HashSet<&str> =
-        weights.iter().map(|(n, _, _)| n.as_str()).collect();
+    let known: std::collections::HashSet<&str> = found.values().map(String::as_str).collect();
     let ckpt_not_load = params
         .keys()
         .filter(|k| !known.contains(k.as_str()))

@@ -312,7 +312,13 @@ fn train_rank(a: &RunArgs, art: Artifact, joined: &Joined) -> Result<()> {
     .with_context(|| format!("rank {rank}: preparing its graph"))?;
     let per_epoch = data.per_epoch(a);
     let init = crate::init_from::init_path(a.init_from.as_deref(), &a.artifact, &art);
-    crate::init_from::init_rank(init.as_deref(), &art, &mut exec, rank)?;
+    crate::init_from::init_rank(
+        init.as_deref(),
+        a.name_map.as_deref(),
+        &art,
+        &mut exec,
+        rank,
+    )?;
     // Checkpoints: every rank reads the shared directory and computes the same newest
     // complete step (it checks every rank's file of it), then loads its own file; a barrier
     // keeps any rank from saving (and pruning) before all have chosen.

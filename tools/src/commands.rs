@@ -8,6 +8,7 @@ use clap::{Args, ValueEnum};
 use shardc_backend_cpu::CpuBackend;
 use shardc_compiler::auto_pipeline;
 use shardc_compiler::pipeline::{self, CompileOptions};
+use shardc_compiler::strategy_file::StrategyFile;
 use shardc_ir::artifact::{self, Artifact, IoEntry, Manifest};
 use shardc_ir::spmd::SpmdProgram;
 use shardc_ir::{text, Graph, ParamKind};
@@ -68,6 +69,11 @@ pub struct CompileArgs {
     /// `shardc run` starts from them (its own `--init-from` or `--resume-from` wins).
     #[arg(long)]
     pub init_from: Option<PathBuf>,
+    /// Rules renaming `--init-from`'s tensors to the model's parameters, one `checkpoint name
+    /// = model name` per line (`backbone.* = *` for a prefix); PyTorch's and MindSpore's
+    /// conventions (`weight`/`gamma`, `running_var`/`moving_variance`) apply without it.
+    #[arg(long, requires = "init_from")]
+    pub name_map: Option<PathBuf>,
 }
 
 /// A loss for a forward network (`--loss`, `--label-shape`, `--label-dtype`).
@@ -234,9 +240,24 @@ fn io_entries(g: &Graph) -> Vec<IoEntry> {
         .collect()
 }
 
+/// The manifest key naming the artifact's forward graph (the model as given, before
+/// `--loss`), which `shardc predict ART` runs.
+pub const FORWARD_MODEL: &str = "forward_model";
+/// The forward graph's file in an artifact.
+pub const FORWARD_MODEL_FILE: &str = "forward.ir";
+/// The manifest key naming the parallel context the artifact was compiled with.
+pub const PARALLEL_CONTEXT: &str = "parallel_context";
+/// The parallel context's file in an artifact (the TOML `--config` reads).
+pub const PARALLEL_CONTEXT_FILE: &str = "parallel.toml";
+/// The manifest key naming the strategy file of the artifact's plan (not for pipelines).
+pub const STRATEGY_FILE: &str = "strategy_file";
+/// The strategy file's name in an artifact (`--strategy-ckpt-load-file` reads it).
+pub const STRATEGY_FILE_NAME: &str = "strategy.json";
+
 /// `shardc compile`.
 pub fn compile(a: &CompileArgs) -> Result<()> {
-    let graph = a.loss.apply(load_model(&a.model)?)?;
+    let forward = load_model(&a.model)?;
+    let graph = a.loss.apply(forward.clone())?;
     let opt = optimizer_of(&a.optimizer);
     let ctx = a.parallel.to_context()?;
     let mut popts = a.parallel.options(&ctx)?;
@@ -268,8 +289,19 @@ pub fn compile(a: &CompileArgs) -> Result<()> {
         extra.insert("auto_pipeline".into(), planned.to_json());
     }
     let mut optimizer_line = None;
+    let mut strategies = None;
     let (program, graphs, mode) = match compiled.parallel {
         Some(p) => {
+            // The plan `shardc predict ART` runs the forward graph with (one stage's).
+            if !opts.pipeline.is_pipelined() {
+                strategies = Some(StrategyFile::of(
+                    &p.begin,
+                    &p.assignment,
+                    &p.options,
+                    &ctx.parallel_mode.to_string(),
+                    &ctx.search_mode.to_string(),
+                ));
+            }
             if p.options.parallel_optimizer.is_some() {
                 optimizer_line = Some(parallel_optimizer_summary(&p));
             }
@@ -336,16 +368,32 @@ pub fn compile(a: &CompileArgs) -> Result<()> {
     };
     let inspect: Vec<(usize, &Graph)> = graphs.iter().map(|(r, g)| (*r, g)).collect();
     let mut art = Artifact { manifest, program };
-    let initial = crate::init_from::initial_weights(a.init_from.as_deref(), &art)?;
+    let initial =
+        crate::init_from::initial_weights(a.init_from.as_deref(), a.name_map.as_deref(), &art)?;
     if initial.is_some() {
         art.manifest.extra.insert(
             "initial_weights".into(),
             crate::init_from::ARTIFACT_WEIGHTS.into(),
         );
     }
+    let extra = &mut art.manifest.extra;
+    extra.insert(FORWARD_MODEL.into(), FORWARD_MODEL_FILE.into());
+    extra.insert(PARALLEL_CONTEXT.into(), PARALLEL_CONTEXT_FILE.into());
+    if strategies.is_some() {
+        extra.insert(STRATEGY_FILE.into(), STRATEGY_FILE_NAME.into());
+    }
     art.write(&a.output, &inspect)?;
     if let Some(w) = &initial {
         w.save(&a.output.join(crate::init_from::ARTIFACT_WEIGHTS), &g.name)?;
+    }
+    let beside = |name: &str, text: String| {
+        let path = a.output.join(name);
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
+    };
+    beside(FORWARD_MODEL_FILE, text::print_graph(&forward))?;
+    beside(PARALLEL_CONTEXT_FILE, ctx.to_toml_string())?;
+    if let Some(file) = &strategies {
+        file.save(&a.output.join(STRATEGY_FILE_NAME))?;
     }
     println!(
         "compiled {} -> {} ({n} rank(s) from one program; {nodes} nodes in rank 0's training step)",
@@ -517,7 +565,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
         .collect();
     let mut exec = Executor::new(graph, Arc::new(CpuBackend::with_threads(threads)))?;
     let init = crate::init_from::init_path(a.init_from.as_deref(), &a.artifact, &art);
-    crate::init_from::init_rank(init.as_deref(), &art, &mut exec, 0)?;
+    crate::init_from::init_rank(init.as_deref(), a.name_map.as_deref(), &art, &mut exec, 0)?;
     // Resume: the weights, the optimizer state and the step count of the newest valid
     // checkpoint; steps continue from there (`--steps` counts the total).
     let start = match &a.checkpoint.resume_from {
@@ -650,7 +698,7 @@ fn run_ranks_in_process(a: &RunArgs, art: Artifact) -> Result<()> {
             })
             .collect();
     let init = crate::init_from::init_path(a.init_from.as_deref(), &a.artifact, &art);
-    let initial = crate::init_from::initial_weights(init.as_deref(), &art)?;
+    let initial = crate::init_from::initial_weights(init.as_deref(), a.name_map.as_deref(), &art)?;
     let layouts = crate::init_from::layouts_of(&art)?;
     let prepare = |rank: usize, exec: &mut Executor| -> Result<()> {
         if let Some(w) = &initial {

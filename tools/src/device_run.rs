@@ -46,7 +46,7 @@ pub fn resume(
 ) -> Result<u64> {
     let Some(dir) = &a.checkpoint.resume_from else {
         let init = crate::init_from::init_path(a.init_from.as_deref(), &a.artifact, art);
-        crate::init_from::init_rank(init.as_deref(), art, exec, rank)?;
+        crate::init_from::init_rank(init.as_deref(), a.name_map.as_deref(), art, exec, rank)?;
         return Ok(0);
     };
     let ranks = crate::ckpt::RankWeights::Program(&art.program);

@@ -16,8 +16,9 @@ use anyhow::{bail, Context, Result};
 use shardc_ir::artifact::Artifact;
 use shardc_ir::{ParamKind, TensorLayout, TensorType};
 use shardc_runtime::mindspore_ckpt::read_weights;
+use shardc_runtime::name_map::NameMap;
 use shardc_runtime::{StepExecutor, Tensor};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// Names MindSpore saves beside the weights that are not the model's parameters: the
@@ -61,23 +62,47 @@ pub struct ModelParam {
 pub struct InitialWeights {
     path: PathBuf,
     tensors: BTreeMap<String, Tensor>,
+    names: NameMap,
 }
 
 impl InitialWeights {
-    /// Reads `path` (`.ckpt` or `.safetensors`).
-    pub fn read(path: &Path) -> Result<InitialWeights> {
+    /// Reads `path` (`.ckpt` or `.safetensors`); its names become the model's through
+    /// `name_map`'s rules (`--name-map`) and the frameworks' conventions
+    /// ([`shardc_runtime::name_map`]).
+    pub fn read(path: &Path, name_map: Option<&Path>) -> Result<InitialWeights> {
         let tensors = read_weights(path)?.into_iter().collect();
+        let names = match name_map {
+            Some(m) => NameMap::read(m).map_err(|e| anyhow::anyhow!("--name-map {e}"))?,
+            None => NameMap::default(),
+        };
         Ok(InitialWeights {
             path: path.to_path_buf(),
             tensors,
+            names,
         })
     }
 
-    /// Checks the file against the whole model's parameters (see the module doc); the error
-    /// lists every missing, misshapen and unknown tensor. With `forward_only` (no optimizer)
-    /// the file's optimizer state ([`OPTIMIZER_STATE`]) is ignored too.
-    pub fn check(&self, model: &[ModelParam], forward_only: bool) -> Result<()> {
+    /// Checks the file against the whole model's parameters (see the module doc), first
+    /// renaming its tensors to the parameters they are for (the name map); the error lists
+    /// every missing, misshapen and unknown tensor and every fault of the name map. With
+    /// `forward_only` (no optimizer) the file's optimizer state ([`OPTIMIZER_STATE`]) is
+    /// ignored too.
+    pub fn check(&mut self, model: &[ModelParam], forward_only: bool) -> Result<()> {
         let mut faults = Vec::new();
+        let file: BTreeSet<String> = self.tensors.keys().cloned().collect();
+        let params: BTreeSet<String> = model.iter().map(|p| p.name.clone()).collect();
+        match self.names.resolve(&file, &params) {
+            Ok(found) => {
+                for (param, name) in found {
+                    if param != name {
+                        if let Some(t) = self.tensors.remove(&name) {
+                            self.tensors.insert(param, t);
+                        }
+                    }
+                }
+            }
+            Err(map_faults) => faults.extend(map_faults),
+        }
         for p in model {
             match self.tensors.get(&p.name) {
                 None if p.trainable => faults.push(format!(
@@ -238,11 +263,15 @@ impl InitialWeights {
 
 /// `--init-from`'s weights, read and checked against the artifact's model (`None` without
 /// the flag).
-pub fn initial_weights(path: Option<&Path>, art: &Artifact) -> Result<Option<InitialWeights>> {
+pub fn initial_weights(
+    path: Option<&Path>,
+    name_map: Option<&Path>,
+    art: &Artifact,
+) -> Result<Option<InitialWeights>> {
     let Some(path) = path else {
         return Ok(None);
     };
-    let w = InitialWeights::read(path)?;
+    let mut w = InitialWeights::read(path, name_map)?;
     w.check(&model_params(art)?, false)?;
     Ok(Some(w))
 }
@@ -251,11 +280,12 @@ pub fn initial_weights(path: Option<&Path>, art: &Artifact) -> Result<Option<Ini
 /// against the artifact's model and applied to `exec`.
 pub fn init_rank(
     path: Option<&Path>,
+    name_map: Option<&Path>,
     art: &Artifact,
     exec: &mut dyn StepExecutor,
     rank: usize,
 ) -> Result<()> {
-    if let Some(w) = initial_weights(path, art)? {
+    if let Some(w) = initial_weights(path, name_map, art)? {
         w.apply(exec, &layouts_of(art)?, rank)?;
     }
     Ok(())

@@ -15,7 +15,7 @@ use shardc_compiler::parallel_context::{
 
 /// MindSpore's `set_auto_parallel_context` options. Each flag overrides the same key of the
 /// `--config` file; unset options keep MindSpore's defaults.
-#[derive(clap::Args, Debug, Clone, Default)]
+#[derive(clap::Args, Debug, Clone, Default, PartialEq)]
 pub struct ParallelArgs {
     /// TOML file of parallel options, keyed by MindSpore's option names (parallel_mode,
     /// device_num, [strategy_ckpt_config], [comm_fusion.allreduce], ...); flags override it.

@@ -10,14 +10,15 @@
 //! concatenated along dimension 0 when its dimension 0 is the batch, else stacked on a new
 //! leading dimension of batches (a scalar loss becomes `[batches]`).
 
-use crate::commands::load_model;
+use crate::commands::{load_model, FORWARD_MODEL, PARALLEL_CONTEXT, STRATEGY_FILE};
 use crate::in_process::{run_ranks_with, RankHooks};
-use crate::init_from::{InitialWeights, ModelParam};
+use crate::init_from::{init_path, InitialWeights, ModelParam};
 use crate::parallel_args::ParallelArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use shardc_backend_cpu::CpuBackend;
 use shardc_compiler::pipeline::{self, CompileOptions};
+use shardc_ir::artifact::Artifact;
 use shardc_ir::{Graph, Operand, ParamKind, TensorLayout, TensorType};
 use shardc_runtime::checkpoint::{self, Checkpoint};
 use shardc_runtime::data::numpy::{read_arrays, ArrayBatches};
@@ -29,13 +30,20 @@ use std::sync::Arc;
 /// Arguments of `shardc predict`.
 #[derive(Args, Debug, Clone)]
 pub struct PredictArgs {
-    /// The model: a text IR file (its forward graph; a compiled artifact holds the training
-    /// step instead).
+    /// The model: a text IR file (its forward graph), or an artifact `shardc compile` wrote
+    /// (its forward graph, run with the artifact's parallel context and plan unless parallel
+    /// flags are given).
     pub model: PathBuf,
-    /// The weights (MindSpore's `.ckpt` or a whole-model `.safetensors`); without it, the
-    /// model's initializers.
+    /// The weights (MindSpore's `.ckpt` or a whole-model `.safetensors`, e.g. a training run's
+    /// checkpoint merged by `shardc ckpt merge`); without it, an artifact's `--init-from`
+    /// weights, else the model's initializers.
     #[arg(long)]
     pub init_from: Option<PathBuf>,
+    /// Rules renaming `--init-from`'s tensors to the model's parameters, one `checkpoint name
+    /// = model name` per line (`backbone.* = *` for a prefix); PyTorch's and MindSpore's
+    /// conventions (`weight`/`gamma`, `running_var`/`moving_variance`) apply without it.
+    #[arg(long, requires = "init_from")]
+    pub name_map: Option<PathBuf>,
     /// The samples: `.npz`, `.npy` or `.safetensors`, one array per model input, named after
     /// it, the first dimension the sample.
     #[arg(long)]
@@ -106,12 +114,71 @@ fn join(per_batch: &[Vec<Tensor>], batch: usize) -> Result<Vec<Tensor>> {
     Ok(out)
 }
 
+/// What `shardc predict` runs: the forward graph, the parallel flags and the weights, read
+/// from the arguments or, for an artifact, from the files `shardc compile` put in it.
+struct Target {
+    model: PathBuf,
+    parallel: ParallelArgs,
+    init_from: Option<PathBuf>,
+    name_map: Option<PathBuf>,
+}
+
+/// Resolves an artifact argument into its forward graph, parallel context and plan
+/// (`shardc compile` writes them beside the program), and its `--init-from` weights.
+fn target(a: &PredictArgs) -> Result<Target> {
+    if !a.model.is_dir() {
+        return Ok(Target {
+            model: a.model.clone(),
+            parallel: a.parallel.clone(),
+            init_from: a.init_from.clone(),
+            name_map: a.name_map.clone(),
+        });
+    }
+    let dir = &a.model;
+    let art = Artifact::read(dir)?;
+    let file = |key: &str| {
+        art.manifest
+            .extra
+            .get(key)
+            .and_then(|v| v.as_str())
+            .map(|name| dir.join(name))
+    };
+    let Some(model) = file(FORWARD_MODEL) else {
+        bail!(
+            "{}: the artifact has no forward graph (compiled by an older shardc): recompile it, or predict the model's .ir",
+            dir.display()
+        );
+    };
+    let mut parallel = a.parallel.clone();
+    if parallel == ParallelArgs::default() {
+        parallel.config = file(PARALLEL_CONTEXT);
+        parallel.strategy_ckpt_load_file = file(STRATEGY_FILE);
+        if let Some(config) = &parallel.config {
+            let ctx = shardc_compiler::parallel_context::ParallelContext::from_toml_file(config)?;
+            if ctx.pipeline.is_pipelined() || ctx.auto_pipeline {
+                eprintln!(
+                    "note: {} trains as a pipeline; its forward graph runs on one device here (give parallel flags to run it on N ranks)",
+                    dir.display()
+                );
+                parallel = ParallelArgs::default();
+            }
+        }
+    }
+    Ok(Target {
+        model,
+        parallel,
+        init_from: init_path(a.init_from.as_deref(), dir, &art),
+        name_map: a.name_map.clone(),
+    })
+}
+
 /// `shardc predict`.
 pub fn predict(a: &PredictArgs) -> Result<()> {
-    let mut model = load_model(&a.model)?;
+    let t = target(a)?;
+    let mut model = load_model(&t.model)?;
     shardc_passes::infer::infer_graph(&mut model)?;
-    let ctx = a.parallel.to_context()?;
-    let popts = a.parallel.options(&ctx)?;
+    let ctx = t.parallel.to_context()?;
+    let popts = t.parallel.options(&ctx)?;
     let n = popts.as_ref().map_or(1, |p| p.device_num);
     let arrays = read_arrays(&a.data)?;
     let data = ArrayBatches::new(&model, arrays, &a.data.display().to_string())?;
@@ -127,9 +194,9 @@ pub fn predict(a: &PredictArgs) -> Result<()> {
             trainable: p.requires_grad(),
         })
         .collect();
-    let initial = match &a.init_from {
+    let initial = match &t.init_from {
         Some(path) => {
-            let w = InitialWeights::read(path)?;
+            let mut w = InitialWeights::read(path, t.name_map.as_deref())?;
             w.check(&params, true)?;
             Some(w)
         }
@@ -209,8 +276,12 @@ pub fn predict(a: &PredictArgs) -> Result<()> {
     let used = data.len() * batch;
     let dropped = data.samples() - used;
     println!(
-        "predicted {used} sample(s) in {} batch(es) of {batch} on {n} device(s) -> {}: {}{}",
+        "predicted {used} sample(s) in {} batch(es) of {batch} on {n} device(s){} -> {}: {}{}",
         data.len(),
+        match &t.parallel.strategy_ckpt_load_file {
+            Some(plan) if n > 1 => format!(" with the plan of {}", plan.display()),
+            _ => String::new(),
+        },
         a.output.display(),
         shapes.join(", "),
         if dropped > 0 {

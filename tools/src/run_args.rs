@@ -30,6 +30,11 @@ pub struct RunArgs {
     /// `global_step`, `learning_rate`, ... aside); each rank takes its block.
     #[arg(long, conflicts_with = "resume_from")]
     pub init_from: Option<PathBuf>,
+    /// Rules renaming `--init-from`'s tensors to the model's parameters, one `checkpoint name
+    /// = model name` per line (`backbone.* = *` for a prefix); PyTorch's and MindSpore's
+    /// conventions (`weight`/`gamma`, `running_var`/`moving_variance`) apply without it.
+    #[arg(long, conflicts_with = "resume_from")]
+    pub name_map: Option<PathBuf>,
     /// Train on the arrays of this data file (`.npz`, `.npy` or `.safetensors`): one array per
     /// model input, named after it, its first dimension the sample (NumPy's `np.savez(path,
     /// x=..., label=...)`). The samples are cut into global batches in order (the last

@@ -156,12 +156,14 @@ fn cases() -> Vec<Case> {
         }),
         case(
             "unary",
-            &[Neg, Square, Sqrt, Exp, Log, ReLU, GeLU, Sigmoid, Tanh, SiLU],
+            &[
+                Neg, Square, Sqrt, Exp, Log, ReLU, GeLU, Sigmoid, Tanh, SiLU, Erf,
+            ],
             |b| {
                 let x = w(b, "x", &[3, 7], 1);
                 let e = op(b, Exp, &[x.into()], no());
                 let mut out = vec![e];
-                for k in [Neg, Square, ReLU, GeLU, Sigmoid, Tanh, SiLU] {
+                for k in [Neg, Square, ReLU, GeLU, Sigmoid, Tanh, SiLU, Erf] {
                     out.push(op(b, k, &[x.into()], no()));
                 }
                 out.push(op(b, Sqrt, &[e.into()], no()));
