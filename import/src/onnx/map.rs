@@ -1060,7 +1060,7 @@ fn conv(imp: &mut Importer, cx: &Ctx) -> R {
         .with("group", Attr::Int(attr_i(cx.node, "group", 1)))
         .with("data_format", Attr::Str("NCHW".into()));
     let has_bias = imp.input(cx, 2)?.is_some();
-    let y = imp.op(cx, OpKind::Conv2D, &[x.into(), w.into()], attrs, !has_bias)?;
+    let y = imp.op(cx, OpKind::Conv2D, &[x.into(), w.into()], attrs, true)?;
     if !has_bias {
         return one(Val::T(y));
     }
@@ -1070,7 +1070,7 @@ fn conv(imp: &mut Importer, cx: &Ctx) -> R {
         OpKind::BiasAdd,
         &[y.into(), b.into()],
         Attrs::new(),
-        true,
+        false,
     )?))
 }
 
@@ -1121,20 +1121,14 @@ fn gemm(imp: &mut Importer, cx: &Ctx) -> R {
         .with("transpose_a", Attr::Bool(attr_i(n, "transA", 0) != 0))
         .with("transpose_b", Attr::Bool(attr_i(n, "transB", 0) != 0));
     let c = imp.input(cx, 2)?;
-    let mut y = imp.op(
-        cx,
-        OpKind::MatMul,
-        &[a.into(), b.into()],
-        attrs,
-        c.is_none() && alpha == 1.0,
-    )?;
+    let mut y = imp.op(cx, OpKind::MatMul, &[a.into(), b.into()], attrs, true)?;
     if alpha != 1.0 {
         y = imp.op(
             cx,
             OpKind::Mul,
             &[y.into(), Const::Float(alpha as f32 as f64).into()],
             Attrs::new(),
-            c.is_none(),
+            false,
         )?;
     }
     let Some(c) = c else {
@@ -1172,7 +1166,7 @@ fn gemm(imp: &mut Importer, cx: &Ctx) -> R {
         kind,
         &[y.into(), ct.into()],
         Attrs::new(),
-        true,
+        false,
     )?))
 }
 
