@@ -104,9 +104,24 @@ pub struct ConstT {
     pub origin: Option<String>,
 }
 
-/// The number of elements of a shape.
+/// The number of elements of a shape (saturating: a shape too large to count is
+/// `usize::MAX`).
 pub fn numel(shape: &[usize]) -> usize {
-    shape.iter().product()
+    shape.iter().fold(1usize, |a, &d| a.saturating_mul(d))
+}
+
+/// The most elements the importer computes for one folded tensor.
+pub const MAX_FOLDED_ELEMENTS: usize = 1 << 24;
+
+/// An error when a folded tensor of `shape` would exceed [`MAX_FOLDED_ELEMENTS`].
+pub fn check_size(shape: &[usize]) -> Result<(), String> {
+    let n = numel(shape);
+    if n > MAX_FOLDED_ELEMENTS {
+        return Err(format!(
+            "a constant of shape {shape:?} is too large to fold at import time ({n} elements, at most {MAX_FOLDED_ELEMENTS})"
+        ));
+    }
+    Ok(())
 }
 
 /// Row-major strides of a shape.
@@ -229,6 +244,7 @@ impl ConstT {
         f: impl Fn(f64, f64) -> f64,
     ) -> Result<ConstT, String> {
         let out = broadcast(&[&a.shape, &b.shape])?;
+        check_size(&out)?;
         let ia = broadcast_index(&out, &a.shape);
         let ib = broadcast_index(&out, &b.shape);
         let e = Elem::of_code(code).unwrap_or(Elem::F32);
@@ -243,6 +259,7 @@ impl ConstT {
     /// `Where(cond, x, y)` with numpy broadcasting.
     pub fn select(cond: &ConstT, x: &ConstT, y: &ConstT) -> Result<ConstT, String> {
         let out = broadcast(&[&cond.shape, &x.shape, &y.shape])?;
+        check_size(&out)?;
         let ic = broadcast_index(&out, &cond.shape);
         let ix = broadcast_index(&out, &x.shape);
         let iy = broadcast_index(&out, &y.shape);
@@ -261,6 +278,7 @@ impl ConstT {
     /// The tensor broadcast to `shape` (`Expand`: the result is the broadcast of both).
     pub fn expand(&self, shape: &[usize]) -> Result<ConstT, String> {
         let out = broadcast(&[&self.shape, shape])?;
+        check_size(&out)?;
         let idx = broadcast_index(&out, &self.shape);
         Ok(ConstT::new(
             self.code,

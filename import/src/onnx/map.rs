@@ -1,6 +1,6 @@
 //! Each ONNX op: folded on constants, mapped to shardc ops, or reported as unmapped.
 
-use super::consts::{broadcast, code, dtype_of_code, numel, ConstT, Elem};
+use super::consts::{broadcast, check_size, code, dtype_of_code, numel, ConstT, Elem};
 use super::{Ctx, Importer, Val};
 use crate::proto::onnx::{AttributeProto, NodeProto};
 use crate::ImportError;
@@ -172,6 +172,7 @@ pub(crate) fn convert(imp: &mut Importer, cx: &Ctx) -> R {
                 }
                 None => (code::FLOAT, 0.0),
             };
+            check_size(&shape).map_err(|e| cx.err(e))?;
             let len = numel(&shape);
             one(Val::C(ConstT::new(c, shape, vec![v; len])))
         }
@@ -184,6 +185,7 @@ pub(crate) fn convert(imp: &mut Importer, cx: &Ctx) -> R {
                 _ => return Err(cx.err("start, limit and delta must be scalars, delta non-zero")),
             };
             let count = ((l - s) / d).ceil().max(0.0) as usize;
+            check_size(&[count]).map_err(|e| cx.err(e))?;
             let e = start.elem();
             let data = (0..count).map(|i| e.round(s + i as f64 * d)).collect();
             one(Val::C(ConstT::new(start.code, vec![count], data)))
@@ -227,6 +229,13 @@ pub(crate) fn convert(imp: &mut Importer, cx: &Ctx) -> R {
             let mut p = Vec::with_capacity(r);
             for &a in &perm {
                 p.push(norm_axis(cx, a, r)?);
+            }
+            let mut sorted = p.clone();
+            sorted.sort_unstable();
+            if sorted != (0..r).collect::<Vec<_>>() {
+                return Err(cx.err(format!(
+                    "perm {perm:?} is not a permutation of the {r} axes"
+                )));
             }
             match x {
                 Val::C(c) => one(Val::C(c.transpose(&p))),

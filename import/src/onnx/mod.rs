@@ -12,7 +12,7 @@
 //!   computation reaches the graph. A tensor constant that a real op needs becomes a
 //!   non-trainable weight; a one-element float constant of a binary op becomes a scalar
 //!   operand (`Const::Float`).
-//! - Every other node is mapped to shardc ops (see [`map`]); a node without a mapping is
+//! - Every other node is mapped to shardc ops (the private module `map`); a node without a mapping is
 //!   collected, and [`ImportError::Unmapped`] lists every one.
 //!
 //! Torch's node names (`/layer1/layer1.0/conv1/Conv`) give each node its scope
@@ -221,6 +221,13 @@ fn input_type(input: &crate::proto::onnx::ValueInfoProto) -> Result<(DType, Vec<
             }
         }
     }
+    if shape
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .is_none_or(|n| n > isize::MAX as usize / 8)
+    {
+        return Err(format!("shape {shape:?} is too large"));
+    }
     Ok((dtype, shape))
 }
 
@@ -259,11 +266,10 @@ pub(crate) fn tensor_value(t: &TensorProto) -> Result<ConstT, String> {
             code::BOOL | code::INT8 | code::UINT8 => 1,
             _ => return Err(format!("element type {c} is not supported")),
         };
-        if raw.len() != n * width {
+        if Some(raw.len()) != n.checked_mul(width) {
             return Err(format!(
-                "raw_data has {} bytes, {n} elements of {width} bytes need {}",
-                raw.len(),
-                n * width
+                "raw_data has {} bytes, but {n} elements of {width} bytes are needed",
+                raw.len()
             ));
         }
         raw.chunks_exact(width)
