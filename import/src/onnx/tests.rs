@@ -324,6 +324,141 @@ fn slice_and_gather_of_constant_rows_become_strided_slices() {
     assert_eq!(out, vec![1, 2, 5]);
 }
 
+fn str_attr(name: &str, v: &str) -> AttributeProto {
+    AttributeProto {
+        name: Some(name.into()),
+        s: Some(v.as_bytes().to_vec()),
+        r#type: Some(3),
+        ..Default::default()
+    }
+}
+
+fn ints_attr(name: &str, v: &[i64]) -> AttributeProto {
+    AttributeProto {
+        name: Some(name.into()),
+        ints: v.to_vec(),
+        r#type: Some(7),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn gelu_maps_only_the_tanh_approximation() {
+    let m = |approx: &str| {
+        let nodes = vec![node(
+            "Gelu",
+            "/g/Gelu",
+            &["x"],
+            &["y"],
+            vec![str_attr("approximate", approx)],
+        )];
+        import_bytes(&model(
+            nodes,
+            vec![],
+            vec![vi("x", code::FLOAT, &[4])],
+            "y",
+            20,
+        ))
+    };
+    assert_eq!(ops(&m("tanh").unwrap().graph), vec![OpKind::GeLU]);
+    match m("none") {
+        Err(ImportError::Unmapped(u)) => assert!(u[0].op.starts_with("Gelu (approximate"), "{u:?}"),
+        other => panic!("{:?}", other.map(|m| ops(&m.graph))),
+    }
+}
+
+#[test]
+fn conv_with_bias_pools_and_batched_matmul() {
+    let w: Vec<f32> = (0..4 * 3 * 3 * 3).map(|i| i as f32 * 0.01).collect();
+    let nodes = vec![
+        node(
+            "Conv",
+            "/c/Conv",
+            &["x", "w", "b"],
+            &["c"],
+            vec![
+                ints_attr("pads", &[1, 0, 1, 0]),
+                ints_attr("strides", &[1, 1]),
+            ],
+        ),
+        node(
+            "AveragePool",
+            "/c/AveragePool",
+            &["c"],
+            &["p"],
+            vec![
+                ints_attr("kernel_shape", &[2, 2]),
+                ints_attr("strides", &[2, 2]),
+            ],
+        ),
+        node("Reshape", "/c/Reshape", &["p", "shape"], &["r"], vec![]),
+        node("MatMul", "/c/MatMul", &["r", "r2"], &["y"], vec![]),
+        node(
+            "Transpose",
+            "/c/Transpose",
+            &["r"],
+            &["r2"],
+            vec![ints_attr("perm", &[0, 2, 1])],
+        ),
+    ];
+    // Transpose after its user: ONNX graphs are sorted, so this one is rejected ...
+    let inits = vec![
+        f32_tensor("w", &[4, 3, 3, 3], &w),
+        f32_tensor("b", &[4], &[0.1, 0.2, 0.3, 0.4]),
+        i64_tensor("shape", &[3], &[2, 4, -1]),
+    ];
+    let bytes = model(
+        nodes.clone(),
+        inits.clone(),
+        vec![vi("x", code::FLOAT, &[2, 3, 6, 6])],
+        "y",
+        17,
+    );
+    let e = import_bytes(&bytes).unwrap_err().to_string();
+    assert!(
+        e.contains("/c/MatMul") && e.contains("`r2` is not defined"),
+        "{e}"
+    );
+    // ... and sorted it imports.
+    let mut sorted = nodes;
+    sorted.swap(3, 4);
+    let m = import_bytes(&model(
+        sorted,
+        inits,
+        vec![vi("x", code::FLOAT, &[2, 3, 6, 6])],
+        "y",
+        17,
+    ))
+    .unwrap();
+    assert_eq!(
+        ops(&m.graph),
+        vec![
+            OpKind::Conv2D,
+            OpKind::BiasAdd,
+            OpKind::AvgPool,
+            OpKind::Reshape,
+            OpKind::Transpose,
+            OpKind::BatchMatMul
+        ]
+    );
+    let conv = &m.graph.nodes[0];
+    assert_eq!(
+        conv.attrs.get("pad"),
+        Some(&shardc_ir::Attr::ints(&[1, 1, 0, 0]))
+    );
+    let out = m
+        .graph
+        .nodes
+        .last()
+        .unwrap()
+        .ty
+        .as_tensor()
+        .unwrap()
+        .shape
+        .clone();
+    assert_eq!(out, vec![2, 4, 4]);
+}
+
 // ---- the exporters' fixtures -------------------------------------------------------------
 
 #[test]
