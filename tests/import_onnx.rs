@@ -7,7 +7,8 @@
 //! - `resnet18_narrow.onnx`: ResNet-18's topology at reduced width (4/8/16/32 channels),
 //!   input (2, 3, 32, 32), BatchNorm in inference mode;
 //! - `gpt2_tiny.onnx`: a one-layer Hugging Face GPT-2 (32 wide, 2 heads, vocabulary 64),
-//!   input ids (2, 8), the logits as output.
+//!   input ids (2, 8), the logits as output; also exported at opsets 13 and 20
+//!   (`gpt2_tiny_opset13.onnx`, `gpt2_tiny_opset20.onnx`), whose forward output is checked.
 //!
 //! The batches of 2 do not split over 8 devices, so the two small models compile with
 //! `--dataset-strategy full_batch` (every rank reads the whole batch).
@@ -169,6 +170,16 @@ fn gpt2_tiny_predicts_the_exporters_logits_and_trains_in_parallel() {
     let (ir, w, rel) = import_and_predict(&dir, "gpt2_tiny", "logits");
     assert!(rel <= 1e-5, "gpt2: max relative error {rel:e}");
     compile_verify_train(&dir, &ir, &w, "mse", true);
+}
+
+#[test]
+fn gpt2_tiny_at_opsets_13_and_20_predicts_the_exporters_logits() {
+    // Opset 13 writes LayerNorm as ReduceMean/Sub/Pow/Sqrt/Div, opset 20 GeLU as one node.
+    for name in ["gpt2_tiny_opset13", "gpt2_tiny_opset20"] {
+        let dir = made_tmp("import_onnx", name);
+        let (_, _, rel) = import_and_predict(&dir, name, "logits");
+        assert!(rel <= 1e-5, "{name}: max relative error {rel:e}");
+    }
 }
 
 /// `shardc import FILE`, which must fail: its output.

@@ -340,11 +340,24 @@ pub(crate) fn param_name(s: &str) -> String {
 }
 
 /// Torch's scope and leaf of a node name: `/layer1/layer1.0/conv1/Conv` ->
-/// (`layer1/layer1.0/conv1`, `Conv`).
+/// (`layer1/layer1.0/conv1`, `Conv`); characters outside `[A-Za-z0-9_.-/]` in the scope
+/// become `_`.
 pub(crate) fn scope_and_leaf(name: &str) -> (String, String) {
     let t = name.trim_start_matches('/');
+    // The scope is printed in the text IR as `# scope: (...)`: only plain characters.
+    let clean = |s: &str| -> String {
+        s.chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || "_.-/".contains(c) {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect()
+    };
     match t.rsplit_once('/') {
-        Some((scope, leaf)) => (scope.to_string(), leaf.to_string()),
+        Some((scope, leaf)) => (clean(scope), leaf.to_string()),
         None => (String::new(), t.to_string()),
     }
 }

@@ -459,6 +459,25 @@ fn conv_with_bias_pools_and_batched_matmul() {
     assert_eq!(out, vec![2, 4, 4]);
 }
 
+#[test]
+fn scopes_come_from_torch_names() {
+    assert_eq!(
+        scope_and_leaf("/layer1/layer1.0/conv1/Conv"),
+        ("layer1/layer1.0/conv1".to_string(), "Conv".to_string())
+    );
+    assert_eq!(
+        scope_and_leaf("Identity_33"),
+        (String::new(), "Identity_33".to_string())
+    );
+    assert_eq!(scope_and_leaf("/a (b):c/Relu").0, "a__b__c");
+    assert!(is_ident("Conv_1") && !is_ident("1x") && !is_ident("a.b") && !is_ident(""));
+    assert_eq!(param_name("onnx::MatMul_324"), "onnx__MatMul_324");
+    assert_eq!(
+        param_name("/model/Where_1_output_0"),
+        "model.Where_1_output_0"
+    );
+}
+
 // ---- the exporters' fixtures -------------------------------------------------------------
 
 #[test]

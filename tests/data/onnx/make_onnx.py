@@ -18,6 +18,9 @@ it; `torch_expected` is PyTorch's own output, for reference):
   (`GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=16)`, eager
   attention, GeLU `gelu_pytorch_tanh` so that the exporter writes the tanh approximation),
   input `input_ids` (2, 8) int64, output the logits (2, 8, 64);
+  `gpt2_tiny_opset13.onnx` and `gpt2_tiny_opset20.onnx` are the same model (same seed)
+  exported at opsets 13 (LayerNorm written out as ReduceMean/Sub/Pow/Sqrt/Div) and 20 (one
+  Gelu node with approximate="tanh");
 - `unmapped.onnx`: a tiny graph with two ops shardc has no mapping for (Erf, Sin), for the
   error test; `truncated.onnx`: the first half of `mlp.onnx`'s bytes, for the decode error;
   `opset9.onnx`: the MLP declared as opset 9; `symbolic.onnx`: the MLP with a symbolic batch
@@ -38,7 +41,7 @@ from torch import nn
 OPSET = 17
 
 
-def export(model, args, name, input_names, output_name="expected", fold=True):
+def export(model, args, name, input_names, output_name="expected", fold=True, opset=OPSET):
     import onnxruntime as ort
 
     model.eval()
@@ -52,7 +55,7 @@ def export(model, args, name, input_names, output_name="expected", fold=True):
             args,
             path,
             dynamo=False,
-            opset_version=OPSET,
+            opset_version=opset,
             input_names=input_names,
             output_names=[output_name],
             do_constant_folding=fold,
@@ -147,6 +150,11 @@ def main():
 
     ids = torch.from_numpy(rng.integers(0, 64, size=(2, 8)).astype(np.int64))
     export(tiny_gpt2(), (ids,), "gpt2_tiny", ["input_ids"], "logits")
+    # The same model at the ends of the opset range: opset 13 writes LayerNorm as
+    # ReduceMean/Sub/Pow/Sqrt/Div, opset 20 writes the tanh GeLU as one Gelu node.
+    for opset in (13, 20):
+        torch.manual_seed(0)
+        export(tiny_gpt2(), (ids,), f"gpt2_tiny_opset{opset}", ["input_ids"], "logits", opset=opset)
 
     with torch.no_grad():
         torch.onnx.export(
