@@ -10,6 +10,9 @@
 //!   input ids (2, 8), the logits as output; also exported at opsets 13 and 20
 //!   (`gpt2_tiny_opset13.onnx`, `gpt2_tiny_opset20.onnx`), whose forward output is checked.
 //!
+//! - `masked_softmax.onnx`: `Where(constant causal mask, computed scores, min or -inf)`
+//!   then softmax.
+//!
 //! The batches of 2 do not split over 8 devices, so the two small models compile with
 //! `--dataset-strategy full_batch` (every rank reads the whole batch).
 
@@ -180,6 +183,16 @@ fn gpt2_tiny_at_opsets_13_and_20_predicts_the_exporters_logits() {
         let (_, _, rel) = import_and_predict(&dir, name, "logits");
         assert!(rel <= 1e-5, "{name}: max relative error {rel:e}");
     }
+}
+
+#[test]
+fn a_where_with_constant_mask_stays_exact_through_softmax() {
+    // Scores of a computed tensor masked with float32's min and with -inf, then softmax:
+    // the rewrite must give exactly 0 for the masked entries, never NaN.
+    let dir = made_tmp("import_onnx", "masked");
+    let (ir, w, rel) = import_and_predict(&dir, "masked_softmax", "expected");
+    assert!(rel <= 1e-5, "masked softmax: max relative error {rel:e}");
+    compile_verify_train(&dir, &ir, &w, "mse", true);
 }
 
 /// `shardc import FILE`, which must fail: its output.

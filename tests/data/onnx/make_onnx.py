@@ -21,6 +21,9 @@ it; `torch_expected` is PyTorch's own output, for reference):
   `gpt2_tiny_opset13.onnx` and `gpt2_tiny_opset20.onnx` are the same model (same seed)
   exported at opsets 13 (LayerNorm written out as ReduceMean/Sub/Pow/Sqrt/Div) and 20 (one
   Gelu node with approximate="tanh");
+- `masked_softmax.onnx`: attention-like scores of a computed tensor masked by a constant
+  causal mask with `torch.where` (fills float32's min and -inf), then softmax: the
+  `Where` with a constant condition on a computed tensor, input `x` (2, 6, 8);
 - `unmapped.onnx`: a tiny graph with two ops shardc has no mapping for (Erf, Sin), for the
   error test; `truncated.onnx`: the first half of `mlp.onnx`'s bytes, for the decode error;
   `opset9.onnx`: the MLP declared as opset 9; `symbolic.onnx`: the MLP with a symbolic batch
@@ -131,6 +134,24 @@ def tiny_gpt2():
     return Gpt2Logits(GPT2LMHeadModel(cfg))
 
 
+class MaskedSoftmax(nn.Module):
+    """Causal attention scores of a computed tensor, masked with `torch.where` by a constant
+    causal mask, once with float32's min and once with -inf as the fill, then softmax: the
+    exporter writes `Where(constant condition, computed scores, constant fill)`."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("causal", torch.tril(torch.ones(6, 6, dtype=torch.bool)))
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.proj(x)
+        scores = h @ h.transpose(-1, -2)
+        lo = torch.where(self.causal, scores, torch.finfo(torch.float32).min)
+        inf = torch.where(self.causal, scores, float("-inf"))
+        return torch.cat([lo.softmax(-1), inf.softmax(-1)], dim=-1)
+
+
 class TwoUnmapped(nn.Module):
     def forward(self, x):
         return torch.erf(x) + torch.sin(x)
@@ -155,6 +176,9 @@ def main():
     for opset in (13, 20):
         torch.manual_seed(0)
         export(tiny_gpt2(), (ids,), f"gpt2_tiny_opset{opset}", ["input_ids"], "logits", opset=opset)
+
+    x = torch.from_numpy(rng.standard_normal((2, 6, 8)).astype(np.float32))
+    export(MaskedSoftmax(), (x,), "masked_softmax", ["x"])
 
     with torch.no_grad():
         torch.onnx.export(
