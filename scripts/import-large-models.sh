@@ -4,12 +4,16 @@
 # `shardc predict` against the exporter's own output, compiled for 8 devices in every
 # parallel mode (timed), checked with `shardc verify` and trained for two steps.
 #
-#   PYTHON=/path/to/python scripts/import-large-models.sh [OUT_DIR] [BATCH] [SIZE]
+#   PYTHON=/path/to/python [SHARDC=/path/to/shardc] scripts/import-large-models.sh [OUT_DIR] [BATCH] [SIZE]
 #
-# PYTHON must have MindSpore 2.10 (`pip install mindspore==2.10.0`) and numpy with
-# safetensors. OUT_DIR (default: a new temporary directory) receives the exported files
-# (ResNet-50's MindIR is about 100 MB) and the logs. BATCH and SIZE are ResNet-50's input
-# (default 8 and 112: 224 works too, four times slower). Not run by CI: it takes minutes.
+# The models: MindSpore's ResNet-50 as MindIR (scripts/large_models/mindspore_resnet50.py),
+# torchvision's ResNet-50 and Hugging Face's GPT-2 small (124 M parameters) as ONNX
+# (scripts/large_models/torch_models.py). PYTHON must have MindSpore 2.10, torch,
+# torchvision, transformers, onnx, onnxruntime, numpy and safetensors (`pip install
+# mindspore==2.10.0 torch torchvision transformers onnx onnxruntime safetensors`). OUT_DIR
+# (default: a new temporary directory) receives the exported files (about 1.5 GB) and the
+# logs. BATCH and SIZE are the ResNets' input (default 8 and 112: 224 works too, four times
+# slower); GPT-2 reads BATCH sequences of 16 tokens. Not run by CI: it takes minutes.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 py="${PYTHON:-python3}"
@@ -17,8 +21,12 @@ out="${1:-$(mktemp -d -t shardc-large-XXXXXX)}"
 batch="${2:-8}"
 size="${3:-112}"
 mkdir -p "$out"
-cargo build --release --bin shardc --manifest-path "$root/Cargo.toml" >&2
-shardc="$root/target/release/shardc"
+# SHARDC: a shardc binary to use (default: a release build of this checkout).
+shardc="${SHARDC:-}"
+if [ -z "$shardc" ]; then
+  cargo build --release --bin shardc --manifest-path "$root/Cargo.toml" >&2
+  shardc="$root/target/release/shardc"
+fi
 
 # Largest |a - b| over largest |b| of the only output of $1 against `logits` of $2.
 compare() {
@@ -63,3 +71,7 @@ check() {
 
 "$py" "$root/scripts/large_models/mindspore_resnet50.py" "$out" "$batch" "$size" 2>&1 | grep -v WARNING
 check resnet50-mindir "$out/resnet50.mindir" "$out/resnet50_forward.npz" --loss sparse_softmax_cross_entropy
+
+"$py" "$root/scripts/large_models/torch_models.py" "$out" "$batch" "$size" 2>&1 | grep -v -i warn
+check resnet50-onnx "$out/torch_resnet50.onnx" "$out/torch_resnet50_forward.npz" --loss sparse_softmax_cross_entropy
+check gpt2-onnx "$out/torch_gpt2.onnx" "$out/torch_gpt2_forward.npz" --loss mse

@@ -58,6 +58,16 @@ impl Format {
     }
 }
 
+impl Format {
+    /// The name with its article (`a MindIR`, `an ONNX`), for messages.
+    pub fn with_article(self) -> &'static str {
+        match self {
+            Format::MindIr => "a MindIR",
+            Format::Onnx => "an ONNX",
+        }
+    }
+}
+
 impl fmt::Display for Format {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -117,7 +127,7 @@ pub enum ImportError {
         source: std::io::Error,
     },
     /// The bytes are not a model of the format (a truncated or foreign file).
-    #[error("{path}: not a {format} model: {reason}")]
+    #[error("{path}: not {} model: {reason}", .format.with_article())]
     Decode {
         /// The file.
         path: PathBuf,

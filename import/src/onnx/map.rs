@@ -6,6 +6,7 @@ use crate::proto::onnx::{AttributeProto, NodeProto};
 use crate::ImportError;
 use shardc_compiler::builder::Value;
 use shardc_ir::{geometry::slice_spec, Attr, Attrs, Const, DType, OpKind, Operand};
+use std::f64::consts::FRAC_1_SQRT_2;
 
 /// Every default-domain op the importer knows (folds, maps, or maps in some forms only).
 pub(crate) const KNOWN: &[&str] = &[
@@ -65,6 +66,7 @@ pub(crate) const KNOWN: &[&str] = &[
     "Identity",
     "Dropout",
     "Gelu",
+    "Erf",
 ];
 
 /// What converting a node gave.
@@ -191,7 +193,9 @@ pub(crate) fn convert(imp: &mut Importer, cx: &Ctx) -> R {
             one(Val::C(ConstT::new(start.code, vec![count], data)))
         }
         "Cast" => cast(imp, cx),
-        "Relu" | "Sigmoid" | "Tanh" | "Sqrt" | "Exp" | "Log" | "Neg" | "Not" => unary(imp, cx),
+        "Relu" | "Sigmoid" | "Tanh" | "Sqrt" | "Exp" | "Log" | "Neg" | "Not" | "Erf" => {
+            unary(imp, cx)
+        }
         "Add" | "Sub" | "Mul" | "Div" => arith(imp, cx),
         "Equal" | "Less" | "LessOrEqual" | "Greater" | "GreaterOrEqual" | "And" | "Or" | "Min"
         | "Max" => compare(imp, cx),
@@ -293,12 +297,28 @@ pub(crate) fn convert(imp: &mut Importer, cx: &Ctx) -> R {
         }
         "Gelu" => {
             let approx = attr_s(n, "approximate").unwrap_or_else(|| "none".into());
+            let x = imp.tensor(cx, 0, true)?;
+            if approx == "none" {
+                // The exact GeLU, x/2 * (1 + erf(x / sqrt(2))), of shardc's ops.
+                let c = |v: f64| Operand::Const(Const::Float(v));
+                let a = Attrs::new;
+                let s = imp.op(cx, OpKind::Mul, &[x.into(), c(FRAC_1_SQRT_2)], a(), false)?;
+                let e = imp.op(cx, OpKind::Erf, &[s.into()], a(), false)?;
+                let p = imp.op(cx, OpKind::Add, &[e.into(), c(1.0)], a(), false)?;
+                let h = imp.op(cx, OpKind::Mul, &[x.into(), c(0.5)], a(), false)?;
+                return one(Val::T(imp.op(
+                    cx,
+                    OpKind::Mul,
+                    &[h.into(), p.into()],
+                    a(),
+                    true,
+                )?));
+            }
             if approx != "tanh" {
                 return Ok(Outcome::Unmapped(format!(
-                    "approximate=\"{approx}\": shardc's GeLU is the tanh approximation"
+                    "approximate=\"{approx}\" is neither \"none\" nor \"tanh\""
                 )));
             }
-            let x = imp.tensor(cx, 0, true)?;
             one(Val::T(imp.op(
                 cx,
                 OpKind::GeLU,
@@ -389,6 +409,7 @@ fn unary(imp: &mut Importer, cx: &Ctx) -> R {
             "Exp" => f64::exp,
             "Log" => f64::ln,
             "Neg" => |v| -v,
+            "Erf" => libm::erf,
             _ => |v| f64::from(u8::from(v == 0.0)),
         };
         return one(Val::C(c.map(f)));
@@ -401,6 +422,7 @@ fn unary(imp: &mut Importer, cx: &Ctx) -> R {
         "Exp" => OpKind::Exp,
         "Log" => OpKind::Log,
         "Neg" => OpKind::Neg,
+        "Erf" => OpKind::Erf,
         other => return Ok(Outcome::Unmapped(format!("{other} of a computed tensor"))),
     };
     let t = imp.as_tensor(cx, &x, &cx.node.input[0], true)?;

@@ -343,7 +343,7 @@ fn ints_attr(name: &str, v: &[i64]) -> AttributeProto {
 }
 
 #[test]
-fn gelu_maps_only_the_tanh_approximation() {
+fn gelu_maps_the_tanh_approximation_and_the_exact_form() {
     let m = |approx: &str| {
         let nodes = vec![node(
             "Gelu",
@@ -361,7 +361,18 @@ fn gelu_maps_only_the_tanh_approximation() {
         ))
     };
     assert_eq!(ops(&m("tanh").unwrap().graph), vec![OpKind::GeLU]);
-    match m("none") {
+    // x/2 * (1 + erf(x / sqrt 2)).
+    assert_eq!(
+        ops(&m("none").unwrap().graph),
+        vec![
+            OpKind::Mul,
+            OpKind::Erf,
+            OpKind::Add,
+            OpKind::Mul,
+            OpKind::Mul
+        ]
+    );
+    match m("sigmoid") {
         Err(ImportError::Unmapped(u)) => assert!(u[0].op.starts_with("Gelu (approximate"), "{u:?}"),
         other => panic!("{:?}", other.map(|m| ops(&m.graph))),
     }
@@ -559,9 +570,9 @@ fn every_unmapped_op_is_listed() {
     match read("unmapped.onnx") {
         Err(ImportError::Unmapped(u)) => {
             let ops: Vec<&str> = u.iter().map(|x| x.op.as_str()).collect();
-            assert_eq!(ops, ["Erf", "Sin"], "{u:?}");
+            assert_eq!(ops, ["Sin", "Cos"], "{u:?}");
             let msg = ImportError::Unmapped(u).to_string();
-            assert!(msg.contains("Erf (node `/Erf`)"), "{msg}");
+            assert!(msg.contains("Cos (node `/Cos`)"), "{msg}");
         }
         other => panic!("{:?}", other.map(|m| ops(&m.graph))),
     }

@@ -24,7 +24,11 @@ it; `torch_expected` is PyTorch's own output, for reference):
 - `masked_softmax.onnx`: attention-like scores of a computed tensor masked by a constant
   causal mask with `torch.where` (fills float32's min and -inf), then softmax: the
   `Where` with a constant condition on a computed tensor, input `x` (2, 6, 8);
-- `unmapped.onnx`: a tiny graph with two ops shardc has no mapping for (Erf, Sin), for the
+- `gelu_exact_opset17.onnx`, `gelu_exact_opset20.onnx`: a BERT feed-forward block (LayerNorm,
+  Linear 16 -> 32, `nn.GELU()` — the exact GeLU, x/2 (1 + erf(x/sqrt 2)) —, Linear 32 -> 16),
+  input `x` (8, 16): opset 17 writes the GeLU with an `Erf` node, opset 20 as one `Gelu` node
+  with approximate="none";
+- `unmapped.onnx`: a tiny graph with two ops shardc has no mapping for (Sin, Cos), for the
   error test; `truncated.onnx`: the first half of `mlp.onnx`'s bytes, for the decode error;
   `opset9.onnx`: the MLP declared as opset 9; `symbolic.onnx`: the MLP with a symbolic batch
   dimension (`batch`).
@@ -154,7 +158,21 @@ class MaskedSoftmax(nn.Module):
 
 class TwoUnmapped(nn.Module):
     def forward(self, x):
-        return torch.erf(x) + torch.sin(x)
+        return torch.sin(x) + torch.cos(x)
+
+
+class ExactGeluFfn(nn.Module):
+    """A BERT feed-forward block: LayerNorm, Linear, the exact GeLU (`nn.GELU()`), Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(16)
+        self.up = nn.Linear(16, 32)
+        self.act = nn.GELU()
+        self.down = nn.Linear(32, 16)
+
+    def forward(self, x):
+        return self.down(self.act(self.up(self.norm(x))))
 
 
 def main():
@@ -179,6 +197,13 @@ def main():
 
     x = torch.from_numpy(rng.standard_normal((2, 6, 8)).astype(np.float32))
     export(MaskedSoftmax(), (x,), "masked_softmax", ["x"])
+
+    # The exact GeLU: opset 17 writes it as Div/Erf/Add/Mul/Mul, opset 20 as one Gelu node
+    # with approximate="none". Its own seeds, so the fixtures above stay as they were.
+    x = torch.from_numpy(np.random.default_rng(17).standard_normal((8, 16)).astype(np.float32))
+    for opset in (17, 20):
+        torch.manual_seed(1)
+        export(ExactGeluFfn(), (x,), f"gelu_exact_opset{opset}", ["x"], opset=opset)
 
     with torch.no_grad():
         torch.onnx.export(
