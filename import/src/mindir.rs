@@ -26,11 +26,11 @@
 //! A primitive without a mapping does not stop the reader: every one is collected, and the
 //! error ([`ImportError::Unmapped`]) lists each with its node and scope.
 
+use crate::model::{placeholder_init, Format, ImportError, Imported, UnmappedOp};
 use crate::proto::mind_ir::{
     attribute_proto::AttributeType, tensor_proto::DataType, AttributeProto, GraphProto, ModelProto,
     NodeProto, PrimitiveProto, TensorProto,
 };
-use crate::{placeholder_init, Format, ImportError, Imported, UnmappedOp};
 use prost::Message;
 use shardc_compiler::builder::{GraphBuilder, Value};
 use shardc_ir::{Attr, Attrs, Const, DType, OpKind, Operand, Strategy};

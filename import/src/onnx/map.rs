@@ -1,9 +1,9 @@
 //! Each ONNX op: folded on constants, mapped to shardc ops, or reported as unmapped.
 
 use super::consts::{broadcast, check_size, code, dtype_of_code, numel, ConstT, Elem};
-use super::{Ctx, Importer, Val};
+use super::importer::{tensor_value, Ctx, Importer, Val};
+use crate::model::ImportError;
 use crate::proto::onnx::{AttributeProto, NodeProto};
-use crate::ImportError;
 use shardc_compiler::builder::Value;
 use shardc_ir::{geometry::slice_spec, Attr, Attrs, Const, DType, OpKind, Operand};
 use std::f64::consts::FRAC_1_SQRT_2;
@@ -168,8 +168,7 @@ pub(crate) fn convert(imp: &mut Importer, cx: &Ctx) -> R {
             let shape: Vec<usize> = s.as_i64().iter().map(|&d| d.max(0) as usize).collect();
             let (c, v) = match attr(n, "value").and_then(|a| a.t.as_ref()) {
                 Some(t) => {
-                    let v = super::tensor_value(t)
-                        .map_err(|e| cx.err(format!("attribute value: {e}")))?;
+                    let v = tensor_value(t).map_err(|e| cx.err(format!("attribute value: {e}")))?;
                     (v.code, v.data.first().copied().unwrap_or(0.0))
                 }
                 None => (code::FLOAT, 0.0),
@@ -342,7 +341,7 @@ fn constant(cx: &Ctx) -> R {
             let t =
                 a.t.as_ref()
                     .ok_or_else(|| cx.err("attribute value holds no tensor"))?;
-            super::tensor_value(t).map_err(|e| cx.err(format!("attribute value: {e}")))?
+            tensor_value(t).map_err(|e| cx.err(format!("attribute value: {e}")))?
         }
         "value_float" => ConstT::new(code::FLOAT, vec![], vec![f64::from(a.f.unwrap_or(0.0))]),
         "value_floats" => ConstT::new(

@@ -1,10 +1,12 @@
+use super::consts::code;
+use super::importer::param_name;
 use super::*;
 use crate::proto::onnx::{
-    tensor_shape_proto, type_proto, AttributeProto, GraphProto, OperatorSetIdProto,
+    tensor_shape_proto, type_proto, AttributeProto, GraphProto, OperatorSetIdProto, TensorProto,
     TensorShapeProto, TypeProto, ValueInfoProto,
 };
 use proptest::prelude::*;
-use shardc_ir::OpKind;
+use shardc_ir::{OpKind, Operand};
 use std::path::PathBuf;
 
 fn fixture(name: &str) -> PathBuf {
