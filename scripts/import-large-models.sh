@@ -60,9 +60,13 @@ check() {
     "auto_parallel --search-mode ilp"; do
     t0=$(date +%s.%N)
     # shellcheck disable=SC2086
-    "$shardc" compile "$out/$name.ir" -o "$out/$name-art" "$@" --device-num 8 --parallel-mode $mode >/dev/null
-    t1=$(date +%s.%N)
-    echo "$name: compile for 8 devices, $mode: $(echo "$t0 $t1" | awk '{printf "%.1f", $2-$1}') s"
+    if "$shardc" compile "$out/$name.ir" -o "$out/$name-art" "$@" --device-num 8 --parallel-mode $mode \
+      >"$out/$name-compile.log" 2>&1; then
+      t1=$(date +%s.%N)
+      echo "$name: compile for 8 devices, $mode: $(echo "$t0 $t1" | awk '{printf "%.1f", $2-$1}') s"
+    else
+      echo "$name: compile for 8 devices, $mode: refused: $(tail -1 "$out/$name-compile.log")"
+    fi
   done
   "$shardc" verify "$out/$name.ir" "$@" --device-num 8 --steps 2 | tail -1 | sed "s/^/$name: verify: /"
   "$shardc" compile "$out/$name.ir" -o "$out/$name-art" "$@" --device-num 8 --parallel-mode auto_parallel >/dev/null

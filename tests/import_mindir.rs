@@ -12,15 +12,16 @@
 
 mod cli_common;
 
-use cli_common::{losses, made_tmp, path_str as s, run_shardc as shardc, text};
+use cli_common::{
+    losses, made_tmp, mindspore_fixture, mindspore_losses, path_str as s, run_shardc as shardc,
+    text, EVERY_MODE,
+};
 use shardc::runtime::data::numpy::read_arrays;
 use shardc::runtime::Tensor;
 use std::path::{Path, PathBuf};
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data/mindspore")
-        .join(name)
+    mindspore_fixture(name)
 }
 
 /// Imports fixture `name.mindir` into `dir`: the model and its weights.
@@ -103,32 +104,9 @@ fn loss_of(name: &str) -> Vec<&'static str> {
 #[test]
 fn imported_models_compile_for_8_devices_in_every_mode_and_verify() {
     let dir = made_tmp("import-mindir", "modes");
-    let modes: [&[&str]; 6] = [
-        &["--parallel-mode", "data_parallel"],
-        &["--parallel-mode", "semi_auto_parallel"],
-        &[
-            "--parallel-mode",
-            "auto_parallel",
-            "--search-mode",
-            "sharding_propagation",
-        ],
-        &[
-            "--parallel-mode",
-            "auto_parallel",
-            "--search-mode",
-            "dynamic_programming",
-        ],
-        &[
-            "--parallel-mode",
-            "auto_parallel",
-            "--search-mode",
-            "recursive_programming",
-        ],
-        &["--parallel-mode", "auto_parallel", "--search-mode", "ilp"],
-    ];
     for name in ["tutorial", "lenet", "block"] {
         let (model, _) = import(&dir, name);
-        for mode in modes {
+        for mode in EVERY_MODE {
             let art = dir.join(format!("{name}-art"));
             let mut args = vec!["compile", s(&model), "-o", s(&art), "--device-num", "8"];
             args.extend(loss_of(name));
@@ -153,11 +131,7 @@ fn imported_models_compile_for_8_devices_in_every_mode_and_verify() {
 
 #[test]
 fn imported_tutorial_network_continues_mindspores_training() {
-    let want: Vec<f64> = std::fs::read_to_string(fixture("losses.txt"))
-        .expect("losses.txt")
-        .lines()
-        .map(|l| l.trim().parse().expect("a loss"))
-        .collect();
+    let want = mindspore_losses();
     let dir = made_tmp("import-mindir", "continue");
     let (model, _) = import(&dir, "tutorial");
     for (name, parallel) in [

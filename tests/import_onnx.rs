@@ -18,7 +18,7 @@
 
 mod cli_common;
 
-use cli_common::{losses, made_tmp, path_str as s, run_shardc as shardc, text};
+use cli_common::{losses, made_tmp, path_str as s, run_shardc as shardc, text, EVERY_MODE};
 use shardc::runtime::data::numpy::{read_npz, read_safetensors};
 use std::path::{Path, PathBuf};
 
@@ -89,28 +89,8 @@ fn compile_verify_train(dir: &Path, ir: &Path, w: &Path, loss: &str, full_batch:
     if full_batch {
         common.extend(["--dataset-strategy", "full_batch"]);
     }
-    let modes: [&[&str]; 5] = [
-        &["--parallel-mode", "semi_auto_parallel"],
-        &[
-            "--parallel-mode",
-            "auto_parallel",
-            "--search-mode",
-            "sharding_propagation",
-        ],
-        &[
-            "--parallel-mode",
-            "auto_parallel",
-            "--search-mode",
-            "dynamic_programming",
-        ],
-        &[
-            "--parallel-mode",
-            "auto_parallel",
-            "--search-mode",
-            "recursive_programming",
-        ],
-        &["--parallel-mode", "auto_parallel", "--search-mode", "ilp"],
-    ];
+    // Every mode but data_parallel, which splits the batch whatever the dataset strategy.
+    let modes = &EVERY_MODE[1..];
     for (i, mode) in modes.iter().enumerate() {
         let art = dir.join(format!("art{i}"));
         let mut args = vec!["compile", s(ir), "-o", s(&art)];

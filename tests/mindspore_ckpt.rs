@@ -12,7 +12,10 @@
 
 mod cli_common;
 
-use cli_common::{losses, made_tmp, path_str as s, run_shardc as shardc, text};
+use cli_common::{
+    losses, made_tmp, mindspore_fixture, mindspore_losses, path_str as s, run_shardc as shardc,
+    text,
+};
 use shardc::compiler::zoo;
 use shardc::ir::text::print_graph;
 use shardc::runtime::checkpoint;
@@ -21,9 +24,7 @@ use shardc::runtime::Tensor;
 use std::path::{Path, PathBuf};
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data/mindspore")
-        .join(name)
+    mindspore_fixture(name)
 }
 
 /// The tutorial network as text IR (batch 16), compiled as MindSpore trained it: Momentum
@@ -67,11 +68,7 @@ fn mindspores_checkpoint_reads_as_load_checkpoint_lists_it() {
 
 #[test]
 fn a_run_from_mindspores_checkpoint_prints_mindspores_next_losses() {
-    let want: Vec<f64> = std::fs::read_to_string(fixture("losses.txt"))
-        .expect("losses.txt")
-        .lines()
-        .map(|l| l.trim().parse().expect("a loss"))
-        .collect();
+    let want = mindspore_losses();
     let dir = made_tmp("ms-ckpt", "losses");
     let one = compile(&dir, "one", &[]);
     let four = compile(
@@ -228,11 +225,7 @@ fn load_param_into_net_continues_mindspores_training_in_model() {
     use shardc::compiler::zoo::MlpNetwork;
     use shardc::runtime::data::{NumpySlicesDataset, SourceOptions};
     use shardc::train::{load_checkpoint, load_param_into_net, save_checkpoint, Model};
-    let want: Vec<f64> = std::fs::read_to_string(fixture("losses.txt"))
-        .expect("losses.txt")
-        .lines()
-        .map(|l| l.trim().parse().expect("a loss"))
-        .collect();
+    let want = mindspore_losses();
     let data = NumpySlicesDataset::from_file(
         &fixture("batch.npz"),
         Some(&["x", "label"]),

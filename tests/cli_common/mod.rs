@@ -250,3 +250,47 @@ pub fn killed_worker_ends_the_job(mut launcher: Child, log: &Path, workers: usiz
         assert!(e.contains("rank 1"), "rank {r}: {e}");
     }
 }
+
+/// A fixture of `tests/data/mindspore` (MindSpore 2.10's files: `make_ckpt.py`,
+/// `make_mindir.py`).
+pub fn mindspore_fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/mindspore")
+        .join(name)
+}
+
+/// The losses MindSpore printed for steps 4-6 of the tutorial network
+/// (`tests/data/mindspore/losses.txt`, one per line).
+pub fn mindspore_losses() -> Vec<f64> {
+    std::fs::read_to_string(mindspore_fixture("losses.txt"))
+        .expect("losses.txt")
+        .lines()
+        .map(|l| l.trim().parse().expect("a loss"))
+        .collect()
+}
+
+/// Every parallel mode and search mode `shardc compile` offers, as flags (data_parallel
+/// first).
+pub const EVERY_MODE: [&[&str]; 6] = [
+    &["--parallel-mode", "data_parallel"],
+    &["--parallel-mode", "semi_auto_parallel"],
+    &[
+        "--parallel-mode",
+        "auto_parallel",
+        "--search-mode",
+        "sharding_propagation",
+    ],
+    &[
+        "--parallel-mode",
+        "auto_parallel",
+        "--search-mode",
+        "dynamic_programming",
+    ],
+    &[
+        "--parallel-mode",
+        "auto_parallel",
+        "--search-mode",
+        "recursive_programming",
+    ],
+    &["--parallel-mode", "auto_parallel", "--search-mode", "ilp"],
+];

@@ -1124,13 +1124,18 @@ fn batch_norm(imp: &mut Importer, cx: &Ctx) -> R {
             Attr::Float(attr_f(n, "epsilon", 1e-5) as f32 as f64),
         )
         .with("momentum", Attr::Float(1.0 - attr_f(n, "momentum", 0.9)));
-    let t = imp.op(
+    first_result(
+        imp,
         cx,
         OpKind::BatchNorm,
         &[x.into(), scale.into(), bias.into(), mean.into(), var.into()],
         attrs,
-        true,
-    )?;
+    )
+}
+
+/// Result 0 of a tuple-valued op (BatchNorm's and LayerNorm's `y`).
+fn first_result(imp: &mut Importer, cx: &Ctx, op: OpKind, inputs: &[Operand], attrs: Attrs) -> R {
+    let t = imp.op(cx, op, inputs, attrs, true)?;
     let y = imp.op(
         cx,
         OpKind::TupleGetItem,
@@ -1302,21 +1307,13 @@ fn layer_norm(imp: &mut Importer, cx: &Ctx) -> R {
             "epsilon",
             Attr::Float(attr_f(n, "epsilon", 1e-5) as f32 as f64),
         );
-    let t = imp.op(
+    first_result(
+        imp,
         cx,
         OpKind::LayerNorm,
         &[x.into(), gamma.into(), beta.into()],
         attrs,
-        true,
-    )?;
-    let y = imp.op(
-        cx,
-        OpKind::TupleGetItem,
-        &[t.into(), Const::Int(0).into()],
-        Attrs::new(),
-        false,
-    )?;
-    one(Val::T(y))
+    )
 }
 
 fn reduce(imp: &mut Importer, cx: &Ctx) -> R {
