@@ -159,6 +159,8 @@ pub(crate) fn reduce_into<T: Real>(
         for_chunks(ctx.par, out, chunk, total, |ci, oc| {
             let mut s = ci * chunk;
             let e = s + oc.len();
+            // The f64 accumulators of a sum's row, allocated once per chunk.
+            let mut acc: Vec<f64> = Vec::new();
             while s < e {
                 let (q, col) = (s / inner, s % inner);
                 let len = (inner - col).min(e - s);
@@ -173,13 +175,14 @@ pub(crate) fn reduce_into<T: Real>(
                     }
                 } else {
                     // Sums accumulate in f64, as above.
-                    let mut acc = vec![0f64; len];
+                    acc.clear();
+                    acc.resize(len, 0.0);
                     for &ro in &red_offs {
                         for (a, &v) in acc.iter_mut().zip(&x[base + ro..base + ro + len]) {
                             *a += v.to_f64();
                         }
                     }
-                    for (o, a) in o.iter_mut().zip(acc) {
+                    for (o, &a) in o.iter_mut().zip(&acc) {
                         *o = T::from_f64(finish_f64(a));
                     }
                 }
