@@ -16,3 +16,11 @@ else
   echo "test: Open MPI not found: the MPI communicator's tests are left out (bash scripts/install-mpi.sh adds them)"
 fi
 cargo nextest run --workspace --profile "$profile" "${features[@]}" "$@"
+# The `mlir` feature's one test binary (MLIR's C API links statically, about 230 MB a binary):
+# `shardc export --mlir`'s output verified, and MLIR's shard-partition as an oracle of ours.
+if [ -x /usr/lib/llvm-22/bin/llvm-config ]; then
+  cargo nextest run -p shardc-mlir --features mlir --test mlir_oracle --profile "$profile" \
+    --no-tests=warn "$@"
+else
+  echo "test: LLVM/MLIR 22 not found: the MLIR oracle is left out (bash scripts/install-mlir.sh adds it)"
+fi

@@ -256,32 +256,24 @@ pub const STRATEGY_FILE_NAME: &str = "strategy.json";
 
 /// `shardc compile`.
 pub fn compile(a: &CompileArgs) -> Result<()> {
-    let forward = load_model(&a.model)?;
-    let graph = a.loss.apply(forward.clone())?;
-    let opt = optimizer_of(&a.optimizer);
-    let ctx = a.parallel.to_context()?;
-    let mut popts = a.parallel.options(&ctx)?;
-    let (graph, pipeline_options, auto_pipeline) =
-        choose_pipeline(graph, &ctx, &a.parallel, popts.as_mut(), opt)?;
-    let device_num = popts.as_ref().map_or(1, |p| p.device_num);
-    let inspect = match &a.ranks {
-        Some(spec) => parse_ranks(spec, device_num)?,
-        None => vec![ctx.global_rank],
-    };
-    let opts = CompileOptions {
-        optimizer: Some(opt),
+    let step = build_step(&StepInputs {
+        model: &a.model,
+        optimizer: &a.optimizer,
+        parallel: &a.parallel,
+        loss: &a.loss,
+        ranks: a.ranks.as_deref(),
         dump_dir: a.save_graphs_path.clone(),
-        parallel: popts.clone(),
-        load_strategy: ctx.strategy_ckpt_config.load_file.clone(),
-        save_strategy: ctx.strategy_ckpt_config.save_file.clone(),
-        mode_names: Some((ctx.parallel_mode.to_string(), ctx.search_mode.to_string())),
-        grad_fusion: Some(pipeline::grad_fusion_of(&ctx.comm_fusion)),
-        materialize: pipeline::Materialize::Ranks(inspect.clone()),
-        verify: a.verify || pipeline::verify_by_default(),
-        pipeline: pipeline_options,
-    };
-    let plain = graph.clone();
-    let compiled = pipeline::compile(graph, &opts)?;
+        verify: a.verify,
+    })?;
+    let BuiltStep {
+        forward,
+        plain,
+        compiled,
+        opts,
+        ctx,
+        auto_pipeline,
+        optimizer: opt,
+    } = step;
     let g = compiled.graph;
     let recompute_line = recompute_summary(plain, &g, opt)?;
     let mut extra = serde_json::Map::new();
@@ -407,6 +399,83 @@ pub fn compile(a: &CompileArgs) -> Result<()> {
         println!("{line}");
     }
     Ok(())
+}
+
+/// What a training step is built from: `shardc compile`'s and `shardc export`'s common
+/// arguments.
+pub struct StepInputs<'a> {
+    /// The model file (text IR).
+    pub model: &'a Path,
+    /// The optimizer.
+    pub optimizer: &'a OptimizerArgs,
+    /// The parallel context.
+    pub parallel: &'a ParallelArgs,
+    /// The loss wrapped around a forward network.
+    pub loss: &'a LossArgs,
+    /// `--ranks`: the ranks to materialize (default: the context's global rank).
+    pub ranks: Option<&'a str>,
+    /// Where to dump every pipeline stage, if anywhere.
+    pub dump_dir: Option<PathBuf>,
+    /// Verify after every pass.
+    pub verify: bool,
+}
+
+/// A training step built by the one pass list, before anything is written.
+pub struct BuiltStep {
+    /// The model as read (the forward network).
+    pub forward: Graph,
+    /// The step's input graph: the forward network with its loss, before any pass.
+    pub plain: Graph,
+    /// What the pipeline made: the step, and with several devices its plan and program.
+    pub compiled: pipeline::Compiled,
+    /// The options it ran with.
+    pub opts: CompileOptions,
+    /// The parallel context.
+    pub ctx: shardc_compiler::parallel_context::ParallelContext,
+    /// The stage planner's plan, with `auto_pipeline`.
+    pub auto_pipeline: Option<Box<auto_pipeline::PlannedPipeline>>,
+    /// The optimizer.
+    pub optimizer: Optimizer,
+}
+
+/// Reads the model and compiles its training step through the one pass list: the parallel
+/// context's plan and program with several devices, the ranks asked for materialized.
+pub fn build_step(a: &StepInputs<'_>) -> Result<BuiltStep> {
+    let forward = load_model(a.model)?;
+    let graph = a.loss.apply(forward.clone())?;
+    let opt = optimizer_of(a.optimizer);
+    let ctx = a.parallel.to_context()?;
+    let mut popts = a.parallel.options(&ctx)?;
+    let (graph, pipeline_options, auto_pipeline) =
+        choose_pipeline(graph, &ctx, a.parallel, popts.as_mut(), opt)?;
+    let device_num = popts.as_ref().map_or(1, |p| p.device_num);
+    let inspect = match a.ranks {
+        Some(spec) => parse_ranks(spec, device_num)?,
+        None => vec![ctx.global_rank],
+    };
+    let opts = CompileOptions {
+        optimizer: Some(opt),
+        dump_dir: a.dump_dir.clone(),
+        parallel: popts.clone(),
+        load_strategy: ctx.strategy_ckpt_config.load_file.clone(),
+        save_strategy: ctx.strategy_ckpt_config.save_file.clone(),
+        mode_names: Some((ctx.parallel_mode.to_string(), ctx.search_mode.to_string())),
+        grad_fusion: Some(pipeline::grad_fusion_of(&ctx.comm_fusion)),
+        materialize: pipeline::Materialize::Ranks(inspect),
+        verify: a.verify || pipeline::verify_by_default(),
+        pipeline: pipeline_options,
+    };
+    let plain = graph.clone();
+    let compiled = pipeline::compile(graph, &opts)?;
+    Ok(BuiltStep {
+        forward,
+        plain,
+        compiled,
+        opts,
+        ctx,
+        auto_pipeline,
+        optimizer: opt,
+    })
 }
 
 /// The forward graph and pipeline options to compile: the context's, or with `auto_pipeline`
