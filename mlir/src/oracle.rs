@@ -19,7 +19,7 @@ use crate::eval::{self, array::Arr, ir::Elem};
 use crate::export::{logical_module, plan_grid};
 use crate::mlir::{self as mlirapi, MlirError};
 use shardc_backend_cpu::CpuBackend;
-use shardc_compiler::pipeline::{self, CompileOptions};
+use shardc_compiler::pipeline::{self, CompileOptions, ParallelCompiled};
 use shardc_ir::{DType, Graph, OpKind, ParamKind};
 use shardc_passes::parallel::{DatasetLayout, Mode, ParallelOptions};
 use shardc_runtime::{Executor, InProcessWorld, Tensor};
@@ -38,6 +38,9 @@ pub enum OracleError {
     /// MLIR could not partition the exported program (or verify it).
     #[error("MLIR: {0}")]
     Mlir(#[from] MlirError),
+    /// MLIR's partitioned program does not return what the annotated program asks for.
+    #[error("MLIR's partition: {0}")]
+    MlirResult(String),
     /// The evaluator could not run MLIR's partitioned program.
     #[error("evaluating MLIR's partition: {0}")]
     Eval(#[from] EvalError),
@@ -135,47 +138,35 @@ impl OracleReport {
     }
 }
 
-/// Deliberate corruption, for tests that show the comparison can fail.
+/// What [`compare_with`] lets a caller change: deliberate corruption of either side (tests
+/// that show the comparison can fail), and how MLIR's partition is run.
 #[derive(Default)]
-pub struct Tamper<'a> {
+pub struct Hooks<'a> {
     /// Applied to shardc's rank graphs before they run.
     pub shardc: Option<&'a dyn Fn(&mut [Graph])>,
     /// Applied to MLIR's partitioned text before it is evaluated.
     pub mlir: Option<&'a dyn Fn(&str) -> String>,
+    /// Runs MLIR's partition instead of [`crate::mlir::partition`] in this process (the
+    /// grid runs it in a child process: MLIR 22's `shard-partition` dies of SIGSEGV on some
+    /// reshardings, an assertion compiled out of the release build).
+    pub partition: Option<&'a dyn Fn(&str) -> Result<String, MlirError>>,
+    /// The data inputs' layout (`None`: split on the batch, as `shardc predict` does).
+    pub dataset: Option<DatasetLayout>,
 }
 
 /// Compares shardc's and MLIR's partitions of `graph` on `devices` devices (module doc).
 pub fn compare(graph: &Graph, devices: usize, tolerance: f64) -> Result<OracleReport, OracleError> {
-    compare_tampered(graph, devices, tolerance, &Tamper::default())
+    compare_with(graph, devices, tolerance, &Hooks::default())
 }
 
-/// [`compare`] with deliberate corruption of either side.
-pub fn compare_tampered(
+/// [`compare`] with [`Hooks`].
+pub fn compare_with(
     graph: &Graph,
     devices: usize,
     tolerance: f64,
-    tamper: &Tamper<'_>,
+    tamper: &Hooks<'_>,
 ) -> Result<OracleReport, OracleError> {
-    let mut model = graph.clone();
-    shardc_passes::infer::infer_graph(&mut model)
-        .map_err(|e| OracleError::Compile(e.to_string()))?;
-    let opts = CompileOptions {
-        parallel: Some(ParallelOptions {
-            mode: Mode::SemiAutoParallel,
-            device_num: devices,
-            dataset: DatasetLayout::DataParallel,
-            gradients_mean: true,
-            enable_alltoall: false,
-            search: Default::default(),
-            parallel_optimizer: None,
-        }),
-        ..Default::default()
-    };
-    let compiled =
-        pipeline::compile(model, &opts).map_err(|e| OracleError::Compile(e.to_string()))?;
-    let par = compiled
-        .parallel
-        .ok_or_else(|| OracleError::Compile("no per-rank graphs".into()))?;
+    let par = compile_parallel(graph, devices, tamper.dataset.clone())?;
     let begin = &par.begin;
     let layouts = &par.assignment.param_layouts;
     // The logical value of every parameter.
@@ -220,7 +211,10 @@ pub fn compare_tampered(
     // (b) MLIR.
     let grid = plan_grid(begin, &par.assignment)?;
     let text = logical_module(begin, Some(&par.assignment))?;
-    let mut parted = mlirapi::partition(&text)?;
+    let mut parted = match tamper.partition {
+        Some(p) => p(&text)?,
+        None => mlirapi::partition(&text)?,
+    };
     if let Some(t) = tamper.mlir {
         parted = t(&parted);
     }
@@ -248,6 +242,18 @@ pub fn compare_tampered(
             bytes: c.bytes,
         })
         .collect();
+    // MLIR's partition must return what the export asked for: every output whole.
+    for (k, o) in begin.outputs.iter().enumerate() {
+        let want = begin.operand_tensor_type(o).map(|t| t.shape.clone());
+        for (rank, outs) in run.outputs.iter().enumerate() {
+            let got = outs.get(k).map(|a| a.shape.clone());
+            if want.is_some() && got != want {
+                return Err(OracleError::MlirResult(format!(
+                    "rank {rank} output {k}: MLIR's partition returns shape {got:?} where the return is annotated replicated, shape {want:?}"
+                )));
+            }
+        }
+    }
     // Compare.
     let mut worst = 0.0f64;
     let mut mismatch = None;
@@ -299,6 +305,47 @@ pub fn compare_tampered(
         shardc: shardc_moved,
         mlir: mlir_moved,
     })
+}
+
+/// `graph` (a forward graph with strategies) compiled by shardc for `devices` devices, as
+/// `shardc predict` compiles it.
+/// `dataset` lays out the data inputs (`None`: split on the batch).
+pub fn compile_parallel(
+    graph: &Graph,
+    devices: usize,
+    dataset: Option<DatasetLayout>,
+) -> Result<ParallelCompiled, OracleError> {
+    let mut model = graph.clone();
+    shardc_passes::infer::infer_graph(&mut model)
+        .map_err(|e| OracleError::Compile(e.to_string()))?;
+    let opts = CompileOptions {
+        parallel: Some(ParallelOptions {
+            mode: Mode::SemiAutoParallel,
+            device_num: devices,
+            dataset: dataset.unwrap_or(DatasetLayout::DataParallel),
+            gradients_mean: true,
+            enable_alltoall: false,
+            search: Default::default(),
+            parallel_optimizer: None,
+        }),
+        ..Default::default()
+    };
+    let compiled =
+        pipeline::compile(model, &opts).map_err(|e| OracleError::Compile(e.to_string()))?;
+    compiled
+        .parallel
+        .ok_or_else(|| OracleError::Compile("no per-rank graphs".into()))
+}
+
+/// The annotated logical module MLIR partitions in [`compare`]: `graph` with shardc's plan
+/// for `devices` devices.
+pub fn plan_module(
+    graph: &Graph,
+    devices: usize,
+    dataset: Option<DatasetLayout>,
+) -> Result<String, OracleError> {
+    let par = compile_parallel(graph, devices, dataset)?;
+    Ok(logical_module(&par.begin, Some(&par.assignment))?)
 }
 
 /// Deterministic data in [-1, 1) of `shape` (xorshift from `seed`).

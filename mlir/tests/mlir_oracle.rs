@@ -10,8 +10,9 @@ use shardc_compiler::pipeline::{self, CompileOptions};
 use shardc_ir::text::parse_graph;
 use shardc_ir::{Graph, Init, ParamKind};
 use shardc_mlir::export::{logical_module, plan_grid, rank_module};
+use shardc_mlir::mlir::MlirError;
 use shardc_mlir::mlir::{partition, verify};
-use shardc_mlir::oracle::{compare, compare_tampered, OracleError, Tamper};
+use shardc_mlir::oracle::{compare_with, plan_module, Hooks, OracleError};
 use shardc_passes::autodiff::Optimizer;
 use shardc_passes::parallel::{DatasetLayout, Mode, ParallelOptions};
 
@@ -87,6 +88,17 @@ fn quickstart_training_step_exports_and_verifies() {
     assert!(e.to_string().contains("device"), "{e}");
 }
 
+/// `v` without repeats, in order.
+fn uniq(v: Vec<String>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for s in v {
+        if !out.contains(&s) {
+            out.push(s);
+        }
+    }
+    out
+}
+
 /// The programs of the grid: (name, .ir text) for `n` devices, one per strategy.
 fn programs(n: usize) -> Vec<(String, String)> {
     let half = n / 2;
@@ -106,7 +118,7 @@ fn programs(n: usize) -> Vec<(String, String)> {
         format!("((1, 1), (1, {n}))"),
         format!("((2, 1), (1, {half}))"),
     ];
-    for s in &mm {
+    for s in &uniq(mm.to_vec()) {
         out.push((
             format!("matmul {s}"),
             format!(
@@ -123,11 +135,11 @@ fn programs(n: usize) -> Vec<(String, String)> {
         ));
     }
     // MatMul with a transposed weight.
-    for s in [
+    for s in uniq(vec![
         format!("((2, {half}), (1, {half}))"),
         format!("(({n}, 1), (1, 1))"),
         format!("((1, 1), ({n}, 1))"),
-    ] {
+    ]) {
         out.push((
             format!("matmul_tb {s}"),
             format!(
@@ -137,11 +149,11 @@ fn programs(n: usize) -> Vec<(String, String)> {
         ));
     }
     // Elementwise with a broadcast bias.
-    for s in [
+    for s in uniq(vec![
         format!("((2, {half}), ({half}))"),
         format!("(({n}, 1), (1))"),
         format!("((1, {n}), ({n}))"),
-    ] {
+    ]) {
         out.push((
             format!("elementwise {s}"),
             format!(
@@ -172,11 +184,11 @@ fn programs(n: usize) -> Vec<(String, String)> {
         }
     }
     // BatchMatMul.
-    for s in [
+    for s in uniq(vec![
         format!("(({n}, 1, 1), ({n}, 1, 1))"),
         format!("((2, 1, {half}), (2, {half}, 1))"),
         format!("((1, {n}, 1), (1, 1, 1))"),
-    ] {
+    ]) {
         out.push((
             format!("batch_matmul {s}"),
             format!(
@@ -197,34 +209,52 @@ fn oracle_grid_shardc_and_mlir_partition_alike() {
     let mut other_errors = Vec::new();
     let mut fewer = std::collections::BTreeMap::<&'static str, usize>::new();
     let mut differing = Vec::new();
-    for n in [2, 4, 8] {
-        for (name, src) in programs(n) {
-            total += 1;
-            let g = parse_graph(&src, &name).unwrap_or_else(|e| panic!("{name}: {e}"));
-            match compare(&g, n, TOL) {
-                Ok(r) => {
-                    println!("{name} x{n}: {}", r.summary());
-                    if r.passed() {
-                        agreed += 1;
-                    } else {
-                        disagreed.push(format!("{name} x{n}: {}", r.summary()));
-                    }
-                    *fewer.entry(r.fewer_bytes()).or_default() += 1;
-                    if r.fewer_bytes() != "equal" {
-                        differing.push(format!(
-                            "{name} x{n}: shardc {} B, MLIR {} B -> {} moves fewer",
-                            r.shardc_bytes(),
-                            r.mlir_bytes(),
-                            r.fewer_bytes()
-                        ));
-                    }
+    for (inputs, dataset) in [
+        ("data-parallel inputs", None),
+        ("full-batch inputs", Some(DatasetLayout::FullBatch)),
+    ] {
+        for n in [2, 4, 8] {
+            for (name, src) in programs(n) {
+                let name = format!("{name} [{inputs}]");
+                total += 1;
+                let g = parse_graph(&src, &name).unwrap_or_else(|e| panic!("{name}: {e}"));
+                if let Ok(dir) = std::env::var("SHARDC_MLIR_DUMP") {
+                    let text =
+                        plan_module(&g, n, dataset.clone()).unwrap_or_else(|e| format!("// {e}"));
+                    let file = format!(
+                        "{dir}/{}_x{n}.mlir",
+                        name.replace([' ', '(', ')', ','], "_")
+                    );
+                    std::fs::write(&file, text).unwrap_or_else(|e| panic!("{file}: {e}"));
+                    eprintln!("dumped {file}");
                 }
-                Err(OracleError::Mlir(e)) => not_partitioned.push(format!("{name} x{n}: {e}")),
-                Err(e) => other_errors.push(format!("{name} x{n}: {e}")),
+                match compare_with(&g, n, TOL, &isolated_hooks(dataset.clone())) {
+                    Ok(r) => {
+                        println!("{name} x{n}: {}", r.summary());
+                        if r.passed() {
+                            agreed += 1;
+                        } else {
+                            disagreed.push(format!("{name} x{n}: {}", r.summary()));
+                        }
+                        *fewer.entry(r.fewer_bytes()).or_default() += 1;
+                        if r.fewer_bytes() != "equal" {
+                            differing.push(format!(
+                                "{name} x{n}: shardc {} B, MLIR {} B -> {} moves fewer",
+                                r.shardc_bytes(),
+                                r.mlir_bytes(),
+                                r.fewer_bytes()
+                            ));
+                        }
+                    }
+                    Err(e @ (OracleError::Mlir(_) | OracleError::MlirResult(_))) => {
+                        not_partitioned.push(format!("{name} x{n}: {e}"))
+                    }
+                    Err(e) => other_errors.push(format!("{name} x{n}: {e}")),
+                }
             }
         }
     }
-    println!("\n== oracle grid: {total} cases (programs x strategies x 2, 4, 8 devices)");
+    println!("\n== oracle grid: {total} cases (programs x strategies x 2, 4, 8 devices x data-parallel / full-batch inputs)");
     println!(
         "agree: {agreed}, disagree: {}, MLIR could not partition: {}, other errors: {}",
         disagreed.len(),
@@ -285,15 +315,17 @@ fn a_wrong_slice_in_shardc_fails_the_comparison() {
             }
         }
     };
-    let honest = compare(&g, 4, TOL).expect("compares");
+    let honest = compare_with(&g, 4, TOL, &isolated_hooks(None)).expect("compares");
     assert!(honest.passed(), "{}", honest.summary());
-    let r = compare_tampered(
+    let r = compare_with(
         &g,
         4,
         TOL,
-        &Tamper {
+        &Hooks {
             shardc: Some(&shift),
             mlir: None,
+            partition: Some(&isolated),
+            dataset: None,
         },
     )
     .expect("compares");
@@ -340,13 +372,15 @@ fn a_wrong_slice_in_mlirs_partition_fails_the_comparison() {
         );
         out
     };
-    let r = compare_tampered(
+    let r = compare_with(
         &g,
         4,
         TOL,
-        &Tamper {
+        &Hooks {
             shardc: None,
             mlir: Some(&wrong),
+            partition: Some(&isolated),
+            dataset: None,
         },
     )
     .expect("compares");
@@ -360,4 +394,82 @@ fn partition_errors_carry_mlirs_diagnostics() {
     assert!(!e.diagnostics.is_empty(), "{e}");
     let e = partition("module { func.func @f(%a: tensor<4xf32>) -> tensor<4xf32> { %s = shard.sharding @nogrid split_axes = [[0]] : !shard.sharding\n %b = shard.shard %a to %s : tensor<4xf32>\n return %b : tensor<4xf32> } }").unwrap_err();
     assert!(e.to_string().contains("nogrid"), "{e}");
+}
+
+/// MLIR's partition of `text` in a child process (this test binary, running
+/// `partition_child`): MLIR 22's shard-partition dies of SIGSEGV on some reshardings, which
+/// must fail one case, not the whole grid.
+fn isolated(text: &str) -> Result<String, MlirError> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static K: AtomicUsize = AtomicUsize::new(0);
+    let k = K.fetch_add(1, Ordering::SeqCst);
+    let dir = std::env::temp_dir();
+    let input = dir.join(format!("shardc-mlir-{}-{k}.mlir", std::process::id()));
+    let output = input.with_extension("out");
+    let err = |stage: &str, d: String| MlirError {
+        stage: stage.to_string(),
+        diagnostics: vec![d],
+    };
+    std::fs::write(&input, text).map_err(|e| err("child", e.to_string()))?;
+    let exe = std::env::current_exe().map_err(|e| err("child", e.to_string()))?;
+    let run = std::process::Command::new(exe)
+        .args([
+            "--exact",
+            "partition_child",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env("SHARDC_MLIR_CHILD_IN", &input)
+        .env("SHARDC_MLIR_CHILD_OUT", &output)
+        .output()
+        .map_err(|e| err("child", e.to_string()))?;
+    let _ = std::fs::remove_file(&input);
+    let result = std::fs::read_to_string(&output);
+    let _ = std::fs::remove_file(&output);
+    if !run.status.success() {
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        let frame = stderr
+            .lines()
+            .find(|l| l.contains("mlir::shard::") || l.contains("mlir::"))
+            .unwrap_or("")
+            .trim()
+            .chars()
+            .take(160)
+            .collect::<String>();
+        return Err(err(
+            "shard-partition crashed",
+            format!("{} {frame}", run.status),
+        ));
+    }
+    let r = result.map_err(|e| err("child", e.to_string()))?;
+    match r.strip_prefix("ERR ") {
+        Some(e) => Err(err("shard-partition", e.to_string())),
+        None => Ok(r),
+    }
+}
+
+fn isolated_hooks(dataset: Option<DatasetLayout>) -> Hooks<'static> {
+    Hooks {
+        partition: Some(&isolated),
+        dataset,
+        ..Default::default()
+    }
+}
+
+/// The child of [`isolated`]; does nothing in a plain test run.
+#[test]
+fn partition_child() {
+    let (Ok(input), Ok(output)) = (
+        std::env::var("SHARDC_MLIR_CHILD_IN"),
+        std::env::var("SHARDC_MLIR_CHILD_OUT"),
+    ) else {
+        return;
+    };
+    let text = std::fs::read_to_string(&input).expect("the child's input");
+    let out = match partition(&text) {
+        Ok(t) => t,
+        Err(e) => format!("ERR {e}"),
+    };
+    std::fs::write(&output, out).expect("the child's output");
 }
