@@ -291,7 +291,7 @@ fn oracle_grid_shardc_and_mlir_partition_alike() {
 fn a_wrong_slice_in_shardc_fails_the_comparison() {
     let (name, src) = programs(4)
         .into_iter()
-        .find(|(n, _)| n.starts_with("mlp ((2, 2)"))
+        .find(|(n, _)| n.starts_with("mlp ((1, 4)"))
         .expect("the mlp program");
     let g = parse_graph(&src, &name).expect("parses");
     // Rank 1's block of `w` starts one row further down than the plan says.
@@ -315,7 +315,8 @@ fn a_wrong_slice_in_shardc_fails_the_comparison() {
             }
         }
     };
-    let honest = compare_with(&g, 4, TOL, &isolated_hooks(None)).expect("compares");
+    let full = Some(DatasetLayout::FullBatch);
+    let honest = compare_with(&g, 4, TOL, &isolated_hooks(full.clone())).expect("compares");
     assert!(honest.passed(), "{}", honest.summary());
     let r = compare_with(
         &g,
@@ -325,7 +326,7 @@ fn a_wrong_slice_in_shardc_fails_the_comparison() {
             shardc: Some(&shift),
             mlir: None,
             partition: Some(&isolated),
-            dataset: None,
+            dataset: full,
         },
     )
     .expect("compares");
@@ -346,23 +347,36 @@ fn a_wrong_slice_in_shardc_fails_the_comparison() {
 fn a_wrong_slice_in_mlirs_partition_fails_the_comparison() {
     let (name, src) = programs(4)
         .into_iter()
-        .find(|(n, _)| n.starts_with("mlp ((2, 2)"))
+        .find(|(n, _)| n.starts_with("mlp ((1, 4)"))
         .expect("the mlp program");
     let g = parse_graph(&src, &name).expect("parses");
-    // The first extract_slice or all_slice along grid axis 0 takes axis 1's block instead
-    // (the grid is 2x2: same shapes, the wrong block).
+    // MLIR's first all_slice becomes a tensor.extract_slice at offset 0 on every rank: the
+    // same shapes, rank 0's block everywhere.
     let wrong = |text: &str| -> String {
         let mut out = String::new();
         let mut done = false;
         for l in text.lines() {
-            if !done && l.contains("shard.all_slice") && l.contains("grid_axes = [1]") {
-                out.push_str(&l.replacen("grid_axes = [1]", "grid_axes = [0]", 1));
-                done = true;
-            } else if !done && l.contains("shard.all_slice") && l.contains("grid_axes = [0]") {
-                out.push_str(&l.replacen("grid_axes = [0]", "grid_axes = [1]", 1));
-                done = true;
-            } else {
-                out.push_str(l);
+            let parts = l.split_once(" = shard.all_slice ").and_then(|(lhs, rest)| {
+                let src = rest.split_whitespace().next()?;
+                let (tin, tout) = rest.rsplit_once(" : ")?.1.split_once(" -> ")?;
+                let dims: Vec<&str> = tout
+                    .trim_start_matches("tensor<")
+                    .trim_end_matches('>')
+                    .split('x')
+                    .collect();
+                let sizes = dims[..dims.len() - 1].join(", ");
+                let zeros = vec!["0"; dims.len() - 1].join(", ");
+                let ones = vec!["1"; dims.len() - 1].join(", ");
+                Some(format!(
+                    "{lhs} = tensor.extract_slice {src}[{zeros}] [{sizes}] [{ones}] : {tin} to {tout}"
+                ))
+            });
+            match parts {
+                Some(p) if !done => {
+                    out.push_str(&p);
+                    done = true;
+                }
+                _ => out.push_str(l),
             }
             out.push('\n');
         }
@@ -380,12 +394,14 @@ fn a_wrong_slice_in_mlirs_partition_fails_the_comparison() {
             shardc: None,
             mlir: Some(&wrong),
             partition: Some(&isolated),
-            dataset: None,
+            dataset: Some(DatasetLayout::FullBatch),
         },
     )
     .expect("compares");
     println!("tampered MLIR: {}", r.summary());
     assert!(!r.passed(), "a wrong slice went unnoticed: {}", r.summary());
+    let m = r.mismatch.expect("a mismatch");
+    assert!(m.contains("rank") && m.contains("MLIR"), "{m}");
 }
 
 #[test]
