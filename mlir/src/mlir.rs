@@ -1,6 +1,6 @@
 //! MLIR itself, through melior (feature `mlir`): verify exported text, run MLIR's
 //! `sharding-propagation` + `shard-partition` + `canonicalize` on it, and read a module into
-//! the evaluator's [`eval::ir::Module`].
+//! the evaluator's [`crate::eval::ir::Module`].
 //!
 //! Every call builds its own [`Context`] with every upstream dialect and extension
 //! registered (`mlirRegisterAllDialects` appends the extensions, among them the sharding

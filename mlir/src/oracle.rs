@@ -138,18 +138,27 @@ impl OracleReport {
     }
 }
 
+/// A corruption of shardc's rank graphs (rank `r` = element `r`).
+pub type RankTamper<'a> = &'a dyn Fn(&mut [Graph]);
+
+/// A corruption of MLIR's partitioned text.
+pub type TextTamper<'a> = &'a dyn Fn(&str) -> String;
+
+/// A way of running MLIR's partition on exported text.
+pub type Partitioner<'a> = &'a dyn Fn(&str) -> Result<String, MlirError>;
+
 /// What [`compare_with`] lets a caller change: deliberate corruption of either side (tests
 /// that show the comparison can fail), and how MLIR's partition is run.
 #[derive(Default)]
 pub struct Hooks<'a> {
     /// Applied to shardc's rank graphs before they run.
-    pub shardc: Option<&'a dyn Fn(&mut [Graph])>,
+    pub shardc: Option<RankTamper<'a>>,
     /// Applied to MLIR's partitioned text before it is evaluated.
-    pub mlir: Option<&'a dyn Fn(&str) -> String>,
+    pub mlir: Option<TextTamper<'a>>,
     /// Runs MLIR's partition instead of [`crate::mlir::partition`] in this process (the
     /// grid runs it in a child process: MLIR 22's `shard-partition` dies of SIGSEGV on some
     /// reshardings, an assertion compiled out of the release build).
-    pub partition: Option<&'a dyn Fn(&str) -> Result<String, MlirError>>,
+    pub partition: Option<Partitioner<'a>>,
     /// The data inputs' layout (`None`: split on the batch, as `shardc predict` does).
     pub dataset: Option<DatasetLayout>,
 }

@@ -97,9 +97,14 @@ impl Arr {
         if offsets.len() != self.shape.len() || src.shape.len() != offsets.len() {
             return None;
         }
-        for d in 0..self.shape.len() {
+        for (d, (&n, (&o, &m))) in self
+            .shape
+            .iter()
+            .zip(offsets.iter().zip(&src.shape))
+            .enumerate()
+        {
             let st = steps.get(d).copied().unwrap_or(1);
-            if src.shape[d] > 0 && offsets[d] + (src.shape[d] - 1) * st >= self.shape[d] {
+            if m > 0 && o + (m - 1) * st >= n {
                 return None;
             }
         }

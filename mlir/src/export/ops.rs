@@ -94,12 +94,12 @@ fn aligned(
     let off = out.len() - s;
     let mut drop = vec![false; s];
     let mut dims = Vec::with_capacity(s);
-    for i in 0..s {
+    for (i, (&n, slot)) in v.ty.shape.iter().zip(drop.iter_mut()).enumerate() {
         let j = off + i;
-        if v.ty.shape[i] == out[j] {
+        if n == out[j] {
             dims.push(lead + j);
-        } else if v.ty.shape[i] == 1 {
-            drop[i] = true;
+        } else if n == 1 {
+            *slot = true;
         } else {
             return Err(format!(
                 "operand shape {:?} does not broadcast to {out:?}",
@@ -275,12 +275,12 @@ fn contraction(e: &mut Emitter, node: &Node, ins: &[Option<Val>]) -> Result<Val,
             .ok_or_else(|| format!("operand of rank {r} has more batch dims than the result"))?;
         let mut drop = vec![false; r];
         let mut dims = Vec::with_capacity(r);
-        for i in 0..r - 2 {
+        for (i, (&n, slot)) in probe.ty.shape.iter().zip(drop.iter_mut()).enumerate() {
             let j = off + i;
-            if probe.ty.shape[i] == batch[j] {
+            if n == batch[j] {
                 dims.push(j);
-            } else if probe.ty.shape[i] == 1 {
-                drop[i] = true;
+            } else if n == 1 {
+                *slot = true;
             } else {
                 return Err(format!(
                     "batch dims {:?} do not broadcast to {batch:?}",
