@@ -476,8 +476,10 @@ fn generic(op: &Op, env: &mut Env, at: &RankInfo<'_>) -> Result<Vec<Val>, String
     for (v, m) in operands.iter().zip(&maps) {
         if let Val::T(a) = v {
             for (j, e) in m.results.iter().enumerate() {
-                if let (Some(d), Some(&n)) = (e.as_dim(), a.shape.get(j)) {
-                    bounds[d] = Some(n);
+                if let (Some(slot), Some(&n)) =
+                    (e.as_dim().and_then(|d| bounds.get_mut(d)), a.shape.get(j))
+                {
+                    *slot = Some(n);
                 }
             }
         }

@@ -355,7 +355,9 @@ impl<'a> Writer<'a> {
                     ) else {
                         return Err(self.op_err(i, "expects (node, Int index)".into()));
                     };
-                    let src = &vals[t.index()];
+                    let src = vals
+                        .get(t.index())
+                        .ok_or_else(|| self.op_err(i, "the tuple is no earlier node".into()))?;
                     let v = usize::try_from(idx)
                         .ok()
                         .and_then(|x| src.get(x))
