@@ -5,8 +5,8 @@
 
 use clap::{Parser, Subcommand};
 use shardc_tools::{
-    ckpt, closed_output, cluster_run, commands, data_cmd, device_cmd, explain, gen_cmd, gpu,
-    import_cmd, launch, predict, run_args, verify, zoo_cmd,
+    ckpt, closed_output, cluster_run, commands, data_cmd, device_cmd, explain, export_cmd, gen_cmd,
+    gpu, import_cmd, launch, predict, run_args, verify, zoo_cmd,
 };
 
 /// shardc: an auto-parallel graph compiler and runtime.
@@ -52,6 +52,10 @@ enum Command {
     /// Explain one op of a parallel artifact: its strategy and where it came from, the
     /// candidates weighed with their costs, and the communication around it.
     Explain(explain::ExplainArgs),
+    /// Export the training step as MLIR: the logical graph with its plan as `shard`
+    /// annotations, and each rank's graph with `shard` collectives, checked by MLIR's
+    /// verifier (cargo feature `mlir`).
+    Export(export_cmd::ExportArgs),
     /// Benchmarks: shardc against numpy and PyTorch on this machine.
     Bench(shardc_bench::BenchArgs),
     /// Start the scheduler and this node's workers, as MindSpore's msrun: logs in
@@ -107,6 +111,7 @@ fn run() -> i32 {
         Command::Predict(a) => predict::predict(a),
         Command::Import(a) => import_cmd::import(a),
         Command::Explain(a) => explain::explain(a),
+        Command::Export(a) => export_cmd::export(a),
         Command::Verify(a) => match verify::verify(a) {
             Ok(true) => Ok(()),
             Ok(false) => return 1,

@@ -23,6 +23,7 @@ pub mod data_cmd;
 pub mod device_cmd;
 pub mod device_run;
 pub mod explain;
+pub mod export_cmd;
 pub mod gen_cmd;
 pub mod gpu;
 pub mod import_cmd;
