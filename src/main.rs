@@ -6,7 +6,7 @@
 use clap::{Parser, Subcommand};
 use shardc_tools::{
     ckpt, closed_output, cluster_run, commands, data_cmd, device_cmd, explain, gen_cmd, gpu,
-    import_cmd, launch, predict, run_args, verify, zoo_cmd,
+    import_cmd, launch, predict, report, run_args, verify, zoo_cmd,
 };
 
 /// shardc: an auto-parallel graph compiler and runtime.
@@ -52,6 +52,10 @@ enum Command {
     /// Explain one op of a parallel artifact: its strategy and where it came from, the
     /// candidates weighed with their costs, and the communication around it.
     Explain(explain::ExplainArgs),
+    /// Write a parallel artifact's strategy report: one self-contained HTML page with the
+    /// graph (repeated layers folded) coloured by how each op is split, the communication by
+    /// bytes per step, predicted and measured times, memory per rank, and each op's plan.
+    Report(report::ReportArgs),
     /// Benchmarks: shardc against numpy and PyTorch on this machine.
     Bench(shardc_bench::BenchArgs),
     /// Start the scheduler and this node's workers, as MindSpore's msrun: logs in
@@ -107,6 +111,7 @@ fn run() -> i32 {
         Command::Predict(a) => predict::predict(a),
         Command::Import(a) => import_cmd::import(a),
         Command::Explain(a) => explain::explain(a),
+        Command::Report(a) => report::report(a),
         Command::Verify(a) => match verify::verify(a) {
             Ok(true) => Ok(()),
             Ok(false) => return 1,
