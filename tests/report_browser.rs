@@ -322,9 +322,11 @@ fn the_report_of_the_quickstart_renders_and_shows_an_op_s_plan_on_click() {
     let out = shardc_ok(&["report", path_str(&art), "-o", path_str(&page)]);
     assert!(out.contains("measured times"), "{out}");
     let html = std::fs::read_to_string(&page).unwrap();
-    // Self-contained: nothing fetched at view time.
-    for remote in ["http://", "https://", "<link ", " src=\""] {
-        assert!(!html.contains(remote), "the page refers to {remote}");
+    // Self-contained: nothing fetched at view time (the SVG namespace is a name, not a
+    // fetch).
+    let fetched = html.replace("xmlns=\"http://www.w3.org/2000/svg\"", "");
+    for remote in ["http://", "https://", "<link ", " src=\"", "@import"] {
+        assert!(!fetched.contains(remote), "the page refers to {remote}");
     }
 
     let mut b = Browser::start(&exe);
@@ -332,12 +334,21 @@ fn the_report_of_the_quickstart_renders_and_shows_an_op_s_plan_on_click() {
     let t0 = Instant::now();
     b.open(&url);
     let opened = t0.elapsed();
-    // The graph: laid out boxes, one per op of the quickstart's step (nothing folds here).
+    // The graph: laid out boxes, one per op of the quickstart's step but the optimizer's
+    // updates, which are one box (no repeated layers here); every op is in a box.
     let boxes = b.eval("document.querySelectorAll('#graph g.box rect').length");
-    let ops =
-        b.eval("Object.keys(JSON.parse(document.getElementById('data').textContent).ops).length");
-    assert!(boxes.as_u64().unwrap() >= 6, "{boxes}");
-    assert_eq!(boxes, ops);
+    let data = "JSON.parse(document.getElementById('data').textContent)";
+    assert_eq!(boxes, b.eval(&format!("{data}.boxes.length")));
+    assert!(boxes.as_u64().unwrap() >= 10, "{boxes}");
+    let covered = b.eval(&format!(
+        "(() => {{ const d = {data}; return d.boxes.reduce((n, b) => n + (b.op ? 1 : b.ops.length), 0) \
+           === Object.keys(d.ops).length; }})()"
+    ));
+    assert_eq!(covered, json!(true));
+    assert_eq!(
+        b.eval("[...document.querySelectorAll('#graph g.box.folded')].length"),
+        json!(1)
+    );
     assert!(
         b.eval("document.querySelectorAll('#graph g.edge path').length")
             .as_u64()
@@ -345,10 +356,20 @@ fn the_report_of_the_quickstart_renders_and_shows_an_op_s_plan_on_click() {
             > 0
     );
     // Communication edges are drawn and labelled with their bytes.
-    let labels = b.eval("[...document.querySelectorAll('#graph textPath')].map(t => t.textContent).filter(t => t).join('|')");
+    let labels = b.eval("[...document.querySelectorAll('#graph text')].map(t => t.textContent).filter(t => /All/.test(t)).join('|')");
+    let labels = labels.as_str().unwrap();
     assert!(
-        labels.as_str().unwrap().contains("iB") || labels.as_str().unwrap().contains(" B"),
+        labels.contains("AllReduce") && labels.ends_with(" B"),
         "{labels}"
+    );
+    let widths = b.eval("[...document.querySelectorAll('#graph g.edge.comm path')].map(p => Number(p.getAttribute('stroke-width')))");
+    assert!(
+        widths
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|w| w.as_f64().unwrap() >= 2.0),
+        "{widths}"
     );
     // The memory chart: a bar per group of ranks.
     assert!(

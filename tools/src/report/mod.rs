@@ -259,6 +259,7 @@ fn page_data(
             Shown::Folded(f) => json!({
                 "label": f.label(step.cell.as_ref()),
                 "layers": [f.layers.0, f.layers.1],
+                "updates": matches!(f.kind, model::FoldKind::Updates(_)),
                 "phase": f.phase.name(),
                 "split": f.split.class(),
                 "ops": f.ops.iter().map(|&k| step.ops[k].name.as_str()).collect::<Vec<_>>(),

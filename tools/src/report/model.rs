@@ -211,6 +211,27 @@ fn phase_of(g: &Graph, i: usize) -> Phase {
     }
 }
 
+/// The layer an instance name names, `<prefix><i>` not inside a longer word or number
+/// (`apply_momentum_layer3.attn_q.weight` → 3 for the prefix `layer`): the optimizer's
+/// updates are scoped by the optimizer, not by the layer of their weight.
+pub fn layer_in_name(prefix: &str, name: &str) -> Option<usize> {
+    if prefix.is_empty() {
+        return None;
+    }
+    let mut from = 0;
+    while let Some(at) = name[from..].find(prefix).map(|a| a + from) {
+        let after = &name[at + prefix.len()..];
+        let digits = after.len() - after.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+        let before_ok = !name[..at].ends_with(|c: char| c.is_ascii_alphanumeric());
+        let after_ok = !after[digits..].starts_with(|c: char| c.is_ascii_alphanumeric());
+        if digits > 0 && before_ok && after_ok {
+            return after[..digits].parse().ok();
+        }
+        from = at + prefix.len();
+    }
+    None
+}
+
 impl StepGraph {
     /// The step of rank graph `g` with the compile's `decisions` (`extra.decisions`) and the
     /// graph's communication nodes `comms` ([`crate::explain::comm_edges`]).
@@ -265,7 +286,10 @@ impl StepGraph {
                 split: classify(&strategy, &weights, partial),
                 strategy,
                 phase: phase_of(g, i),
-                layer: cell.as_ref().and_then(|c| c.layer_in_scope(&n.scope)),
+                layer: cell.as_ref().and_then(|c| {
+                    c.layer_in_scope(&n.scope)
+                        .or_else(|| layer_in_name(&c.prefix, &n.instance).filter(|&l| l < c.count))
+                }),
                 node: i,
             });
         }
@@ -343,30 +367,49 @@ pub enum Shown {
     Folded(Fold),
 }
 
-/// Layers folded into one box: the same ops with the same strategies as their run's first
-/// layer, which is drawn expanded.
+/// What a folded box stands for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FoldKind {
+    /// Repeated layers with the same plan.
+    Layers,
+    /// The optimizer's updates of one layer's weights (`None`: of the weights outside the
+    /// layers), each following its weight's layout.
+    Updates(Option<usize>),
+}
+
+/// Ops folded into one box: repeated layers (the same ops with the same strategies as
+/// their run's first layer), or one layer's optimizer updates.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Fold {
+    /// What it stands for.
+    pub kind: FoldKind,
     /// The first and last layer folded.
     pub layers: (usize, usize),
     /// The part of the step.
     pub phase: Phase,
     /// The ops folded (indices into [`StepGraph::ops`]).
     pub ops: Vec<usize>,
-    /// How the first layer's ops are split (the box's colour: the most common).
+    /// The box's colour: the most common split of its ops.
     pub split: Split,
 }
 
 impl Fold {
-    /// `layers 1–23 ×23 (same plan) · forward`.
+    /// `TransformerEncoderLayer layers 1–23 ×23 (same plan) · forward`, or
+    /// `updates of layer 0`.
     pub fn label(&self, cell: Option<&RepeatedCell>) -> String {
         let (a, b) = self.layers;
-        let what = cell.map_or("layers".to_string(), |c| format!("{} layers", c.cell));
-        format!(
-            "{what} {a}–{b} ×{} (same plan) · {}",
-            b - a + 1,
-            self.phase.name()
-        )
+        match self.kind {
+            FoldKind::Layers => {
+                let what = cell.map_or("layers".to_string(), |c| format!("{} layers", c.cell));
+                format!(
+                    "{what} {a}–{b} ×{} (same plan) · {}",
+                    b - a + 1,
+                    self.phase.name()
+                )
+            }
+            FoldKind::Updates(Some(l)) => format!("updates of layer {l}"),
+            FoldKind::Updates(None) => "updates of the other weights".to_string(),
+        }
     }
 }
 
@@ -379,80 +422,102 @@ pub struct Folded {
     pub box_of: Vec<usize>,
 }
 
-/// Folds the repeated layers of `s`: consecutive layers whose ops are the same kinds in the
-/// same order form a run; the run's first layer is drawn expanded, and every later layer's op
-/// with the same strategy as the first layer's op at its place joins a box per phase; an op
-/// whose strategy differs stays a box of its own. With `fold` false, or no repeated layers,
-/// every op is its own box.
+/// Folds the repeated layers of `s`, phase by phase (forward, backward, update):
+/// consecutive layers whose ops of the phase are the same kinds in the same order form a
+/// run. The phase's first layer is drawn expanded (when it starts a run, the rest of the run
+/// folds); a later run of two layers or more folds whole; a layer that matches neither
+/// neighbour stays expanded. A layer's op folds only when its strategy is that of the run's
+/// first layer's op at its place, so an op whose plan differs stays its own box. The
+/// optimizer's updates left over (of an expanded layer, or outside the layers) are one box
+/// per layer, each update following its weight. With `fold` false every op is its own box.
 pub fn fold(s: &StepGraph, fold: bool) -> Folded {
-    let mut by_layer: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    // (phase, layer) -> ops, in graph order.
+    let mut by_layer: BTreeMap<(Phase, usize), Vec<usize>> = BTreeMap::new();
     if fold {
         for (k, op) in s.ops.iter().enumerate() {
             if let Some(l) = op.layer {
-                by_layer.entry(l).or_default().push(k);
+                by_layer.entry((op.phase, l)).or_default().push(k);
             }
         }
     }
-    let structure = |l: &[usize]| -> Vec<(OpKind, Phase)> {
-        l.iter().map(|&k| (s.ops[k].kind, s.ops[k].phase)).collect()
-    };
-    // op -> (run's first layer, last layer of the run) for ops folded into a box.
-    let mut folded_into: HashMap<usize, (usize, Phase)> = HashMap::new();
-    let mut runs: Vec<(usize, usize)> = Vec::new();
-    let layers: Vec<(usize, Vec<usize>)> = by_layer.into_iter().collect();
-    let mut i = 0;
-    while i < layers.len() {
-        let (first, ref_ops) = &layers[i];
-        let shape = structure(ref_ops);
-        let mut j = i + 1;
-        while j < layers.len()
-            && layers[j].0 == layers[j - 1].0 + 1
-            && structure(&layers[j].1) == shape
-        {
-            j += 1;
-        }
-        if j - i >= 2 {
-            let last = layers[j - 1].0;
-            runs.push((*first, last));
-            for (_, ops) in &layers[i + 1..j] {
-                for (p, &k) in ops.iter().enumerate() {
-                    if s.ops[k].strategy == s.ops[ref_ops[p]].strategy {
-                        folded_into.insert(k, (*first, s.ops[k].phase));
+    let structure = |l: &[usize]| -> Vec<OpKind> { l.iter().map(|&k| s.ops[k].kind).collect() };
+    // op -> the key of its box: (phase, first layer folded).
+    let mut folded_into: HashMap<usize, (Phase, usize)> = HashMap::new();
+    // (phase, first layer folded) -> last layer.
+    let mut last_of: HashMap<(Phase, usize), usize> = HashMap::new();
+    for phase in [Phase::Forward, Phase::Backward, Phase::Update] {
+        let layers: Vec<(usize, &Vec<usize>)> = by_layer
+            .iter()
+            .filter(|((p, _), _)| *p == phase)
+            .map(|((_, l), ops)| (*l, ops))
+            .collect();
+        let mut expanded_seen = false;
+        let mut i = 0;
+        while i < layers.len() {
+            let (_, ref_ops) = layers[i];
+            let shape = structure(ref_ops);
+            let mut j = i + 1;
+            while j < layers.len()
+                && layers[j].0 == layers[j - 1].0 + 1
+                && structure(layers[j].1) == shape
+            {
+                j += 1;
+            }
+            if j - i >= 2 {
+                let from = if expanded_seen { i } else { i + 1 };
+                let key = (phase, layers[from].0);
+                last_of.insert(key, layers[j - 1].0);
+                for (_, ops) in &layers[from..j] {
+                    for (p, &k) in ops.iter().enumerate() {
+                        if s.ops[k].strategy == s.ops[ref_ops[p]].strategy {
+                            folded_into.insert(k, key);
+                        }
                     }
                 }
             }
+            expanded_seen = true;
+            i = j;
         }
-        i = j;
     }
     let mut shown = Vec::new();
     let mut box_of = vec![0; s.ops.len()];
-    let mut box_at: HashMap<(usize, Phase), usize> = HashMap::new();
+    let mut box_at: HashMap<(Phase, usize), usize> = HashMap::new();
+    let mut updates_at: HashMap<Option<usize>, usize> = HashMap::new();
     for (k, op) in s.ops.iter().enumerate() {
-        match folded_into.get(&k) {
-            Some(&(first, phase)) => {
-                let b = *box_at.entry((first, phase)).or_insert_with(|| {
-                    let last = runs.iter().find(|r| r.0 == first).map_or(first, |r| r.1);
+        let b = match folded_into.get(&k) {
+            Some(&key) => *box_at.entry(key).or_insert_with(|| {
+                shown.push(Shown::Folded(Fold {
+                    kind: FoldKind::Layers,
+                    layers: (key.1, last_of.get(&key).copied().unwrap_or(key.1)),
+                    phase: key.0,
+                    ops: Vec::new(),
+                    split: op.split,
+                }));
+                shown.len() - 1
+            }),
+            None if fold && op.phase == Phase::Update => {
+                *updates_at.entry(op.layer).or_insert_with(|| {
+                    let l = op.layer.unwrap_or(0);
                     shown.push(Shown::Folded(Fold {
-                        layers: (first + 1, last),
-                        phase,
+                        kind: FoldKind::Updates(op.layer),
+                        layers: (l, l),
+                        phase: Phase::Update,
                         ops: Vec::new(),
                         split: op.split,
                     }));
                     shown.len() - 1
-                });
-                if let Shown::Folded(f) = &mut shown[b] {
-                    f.ops.push(k);
-                    f.layers.0 = f.layers.0.min(op.layer.unwrap_or(f.layers.0));
-                }
-                box_of[k] = b;
+                })
             }
             None => {
                 shown.push(Shown::Op(k));
-                box_of[k] = shown.len() - 1;
+                shown.len() - 1
             }
+        };
+        if let Shown::Folded(f) = &mut shown[b] {
+            f.ops.push(k);
         }
+        box_of[k] = b;
     }
-    // A box's colour: the most common split of its ops.
     for b in &mut shown {
         if let Shown::Folded(f) = b {
             let mut count: BTreeMap<Split, usize> = BTreeMap::new();

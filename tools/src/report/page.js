@@ -108,7 +108,8 @@
       if (o.predicted) { pc += o.predicted.compute_seconds; pm += o.predicted.communication_seconds; }
       if (o.measured !== null) { mc += o.measured; any = true; }
     }
-    detail.append(el("p", {}, `${b.ops.length} ops of layers ${b.layers[0]}–${b.layers[1]} with the same strategies as the first layer of their run, drawn expanded.`));
+    detail.append(el("p", {}, b.updates ? `${b.ops.length} optimizer updates (and their Assigns), each following its weight's layout.` :
+      `${b.ops.length} ops of layers ${b.layers[0]}–${b.layers[1]}, each with the same strategy as the op at its place in the first layer of their run.`));
     detail.append(table(["", "predicted", "measured"], [row(["compute", us(pc), any ? us(mc) : "—"]), row(["communication", us(pm), "—"])]));
     const list = el("ul");
     for (const n of b.ops.slice(0, 400)) list.append(el("li", {}, el("a", { href: "#op=" + encodeURIComponent(n) }, n), ` ${D.ops[n] ? D.ops[n].strategy : ""}`));

@@ -207,15 +207,24 @@ fn nothing_folds_without_layers_or_when_asked_not_to() {
     // Layers whose ops differ in kind are not one run.
     let mut s = layered(3, |_, _| "((8, 1), (1, 1))".into());
     s.ops[1 + 3].kind = OpKind::BatchMatMul;
-    assert!(folds(&fold(&s, true)).is_empty());
-    // Runs either side of a differing layer fold on their own.
+    let forward = |f: &Folded| -> Vec<(usize, usize)> {
+        let mut v: Vec<(usize, usize)> = folds(f)
+            .iter()
+            .filter(|b| b.phase == Phase::Forward)
+            .map(|b| b.layers)
+            .collect();
+        v.sort();
+        v
+    };
+    assert!(forward(&fold(&s, true)).is_empty());
+    // The backward ops of those layers are alike: layer 0 expanded, 1–2 folded.
+    let back: Vec<(usize, usize)> = folds(&fold(&s, true)).iter().map(|b| b.layers).collect();
+    assert_eq!(back, vec![(1, 2)]);
+    // Runs either side of a differing layer fold: the first after layer 0 is drawn, the
+    // later one folds whole.
     let mut s = layered(7, |_, _| "((8, 1), (1, 1))".into());
     s.ops[1 + 3 * 3].kind = OpKind::BatchMatMul;
-    let f = fold(&s, true);
-    let mut ranges: Vec<(usize, usize)> = folds(&f).iter().map(|b| b.layers).collect();
-    ranges.sort();
-    ranges.dedup();
-    assert_eq!(ranges, vec![(1, 2), (5, 6)]);
+    assert_eq!(forward(&fold(&s, true)), vec![(1, 2), (4, 6)]);
 }
 
 fn comm(node: usize, op: OpKind, from: &str, to: &str, bytes: f64) -> CommEdge {
@@ -365,4 +374,74 @@ fn measured_times_round_trip_and_bad_files_are_named() {
     // No stats folder: no measured times, no error.
     let empty = tempfile::tempdir().unwrap();
     assert!(crate::run_stats::read_all(empty.path()).unwrap().is_empty());
+}
+
+#[test]
+fn layers_are_read_from_names_where_the_scope_has_none() {
+    assert_eq!(
+        layer_in_name("layer", "apply_momentum_layer3.attn_q.weight"),
+        Some(3)
+    );
+    assert_eq!(layer_in_name("layer", "assign_layer12_moments"), Some(12));
+    // Not a layer: inside a longer word, or no number.
+    assert_eq!(layer_in_name("layer", "multilayer3.w"), None);
+    assert_eq!(layer_in_name("layer", "layer3x.w"), None);
+    assert_eq!(layer_in_name("layer", "layernorm.gamma"), None);
+    assert_eq!(layer_in_name("", "layer3"), None);
+}
+
+#[test]
+fn the_updates_of_an_expanded_layer_are_one_box_and_a_differing_first_layer_stays_drawn() {
+    let mut s = layered(5, |_, _| "((8, 1), (1, 1))".into());
+    // Layer 0's backward differs from the others' (as a first layer's, without an input
+    // gradient, does).
+    let g0 = s.ops.iter().position(|o| o.name == "l0.grad").unwrap();
+    s.ops[g0].kind = OpKind::BatchMatMul;
+    for l in 0..5 {
+        for w in ["w", "b"] {
+            let mut u = op(
+                &format!("apply_l{l}.{w}"),
+                OpKind::ApplyMomentum,
+                "((1, 1), (1, 1))",
+                Phase::Update,
+                Some(l),
+            );
+            u.split = Split::Replicated;
+            s.ops.push(u);
+        }
+    }
+    s.ops.push(op(
+        "apply_head.w",
+        OpKind::ApplyMomentum,
+        "((1, 1))",
+        Phase::Update,
+        None,
+    ));
+    let f = fold(&s, true);
+    let labels: Vec<String> = folds(&f).iter().map(|b| b.label(s.cell.as_ref())).collect();
+    assert!(
+        labels.contains(&"Block layers 1–4 ×4 (same plan) · forward".to_string()),
+        "{labels:?}"
+    );
+    // Backward: layer 0 differs (drawn op by op), layers 1–4 fold whole.
+    assert!(
+        labels.contains(&"Block layers 1–4 ×4 (same plan) · backward".to_string()),
+        "{labels:?}"
+    );
+    assert!(
+        labels.contains(&"Block layers 1–4 ×4 (same plan) · update".to_string()),
+        "{labels:?}"
+    );
+    assert!(
+        labels.contains(&"updates of layer 0".to_string()),
+        "{labels:?}"
+    );
+    assert!(
+        labels.contains(&"updates of the other weights".to_string()),
+        "{labels:?}"
+    );
+    let l1 = s.ops.iter().position(|o| o.name == "l1.grad").unwrap();
+    assert!(matches!(f.shown[f.box_of[l1]], Shown::Folded(_)));
+    // Without folding every op is drawn.
+    assert_eq!(fold(&s, false).shown.len(), s.ops.len());
 }
