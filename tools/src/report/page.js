@@ -136,6 +136,12 @@
   }
   window.addEventListener("hashchange", fromHash);
   fromHash();
+  // Without a selection, start at the first op of the step (the graph may be wider than
+  // the window).
+  if (!selected && svg) {
+    const first = svg.querySelector('g.box[data-box="0"]');
+    if (first) first.scrollIntoView({ block: "nearest", inline: "center" });
+  }
 
   // Memory per rank: one bar per group of ranks with the same memory.
   const chart = document.getElementById("memchart");
