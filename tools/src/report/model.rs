@@ -329,7 +329,7 @@ impl StepGraph {
                         }
                     }
                     // Bound what a long chain of looked-through nodes carries.
-                    reached.sort_by(|a, b| a.0.cmp(&b.0));
+                    reached.sort_by_key(|a| a.0);
                     reached.dedup_by(|a, b| {
                         if a.0 == b.0 {
                             for c in a.1.drain(..) {
