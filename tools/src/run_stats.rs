@@ -72,6 +72,16 @@ pub fn write_rank_times(
     Ok(path)
 }
 
+/// [`write_rank_times`] for `shardc run --stats`: a failure (a read-only artifact) is a
+/// warning on stderr, not the run's failure; the printed statistics stand either way.
+pub fn record(dir: &Path, rank: usize, graph: &Graph, stats: &ExecStats) {
+    if let Err(e) = write_rank_times(dir, rank, graph, stats) {
+        eprintln!(
+            "warning: rank {rank}'s measured times were not recorded for `shardc report`: {e:#}"
+        );
+    }
+}
+
 /// Reads one rank's times file.
 pub fn read_rank_times(path: &Path) -> Result<RankTimes> {
     let text = std::fs::read_to_string(path)
