@@ -406,6 +406,14 @@ fn the_report_of_the_quickstart_renders_and_shows_an_op_s_plan_on_click() {
     let detail = b.eval("document.getElementById('detail').textContent");
     let detail = detail.as_str().unwrap();
     assert!(detail.contains("Candidates"), "{detail}");
+    // The cost model's prediction and the run's measurement are both there for it.
+    let times = b.eval(&format!(
+        "(() => {{ const o = {data}.ops.matmul; return [o.predicted.compute_seconds, o.measured]; }})()"
+    ));
+    assert!(
+        times[0].as_f64().unwrap() > 0.0 && times[1].as_f64().unwrap() > 0.0,
+        "{times}"
+    );
     assert!(
         detail.contains("predicted") && detail.contains("µs"),
         "{detail}"
@@ -464,6 +472,19 @@ fn a_report_of_a_one_device_artifact_or_of_no_artifact_is_refused_with_the_reaso
     let e = text(&o);
     assert!(!o.status.success());
     assert!(e.contains(path_str(&art)) && e.contains("1 device"), "{e}");
+    let eight = dir.join("eight");
+    cli_common::compile_quickstart(&eight, &["--device-num", "8"]);
+    let o = run_shardc(&[
+        "report",
+        path_str(&eight),
+        "--rank",
+        "8",
+        "-o",
+        path_str(&page),
+    ]);
+    let e = text(&o);
+    assert!(!o.status.success());
+    assert!(e.contains("--rank 8") && e.contains("ranks 0 to 7"), "{e}");
     let o = run_shardc(&["report", path_str(&dir), "-o", path_str(&page)]);
     let e = text(&o);
     assert!(!o.status.success());
