@@ -6,7 +6,7 @@
 use clap::{Parser, Subcommand};
 use shardc_tools::{
     ckpt, closed_output, cluster_run, commands, data_cmd, device_cmd, explain, export_cmd, gen_cmd,
-    gpu, import_cmd, launch, predict, run_args, verify, zoo_cmd,
+    gpu, import_cmd, launch, predict, report, run_args, verify, zoo_cmd,
 };
 
 /// shardc: an auto-parallel graph compiler and runtime.
@@ -56,6 +56,10 @@ enum Command {
     /// annotations, and each rank's graph with `shard` collectives, checked by MLIR's
     /// verifier (cargo feature `mlir`).
     Export(export_cmd::ExportArgs),
+    /// Write a parallel artifact's strategy report: one self-contained HTML page with the
+    /// graph (repeated layers folded) coloured by how each op is split, the communication by
+    /// bytes per step, predicted and measured times, memory per rank, and each op's plan.
+    Report(report::ReportArgs),
     /// Benchmarks: shardc against numpy and PyTorch on this machine.
     Bench(shardc_bench::BenchArgs),
     /// Start the scheduler and this node's workers, as MindSpore's msrun: logs in
@@ -112,6 +116,7 @@ fn run() -> i32 {
         Command::Import(a) => import_cmd::import(a),
         Command::Explain(a) => explain::explain(a),
         Command::Export(a) => export_cmd::export(a),
+        Command::Report(a) => report::report(a),
         Command::Verify(a) => match verify::verify(a) {
             Ok(true) => Ok(()),
             Ok(false) => return 1,

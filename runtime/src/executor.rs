@@ -167,6 +167,9 @@ pub struct OpStats {
 pub struct ExecStats {
     /// Per op kind: calls and time (kernels, and `Assign` copies).
     pub per_op: BTreeMap<OpKind, OpStats>,
+    /// Per node of the graph, by index: the same calls and time as `per_op`, node by node
+    /// (what `shardc run --stats` writes into the artifact for `shardc report`).
+    pub per_node: Vec<OpStats>,
     /// Steps run.
     pub steps: u64,
     /// Total time of the steps (feeds checking, kernels, copies, outputs).
@@ -248,6 +251,17 @@ impl fmt::Display for GradCommStats {
             hidden_ms,
             100.0 * self.hidden_fraction()
         )
+    }
+}
+
+impl ExecStats {
+    /// Adds `calls` calls taking `dt` to node `i`'s tally (a node past the table is ignored:
+    /// the table is sized by the graph when the executor is created).
+    fn add_node(&mut self, i: usize, dt: Duration, calls: u64) {
+        if let Some(s) = self.per_node.get_mut(i) {
+            s.count += calls;
+            s.time += dt;
+        }
     }
 }
 
@@ -668,6 +682,7 @@ impl Executor {
             })
             .collect();
         let stats = ExecStats {
+            per_node: vec![OpStats::default(); graph.nodes.len()],
             buffer_allocations: (pool.len() + buckets.len()) as u64,
             gradient_comm: GradCommStats {
                 buckets: buckets.len(),
@@ -889,10 +904,12 @@ impl HostStep<'_, '_> {
         }
     }
 
-    fn count(&mut self, op: OpKind, t0: Instant) {
+    fn count(&mut self, i: usize, op: OpKind, t0: Instant) {
+        let dt = t0.elapsed();
         let entry = self.ex.stats.per_op.entry(op).or_default();
         entry.count += 1;
-        entry.time += t0.elapsed();
+        entry.time += dt;
+        self.ex.stats.add_node(i, dt, 1);
     }
 }
 
@@ -949,6 +966,7 @@ impl ExecDevice for HostStep<'_, '_> {
         let entry = stats.per_op.entry(node.op).or_default();
         entry.count += 1;
         entry.time += dt;
+        stats.add_node(i, dt, 1);
         // Give the buffers back before reporting any error.
         let mut bad_output = None;
         for (k, (&b, ty)) in outs.iter().zip(types).enumerate() {
@@ -1003,7 +1021,7 @@ impl ExecDevice for HostStep<'_, '_> {
             },
         };
         weights[param] = Some(dst);
-        self.count(OpKind::Assign, t0);
+        self.count(i, OpKind::Assign, t0);
         if !ok {
             return Err(
                 self.graph_error(i, "the assigned value does not match the parameter".into())
@@ -1108,9 +1126,11 @@ impl ExecDevice for HostStep<'_, '_> {
             (Taken::Staging, Some(t)) => staging[i] = Some(t),
             _ => {}
         }
+        let dt = t0.elapsed();
         let entry = stats.per_op.entry(node.op).or_default();
         entry.count += 1;
-        entry.time += t0.elapsed();
+        entry.time += dt;
+        stats.add_node(i, dt, 1);
         match reply.result {
             Ok(()) => Ok(()),
             Err(CommFailure::Comm(error)) => Err(RuntimeError::Comm {
@@ -1162,7 +1182,7 @@ impl ExecDevice for HostStep<'_, '_> {
             return Err(self.graph_error(i, reason));
         }
         let op = self.graph.nodes[i].op;
-        self.count(op, t0);
+        self.count(i, op, t0);
         Ok(())
     }
 
@@ -1213,8 +1233,10 @@ impl ExecDevice for HostStep<'_, '_> {
         bk.launched = Some(Instant::now());
         // The launch is the last member's: its time joins the member's packing.
         let op = self.graph.nodes[i].op;
+        let dt = t0.elapsed();
         let entry = self.ex.stats.per_op.entry(op).or_default();
-        entry.time += t0.elapsed();
+        entry.time += dt;
+        self.ex.stats.add_node(i, dt, 0);
         Ok(())
     }
 

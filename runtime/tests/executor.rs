@@ -84,6 +84,20 @@ fn mlp_training_matches_reference() {
         assert_eq!(stats.steps, 5);
         assert_eq!(stats.per_op[&OpKind::MatMul].count, 5 * 11);
         assert_eq!(stats.per_op[&OpKind::Assign].count, 5 * 4);
+        // Node by node: every node's calls and time, adding up to the op kinds' totals.
+        let graph = exec.graph();
+        assert_eq!(stats.per_node.len(), graph.nodes.len());
+        for (op, s) in &stats.per_op {
+            let nodes = graph
+                .nodes
+                .iter()
+                .zip(&stats.per_node)
+                .filter(|(n, _)| n.op == *op);
+            let (calls, time) = nodes.fold((0, std::time::Duration::ZERO), |(c, t), (_, n)| {
+                (c + n.count, t + n.time)
+            });
+            assert_eq!((calls, time), (s.count, s.time), "{op:?}");
+        }
         let table = stats.to_string();
         assert!(
             table.contains("MatMul") && table.contains("5 steps"),

@@ -698,6 +698,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
     if a.stats {
         println!("{}", exec.memory_plan().summary());
         println!("{}", exec.stats());
+        crate::run_stats::record(&a.artifact, 0, exec.graph(), exec.stats());
     }
     Ok(())
 }
@@ -784,6 +785,10 @@ fn run_ranks_in_process(a: &RunArgs, art: Artifact) -> Result<()> {
     };
     let steps = a.steps;
     let after_step = |rank: usize, exec: &Executor| -> Result<()> {
+        // `--stats`: every rank's per-node times, after its last step (for `shardc report`).
+        if a.stats && exec.step_count() == steps {
+            crate::run_stats::record(&a.artifact, rank, exec.graph(), exec.stats());
+        }
         match &savers[rank] {
             Some(s) => s.after_step(exec, exec.step_count() == steps),
             None => Ok(()),

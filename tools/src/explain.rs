@@ -116,8 +116,20 @@ fn strategy_text(strategy: &Strategy, out: Option<&Strategy>) -> String {
 /// Every op's decision as JSON (for the manifest): strategy (and out strategy, when it splits
 /// a dimension no input has), source, layouts, candidates.
 pub fn decisions_json(p: &ParallelCompiled) -> Value {
+    // The cost model's share of the step per op (absent where it cannot price the graph,
+    // e.g. one stage's graph of a pipeline: the report then shows no prediction).
+    let predicted: std::collections::HashMap<usize, _> =
+        shardc_passes::parallel::search::predict_per_op(&p.begin, &p.options, &p.assignment)
+            .map(|v| v.into_iter().collect())
+            .unwrap_or_default();
     let mut m = Map::new();
-    for (n, d) in p.begin.nodes.iter().zip(&p.assignment.decisions) {
+    for (i, (n, d)) in p
+        .begin
+        .nodes
+        .iter()
+        .zip(&p.assignment.decisions)
+        .enumerate()
+    {
         let Some(d) = d else { continue };
         let layouts = |ls: Vec<String>| Value::Array(ls.into_iter().map(Value::String).collect());
         let mut entry = json!({
@@ -138,6 +150,16 @@ pub fn decisions_json(p: &ParallelCompiled) -> Value {
         });
         if let (Some(o), Some(e)) = (&d.sharding.out_strategy, entry.as_object_mut()) {
             e.insert("out_strategy".into(), Value::String(o.to_string()));
+        }
+        if let (Some(b), Some(e)) = (predicted.get(&i), entry.as_object_mut()) {
+            e.insert(
+                "predicted".into(),
+                json!({
+                    "compute_seconds": b.compute,
+                    "communication_seconds": b.communication,
+                    "memory_bytes": b.memory,
+                }),
+            );
         }
         m.insert(n.instance.clone(), entry);
     }
@@ -172,6 +194,317 @@ fn num(v: &Value) -> f64 {
     v.as_f64().unwrap_or(0.0)
 }
 
+/// A communication node the partition inserted on rank `rank`'s graph, on the edge between
+/// two ops (its `edge:` comment), with the bytes it sends per step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CommEdge {
+    /// The node's index in the rank's graph.
+    pub node: usize,
+    /// The collective (`AllReduce`).
+    pub op: OpKind,
+    /// Its instance name (`mirror_grad_w_AllReduce`).
+    pub instance: String,
+    /// The producing op of the edge.
+    pub from: String,
+    /// The reading op of the edge.
+    pub to: String,
+    /// Bytes this rank sends per step ([`comm_bytes`]).
+    pub bytes: f64,
+    /// The redistribution rule that inserted it (its `rule:` comment).
+    pub rule: String,
+    /// Its group (`rank_list`), when it has one.
+    pub group: Option<Vec<i64>>,
+}
+
+/// Every communication node of a rank's graph that sits on an edge between two ops.
+pub fn comm_edges(g: &Graph) -> Vec<CommEdge> {
+    let mut out = Vec::new();
+    for (i, n) in g.nodes.iter().enumerate() {
+        let Some(edge) = n.comments.iter().find(|c| c.starts_with("edge: ")) else {
+            continue;
+        };
+        let head = edge.split(':').nth(1).unwrap_or("");
+        let mut ends = head.split(" -> ");
+        let from = ends.next().unwrap_or("").trim();
+        let to = ends
+            .next()
+            .unwrap_or("")
+            .split(" input")
+            .next()
+            .unwrap_or("")
+            .trim();
+        let rule = n
+            .comments
+            .iter()
+            .find(|c| c.starts_with("rule: "))
+            .map(|c| c.trim_start_matches("rule: "))
+            .unwrap_or("");
+        out.push(CommEdge {
+            node: i,
+            op: n.op,
+            instance: n.instance.clone(),
+            from: from.to_string(),
+            to: to.to_string(),
+            bytes: comm_bytes(g, i),
+            rule: rule.to_string(),
+            group: n.attrs.ints("rank_list"),
+        });
+    }
+    out
+}
+
+/// One candidate strategy the search or the propagation weighed for an op.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Candidate {
+    /// The strategy (`((2, 1), (1, 4))`, with ` out ...` when it has an out strategy).
+    pub strategy: String,
+    /// Its communication cost (seconds when `searched`, else bytes-equivalent).
+    pub communication: f64,
+    /// Its compute cost (same unit).
+    pub compute: f64,
+    /// Its memory per device, bytes.
+    pub memory: f64,
+    /// Whether it is the strategy chosen.
+    pub chosen: bool,
+}
+
+/// Everything `explain` says of one op: the decision the compile recorded
+/// (`extra.decisions`), its candidates cheapest first, and the communication around it on
+/// one rank. `shardc report` shows the same for every op.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OpExplanation {
+    /// The op's instance name.
+    pub name: String,
+    /// Its kind (`MatMul`).
+    pub kind: String,
+    /// Its scope.
+    pub scope: String,
+    /// The chosen strategy (with ` out ...` when it has an out strategy).
+    pub strategy: String,
+    /// Where it came from (annotation, default, searched, ...).
+    pub source: String,
+    /// The device matrix, as JSON text.
+    pub dev_matrix: String,
+    /// Its inputs' layouts.
+    pub inputs: Vec<String>,
+    /// Its results' layouts.
+    pub outputs: Vec<String>,
+    /// Whether the candidates' costs are the search's seconds (else bytes-equivalent).
+    pub searched: bool,
+    /// The candidates weighed, cheapest first (empty: given, or follows a weight).
+    pub candidates: Vec<Candidate>,
+    /// The communication around it on the rank.
+    pub comms: Vec<CommEdge>,
+}
+
+/// The decisions a parallel compile recorded in an artifact (`extra.decisions`), or an error
+/// naming the artifact and why it has none.
+pub fn decisions_of<'a>(
+    art: &'a Artifact,
+    dir: &std::path::Path,
+) -> Result<&'a Map<String, Value>> {
+    match art.manifest.extra.get("decisions") {
+        Some(Value::Object(d)) => Ok(d),
+        _ => bail!(
+            "{}: no parallel decisions recorded (an artifact compiled for {} device{} in mode \
+             {}; compile with --device-num N and a parallel mode)",
+            dir.display(),
+            art.manifest.device_num,
+            if art.manifest.device_num == 1 {
+                ""
+            } else {
+                "s"
+            },
+            art.manifest.parallel_mode
+        ),
+    }
+}
+
+impl OpExplanation {
+    /// The explanation of op `name` from its recorded decision `d` and the communication
+    /// nodes `comms` of the rank shown (those on an edge from or to the op are kept).
+    pub fn of(name: &str, d: &Value, comms: &[CommEdge]) -> OpExplanation {
+        let s = |k: &str| d.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+        let strings = |k: &str| -> Vec<String> {
+            d.get(k)
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .map(|l| l.as_str().unwrap_or("").to_string())
+                .collect()
+        };
+        let strategy = match s("out_strategy") {
+            o if o.is_empty() => s("strategy"),
+            o => format!("{} out {o}", s("strategy")),
+        };
+        let searched = d.get("searched").and_then(Value::as_bool).unwrap_or(false);
+        let mut candidates: Vec<Candidate> = d
+            .get("candidates")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .map(|c| {
+                let st = c.get("strategy").and_then(Value::as_str).unwrap_or("");
+                Candidate {
+                    strategy: st.to_string(),
+                    communication: num(&c["communication"]),
+                    compute: num(&c["compute"]),
+                    memory: num(&c["memory"]),
+                    chosen: st == strategy,
+                }
+            })
+            .collect();
+        candidates.sort_by(|x, y| {
+            (x.compute + x.communication).total_cmp(&(y.compute + y.communication))
+        });
+        OpExplanation {
+            name: name.to_string(),
+            kind: s("op"),
+            scope: s("scope"),
+            strategy,
+            source: s("source"),
+            dev_matrix: d
+                .get("dev_matrix")
+                .map(|v| v.to_string())
+                .unwrap_or_default(),
+            inputs: strings("inputs"),
+            outputs: strings("outputs"),
+            searched,
+            candidates,
+            comms: comms
+                .iter()
+                .filter(|c| c.from == name || c.to == name)
+                .cloned()
+                .collect(),
+        }
+    }
+
+    /// The explanation as JSON (what the report page shows when the op is selected), but
+    /// its communication, which the report lists once for the whole graph: the candidates
+    /// cheapest first as `[strategy, compute, communication, memory, chosen]`, at most
+    /// `max_candidates` of them and the chosen one (`more_candidates`: how many were left
+    /// out).
+    pub fn to_json(&self, max_candidates: usize) -> Value {
+        let mut kept: Vec<&Candidate> = self.candidates.iter().take(max_candidates).collect();
+        if let Some(c) = self
+            .candidates
+            .iter()
+            .skip(max_candidates)
+            .find(|c| c.chosen)
+        {
+            kept.push(c);
+        }
+        json!({
+            "name": self.name,
+            "kind": self.kind,
+            "scope": self.scope,
+            "strategy": self.strategy,
+            "source": self.source,
+            "dev_matrix": self.dev_matrix,
+            "inputs": self.inputs,
+            "outputs": self.outputs,
+            "searched": self.searched,
+            "candidates": kept.iter().map(|c| json!([
+                c.strategy, c.compute, c.communication, c.memory, c.chosen
+            ])).collect::<Vec<_>>(),
+            "more_candidates": self.candidates.len() - kept.len(),
+        })
+    }
+
+    /// The explanation as `shardc explain` prints it, communication shown for `rank`.
+    pub fn text(&self, rank: u32) -> String {
+        use std::fmt::Write;
+        let mut o = String::new();
+        let _ = writeln!(o, "op {} ({}), scope {}", self.name, self.kind, self.scope);
+        let _ = writeln!(o, "  strategy   {}", self.strategy);
+        let _ = writeln!(o, "  from       {}", self.source);
+        let _ = writeln!(o, "  device matrix {}", self.dev_matrix);
+        for (k, l) in self.inputs.iter().enumerate() {
+            let _ = writeln!(o, "  input {k}    {l}");
+        }
+        for (k, l) in self.outputs.iter().enumerate() {
+            let _ = writeln!(o, "  result {k}   {l}");
+        }
+        let chosen = |c: &Candidate| if c.chosen { "   <- chosen" } else { "" };
+        if self.candidates.is_empty() {
+            let _ = writeln!(
+                o,
+                "  candidates: none weighed (the strategy was given, or follows a weight)"
+            );
+        } else if self.searched {
+            let _ = writeln!(
+                o,
+                "  candidates weighed by the search ({}), against the chosen neighbours: step time = compute + communication, and memory per device:",
+                self.candidates.len()
+            );
+            let _ = writeln!(
+                o,
+                "    {:<28} {:>12} {:>12} {:>14} {:>12}",
+                "strategy", "total us", "compute us", "comm. us", "memory KiB"
+            );
+            for c in &self.candidates {
+                let _ = writeln!(
+                    o,
+                    "    {:<28} {:>12.3} {:>12.3} {:>14.3} {:>12.1}{}",
+                    c.strategy,
+                    (c.compute + c.communication) * 1e6,
+                    c.compute * 1e6,
+                    c.communication * 1e6,
+                    c.memory / 1024.0,
+                    chosen(c)
+                );
+            }
+        } else {
+            let _ = writeln!(
+                o,
+                "  candidates weighed ({}), cost in bytes-equivalent = communication + compute:",
+                self.candidates.len()
+            );
+            for c in &self.candidates {
+                let _ = writeln!(
+                    o,
+                    "    {:<28} {:>12.0} = {:>12.0} + {:>10.0}{}",
+                    c.strategy,
+                    c.communication + c.compute,
+                    c.communication,
+                    c.compute,
+                    chosen(c)
+                );
+            }
+        }
+        let _ = writeln!(o, "  communication around it on rank {rank}:");
+        if self.comms.is_empty() {
+            let _ = writeln!(
+                o,
+                "    none: its inputs arrive and its results leave in the layouts they need"
+            );
+        } else {
+            let mut total = 0.0;
+            for c in &self.comms {
+                total += c.bytes;
+                let group = c
+                    .group
+                    .as_ref()
+                    .map(|v| format!(" over {v:?}"))
+                    .unwrap_or_default();
+                let _ = writeln!(
+                    o,
+                    "    %{} {} '{}'{group}: {} -> {}, {:.0} bytes/step",
+                    c.node + 1,
+                    c.op,
+                    c.instance,
+                    c.from,
+                    c.to,
+                    c.bytes
+                );
+                let _ = writeln!(o, "        rule: {}", c.rule);
+            }
+            let _ = writeln!(o, "    total {total:.0} bytes sent per step by rank {rank}");
+        }
+        o
+    }
+}
+
 /// What `shardc explain` explains of an artifact: one op, one rank's communication.
 struct Explained {
     artifact: PathBuf,
@@ -193,12 +526,7 @@ pub fn explain(a: &ExplainArgs) -> Result<()> {
         rank: a.rank,
     };
     let art = Artifact::read(&a.artifact)?;
-    let Some(Value::Object(decisions)) = art.manifest.extra.get("decisions") else {
-        bail!(
-            "{}: no parallel decisions recorded (compile with --device-num N and a parallel mode)",
-            a.artifact.display()
-        );
-    };
+    let decisions = decisions_of(&art, &a.artifact)?;
     let Some(d) = decisions.get(&a.op) else {
         let mut near: Vec<&String> = decisions
             .keys()
@@ -219,158 +547,12 @@ pub fn explain(a: &ExplainArgs) -> Result<()> {
             }
         );
     };
-    let s = |k: &str| d.get(k).and_then(Value::as_str).unwrap_or("").to_string();
-    println!("op {} ({}), scope {}", a.op, s("op"), s("scope"));
-    let chosen = match s("out_strategy") {
-        o if o.is_empty() => s("strategy"),
-        o => format!("{} out {o}", s("strategy")),
-    };
-    println!("  strategy   {chosen}");
-    println!("  from       {}", s("source"));
-    println!(
-        "  device matrix {}",
-        d.get("dev_matrix")
-            .map(|v| v.to_string())
-            .unwrap_or_default()
-    );
-    for (k, l) in d
-        .get("inputs")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .enumerate()
-    {
-        println!("  input {k}    {}", l.as_str().unwrap_or(""));
-    }
-    for (k, l) in d
-        .get("outputs")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .enumerate()
-    {
-        println!("  result {k}   {}", l.as_str().unwrap_or(""));
-    }
-    let cands = d
-        .get("candidates")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    let searched = d.get("searched").and_then(Value::as_bool).unwrap_or(false);
-    let field = |c: &Value, k: &str| num(&c[k]);
-    if cands.is_empty() {
-        println!("  candidates: none weighed (the strategy was given, or follows a weight)");
-    } else if searched {
-        println!(
-            "  candidates weighed by the search ({}), against the chosen neighbours: step time = compute + communication, and memory per device:",
-            cands.len()
-        );
-        let mut rows: Vec<&Value> = cands.iter().collect();
-        rows.sort_by(|x, y| {
-            (field(x, "compute") + field(x, "communication"))
-                .total_cmp(&(field(y, "compute") + field(y, "communication")))
-        });
-        println!(
-            "    {:<28} {:>12} {:>12} {:>14} {:>12}",
-            "strategy", "total us", "compute us", "comm. us", "memory KiB"
-        );
-        for c in rows {
-            let st = c.get("strategy").and_then(Value::as_str).unwrap_or("");
-            let (comp, comm) = (field(c, "compute"), field(c, "communication"));
-            println!(
-                "    {:<28} {:>12.3} {:>12.3} {:>14.3} {:>12.1}{}",
-                st,
-                (comp + comm) * 1e6,
-                comp * 1e6,
-                comm * 1e6,
-                field(c, "memory") / 1024.0,
-                if st == chosen { "   <- chosen" } else { "" }
-            );
-        }
-    } else {
-        println!(
-            "  candidates weighed ({}), cost in bytes-equivalent = communication + compute:",
-            cands.len()
-        );
-        let mut rows: Vec<(String, f64, f64)> = cands
-            .iter()
-            .map(|c| {
-                (
-                    c.get("strategy")
-                        .and_then(Value::as_str)
-                        .unwrap_or("")
-                        .to_string(),
-                    num(&c["communication"]),
-                    num(&c["compute"]),
-                )
-            })
-            .collect();
-        rows.sort_by(|x, y| (x.1 + x.2).total_cmp(&(y.1 + y.2)));
-        for (st, comm, comp) in rows {
-            println!(
-                "    {:<28} {:>12.0} = {:>12.0} + {:>10.0}{}",
-                st,
-                comm + comp,
-                comm,
-                comp,
-                if st == chosen { "   <- chosen" } else { "" }
-            );
-        }
-    }
     let g = &art
         .rank_graph(a.rank as usize)
         .with_context(|| format!("rank {} of the artifact", a.rank))?;
-    println!("  communication around it on rank {}:", a.rank);
-    let mut total = 0.0;
-    let mut any = false;
-    for (i, n) in g.nodes.iter().enumerate() {
-        let edge = n.comments.iter().find(|c| c.starts_with("edge: "));
-        let Some(edge) = edge else { continue };
-        let head = edge.split(':').nth(1).unwrap_or("");
-        let mut ends = head.split(" -> ");
-        let from = ends.next().unwrap_or("").trim();
-        let to = ends
-            .next()
-            .unwrap_or("")
-            .split(" input")
-            .next()
-            .unwrap_or("")
-            .trim();
-        if from != a.op && to != a.op {
-            continue;
-        }
-        any = true;
-        let bytes = comm_bytes(g, i);
-        total += bytes;
-        let rule = n
-            .comments
-            .iter()
-            .find(|c| c.starts_with("rule: "))
-            .map(|c| c.trim_start_matches("rule: "))
-            .unwrap_or("");
-        let group = n
-            .attrs
-            .ints("rank_list")
-            .map(|v| format!(" over {v:?}"))
-            .unwrap_or_default();
-        println!(
-            "    %{} {} '{}'{group}: {} -> {}, {:.0} bytes/step",
-            i + 1,
-            n.op,
-            n.instance,
-            from,
-            to,
-            bytes
-        );
-        println!("        rule: {rule}");
-    }
-    if !any {
-        println!("    none: its inputs arrive and its results leave in the layouts they need");
-    } else {
-        println!(
-            "    total {total:.0} bytes sent per step by rank {}",
-            a.rank
-        );
-    }
+    print!(
+        "{}",
+        OpExplanation::of(&a.op, d, &comm_edges(g)).text(a.rank)
+    );
     Ok(())
 }

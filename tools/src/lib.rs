@@ -3,7 +3,7 @@
 //! Subcommands: `compile` (a `.ir` model to an artifact directory), `run` (train an artifact on
 //! seeded data or MNIST; a multi-rank artifact runs all ranks in this process), `print` (show a
 //! model or an artifact as text IR), `verify` (distributed equals single device, on a model),
-//! `explain`, `launch`, `scheduler`, `check-collectives`, `data`, `zoo`, `gen`, `ckpt`, `gpu`,
+//! `explain`, `report` (the strategy report page), `launch`, `scheduler`, `check-collectives`, `data`, `zoo`, `gen`, `ckpt`, `gpu`,
 //! `device`.
 //! A subcommand's module holds its arguments (clap) and the function that runs it; the others
 //! are shared ([`in_process`]: all ranks as threads, [`plan_compare`], [`parallel_args`]: the
@@ -33,7 +33,9 @@ pub mod launch;
 pub mod parallel_args;
 pub mod plan_compare;
 pub mod predict;
+pub mod report;
 pub mod run_args;
+pub mod run_stats;
 pub mod training;
 pub mod verify;
 pub mod zoo_cmd;

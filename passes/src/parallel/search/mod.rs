@@ -162,6 +162,44 @@ pub fn predict(
     Ok(p.step_seconds(&choice))
 }
 
+/// Each searched op's share of the predicted step under `a` (the cost model of
+/// [`predict`]): per node index of `g`, its compute and the communication of the terms it
+/// takes part in ([`Problem::op_breakdown`]: a term between two ops counts at both ends, so
+/// the shares do not add up to the step) and the memory it is charged.
+pub fn predict_per_op(
+    g: &Graph,
+    opts: &ParallelOptions,
+    a: &Assignment,
+) -> Result<Vec<(usize, Breakdown)>, ParallelError> {
+    let inputs = g
+        .params
+        .iter()
+        .zip(&a.param_layouts)
+        .map(|(p, l)| (!p.is_weight()).then(|| l.clone()))
+        .collect();
+    let p = Problem::new(g, opts, inputs)?;
+    let choice: Vec<&OpSharding> = p
+        .ops
+        .iter()
+        .map(|id| {
+            a.decisions[id.index()]
+                .as_ref()
+                .map(|d| &d.sharding)
+                .ok_or_else(|| {
+                    ParallelError::Search(format!(
+                        "op '{}' has no decision to predict from",
+                        g.node(*id).instance
+                    ))
+                })
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(p.ops
+        .iter()
+        .enumerate()
+        .map(|(k, id)| (id.index(), p.op_breakdown(k, choice[k], &choice)))
+        .collect())
+}
+
 /// Runs the searcher of `mode` on `p` (not sharding propagation, which
 /// [`super::strategy::assign`] runs itself).
 pub fn run(p: &Problem, mode: SearchMode) -> Result<Searched, ParallelError> {
