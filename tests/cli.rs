@@ -203,3 +203,48 @@ fn explain_plan_pipeline_shows_the_stages_their_memory_and_the_bubble() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("the least any plan needs"), "{err}");
 }
+
+/// `shardc export --mlir`: this binary is built without the `mlir` feature (the suite's), so it
+/// compiles the model, then says how to get MLIR and writes nothing; a model that does not
+/// parse is still reported first. (With the feature, the output is checked by MLIR's verifier
+/// in `mlir/tests/mlir_oracle.rs`.)
+#[test]
+#[cfg(not(feature = "mlir"))]
+fn export_mlir_without_the_feature_says_how_to_enable_it() {
+    let out = tmp("export-mlir");
+    let o = shardc(&[
+        "export",
+        &model(),
+        "--mlir",
+        "-o",
+        out.to_str().unwrap(),
+        "--device-num",
+        "8",
+        "--parallel-mode",
+        "semi_auto_parallel",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(
+        err.contains("built without MLIR")
+            && err.contains("--features mlir")
+            && err.contains("scripts/install-mlir.sh"),
+        "{err}"
+    );
+    assert!(!out.exists(), "nothing is written without MLIR");
+    let o = shardc(&[
+        "export",
+        "/nonexistent.ir",
+        "--mlir",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("/nonexistent.ir"),
+        "{err}"
+    );
+    let o = shardc(&["export", &model(), "-o", out.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("--mlir"), "{err}");
+}
