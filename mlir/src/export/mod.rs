@@ -23,6 +23,7 @@
 mod comm;
 pub mod emit;
 mod ops;
+pub mod reshard;
 
 use crate::error::ExportError;
 use crate::grid::{split_axes_text, Grid};
@@ -87,6 +88,8 @@ struct Writer<'a> {
     mode: Mode<'a>,
     e: Emitter,
     shardings: BTreeMap<String, String>,
+    /// The split axes of every value that is a `shard.shard` result, by name.
+    split_of: BTreeMap<String, reshard::SplitAxes>,
 }
 
 /// The printed name of node `i`: `%3(out)`.
@@ -138,6 +141,7 @@ impl<'a> Writer<'a> {
             mode,
             e: Emitter::default(),
             shardings: BTreeMap::new(),
+            split_of: BTreeMap::new(),
         }
     }
 
@@ -152,20 +156,39 @@ impl<'a> Writer<'a> {
     }
 
     /// The `shard.sharding` of `layout` (one op per distinct sharding).
-    fn sharding(&mut self, grid: &Grid, layout: &TensorLayout) -> Result<String, ExportError> {
-        let text = split_axes_text(&grid.split_axes(layout)?);
+    fn sharding(&mut self, axes: &[Vec<usize>]) -> String {
+        let text = split_axes_text(axes);
         if let Some(n) = self.shardings.get(&text) {
-            return Ok(n.clone());
+            return n.clone();
         }
         let name = format!("%sh{}", self.shardings.len());
         self.e.line(format!(
             "{name} = shard.sharding @grid0 split_axes = {text} : !shard.sharding"
         ));
         self.shardings.insert(text, name.clone());
-        Ok(name)
+        name
+    }
+
+    /// `v` annotated with `axes`: one `shard.shard` op.
+    fn shard_op(&mut self, v: &Val, axes: &[Vec<usize>], for_users: bool) -> Val {
+        let s = self.sharding(axes);
+        let name = self.e.fresh();
+        self.e.line(format!(
+            "{name} = shard.shard {} to {s}{} : {}",
+            v.name,
+            if for_users { " annotate_for_users" } else { "" },
+            tensor_ty(&v.ty)
+        ));
+        self.split_of.insert(name.clone(), axes.to_vec());
+        Val {
+            name,
+            ty: v.ty.clone(),
+        }
     }
 
     /// `v` annotated with `layout` (for its users when `for_users`); rank-0 values stay.
+    /// When `v` is itself annotated and MLIR 22 cannot reshard its sharding to `layout`'s in
+    /// one step, the annotation for users is a chain of steps it can (see `reshard`).
     fn annotate(
         &mut self,
         grid: &Grid,
@@ -176,7 +199,7 @@ impl<'a> Writer<'a> {
         if v.ty.shape.is_empty() {
             return Ok(v.clone());
         }
-        let s = self.sharding(grid, layout)?;
+        let axes = grid.split_axes(layout)?;
         if !for_users && layout.is_partial() {
             let axes = grid.partial_axes(layout)?;
             self.e.line(format!(
@@ -184,17 +207,22 @@ impl<'a> Writer<'a> {
                 v.name, layout.partial_op
             ));
         }
-        let name = self.e.fresh();
-        self.e.line(format!(
-            "{name} = shard.shard {} to {s}{} : {}",
-            v.name,
-            if for_users { " annotate_for_users" } else { "" },
-            tensor_ty(&v.ty)
-        ));
-        Ok(Val {
-            name,
-            ty: v.ty.clone(),
-        })
+        let mut cur = v.clone();
+        if for_users {
+            if let Some(src) = self.split_of.get(&v.name).cloned() {
+                let steps = reshard::chain(&src, &axes, v.ty.shape.len(), grid.shape.len());
+                for step in steps.unwrap_or_default() {
+                    self.e.line(format!(
+                        "// {} {} -> {}: one step of MLIR's resharding",
+                        v.name,
+                        split_axes_text(&src),
+                        split_axes_text(&axes)
+                    ));
+                    cur = self.shard_op(&cur, &step, true);
+                }
+            }
+        }
+        Ok(self.shard_op(&cur, &axes, for_users))
     }
 
     /// The annotation context of the logical mode with a plan.
