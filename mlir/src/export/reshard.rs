@@ -166,7 +166,10 @@ mod tests {
 
     #[test]
     fn mlir_takes_one_step_patterns_exactly() {
-        assert_eq!(mlir_step(&[vec![0]], &[vec![], vec![0]]), Some(vec![vec![], vec![0]]));
+        assert_eq!(
+            mlir_step(&[vec![0]], &[vec![], vec![0]]),
+            Some(vec![vec![], vec![0]])
+        );
         assert_eq!(mlir_step(&[vec![0]], &[vec![0, 1]]), Some(vec![vec![0, 1]]));
         assert_eq!(mlir_step(&[vec![0, 1]], &[vec![0]]), Some(vec![vec![0]]));
         // Two steps: MLIR half-matches and lands elsewhere.
