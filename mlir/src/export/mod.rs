@@ -7,7 +7,9 @@
 //!   (`shard.shard %p to %s`); every operand of an op with a strategy annotated for its users
 //!   with the layout the strategy wants (`annotate_for_users`); every result with the layout
 //!   it is produced in; the returned values annotated replicated for the return (the logical
-//!   function returns whole tensors). MLIR 22's `!shard.sharding` has no partial axes (they
+//!   function returns whole tensors). Where MLIR 22's `shard-partition` cannot reshard a
+//!   value to its user's sharding in one step, the annotation for users is a chain of
+//!   annotations it can ([`reshard`]). MLIR 22's `!shard.sharding` has no partial axes (they
 //!   left with the `mesh` dialect), so a partial result is annotated with its split axes
 //!   only — the sum it still owes is then completed where it is produced, as shardc's
 //!   `forward_op` AllReduce does — and its partial axes are written in a comment.
