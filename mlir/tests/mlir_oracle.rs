@@ -255,8 +255,22 @@ fn oracle_grid_shardc_and_mlir_partition_alike() {
         }
     }
     println!("\n== oracle grid: {total} cases (programs x strategies x 2, 4, 8 devices x data-parallel / full-batch inputs)");
+    let reason = |m: &String| {
+        if m.contains("shard-partition crashed") {
+            "crashed"
+        } else if m.contains("MLIR's partition:") {
+            "wrong result"
+        } else {
+            "error"
+        }
+    };
+    let mut reasons = std::collections::BTreeMap::<&'static str, usize>::new();
+    for m in &not_partitioned {
+        *reasons.entry(reason(m)).or_default() += 1;
+    }
     println!(
-        "agree: {agreed}, disagree: {}, MLIR could not partition: {}, other errors: {}",
+        "compared: {}, agree: {agreed}, disagree: {}, MLIR could not partition: {} {reasons:?}, other errors: {}",
+        agreed + disagreed.len(),
         disagreed.len(),
         not_partitioned.len(),
         other_errors.len()
@@ -282,9 +296,25 @@ fn oracle_grid_shardc_and_mlir_partition_alike() {
         other_errors.join("\n")
     );
     assert!(
-        agreed * 2 > total,
-        "fewer than half the grid compared: {agreed} of {total}"
+        agreed * 10 >= total * 9,
+        "fewer than 90% of the grid compared: {agreed} of {total}"
     );
+}
+
+#[test]
+fn a_two_step_resharding_is_exported_as_steps_mlir_partitions() {
+    let (name, src) = programs(4)
+        .into_iter()
+        .find(|(n, _)| n.starts_with("matmul ((2, 2), (2, 1))"))
+        .expect("the matmul program");
+    let g = parse_graph(&src, &name).expect("parses");
+    // The data-parallel input [[0, 1]] goes to the strategy's [[0], [1]] through [[0], []].
+    let text = plan_module(&g, 4, None).expect("exports");
+    assert!(text.contains("one step of MLIR's resharding"), "{text}");
+    assert!(text.contains("split_axes = [[0], []]"), "{text}");
+    let out = isolated(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    assert!(out.contains("shard.all_gather"), "{out}");
+    assert!(out.contains("shard.all_slice"), "{out}");
 }
 
 #[test]

@@ -7,7 +7,9 @@
 //!   (`shard.shard %p to %s`); every operand of an op with a strategy annotated for its users
 //!   with the layout the strategy wants (`annotate_for_users`); every result with the layout
 //!   it is produced in; the returned values annotated replicated for the return (the logical
-//!   function returns whole tensors). MLIR 22's `!shard.sharding` has no partial axes (they
+//!   function returns whole tensors). Where MLIR 22's `shard-partition` cannot reshard a
+//!   value to its user's sharding in one step, the annotation for users is a chain of
+//!   annotations it can ([`reshard`]). MLIR 22's `!shard.sharding` has no partial axes (they
 //!   left with the `mesh` dialect), so a partial result is annotated with its split axes
 //!   only — the sum it still owes is then completed where it is produced, as shardc's
 //!   `forward_op` AllReduce does — and its partial axes are written in a comment.
@@ -23,6 +25,7 @@
 mod comm;
 pub mod emit;
 mod ops;
+pub mod reshard;
 
 use crate::error::ExportError;
 use crate::grid::{split_axes_text, Grid};
@@ -87,6 +90,8 @@ struct Writer<'a> {
     mode: Mode<'a>,
     e: Emitter,
     shardings: BTreeMap<String, String>,
+    /// The split axes of every value that is a `shard.shard` result, by name.
+    split_of: BTreeMap<String, reshard::SplitAxes>,
 }
 
 /// The printed name of node `i`: `%3(out)`.
@@ -138,6 +143,7 @@ impl<'a> Writer<'a> {
             mode,
             e: Emitter::default(),
             shardings: BTreeMap::new(),
+            split_of: BTreeMap::new(),
         }
     }
 
@@ -152,20 +158,39 @@ impl<'a> Writer<'a> {
     }
 
     /// The `shard.sharding` of `layout` (one op per distinct sharding).
-    fn sharding(&mut self, grid: &Grid, layout: &TensorLayout) -> Result<String, ExportError> {
-        let text = split_axes_text(&grid.split_axes(layout)?);
+    fn sharding(&mut self, axes: &[Vec<usize>]) -> String {
+        let text = split_axes_text(axes);
         if let Some(n) = self.shardings.get(&text) {
-            return Ok(n.clone());
+            return n.clone();
         }
         let name = format!("%sh{}", self.shardings.len());
         self.e.line(format!(
             "{name} = shard.sharding @grid0 split_axes = {text} : !shard.sharding"
         ));
         self.shardings.insert(text, name.clone());
-        Ok(name)
+        name
+    }
+
+    /// `v` annotated with `axes`: one `shard.shard` op.
+    fn shard_op(&mut self, v: &Val, axes: &[Vec<usize>], for_users: bool) -> Val {
+        let s = self.sharding(axes);
+        let name = self.e.fresh();
+        self.e.line(format!(
+            "{name} = shard.shard {} to {s}{} : {}",
+            v.name,
+            if for_users { " annotate_for_users" } else { "" },
+            tensor_ty(&v.ty)
+        ));
+        self.split_of.insert(name.clone(), axes.to_vec());
+        Val {
+            name,
+            ty: v.ty.clone(),
+        }
     }
 
     /// `v` annotated with `layout` (for its users when `for_users`); rank-0 values stay.
+    /// When `v` is itself annotated and MLIR 22 cannot reshard its sharding to `layout`'s in
+    /// one step, the annotation for users is a chain of steps it can (see `reshard`).
     fn annotate(
         &mut self,
         grid: &Grid,
@@ -176,7 +201,7 @@ impl<'a> Writer<'a> {
         if v.ty.shape.is_empty() {
             return Ok(v.clone());
         }
-        let s = self.sharding(grid, layout)?;
+        let axes = grid.split_axes(layout)?;
         if !for_users && layout.is_partial() {
             let axes = grid.partial_axes(layout)?;
             self.e.line(format!(
@@ -184,17 +209,22 @@ impl<'a> Writer<'a> {
                 v.name, layout.partial_op
             ));
         }
-        let name = self.e.fresh();
-        self.e.line(format!(
-            "{name} = shard.shard {} to {s}{} : {}",
-            v.name,
-            if for_users { " annotate_for_users" } else { "" },
-            tensor_ty(&v.ty)
-        ));
-        Ok(Val {
-            name,
-            ty: v.ty.clone(),
-        })
+        let mut cur = v.clone();
+        if for_users {
+            if let Some(src) = self.split_of.get(&v.name).cloned() {
+                let steps = reshard::chain(&src, &axes, v.ty.shape.len(), grid.shape.len());
+                for step in steps.unwrap_or_default() {
+                    self.e.line(format!(
+                        "// {} {} -> {}: one step of MLIR's resharding",
+                        v.name,
+                        split_axes_text(&src),
+                        split_axes_text(&axes)
+                    ));
+                    cur = self.shard_op(&cur, &step, true);
+                }
+            }
+        }
+        Ok(self.shard_op(&cur, &axes, for_users))
     }
 
     /// The annotation context of the logical mode with a plan.
