@@ -130,13 +130,13 @@ fn keep_the_better_of_data_parallel(
     }
 }
 
-/// The predicted step of an assignment made by any source (annotations, propagation, a
-/// searcher), under `opts`' machine.
-pub fn predict(
-    g: &Graph,
-    opts: &ParallelOptions,
-    a: &Assignment,
-) -> Result<Breakdown, ParallelError> {
+/// The search's problem of `g` under `opts`, with `a`'s data-input layouts, and `a`'s choice
+/// for each of its ops (an op without a decision is an error naming it).
+fn problem_of<'a>(
+    g: &'a Graph,
+    opts: &'a ParallelOptions,
+    a: &'a Assignment,
+) -> Result<(Problem<'a>, Vec<&'a OpSharding>), ParallelError> {
     let inputs = g
         .params
         .iter()
@@ -144,7 +144,7 @@ pub fn predict(
         .map(|(p, l)| (!p.is_weight()).then(|| l.clone()))
         .collect();
     let p = Problem::new(g, opts, inputs)?;
-    let choice: Vec<&OpSharding> = p
+    let choice = p
         .ops
         .iter()
         .map(|id| {
@@ -159,6 +159,17 @@ pub fn predict(
                 })
         })
         .collect::<Result<_, _>>()?;
+    Ok((p, choice))
+}
+
+/// The predicted step of an assignment made by any source (annotations, propagation, a
+/// searcher), under `opts`' machine.
+pub fn predict(
+    g: &Graph,
+    opts: &ParallelOptions,
+    a: &Assignment,
+) -> Result<Breakdown, ParallelError> {
+    let (p, choice) = problem_of(g, opts, a)?;
     Ok(p.step_seconds(&choice))
 }
 
@@ -171,28 +182,7 @@ pub fn predict_per_op(
     opts: &ParallelOptions,
     a: &Assignment,
 ) -> Result<Vec<(usize, Breakdown)>, ParallelError> {
-    let inputs = g
-        .params
-        .iter()
-        .zip(&a.param_layouts)
-        .map(|(p, l)| (!p.is_weight()).then(|| l.clone()))
-        .collect();
-    let p = Problem::new(g, opts, inputs)?;
-    let choice: Vec<&OpSharding> = p
-        .ops
-        .iter()
-        .map(|id| {
-            a.decisions[id.index()]
-                .as_ref()
-                .map(|d| &d.sharding)
-                .ok_or_else(|| {
-                    ParallelError::Search(format!(
-                        "op '{}' has no decision to predict from",
-                        g.node(*id).instance
-                    ))
-                })
-        })
-        .collect::<Result<_, _>>()?;
+    let (p, choice) = problem_of(g, opts, a)?;
     Ok(p.ops
         .iter()
         .enumerate()
